@@ -1,0 +1,692 @@
+"""Run configuration for ``slide train``: schema, defaults, TOML loading, ``--set`` overrides and
+validation.
+
+A configuration is a plain nested ``dict`` (tables of scalars), so it can be written back as TOML,
+stored in a checkpoint's ``extra`` and compared on ``--resume`` without any conversion layer.
+Validation collects *every* problem (unknown keys, wrong types, impossible values, missing files)
+and raises one :class:`ConfigError` listing them all, each under its dotted key, before any data
+is read: a user fixing a config should see the whole list at once, not one error per attempt.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """One or more problems in a run configuration.
+
+    ``problems`` is a list of ``(key, message)`` pairs; ``key`` is the dotted config key (or a
+    pseudo-key such as ``--set`` or the config file's name for problems that have no key).
+    """
+
+    def __init__(self, problems, source=None):
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(self.format())
+
+    def format(self):
+        n = len(self.problems)
+        where = f" in {self.source}" if self.source else ""
+        head = f"invalid configuration{where} ({n} problem{'s' if n != 1 else ''}):"
+        lines = [head] + [f"  {key}: {msg}" for key, msg in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One config key: its type, default and the constraints checked by :func:`validate`.
+
+    ``kind`` is one of ``int``, ``float``, ``str``, ``bool``, ``int_list``, ``table``.
+    ``default=None`` with ``optional=True`` means "not set": the engine's own default applies and
+    the key is left out of the estimator's keyword arguments.
+    """
+
+    kind: str
+    default: Any
+    doc: str
+    choices: tuple = ()
+    ge: float | None = None   # value >= ge
+    gt: float | None = None   # value > gt
+    le: float | None = None   # value <= le
+    optional: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+# Keys a resumed run may change without being refused: they do not alter what is trained, only
+# how long, where results go, how often it is evaluated/checkpointed/logged, and how many threads
+# run it (a thread count change only forfeits bit-exactness, which holds with threads = 1 anyway).
+RESUME_MUTABLE = frozenset({
+    "output_dir",
+    "data.eval_points",
+    "train.epochs",
+    "train.threads",
+    "train.eval_every_batches",
+    "train.checkpoint_every_batches",
+    "train.keep_checkpoints",
+    "train.log_every_seconds",
+    "train.baseline",
+})
+
+SCHEMA: dict = {
+    "output_dir": Opt("str", "runs/run", "run directory (config, metrics, checkpoints, model)"),
+    "data": {
+        "format": Opt("str", "xc", "format of data.train / data.test", choices=("xc",)),
+        "train": Opt("str", None, "training file (XC format: header 'points features labels')",
+                     optional=True),
+        "test": Opt("str", None, "test file; the evaluation sample is drawn from it "
+                    "(from the training file when absent)", optional=True),
+        "preset": Opt("str", None, "synthetic preset (slide.synthetic.PRESETS) used instead of "
+                      "data files", optional=True),
+        "scale": Opt("float", 1.0, "synthetic: multiplies features, labels and points", gt=0),
+        "seed": Opt("int", 0, "synthetic: generator seed", ge=0),
+        "overrides": Opt("table", {}, "synthetic: shape parameters that override the preset "
+                         "(e.g. n_train, n_labels)"),
+        "eval_points": Opt("int", 2000, "size of the fixed shuffled evaluation sample", ge=1),
+        "save_generated": Opt("bool", True, "synthetic: write train.txt/test.txt into "
+                              "OUTPUT_DIR/data so evaluate/predict can use them"),
+    },
+    "model": {
+        "hidden_sizes": Opt("int_list", [128], "widths of the hidden layers", ge=1),
+        "loss": Opt("str", "softmax", "loss over the active output neurons"),
+    },
+    "lsh": {
+        "family": Opt("str", "dwta", "hash family", choices=("simhash", "wta", "dwta", "doph")),
+        "K": Opt("int", 6, "hash functions concatenated per table", ge=1),
+        "L": Opt("int", 50, "hash tables", ge=1),
+        "range_pow": Opt("int", 18, "log2 of the buckets per table", ge=1, le=31),
+        "bucket_size": Opt("int", 128, "neurons kept per bucket", ge=1),
+        "policy": Opt("str", "fifo", "which neurons a full bucket keeps",
+                      choices=("fifo", "reservoir")),
+    },
+    "sampler": {
+        "kind": Opt("str", "vanilla", "active-set sampler",
+                    choices=("vanilla", "topk", "threshold", "dense")),
+        "budget": Opt("int", None, "target active output neurons per sample", ge=1,
+                      optional=True),
+        "threshold": Opt("int", None, "threshold sampler: minimum tables a neuron must appear in",
+                         ge=1, optional=True),
+        "min_active": Opt("int", None, "random fill up to this many active neurons", ge=0,
+                          optional=True),
+    },
+    "optimizer": {
+        "name": Opt("str", "adam", "optimizer", choices=("adam", "sgd")),
+        "learning_rate": Opt("float", 1e-4, "step size", gt=0),
+        "beta1": Opt("float", 0.9, "Adam first-moment decay", ge=0, le=0.999999),
+        "beta2": Opt("float", 0.999, "Adam second-moment decay", ge=0, le=0.99999999),
+        "epsilon": Opt("float", 1e-8, "Adam epsilon", gt=0),
+    },
+    "schedule": {
+        "rehash_period": Opt("int", 50, "batches between rehashes (T_0)", ge=1),
+        "rebuild_period": Opt("int", None, "batches between rebuilds with fresh hash functions",
+                              ge=1, optional=True),
+        "rehash_decay": Opt("float", None, "lambda in T_t = T_0 * exp(lambda * t)", ge=0,
+                            optional=True),
+    },
+    "train": {
+        "epochs": Opt("int", 1, "passes over the training set", ge=1),
+        "batch_size": Opt("int", 256, "samples per batch", ge=1),
+        "threads": Opt("int", 0, "worker threads (0 = all cores)", ge=0),
+        "seed": Opt("int", 0, "seed of weights, hashes, batch order and sampling", ge=0),
+        "eval_every_batches": Opt("int", 100, "batches between evaluations (0 = at the end only)",
+                                  ge=0),
+        "checkpoint_every_batches": Opt("int", 500, "batches between checkpoints "
+                                        "(0 = at the end only)", ge=0),
+        "keep_checkpoints": Opt("int", 3, "checkpoints kept (older ones are deleted)", ge=1),
+        "log_every_seconds": Opt("float", 10.0, "seconds between plain log lines "
+                                 "(when stdout is not a terminal)", gt=0),
+        "baseline": Opt("str", "none", "also train the same network with a full softmax "
+                        "(sampler 'dense') and compare", choices=("none", "dense")),
+    },
+}
+
+# Leave room for everything else: hash tables bigger than this share of physical memory are an
+# error (the configuration would thrash or be killed long before training).
+TABLE_MEMORY_FRACTION = 0.25
+
+
+# --------------------------------------------------------------------------------------------
+# defaults, loading, overrides
+
+def defaults() -> dict:
+    """The default configuration (a fresh deep copy)."""
+    def build(node):
+        if isinstance(node, Opt):
+            return copy.deepcopy(node.default)
+        return {k: build(v) for k, v in node.items()}
+    return build(SCHEMA)
+
+
+def _all_keys(node=SCHEMA, prefix=""):
+    for k, v in node.items():
+        dotted = f"{prefix}{k}"
+        if isinstance(v, Opt):
+            yield dotted
+        else:
+            yield dotted
+            yield from _all_keys(v, dotted + ".")
+
+
+def parse_toml_file(path) -> dict:
+    """Read a TOML file; problems become a :class:`ConfigError` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([("--config", f"file not found: {path}")]) from None
+    except IsADirectoryError:
+        raise ConfigError([("--config", f"is a directory, not a TOML file: {path}")]) from None
+    except OSError as e:
+        raise ConfigError([("--config", f"cannot read {path}: {e.strerror or e}")]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([("--config", f"{path} is not valid TOML: {e}")]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([("--config", f"{path} is not UTF-8 text: {e}")]) from None
+
+
+def parse_value(text: str):
+    """Parse the value of ``--set key=value`` as a TOML literal (``3``, ``1e-4``, ``true``,
+    ``[128, 64]``, ``"x"``); anything that is not a literal is taken as a plain string, so
+    ``--set data.train=data/train.txt`` needs no quotes."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(cfg: dict, assignments) -> list:
+    """Apply ``key=value`` strings to ``cfg`` in place. Returns the problems found (malformed
+    assignments, a key that goes through a non-table); unknown keys are left for validation."""
+    problems = []
+    for item in assignments or ():
+        if "=" not in item:
+            problems.append(("--set", f"expected key=value, got {item!r}"))
+            continue
+        key, _, text = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not key or any(not p for p in parts):
+            problems.append(("--set", f"malformed key in {item!r}"))
+            continue
+        node = cfg
+        ok = True
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            elif not isinstance(nxt, dict):
+                problems.append((".".join(parts[: i + 1]),
+                                 f"is a value, not a table, so {key!r} cannot be set"))
+                ok = False
+                break
+            node = nxt
+        if ok:
+            node[parts[-1]] = parse_value(text.strip())
+    return problems
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """Deep merge: tables merge key by key, anything else in ``top`` replaces ``base``."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "overrides":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_config(path=None, overrides=(), check_files=True) -> dict:
+    """Load ``path`` (TOML), apply ``--set`` overrides, fill in defaults and validate.
+
+    Returns the resolved configuration (defaults filled, data paths made absolute); raises
+    :class:`ConfigError` listing every problem found.
+    """
+    user = parse_toml_file(path) if path is not None else {}
+    problems = apply_overrides(user, overrides)
+    try:
+        cfg = validate(user, check_files=check_files, source=path)
+    except ConfigError as e:
+        raise ConfigError(problems + e.problems, source=path) from None
+    if problems:
+        raise ConfigError(problems, source=path)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+def _type_name(value):
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _check_value(key: str, opt: Opt, value, problems: list):
+    """Type and range check of one value; returns the normalised value (or None on failure)."""
+    if value is None:
+        return None
+    kind = opt.kind
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append((key, f"must be an integer, got {_type_name(value)} ({value!r})"))
+            return None
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append((key, f"must be a number, got {_type_name(value)} ({value!r})"))
+            return None
+        value = float(value)
+        if not math.isfinite(value):
+            problems.append((key, f"must be finite, got {value!r}"))
+            return None
+    elif kind == "str":
+        if not isinstance(value, str):
+            problems.append((key, f"must be a string, got {_type_name(value)} ({value!r})"))
+            return None
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            problems.append((key, f"must be true or false, got {_type_name(value)} ({value!r})"))
+            return None
+    elif kind == "int_list":
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]  # "--set model.hidden_sizes=256" means one hidden layer of 256
+        if not isinstance(value, list) or not value or any(
+                isinstance(v, bool) or not isinstance(v, int) for v in value):
+            problems.append((key, f"must be a non-empty array of integers, got {value!r}"))
+            return None
+        bad = [v for v in value if opt.ge is not None and v < opt.ge]
+        if bad:
+            problems.append((key, f"every entry must be >= {opt.ge:g}, got {value!r}"))
+            return None
+        return list(value)
+    elif kind == "table":
+        if not isinstance(value, dict):
+            problems.append((key, f"must be a table, got {_type_name(value)} ({value!r})"))
+            return None
+        return dict(value)
+    if opt.choices and value not in opt.choices:
+        hint = _suggest(str(value), opt.choices)
+        problems.append((key, f"must be one of {', '.join(map(repr, opt.choices))}, "
+                              f"got {value!r}{hint}"))
+        return None
+    if kind in ("int", "float"):
+        if opt.gt is not None and not value > opt.gt:
+            problems.append((key, f"must be > {opt.gt:g}, got {value!r}"))
+            return None
+        if opt.ge is not None and not value >= opt.ge:
+            problems.append((key, f"must be >= {opt.ge:g}, got {value!r}"))
+            return None
+        if opt.le is not None and not value <= opt.le:
+            problems.append((key, f"must be <= {opt.le:g}, got {value!r}"))
+            return None
+    return value
+
+
+def _suggest(word, candidates):
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in candidates}
+        if word.lower() in lowered:
+            close = [lowered[word.lower()]]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
+    for k, v in user.items():
+        dotted = f"{prefix}{k}"
+        if k not in schema:
+            # suggest among siblings first, then among every key (a key in the wrong table)
+            sib = difflib.get_close_matches(k, list(schema.keys()), n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix + sib[0]!r}?" if sib else ""
+            if not hint:
+                # a key put in the wrong table: same leaf name elsewhere, else a close full key
+                leaves = [key for key in _all_keys() if "." in key or key == "output_dir"]
+                same = [key for key in leaves if key.rsplit(".", 1)[-1] == k]
+                hint = f"; did you mean {same[0]!r}?" if same else _suggest(dotted, leaves)
+            problems.append((dotted, f"unknown key{hint}"))
+            continue
+        spec = schema[k]
+        if isinstance(spec, Opt):
+            if isinstance(v, dict) and spec.kind != "table":
+                problems.append((dotted, f"must be {spec.kind.replace('_', ' ')}, got a table"))
+                continue
+            value = _check_value(dotted, spec, v, problems)
+            if value is not None:
+                out[k] = value
+        else:
+            if not isinstance(v, dict):
+                problems.append((dotted, f"must be a table ([{dotted}]), got "
+                                         f"{_type_name(v)} ({v!r})"))
+                continue
+            _walk(v, spec, out[k], dotted + ".", problems)
+
+
+def validate(user: dict, check_files=True, source=None) -> dict:
+    """Validate a user configuration (as parsed from TOML plus overrides) and return the resolved
+    configuration with defaults filled in. Raises :class:`ConfigError` with every problem."""
+    problems: list = []
+    cfg = defaults()
+    if not isinstance(user, dict):
+        raise ConfigError([("config", "must be a table of keys")], source=source)
+    _walk(user, SCHEMA, cfg, "", problems)
+    _check_cross(cfg, problems, check_files=check_files)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return cfg
+
+
+def _header_shape(path):
+    """(n_points, n_features, n_labels) from an XC file's first line, or None if unreadable.
+    Only the header is read: validation must not read data."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    parts = first.split()
+    if len(parts) != 3 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def synthetic_shape(preset, scale, overrides):
+    """Shape parameters of a synthetic set as the generator would use them, or None when the
+    generator does not say. Uses ``slide.synthetic.resolve_shape`` if present."""
+    try:
+        from slide import synthetic
+    except ImportError:
+        return None
+    resolve = getattr(synthetic, "resolve_shape", None)
+    if resolve is not None:
+        try:
+            return dict(resolve(preset, scale, **overrides))
+        except Exception:
+            return None
+    base = getattr(synthetic, "PRESETS", {}).get(preset)
+    if base is None:
+        return None
+    shape = dict(base)
+    for k in ("n_features", "n_labels", "n_train", "n_test"):
+        if k in shape:
+            shape[k] = max(1, int(round(shape[k] * scale)))
+    shape.update(overrides)
+    return shape
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+
+
+def _check_cross(cfg: dict, problems: list, check_files=True):
+    """Checks that involve several keys, the file system or other modules."""
+    data, lsh, sampler = cfg["data"], cfg["lsh"], cfg["sampler"]
+    n_labels = None
+
+    # --- data source: files or a synthetic preset, not both
+    if data["preset"] is not None and data["train"] is not None:
+        problems.append(("data", "set either data.train (files) or data.preset (synthetic), "
+                                 "not both"))
+    elif data["preset"] is None and data["train"] is None:
+        problems.append(("data", "no data: set data.train (and data.test) to XC files, or "
+                                 "data.preset to a synthetic preset "
+                                 "(e.g. --set data.train=path/train.txt)"))
+    if data["preset"] is not None:
+        try:
+            from slide import synthetic
+            presets = getattr(synthetic, "PRESETS", None)
+        except ImportError:
+            presets = None
+        if presets is not None and data["preset"] not in presets:
+            problems.append(("data.preset", f"unknown preset {data['preset']!r}"
+                                            f"{_suggest(data['preset'], presets)} "
+                                            f"(available: {', '.join(sorted(presets))})"))
+        elif presets is not None:
+            known = set(presets[data["preset"]]) | {"n_train", "n_test", "n_labels",
+                                                     "n_features"}
+            for k, v in data["overrides"].items():
+                if k not in known:
+                    problems.append((f"data.overrides.{k}",
+                                     f"unknown shape parameter{_suggest(k, known)}"))
+                elif isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                    problems.append((f"data.overrides.{k}", f"must be a positive number, "
+                                                            f"got {v!r}"))
+            if not any(p[0].startswith("data.overrides") for p in problems):
+                shape = synthetic_shape(data["preset"], data["scale"], data["overrides"])
+                if shape and "n_labels" in shape:
+                    n_labels = int(shape["n_labels"])
+    elif data["overrides"]:
+        problems.append(("data.overrides", "only applies to a synthetic set (data.preset)"))
+
+    for key in ("train", "test"):
+        path = data[key]
+        if path is None:
+            continue
+        path = os.path.abspath(os.path.expanduser(path))
+        data[key] = path
+        if not check_files:
+            continue
+        if not os.path.exists(path):
+            problems.append((f"data.{key}", f"file not found: {path}"))
+        elif not os.path.isfile(path):
+            problems.append((f"data.{key}", f"not a regular file: {path}"))
+        elif not os.access(path, os.R_OK):
+            problems.append((f"data.{key}", f"file not readable: {path}"))
+        else:
+            shape = _header_shape(path)
+            if shape is None:
+                problems.append((f"data.{key}", f"{path}: line 1 is not an XC header "
+                                                "'n_points n_features n_labels'"))
+            elif key == "train":
+                n_labels = shape[2]
+    if data["test"] is not None and data["train"] is None and data["preset"] is not None:
+        problems.append(("data.test", "a synthetic set brings its own test split; "
+                                      "remove data.test or use data.train"))
+    cfg["output_dir"] = os.path.abspath(os.path.expanduser(cfg["output_dir"]))
+
+    # --- hash configuration: the engine's own rule, so the CLI never disagrees with it
+    try:
+        from slide.lsh.hashes import check_hash_config
+    except ImportError:  # the LSH module is missing: the engine cannot run either
+        check_hash_config = None
+    if check_hash_config is not None and not any(p[0].startswith("lsh.") for p in problems):
+        try:
+            check_hash_config(lsh["family"], lsh["K"], lsh["L"], lsh["range_pow"])
+        except ValueError as e:
+            problems.append(("lsh.K", f"{e} (lsh.K = {lsh['K']}, lsh.range_pow = "
+                                      f"{lsh['range_pow']}, lsh.family = {lsh['family']!r})"))
+
+    # --- memory of the tables: offsets int32[L, 2**range_pow + 1] (+ items int32[L, labels])
+    if sampler["kind"] != "dense":
+        table_bytes = (2 ** lsh["range_pow"] + 1) * lsh["L"] * 4
+        if n_labels is not None:
+            table_bytes += lsh["L"] * n_labels * 4
+        phys = _physical_memory()
+        limit = int(phys * TABLE_MEMORY_FRACTION) if phys else 8 << 30
+        if table_bytes > limit:
+            problems.append(("lsh.range_pow", f"hash tables need {_fmt_bytes(table_bytes)} "
+                                              f"(2**{lsh['range_pow']} buckets x {lsh['L']} "
+                                              f"tables x 4 bytes), more than "
+                                              f"{_fmt_bytes(limit)} ({TABLE_MEMORY_FRACTION:.0%} "
+                                              f"of this machine's memory); lower lsh.range_pow "
+                                              f"or lsh.L"))
+
+    # --- sampler settings against the label count (known from the header or the preset)
+    if n_labels is not None:
+        if sampler["budget"] is not None and sampler["budget"] > n_labels:
+            problems.append(("sampler.budget", f"{sampler['budget']} exceeds the number of "
+                                               f"labels ({n_labels})"))
+        if sampler["min_active"] is not None and sampler["min_active"] > n_labels:
+            problems.append(("sampler.min_active", f"{sampler['min_active']} exceeds the number "
+                                                   f"of labels ({n_labels})"))
+    if sampler["threshold"] is not None and sampler["threshold"] > lsh["L"]:
+        problems.append(("sampler.threshold", f"{sampler['threshold']} exceeds lsh.L = "
+                                              f"{lsh['L']} (a neuron appears in at most L "
+                                              f"tables)"))
+    if sampler["kind"] == "threshold" and sampler["threshold"] is None:
+        pass  # the engine has a default threshold
+    cfg["_n_labels_hint"] = n_labels
+
+
+def strip_private(cfg: dict) -> dict:
+    """The configuration without internal ``_`` keys (what is written and compared)."""
+    return {k: (strip_private(v) if isinstance(v, dict) and k != "overrides" else v)
+            for k, v in cfg.items() if not k.startswith("_")}
+
+
+def flatten(cfg: dict, prefix="") -> dict:
+    """``{"lsh": {"K": 6}}`` -> ``{"lsh.K": 6}`` (``data.overrides`` stays one value)."""
+    out = {}
+    for k, v in cfg.items():
+        if k.startswith("_"):
+            continue
+        if isinstance(v, dict) and k != "overrides":
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_differences(saved: dict, current: dict) -> list:
+    """Keys whose values differ between a checkpoint's config and the current one, ignoring
+    :data:`RESUME_MUTABLE`. Returns ``[(key, saved_value, current_value), ...]``."""
+    a, b = flatten(saved), flatten(current)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if key in RESUME_MUTABLE:
+            continue
+        if a.get(key) != b.get(key):
+            diffs.append((key, a.get(key), b.get(key)))
+    return diffs
+
+
+def estimator_kwargs(cfg: dict, sampler_kind=None) -> dict:
+    """Keyword arguments of ``SlideClassifier`` for this configuration. Unset optional keys are
+    left out so the engine's defaults apply."""
+    m, lsh, s, o, sch, t = (cfg["model"], cfg["lsh"], cfg["sampler"], cfg["optimizer"],
+                            cfg["schedule"], cfg["train"])
+    kw = dict(
+        hidden_sizes=tuple(m["hidden_sizes"]),
+        loss=m["loss"],
+        hash_family=lsh["family"], K=lsh["K"], L=lsh["L"], range_pow=lsh["range_pow"],
+        bucket_size=lsh["bucket_size"], bucket_policy=lsh["policy"],
+        sampler=sampler_kind or s["kind"],
+        sampler_budget=s["budget"], sampler_threshold=s["threshold"],
+        min_active=s["min_active"],
+        optimizer=o["name"], learning_rate=o["learning_rate"], beta1=o["beta1"],
+        beta2=o["beta2"], epsilon=o["epsilon"],
+        rehash_period=sch["rehash_period"], rebuild_period=sch["rebuild_period"],
+        rehash_decay=sch["rehash_decay"],
+        batch_size=t["batch_size"], epochs=t["epochs"],
+        n_threads=t["threads"] if t["threads"] > 0 else None,
+        random_state=t["seed"],
+    )
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# writing TOML (tomli-w is not a dependency; the config only holds scalars, arrays and tables)
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(k):
+    return k if _BARE_KEY.match(k) else json.dumps(k, ensure_ascii=False)
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        r = repr(v)
+        return r if any(c in r for c in ".en") else r + ".0"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def to_toml(cfg: dict) -> str:
+    """Write a configuration as TOML; keys that are ``None`` (engine default) become comments."""
+    lines = []
+
+    def emit_table(table, name):
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict) or k == "overrides"}
+        subs = {k: v for k, v in table.items() if isinstance(v, dict) and k != "overrides"}
+        if name is not None:
+            lines.append("")
+            lines.append(f"[{name}]")
+        for k, v in scalars.items():
+            if k.startswith("_"):
+                continue
+            if v is None:
+                lines.append(f"# {_toml_key(k)} = (not set)")
+            else:
+                lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+        for k, v in subs.items():
+            if k.startswith("_"):
+                continue
+            emit_table(v, _toml_key(k) if name is None else f"{name}.{_toml_key(k)}")
+
+    emit_table(cfg, None)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def describe_keys() -> str:
+    """A plain-text list of every key with its default and meaning (``slide train --help-config``)."""
+    out = []
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            dotted = f"{prefix}{k}"
+            if isinstance(v, Opt):
+                if v.default is not None:
+                    default = _toml_value(v.default)
+                else:
+                    default = "(not set)" if dotted.startswith("data.") else "(engine)"
+                choices = f" [{' | '.join(v.choices)}]" if v.choices else ""
+                out.append(f"  {dotted:34s} {default:12s} {v.doc}{choices}")
+            else:
+                walk(v, dotted + ".")
+    walk(SCHEMA, "")
+    return "\n".join(out)
