@@ -71,6 +71,8 @@ class Opt:
 RESUME_MUTABLE = frozenset({
     "output_dir",
     "data.eval_points",
+    "data.propensity_a",
+    "data.propensity_b",
     "train.epochs",
     "train.threads",
     "train.eval_every_batches",
@@ -95,6 +97,10 @@ SCHEMA: dict = {
         "overrides": Opt("table", {}, "synthetic: shape parameters that override the preset "
                          "(e.g. n_train, n_labels)"),
         "eval_points": Opt("int", 2000, "size of the fixed shuffled evaluation sample", ge=1),
+        "propensity_a": Opt("float", 0.55, "A of the inverse propensities used by PSP@k "
+                            "(XC repository: 0.6 for Amazon, 0.55 otherwise)", gt=0),
+        "propensity_b": Opt("float", 1.5, "B of the inverse propensities used by PSP@k "
+                            "(XC repository: 2.6 for Amazon, 1.5 otherwise)", ge=0),
         "save_generated": Opt("bool", True, "synthetic: write train.txt/test.txt into "
                               "OUTPUT_DIR/data so evaluate/predict can use them"),
     },
@@ -412,27 +418,10 @@ def _header_shape(path):
 
 
 def synthetic_shape(preset, scale, overrides):
-    """Shape parameters of a synthetic set as the generator would use them, or None when the
-    generator does not say. Uses ``slide.synthetic.resolve_shape`` if present."""
-    try:
-        from slide import synthetic
-    except ImportError:
-        return None
-    resolve = getattr(synthetic, "resolve_shape", None)
-    if resolve is not None:
-        try:
-            return dict(resolve(preset, scale, **overrides))
-        except Exception:
-            return None
-    base = getattr(synthetic, "PRESETS", {}).get(preset)
-    if base is None:
-        return None
-    shape = dict(base)
-    for k in ("n_features", "n_labels", "n_train", "n_test"):
-        if k in shape:
-            shape[k] = max(1, int(round(shape[k] * scale)))
-    shape.update(overrides)
-    return shape
+    """Parameters of a synthetic set exactly as the generator will use them
+    (``slide.synthetic.preset_params``); raises ``ValueError`` for bad overrides."""
+    from slide import synthetic
+    return synthetic.preset_params(preset, scale, **overrides)
 
 
 def _physical_memory():
@@ -463,29 +452,29 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
                                  "data.preset to a synthetic preset "
                                  "(e.g. --set data.train=path/train.txt)"))
     if data["preset"] is not None:
-        try:
-            from slide import synthetic
-            presets = getattr(synthetic, "PRESETS", None)
-        except ImportError:
-            presets = None
-        if presets is not None and data["preset"] not in presets:
+        from slide import synthetic
+        presets = synthetic.PRESETS
+        if data["preset"] not in presets:
             problems.append(("data.preset", f"unknown preset {data['preset']!r}"
                                             f"{_suggest(data['preset'], presets)} "
                                             f"(available: {', '.join(sorted(presets))})"))
-        elif presets is not None:
-            known = set(presets[data["preset"]]) | {"n_train", "n_test", "n_labels",
-                                                     "n_features"}
+        else:
+            known = set(presets[data["preset"]])
+            bad = False
             for k, v in data["overrides"].items():
                 if k not in known:
                     problems.append((f"data.overrides.{k}",
-                                     f"unknown shape parameter{_suggest(k, known)}"))
-                elif isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                    problems.append((f"data.overrides.{k}", f"must be a positive number, "
-                                                            f"got {v!r}"))
-            if not any(p[0].startswith("data.overrides") for p in problems):
-                shape = synthetic_shape(data["preset"], data["scale"], data["overrides"])
-                if shape and "n_labels" in shape:
+                                     f"unknown generator parameter{_suggest(k, known)}"))
+                    bad = True
+                elif isinstance(v, bool) or not isinstance(v, (int, float)):
+                    problems.append((f"data.overrides.{k}", f"must be a number, got {v!r}"))
+                    bad = True
+            if not bad:
+                try:
+                    shape = synthetic_shape(data["preset"], data["scale"], data["overrides"])
                     n_labels = int(shape["n_labels"])
+                except ValueError as e:
+                    problems.append(("data.overrides", f"{e}"))
     elif data["overrides"]:
         problems.append(("data.overrides", "only applies to a synthetic set (data.preset)"))
 
@@ -524,8 +513,7 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
         try:
             check_hash_config(lsh["family"], lsh["K"], lsh["L"], lsh["range_pow"])
         except ValueError as e:
-            problems.append(("lsh.K", f"{e} (lsh.K = {lsh['K']}, lsh.range_pow = "
-                                      f"{lsh['range_pow']}, lsh.family = {lsh['family']!r})"))
+            problems.append(("lsh.K", str(e)))
 
     # --- memory of the tables: offsets int32[L, 2**range_pow + 1] (+ items int32[L, labels])
     if sampler["kind"] != "dense":
