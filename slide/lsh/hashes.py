@@ -1,0 +1,593 @@
+"""LSH hash families over neuron weight rows and layer inputs: SimHash, WTA, DWTA, DOPH.
+
+Each family is described by a :class:`HashFunctions` tuple of flat arrays drawn from an explicit
+seed. The kernels ``hash_dense_into`` / ``hash_sparse_into`` are plain ``@njit`` functions that a
+caller's own kernels (the training engine's per-sample loop) can call; they allocate nothing and
+need no scratch: every family is written so that the dense and sparse paths compute exactly the
+same codes for the same vector (a weight row hashed densely must land where a query hashed
+sparsely looks).
+
+A table's bucket id is the concatenation of its K codes of ``bits`` bits each:
+``id = code_0 << (K-1)*bits | ... | code_{K-1}``, so ids lie in ``[0, 2**(K*bits)) c [0, 2**range_pow)``.
+
+Families (all hashes of all tables are numbered ``j = l*K + k``):
+
+* ``simhash`` -- signed random projections; projection j gives each dimension d the coefficient
+  +1, -1 or 0 with probability 1/3 each (so it reads a random third of the dimensions, the SLIDE
+  reference's ratio 3), decided by a counter hash of (key_j, d). 1 bit: sign of <a_j, x> > 0.
+  Dense hashing walks a precomputed list of the nonzero coefficients; sparse hashing evaluates the
+  counter hash for each nonzero of x (O(K*L*nnz), no O(dim) state needed at dim ~ 800k).
+* ``wta`` -- winner take all: random permutations of the dimensions cut into bins of 8; hash j is
+  the position (0..7) of the largest entry of bin j (first one on ties). 3 bits. Sparse inputs read
+  absent entries as 0 (binary search in the sorted CSR indices). The C++ reference indexes the
+  wrong array here; this one reads ``x[bin[j, s]]``.
+* ``dwta`` -- densified WTA for ReLU / sparse inputs: zero entries are treated as absent; a bin
+  with no nonzero entry is empty and borrows the code of another bin chosen by a universal hash of
+  (j, attempt), up to 100 attempts, else code 0. 3 bits, packed with the full 3-bit shift.
+* ``doph`` -- densified one-permutation minhash over the set S(x) of the top coordinates: the
+  positive entries of x that are >= the t-th largest positive entry (ties all included; for a
+  binary input S is simply its support). Table l hashes every element of S with a universal hash
+  u_l into one of K bins; the code of bin k is the low ``bits`` bits of the minimum u_l in the
+  bin (b-bit minwise hashing of the argmin element); empty bins borrow from another bin of the same
+  table (universal-hash probing, up to 100 attempts). ``bits = range_pow // K``.
+  (Implementation note: each bin's minimum is found by a scan of S, O(L*K*|S|), which keeps the
+  kernel free of scratch memory; with |S| ~ t = 32 this is tens of microseconds per vector.)
+"""
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, prange
+
+from slide._rng import splitmix64, stream_seed
+
+FAMILIES = {"simhash": 0, "wta": 1, "dwta": 2, "doph": 3}
+_FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
+
+SIMHASH, WTA, DWTA, DOPH = 0, 1, 2, 3
+BIN_SIZE = 8  # WTA / DWTA bin size; log2(8) = 3 bits per code
+WTA_BITS = 3
+MAX_PROBES = 100  # densification attempts before falling back to code 0
+DOPH_DEFAULT_TOP = 32
+MAX_RANGE_POW = 30
+# Dense SimHash keeps explicit coefficient lists while they stay below this many int32 entries
+# (~128 MB); beyond it (huge dim x K x L) dense hashing evaluates the counter hash per dimension.
+SIMHASH_LIST_LIMIT = 1 << 25
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+# stream ids for stream_seed, so each family's keys are independent of the others'
+_STREAM_SIMHASH = 101
+_STREAM_DWTA = 102
+_STREAM_DOPH = 103
+
+
+class HashFunctions(NamedTuple):
+    family_code: int
+    dim: int
+    K: int
+    L: int
+    range_pow: int
+    bits: int
+    seed: int
+    int_params: np.ndarray    # 2-D int32, layout per family (see draw_hash_functions)
+    float_params: np.ndarray  # 2-D float32 (1x1 dummy: no family needs float parameters)
+
+
+def _family_code(family):
+    if isinstance(family, str):
+        if family not in FAMILIES:
+            raise ValueError(f"unknown hash family {family!r}; expected one of {sorted(FAMILIES)}")
+        return FAMILIES[family]
+    code = int(family)
+    if code not in _FAMILY_NAMES:
+        raise ValueError(f"unknown hash family code {family!r}; expected one of {sorted(_FAMILY_NAMES)}")
+    return code
+
+
+def bits_per_hash(family, K, range_pow):
+    """Bits of one hash code: SimHash 1, WTA/DWTA 3, DOPH range_pow // K."""
+    code = _family_code(family)
+    if code == SIMHASH:
+        return 1
+    if code in (WTA, DWTA):
+        return WTA_BITS
+    return int(range_pow) // max(int(K), 1)
+
+
+def check_hash_config(family, K, L, range_pow):
+    """Raise ValueError unless K hashes of ``family`` fit into a bucket id of range_pow bits."""
+    code = _family_code(family)
+    name = _FAMILY_NAMES[code]
+    for nm, v in (("K", K), ("L", L), ("range_pow", range_pow)):
+        if int(v) != v or int(v) < 1:
+            raise ValueError(f"{nm} must be a positive integer, got {v!r}")
+    K, L, range_pow = int(K), int(L), int(range_pow)
+    if range_pow > MAX_RANGE_POW:
+        raise ValueError(f"range_pow={range_pow} is too large (at most {MAX_RANGE_POW}: bucket ids are int32)")
+    if code == DOPH:
+        if K > range_pow:
+            raise ValueError(f"K={K} DOPH hashes need at least 1 bit each ({K} bits) but range_pow={range_pow}")
+        return
+    bits = bits_per_hash(code, K, range_pow)
+    if K * bits > range_pow:
+        raise ValueError(
+            f"K={K} {name.upper()} hashes need {K * bits} bits but range_pow={range_pow}"
+            f" (at most K={range_pow // bits} for {name})")
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix3(key, a, b):
+    """A 64-bit hash of (key, a, b): a universal-style hash for coefficients and probing."""
+    s = key ^ (np.uint64(a) * _MIX1) ^ (np.uint64(b) * _MIX2)
+    _, z = splitmix64(s)
+    return z
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _below(z, n):
+    """Map a random uint64 to [0, n) by multiply-shift on its high 32 bits."""
+    return np.int64(((z >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _key(int_params, row):
+    """The uint64 key stored as (hi, lo) int32 in columns 0, 1 of ``row``."""
+    hi = np.uint64(np.uint32(int_params[row, 0]))
+    lo = np.uint64(np.uint32(int_params[row, 1]))
+    return (hi << np.uint64(32)) | lo
+
+
+def _split_key(key):
+    key = int(key) & 0xFFFFFFFFFFFFFFFF
+    hi = np.uint32(key >> 32).view(np.int32)
+    lo = np.uint32(key & 0xFFFFFFFF).view(np.int32)
+    return int(hi), int(lo)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _simhash_coef(key, d):
+    """Coefficient of dimension d in the projection with this key: +1, -1 or 0 (1/3 each)."""
+    r = _below(_mix3(key, d, 0), 3)
+    if r == 0:
+        return 1.0
+    if r == 1:
+        return -1.0
+    return 0.0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sparse_lookup(indices, values, d):
+    """x[d] of a CSR row with sorted indices (0.0 when absent), by binary search."""
+    lo = 0
+    hi = indices.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if indices[mid] < d:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < indices.shape[0] and indices[lo] == d:
+        return values[lo]
+    return 0.0
+
+
+# ----------------------------------------------------------------------------- per-family codes
+
+@njit(cache=True, nogil=True, inline="always")
+def _wta_dense_code(int_params, j, x):
+    best = x[int_params[j, 0]]
+    pos = 0
+    for s in range(1, BIN_SIZE):
+        v = x[int_params[j, s]]
+        if v > best:
+            best = v
+            pos = s
+    return pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wta_sparse_code(int_params, j, indices, values):
+    best = _sparse_lookup(indices, values, int_params[j, 0])
+    pos = 0
+    for s in range(1, BIN_SIZE):
+        v = _sparse_lookup(indices, values, int_params[j, s])
+        if v > best:
+            best = v
+            pos = s
+    return pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dwta_dense_raw(int_params, j, x):
+    """Argmax position over the nonzero entries of bin j, or -1 when the bin is empty."""
+    pos = -1
+    best = np.float32(0.0)
+    for s in range(BIN_SIZE):
+        v = x[int_params[j, s]]
+        if v != 0 and (pos < 0 or v > best):
+            best = v
+            pos = s
+    return pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dwta_sparse_raw(int_params, j, indices, values):
+    pos = -1
+    best = np.float32(0.0)
+    for s in range(BIN_SIZE):
+        v = _sparse_lookup(indices, values, int_params[j, s])
+        if v != 0 and (pos < 0 or v > best):
+            best = v
+            pos = s
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _doph_threshold_dense(x, t):
+    """Smallest value of the top set: the t-th largest positive entry (ties included), or
+    +inf when x has no positive entry."""
+    n_pos = 0
+    smallest = np.inf
+    for i in range(x.shape[0]):
+        if x[i] > 0:
+            n_pos += 1
+            if x[i] < smallest:
+                smallest = x[i]
+    if n_pos <= t:
+        return smallest
+    # walk down the distinct levels from the top: O(n * levels), levels <= t
+    cur = np.inf
+    cnt = 0
+    while True:
+        v = -np.inf
+        for i in range(x.shape[0]):
+            if x[i] < cur and x[i] > v:
+                v = x[i]
+        c = 0
+        for i in range(x.shape[0]):
+            if x[i] == v:
+                c += 1
+        cnt += c
+        cur = v
+        if cnt >= t:
+            return v
+
+
+@njit(cache=True, nogil=True)
+def _doph_bin_min_dense(key, K, k, x, thr):
+    """Minimum of u(i) over the top-set elements i that fall into bin k (0 and False if none)."""
+    found = False
+    best = np.uint64(0)
+    for i in range(x.shape[0]):
+        if x[i] > 0 and x[i] >= thr:
+            u = _mix3(key, i, 1)
+            if _below(u, K) == k and (not found or u < best):
+                best = u
+                found = True
+    return found, best
+
+
+@njit(cache=True, nogil=True)
+def _doph_bin_min_sparse(key, K, k, indices, values, thr):
+    found = False
+    best = np.uint64(0)
+    for p in range(indices.shape[0]):
+        if values[p] > 0 and values[p] >= thr:
+            u = _mix3(key, indices[p], 1)
+            if _below(u, K) == k and (not found or u < best):
+                best = u
+                found = True
+    return found, best
+
+
+# ----------------------------------------------------------------------------- public kernels
+
+@njit(cache=True, nogil=True)
+def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
+    """Write the L bucket ids of the dense vector ``x`` (float32[dim]) into ``out`` (int32[L]).
+
+    Allocation-free; callable from other njit code (including prange bodies)."""
+    mask = (1 << bits) - 1
+    KL = K * L
+    if family_code == SIMHASH:
+        list_mode = int_params[0, 2] >= 0
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                j = l * K + k
+                s = 0.0
+                if list_mode:
+                    n = int_params[j, 2]
+                    for e in range(3, 3 + n):
+                        c = int_params[j, e]
+                        if c >= 0:
+                            s += x[c]
+                        else:
+                            s -= x[-c - 1]
+                else:
+                    key = _key(int_params, j)
+                    for d in range(x.shape[0]):
+                        if x[d] != 0:
+                            s += _simhash_coef(key, d) * x[d]
+                bid = (bid << 1) | (1 if s > 0 else 0)
+            out[l] = bid
+    elif family_code == WTA:
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                bid = (bid << bits) | _wta_dense_code(int_params, l * K + k, x)
+            out[l] = bid
+    elif family_code == DWTA:
+        key = _key(int_params, KL)
+        nonzero = False
+        for d in range(x.shape[0]):
+            if x[d] != 0:
+                nonzero = True
+                break
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                j = l * K + k
+                code = 0
+                if nonzero:
+                    pos = _dwta_dense_raw(int_params, j, x)
+                    attempt = 1
+                    while pos < 0 and attempt <= MAX_PROBES:
+                        jj = _below(_mix3(key, j, attempt), KL)
+                        pos = _dwta_dense_raw(int_params, jj, x)
+                        attempt += 1
+                    if pos >= 0:
+                        code = pos
+                bid = (bid << bits) | code
+            out[l] = bid
+    else:  # DOPH
+        t = int_params[L, 0]
+        thr = _doph_threshold_dense(x, t)
+        empty = thr == np.inf
+        for l in range(L):
+            key = _key(int_params, l)
+            bid = 0
+            for k in range(K):
+                code = 0
+                if not empty:
+                    found, u = _doph_bin_min_dense(key, K, k, x, thr)
+                    attempt = 1
+                    while not found and attempt <= MAX_PROBES:
+                        kk = _below(_mix3(key, k, attempt + 1), K)
+                        found, u = _doph_bin_min_dense(key, K, kk, x, thr)
+                        attempt += 1
+                    if found:
+                        code = np.int64(u & np.uint64(mask))
+                bid = (bid << bits) | code
+            out[l] = bid
+
+
+@njit(cache=True, nogil=True)
+def _doph_threshold_sparse(values, t):
+    return _doph_threshold_dense(values, t)
+
+
+@njit(cache=True, nogil=True)
+def hash_sparse_into(family_code, K, L, bits, int_params, float_params, indices, values, out):
+    """Write the L bucket ids of a sparse vector (CSR row: int32 ``indices`` sorted ascending,
+    float32 ``values``) into ``out`` (int32[L]); the same ids ``hash_dense_into`` gives for the
+    dense form of the vector. Allocation-free."""
+    mask = (1 << bits) - 1
+    KL = K * L
+    if family_code == SIMHASH:
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                j = l * K + k
+                key = _key(int_params, j)
+                s = 0.0
+                for p in range(indices.shape[0]):
+                    v = values[p]
+                    if v != 0:
+                        s += _simhash_coef(key, indices[p]) * v
+                bid = (bid << 1) | (1 if s > 0 else 0)
+            out[l] = bid
+    elif family_code == WTA:
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                bid = (bid << bits) | _wta_sparse_code(int_params, l * K + k, indices, values)
+            out[l] = bid
+    elif family_code == DWTA:
+        key = _key(int_params, KL)
+        nonzero = False
+        for p in range(values.shape[0]):
+            if values[p] != 0:
+                nonzero = True
+                break
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                j = l * K + k
+                code = 0
+                if nonzero:
+                    pos = _dwta_sparse_raw(int_params, j, indices, values)
+                    attempt = 1
+                    while pos < 0 and attempt <= MAX_PROBES:
+                        jj = _below(_mix3(key, j, attempt), KL)
+                        pos = _dwta_sparse_raw(int_params, jj, indices, values)
+                        attempt += 1
+                    if pos >= 0:
+                        code = pos
+                bid = (bid << bits) | code
+            out[l] = bid
+    else:  # DOPH
+        t = int_params[L, 0]
+        thr = _doph_threshold_sparse(values, t)
+        empty = thr == np.inf
+        for l in range(L):
+            key = _key(int_params, l)
+            bid = 0
+            for k in range(K):
+                code = 0
+                if not empty:
+                    found, u = _doph_bin_min_sparse(key, K, k, indices, values, thr)
+                    attempt = 1
+                    while not found and attempt <= MAX_PROBES:
+                        kk = _below(_mix3(key, k, attempt + 1), K)
+                        found, u = _doph_bin_min_sparse(key, K, kk, indices, values, thr)
+                        attempt += 1
+                    if found:
+                        code = np.int64(u & np.uint64(mask))
+                bid = (bid << bits) | code
+            out[l] = bid
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _hash_dense_batch_kernel(family_code, K, L, bits, int_params, float_params, X, out):
+    for i in prange(X.shape[0]):
+        hash_dense_into(family_code, K, L, bits, int_params, float_params, X[i], out[i])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _hash_sparse_batch_kernel(family_code, K, L, bits, int_params, float_params,
+                              indptr, indices, values, out):
+    for i in prange(indptr.shape[0] - 1):
+        a = indptr[i]
+        b = indptr[i + 1]
+        hash_sparse_into(family_code, K, L, bits, int_params, float_params,
+                         indices[a:b], values[a:b], out[i])
+
+
+# ----------------------------------------------------------------------------- drawing
+
+@njit(cache=True, nogil=True)
+def _simhash_lists(keys, dim, out):
+    """Fill out[j] = [hi, lo, n, coef list...] from the counter-hash coefficients (see module doc)."""
+    for j in range(keys.shape[0]):
+        key = keys[j]
+        n = 0
+        for d in range(dim):
+            c = _simhash_coef(key, d)
+            if c > 0:
+                out[j, 3 + n] = d
+                n += 1
+            elif c < 0:
+                out[j, 3 + n] = -d - 1
+                n += 1
+        out[j, 2] = n
+
+
+@njit(cache=True, nogil=True)
+def _simhash_max_len(keys, dim):
+    m = 0
+    for j in range(keys.shape[0]):
+        n = 0
+        for d in range(dim):
+            if _simhash_coef(keys[j], d) != 0:
+                n += 1
+        m = max(m, n)
+    return m
+
+
+def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAULT_TOP):
+    """Draw the K*L hash functions of a family from ``seed``; validates the configuration.
+
+    ``int_params`` layout (2-D int32):
+      * simhash: ``[K*L, 3 + max_len]``, row j = (key hi, key lo, n, coefficient list of n
+        entries: d for +1, -d-1 for -1); above ``SIMHASH_LIST_LIMIT`` entries it is ``[K*L, 3]``
+        with n = -1 and dense hashing evaluates the coefficients on the fly.
+      * wta / dwta: ``[K*L + 1, 8]``, row j = the 8 dimensions of bin j; row K*L = (key hi, key lo,
+        0...) for densification probing.
+      * doph: ``[L + 1, 2]``, row l = (key hi, key lo) of table l; row L = (t, 0) with t the
+        number of top coordinates.
+    ``float_params`` is a 1x1 dummy for every family.
+    """
+    code = _family_code(family)
+    check_hash_config(code, K, L, range_pow)
+    if int(dim) != dim or int(dim) < 1:
+        raise ValueError(f"dim must be a positive integer, got {dim!r}")
+    dim, K, L, range_pow = int(dim), int(K), int(L), int(range_pow)
+    seed = int(seed)
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    seed &= 0xFFFFFFFFFFFFFFFF
+    bits = bits_per_hash(code, K, range_pow)
+    KL = K * L
+    float_params = np.zeros((1, 1), dtype=np.float32)
+    if code == SIMHASH:
+        keys = np.array([stream_seed(seed, _STREAM_SIMHASH, j) for j in range(KL)], dtype=np.uint64)
+        if KL * ((dim + 2) // 3) * 1.1 + KL * 3 <= SIMHASH_LIST_LIMIT:
+            width = 3 + _simhash_max_len(keys, dim)
+            int_params = np.zeros((KL, width), dtype=np.int32)
+            _simhash_lists(keys, dim, int_params)
+        else:
+            int_params = np.zeros((KL, 3), dtype=np.int32)
+            int_params[:, 2] = -1
+        for j in range(KL):
+            int_params[j, 0], int_params[j, 1] = _split_key(keys[j])
+    elif code in (WTA, DWTA):
+        if dim < BIN_SIZE:
+            raise ValueError(f"{_FAMILY_NAMES[code]} needs dim >= {BIN_SIZE} (bins of {BIN_SIZE}), got dim={dim}")
+        rng = np.random.default_rng([seed, code])
+        per_perm = dim // BIN_SIZE
+        n_perm = -(-KL // per_perm)
+        bins = np.concatenate([rng.permutation(dim)[: per_perm * BIN_SIZE] for _ in range(n_perm)])
+        int_params = np.zeros((KL + 1, BIN_SIZE), dtype=np.int32)
+        int_params[:KL] = bins[: KL * BIN_SIZE].reshape(KL, BIN_SIZE)
+        int_params[KL, 0], int_params[KL, 1] = _split_key(stream_seed(seed, _STREAM_DWTA, code))
+    else:
+        if int(doph_top) != doph_top or int(doph_top) < 1:
+            raise ValueError(f"doph_top must be a positive integer, got {doph_top!r}")
+        int_params = np.zeros((L + 1, 2), dtype=np.int32)
+        for l in range(L):
+            int_params[l, 0], int_params[l, 1] = _split_key(stream_seed(seed, _STREAM_DOPH, l))
+        int_params[L, 0] = int(doph_top)
+    return HashFunctions(code, dim, K, L, range_pow, bits, seed, int_params, float_params)
+
+
+def _check_hf(hf):
+    if not isinstance(hf, HashFunctions):
+        raise ValueError(f"expected a HashFunctions tuple, got {type(hf).__name__}")
+
+
+def hash_dense_batch(hf, X):
+    """Bucket ids of every row of a dense float32 matrix ``X[n, dim]`` -> int32[n, L] (parallel)."""
+    _check_hf(hf)
+    X = np.asarray(X)
+    if X.ndim == 1:
+        X = X[None, :]
+    if X.ndim != 2 or X.shape[1] != hf.dim:
+        raise ValueError(f"X must have shape (n, {hf.dim}), got {X.shape}")
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains non-finite values")
+    out = np.empty((X.shape[0], hf.L), dtype=np.int32)
+    _hash_dense_batch_kernel(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params, X, out)
+    return out
+
+
+def as_csr_arrays(X, dim):
+    """``(indptr int64, indices int32 sorted per row, data float32)`` of a scipy sparse ``X`` with
+    ``dim`` columns; duplicates summed. Raises ValueError on anything else."""
+    if not sp.issparse(X):
+        raise ValueError(f"expected a scipy.sparse matrix, got {type(X).__name__}")
+    X = sp.csr_matrix(X, copy=True)
+    if X.shape[1] != dim:
+        raise ValueError(f"sparse input must have {dim} columns, got {X.shape[1]}")
+    X.sum_duplicates()  # also sorts the indices, which the kernels' binary searches rely on
+    data = np.ascontiguousarray(X.data, dtype=np.float32)
+    if not np.all(np.isfinite(data)):
+        raise ValueError("sparse input contains non-finite values")
+    return (np.ascontiguousarray(X.indptr, dtype=np.int64),
+            np.ascontiguousarray(X.indices, dtype=np.int32), data)
+
+
+def hash_sparse_batch(hf, csr):
+    """Bucket ids of every row of a scipy CSR matrix with ``hf.dim`` columns -> int32[n, L]."""
+    _check_hf(hf)
+    indptr, indices, data = as_csr_arrays(csr, hf.dim)
+    out = np.empty((indptr.shape[0] - 1, hf.L), dtype=np.int32)
+    _hash_sparse_batch_kernel(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params,
+                              indptr, indices, data, out)
+    return out
