@@ -1,0 +1,523 @@
+"""Shared machinery of the comparison benchmarks: data preparation, evaluation, timing, memory.
+
+Every system (slide and each baseline) trains in its own subprocess, started by
+:func:`run_in_subprocess`, which runs ``python -m bench.common SPEC.json``. The parent prepares
+the data once (:func:`prepare_data`: generate or read, shuffle once with a fixed seed, save as
+``.npz``), so every system reads exactly the same arrays, and the child process measures its own
+peak resident memory (``getrusage``' high-water mark, so nothing in between samples is missed).
+
+Timing rule, identical for every system: *training seconds* run from the moment training starts
+(for slide: the call to ``fit``, so building its hash tables counts; for the baselines: the first
+batch, model variables already allocated) to the end of the last batch, **minus** every
+evaluation, which is timed separately and excluded. One-time compilation is excluded for slide
+(a throw-away warm-up fit on a tiny problem loads/compiles the Numba kernels first, as a
+``cache=True`` install does once); TensorFlow's graph tracing at the first ``tf.function`` call is
+inside the baseline's training seconds (it takes well under a second).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = REPO / "bench" / "out" / "cache"
+SYSTEMS = ("slide", "tf", "tf_sampled", "torch")
+BASELINES = ("tf", "tf_sampled", "torch")
+LABELS = {
+    "slide": "slide (LSH-sampled softmax)",
+    "slide_dense": "slide, full softmax (sampler='dense')",
+    "tf": "TensorFlow-CPU, full softmax",
+    "tf_sampled": "TensorFlow-CPU, sampled softmax",
+    "torch": "PyTorch-CPU, full softmax",
+}
+KS = (1, 3, 5)
+
+
+# --------------------------------------------------------------------------------- machine info
+
+def git_commit():
+    """The commit measured (with a ``+dirty`` mark when tracked files differ from it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
+                                "slide", "bench"], cwd=REPO, capture_output=True,
+                               text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine_description():
+    """CPU model, core count and RAM of this machine, as the README reports them."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "ram_bytes": ram,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+# ----------------------------------------------------------------------------------- memory
+
+def peak_rss_bytes():
+    """Peak resident set size of this process so far (kernel high-water mark, Linux: KiB)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def current_rss_bytes():
+    """Resident set size now (psutil when installed, else /proc/self/statm)."""
+    try:
+        import psutil
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        try:
+            pages = int(Path("/proc/self/statm").read_text().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return None
+
+
+# ------------------------------------------------------------------------------------- data
+
+def _file_digest(path):
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "none"
+
+
+def data_key(data, scale, n_train, n_test, seed):
+    """Cache key of a prepared data set. For presets it includes a digest of the generator's
+    source, so that a changed generator never silently reuses stale data (or baseline results)."""
+    if _is_preset(data):
+        origin = "preset:" + _file_digest(REPO / "slide" / "synthetic.py")
+    else:
+        origin = "path:" + str(Path(data).resolve())
+    raw = json.dumps([data, float(scale), n_train, n_test, int(seed), origin])
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _is_preset(data):
+    if Path(data).exists():
+        return False
+    from slide.synthetic import PRESETS
+    if data not in PRESETS:
+        raise ValueError(f"--data {data!r} is neither an existing path nor a preset "
+                         f"({', '.join(sorted(PRESETS))})")
+    return True
+
+
+def _read_path(data):
+    """Train and test splits from a directory holding train.txt/test.txt (XC format) or a
+    'TRAIN,TEST' pair of XC files."""
+    from slide.data import read_xc
+    if "," in data and not Path(data).exists():
+        tr, te = data.split(",", 1)
+    else:
+        tr, te = Path(data) / "train.txt", Path(data) / "test.txt"
+    X_tr, Y_tr = read_xc(tr)
+    X_te, Y_te = read_xc(te)
+    n_lab = max(Y_tr.shape[1], Y_te.shape[1])
+    n_feat = max(X_tr.shape[1], X_te.shape[1])
+    X_tr.resize((X_tr.shape[0], n_feat)); X_te.resize((X_te.shape[0], n_feat))
+    Y_tr.resize((Y_tr.shape[0], n_lab)); Y_te.resize((Y_te.shape[0], n_lab))
+    return X_tr, Y_tr, X_te, Y_te
+
+
+def _canonical(M, dtype=np.float32):
+    M = sp.csr_matrix(M, dtype=dtype)
+    M.sort_indices()
+    M.indices = M.indices.astype(np.int32, copy=False)
+    M.indptr = M.indptr.astype(np.int64 if M.nnz > 2**31 - 1 else np.int32, copy=False)
+    return M
+
+
+def prepare_data(data, scale=1.0, n_train=None, n_test=None, seed=0, cache_dir=DEFAULT_CACHE,
+                 log=print):
+    """Generate (preset) or read (path) the data once, shuffle train and test once with ``seed``,
+    keep the first ``n_train`` / ``n_test`` rows, and save them to ``cache_dir/data-KEY/``.
+
+    Returns a dict with the file paths, the key and the data set's statistics. A second call with
+    the same arguments reuses the saved files."""
+    key = data_key(data, scale, n_train, n_test, seed)
+    d = Path(cache_dir) / f"data-{key}"
+    meta_path = d / "meta.json"
+    if meta_path.exists():
+        return json.loads(meta_path.read_text())
+    t0 = time.perf_counter()
+    if _is_preset(data):
+        from slide.synthetic import generate
+        over = {}
+        if n_train is not None:
+            over["n_train"] = int(n_train)
+        if n_test is not None:
+            over["n_test"] = int(n_test)
+        log(f"[data] generating preset {data} (scale={scale}, {over}, seed={seed}) ...")
+        X_tr, Y_tr, X_te, Y_te = generate(data, scale=scale, seed=seed, **over)
+    else:
+        if scale != 1.0:
+            raise ValueError("--scale applies to presets only; use --n-train/--n-test for files")
+        log(f"[data] reading {data} ...")
+        X_tr, Y_tr, X_te, Y_te = _read_path(data)
+    # Shuffle once with a fixed seed: XC files are sorted by label, and every system must see the
+    # same points in the same roles (the evaluation sample is the first rows of the shuffled test).
+    rng = np.random.default_rng([int(seed), 7919])
+    p_tr = rng.permutation(X_tr.shape[0])
+    p_te = rng.permutation(X_te.shape[0])
+    if n_train is not None:
+        p_tr = p_tr[:int(n_train)]
+    if n_test is not None:
+        p_te = p_te[:int(n_test)]
+    X_tr, Y_tr = _canonical(X_tr[p_tr]), _canonical(Y_tr[p_tr])
+    X_te, Y_te = _canonical(X_te[p_te]), _canonical(Y_te[p_te])
+    d.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, M in (("X_train", X_tr), ("Y_train", Y_tr), ("X_test", X_te), ("Y_test", Y_te)):
+        files[name] = str(d / f"{name}.npz")
+        sp.save_npz(files[name], M, compressed=False)
+    label_counts = np.diff(Y_tr.indptr)
+    meta = {
+        "key": key, "data": data, "scale": float(scale), "seed": int(seed),
+        "n_train": int(X_tr.shape[0]), "n_test": int(X_te.shape[0]),
+        "n_features": int(X_tr.shape[1]), "n_labels": int(Y_tr.shape[1]),
+        "avg_nnz": float(X_tr.nnz / max(1, X_tr.shape[0])),
+        "avg_labels": float(label_counts.mean()) if len(label_counts) else 0.0,
+        "max_labels": int(label_counts.max()) if len(label_counts) else 0,
+        "labels_seen_in_train": int(np.unique(Y_tr.indices).size),
+        "prepare_seconds": round(time.perf_counter() - t0, 2),
+        "files": files,
+    }
+    tmp = meta_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(meta_path)  # the meta file marks a complete data set: written last
+    log(f"[data] {meta['n_train']} train / {meta['n_test']} test points, "
+        f"{meta['n_features']} features, {meta['n_labels']} labels "
+        f"({meta['prepare_seconds']} s)")
+    return meta
+
+
+def load_data(meta):
+    f = meta["files"]
+    return tuple(sp.load_npz(f[n]).tocsr() for n in ("X_train", "Y_train", "X_test", "Y_test"))
+
+
+def batch_order(n_rows, batch_size, seed, epoch):
+    """Row ids of each batch of one epoch: the same permutation slide uses for (seed, epoch)."""
+    from slide.data import iterate_minibatches
+    return iterate_minibatches(int(n_rows), int(batch_size), int(seed), int(epoch))
+
+
+def label_targets(Y):
+    """(row, label, 1/|y_row|) triplets of a CSR label batch: the softmax cross-entropy target
+    of every method here, kept sparse (a dense label matrix is never built for the whole set)."""
+    counts = np.diff(Y.indptr)
+    rows = np.repeat(np.arange(Y.shape[0], dtype=np.int64), counts)
+    w = (1.0 / np.maximum(counts, 1)).astype(np.float32)[rows]
+    return rows, Y.indices.astype(np.int64), w
+
+
+# ------------------------------------------------------------------------ initialisation
+
+def init_dense_weights(n_features, hidden, n_labels, scheme, seed):
+    """Initial weights of the dense baselines, drawn with NumPy so TF and PyTorch start from the
+    *same* arrays. Returns W0 [n_features, hidden], b0, W1 [hidden, n_labels], b1 (float32).
+
+    ``scheme`` names slide's own initialisation so every system starts at the same scale:
+    ``glorot_uniform`` (U(+-sqrt(6/(fan_in+fan_out)))), ``glorot_normal``, ``he_normal``
+    (N(0, 2/fan_in)) or ``normal:STD``. Biases start at zero."""
+    rng = np.random.default_rng([int(seed), 31337])
+
+    def draw(fan_in, fan_out, shape):
+        if scheme == "glorot_uniform":
+            a = math.sqrt(6.0 / (fan_in + fan_out))
+            return rng.uniform(-a, a, size=shape).astype(np.float32)
+        if scheme == "glorot_normal":
+            return (rng.standard_normal(shape, dtype=np.float32)
+                    * np.float32(math.sqrt(2.0 / (fan_in + fan_out))))
+        if scheme == "he_normal":
+            return rng.standard_normal(shape, dtype=np.float32) * np.float32(math.sqrt(2.0 / fan_in))
+        if scheme == "he_uniform":
+            a = math.sqrt(6.0 / fan_in)
+            return rng.uniform(-a, a, size=shape).astype(np.float32)
+        if scheme.startswith("normal:"):
+            return rng.standard_normal(shape, dtype=np.float32) * np.float32(float(scheme[7:]))
+        raise ValueError(f"unknown init scheme {scheme!r}")
+
+    W0 = draw(n_features, hidden, (n_features, hidden))
+    W1 = draw(hidden, n_labels, (hidden, n_labels))
+    return W0, np.zeros(hidden, np.float32), W1, np.zeros(n_labels, np.float32)
+
+
+# ---------------------------------------------------------------------------------- evaluation
+
+def evaluate_topk(Y_true, topk):
+    """P@1/3/5 (and nDCG) with slide.metrics: the one evaluation every system goes through."""
+    from slide.metrics import evaluate
+    return evaluate(Y_true, np.asarray(topk), ks=KS)
+
+
+def eval_block_rows(n_labels, budget_bytes=256 << 20):
+    """Rows per prediction block so one block's logits stay within ``budget_bytes``."""
+    return int(max(16, min(4096, budget_bytes // (4 * max(1, n_labels)))))
+
+
+class EvalSchedule:
+    """When to evaluate during training: every ``every_batches`` batches, every
+    ``every_seconds`` training seconds, or ``per_epoch`` times per epoch; always at the end of
+    each epoch and after the last batch."""
+
+    def __init__(self, batches_per_epoch, every_batches=None, every_seconds=None, per_epoch=None):
+        self.bpe = int(batches_per_epoch)
+        self.every_batches = every_batches
+        self.every_seconds = every_seconds
+        if every_batches is None and every_seconds is None:
+            per_epoch = per_epoch or 8
+            self.every_batches = max(1, math.ceil(self.bpe / per_epoch))
+        self.last_eval_seconds = 0.0
+
+    def due(self, batch_count, train_seconds, last):
+        """batch_count: batches done so far (1-based); train_seconds: training time so far."""
+        if last or batch_count % self.bpe == 0:
+            return True
+        if self.every_batches and batch_count % self.every_batches == 0:
+            return True
+        if self.every_seconds and train_seconds - self.last_eval_seconds >= self.every_seconds:
+            return True
+        return False
+
+
+class Recorder:
+    """Training-time bookkeeping shared by every system: per-batch end times (training seconds,
+    evaluation excluded), losses, and the evaluation curve."""
+
+    def __init__(self, schedule, X_eval, Y_eval, predict_topk, n_train, batch_size,
+                 max_batches=None):
+        self.schedule = schedule
+        self.X_eval, self.Y_eval = X_eval, Y_eval
+        self.predict_topk = predict_topk
+        self.n_train, self.batch_size = n_train, batch_size
+        self.max_batches = max_batches
+        self.batch_end = []        # training seconds at the end of each batch
+        self.losses = []
+        self.curve = []
+        self.eval_seconds = 0.0
+
+    def after_batch(self, train_seconds, loss, epoch, last=False):
+        """Record one batch; evaluate when due. Returns True when ``max_batches`` is reached."""
+        self.batch_end.append(float(train_seconds))
+        self.losses.append(float(loss) if loss is not None else float("nan"))
+        n = len(self.batch_end)
+        stop = self.max_batches is not None and n >= self.max_batches
+        if self.X_eval is not None and self.schedule.due(n, train_seconds, last or stop):
+            self.evaluate(n, train_seconds, epoch)
+        return stop
+
+    def evaluate(self, n_batches, train_seconds, epoch):
+        if self.curve and self.curve[-1]["batch"] == n_batches:
+            return
+        t = time.perf_counter()
+        topk = self.predict_topk(self.X_eval)
+        m = evaluate_topk(self.Y_eval, topk)
+        dt = time.perf_counter() - t
+        self.eval_seconds += dt
+        self.schedule.last_eval_seconds = train_seconds
+        self.curve.append({"batch": n_batches, "epoch": epoch,
+                           "samples": min(n_batches * self.batch_size,
+                                          (epoch + 1) * self.n_train),
+                           "train_seconds": round(train_seconds, 4),
+                           "P@1": m["P@1"], "P@3": m["P@3"], "P@5": m["P@5"],
+                           "eval_seconds": round(dt, 3)})
+        print(f"  [eval] batch {n_batches} epoch {epoch} t={train_seconds:.1f}s "
+              f"P@1={m['P@1']:.4f} P@5={m['P@5']:.4f} (eval {dt:.1f}s)", flush=True)
+
+
+def predict_in_blocks(predict_block, X, k, n_labels):
+    """Top-k of every row of CSR ``X`` using ``predict_block(X_rows) -> int[n, k]`` over blocks
+    small enough that one block's logits fit in a few hundred MB."""
+    rows = eval_block_rows(n_labels)
+    out = np.empty((X.shape[0], k), dtype=np.int64)
+    for s in range(0, X.shape[0], rows):
+        out[s:s + rows] = predict_block(X[s:s + rows])
+    return out
+
+
+def samples_done(n_batches, n_train, batch_size):
+    """Samples processed by ``n_batches`` batches (the last batch of an epoch may be short)."""
+    bpe = math.ceil(n_train / batch_size)
+    full, rem = divmod(n_batches, bpe)
+    return full * n_train + min(rem * batch_size, n_train)
+
+
+# ----------------------------------------------------------------------------- worker process
+
+def _summarise(spec, rec, meta, extra):
+    bpe = math.ceil(meta["n_train"] / spec["batch_size"])
+    n = len(rec.batch_end)
+    total = rec.batch_end[-1] if n else 0.0
+    epoch_seconds = []
+    for e in range(n // bpe):
+        start = rec.batch_end[e * bpe - 1] if e else 0.0
+        epoch_seconds.append(rec.batch_end[(e + 1) * bpe - 1] - start)
+    samples = samples_done(n, meta["n_train"], spec["batch_size"])
+    w = int(spec.get("warmup_batches") or 0)
+    steady = None
+    if n > w + 1:
+        base = rec.batch_end[w - 1] if w else 0.0
+        steady = (rec.batch_end[-1] - base) / (n - w)
+    out = {
+        "system": spec["system"], "label": LABELS.get(spec["system"], spec["system"]),
+        "n_batches": n, "batches_per_epoch": bpe, "samples": samples,
+        "train_seconds": total, "epoch_seconds": epoch_seconds,
+        "samples_per_second": samples / total if total > 0 else None,
+        # time per batch after the warm-up batches, and the epoch time it extrapolates to
+        "steady_seconds_per_batch": steady,
+        "extrapolated_epoch_seconds": steady * bpe if steady is not None else None,
+        "eval_seconds_total": rec.eval_seconds,
+        "curve": rec.curve,
+        "losses": rec.losses,
+        "batch_end_seconds": [round(t, 4) for t in rec.batch_end],
+    }
+    out.update(extra)
+    return out
+
+
+def worker_main(spec_path):
+    """Entry point of one system's subprocess: train, evaluate, write the result JSON."""
+    spec = json.loads(Path(spec_path).read_text())
+    system = spec["system"]
+    T = int(spec["threads"])
+    t_start = time.perf_counter()
+    meta = spec["meta"]
+    X_tr, Y_tr, X_te, Y_te = load_data(meta)
+    n_eval = min(int(spec.get("n_eval") or X_te.shape[0]), X_te.shape[0])
+    X_ev, Y_ev = X_te[:n_eval], Y_te[:n_eval]
+    rss_data = current_rss_bytes()
+    if system in ("slide", "slide_dense"):
+        from bench import slide_runner
+        run = slide_runner.run
+    elif system == "tf":
+        from bench.baselines import tf_dense
+        run = tf_dense.run_dense
+    elif system == "tf_sampled":
+        from bench.baselines import tf_dense
+        run = tf_dense.run_sampled
+    elif system == "torch":
+        from bench.baselines import torch_dense
+        run = torch_dense.run
+    else:
+        raise ValueError(f"unknown system {system!r}")
+    rec, final, extra = run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, T)
+    res = _summarise(spec, rec, meta, extra)
+    res.update({
+        "final_test": final, "n_eval": n_eval, "threads": T,
+        "peak_rss_bytes": peak_rss_bytes(), "rss_after_data_bytes": rss_data,
+        "process_seconds": time.perf_counter() - t_start,
+        "spec": {k: v for k, v in spec.items() if k != "meta"},
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
+    })
+    out = Path(spec["result_path"])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+
+
+def thread_env(threads):
+    """Environment of a worker: every threading runtime capped at ``threads`` before import."""
+    env = dict(os.environ)
+    t = str(int(threads))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "NUMBA_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        env[var] = t
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                     else "")
+    return env
+
+
+def run_in_subprocess(spec, work_dir, log=print, timeout=None):
+    """Run one system in a fresh Python process; return its result dict (raises on failure,
+    with the tail of its log)."""
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tag = spec.get("tag") or spec["system"]
+    spec = dict(spec, result_path=str(work_dir / f"{tag}.result.json"))
+    spec_path = work_dir / f"{tag}.spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    log_path = work_dir / f"{tag}.log"
+    Path(spec["result_path"]).unlink(missing_ok=True)
+    log(f"[{tag}] training in a subprocess (log: {log_path}) ...")
+    t = time.perf_counter()
+    with open(log_path, "w") as lf:
+        proc = subprocess.run([sys.executable, "-m", "bench.common", str(spec_path)], cwd=REPO,
+                              env=thread_env(spec["threads"]), stdout=lf,
+                              stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0 or not Path(spec["result_path"]).exists():
+        tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-30:])
+        raise RuntimeError(f"{tag} failed (exit {proc.returncode}); end of {log_path}:\n{tail}")
+    res = json.loads(Path(spec["result_path"]).read_text())
+    log(f"[{tag}] done in {time.perf_counter() - t:.1f} s wall: "
+        f"{res['train_seconds']:.1f} s training, peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB")
+    return res
+
+
+# ------------------------------------------------------------------------------ result helpers
+
+def time_to_target(curve, target):
+    """Training seconds at which the P@1 curve first reaches ``target``, linearly interpolated
+    between the two evaluations around the crossing (the first point if it is already above).
+    None when never reached."""
+    prev_t, prev_p = 0.0, None
+    for pt in curve:
+        t, p = pt["train_seconds"], pt["P@1"]
+        if p >= target:
+            if prev_p is None or p == prev_p:
+                return t
+            return prev_t + (target - prev_p) / (p - prev_p) * (t - prev_t)
+        prev_t, prev_p = t, p
+    return None
+
+
+def fmt_seconds(s):
+    if s is None:
+        return "—"
+    return f"{s:.1f} s" if s < 100 else f"{s:.0f} s"
+
+
+def fmt_bytes(b):
+    return "—" if b is None else f"{b / 2**30:.2f} GiB"
+
+
+def fmt_ratio(r):
+    return "—" if r is None else f"{r:.1f}x"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m bench.common SPEC.json  (internal: one system's worker)")
+    worker_main(sys.argv[1])

@@ -1,0 +1,312 @@
+"""slide against dense TensorFlow-CPU, TF sampled softmax and PyTorch-CPU: time to accuracy.
+
+    python bench/compare.py --data xc200k --n-train 100000 --epochs 1 --threads 2 \\
+        --out bench/results/compare_xc200k
+
+Every system trains in its own subprocess on the same prepared data (shuffled once with
+``--seed``), with the same network (sparse input -> 128 ReLU -> softmax over all labels), loss
+(softmax cross-entropy, 1/|y| targets), Adam, batch size, learning rate, initialisation scale,
+epochs and threads, and is evaluated at fixed intervals on the same first ``--n-eval`` shuffled
+test points (evaluation excluded from training seconds), then once on all ``--n-test`` points.
+
+Writes ``results.json``, ``results.md`` and ``time_to_accuracy.png`` into ``--out`` and prints the
+table last. ``--reuse`` takes a baseline's result from the cache (``bench/out/cache/results``)
+when one exists for exactly the same data and settings, so that slide can be rerun alone; the
+table says which run each row comes from.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from bench.common import fmt_bytes, fmt_ratio, fmt_seconds  # noqa: E402
+
+SLIDE_FLAGS = {  # flag -> SlideClassifier keyword (passed only when given)
+    "hash_family": str, "K": int, "L": int, "range_pow": int, "bucket_size": int,
+    "bucket_policy": str, "sampler": str, "sampler_budget": int, "min_active": int,
+    "rehash_period": int, "rebuild_period": int, "rehash_decay": float, "loss": str,
+    "optimizer": str,
+}
+SOURCES = {"tf": "baselines/tf_dense.py", "tf_sampled": "baselines/tf_dense.py",
+           "torch": "baselines/torch_dense.py"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, help="preset name (slide.synthetic.PRESETS) or a "
+                   "directory with train.txt/test.txt, or 'TRAIN,TEST' XC files")
+    p.add_argument("--scale", type=float, default=1.0, help="preset scale (features, labels, "
+                   "points); use --n-train to shrink points only")
+    p.add_argument("--n-train", type=int, default=None, help="training points (labels unchanged)")
+    p.add_argument("--n-test", type=int, default=None, help="test points of the final evaluation")
+    p.add_argument("--n-eval", type=int, default=2000,
+                   help="first shuffled test points evaluated during training (the curves)")
+    p.add_argument("--seed", type=int, default=0, help="data, shuffle and model seed")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="threads of every system "
+                   "(default: all cores)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--systems", default="slide,tf,tf_sampled,torch",
+                   help="comma list from slide, slide_dense, tf, tf_sampled, torch")
+    ev = p.add_mutually_exclusive_group()
+    ev.add_argument("--eval-every-batches", type=int, default=None)
+    ev.add_argument("--eval-every-seconds", type=float, default=None,
+                    help="training seconds between evaluations")
+    ev.add_argument("--evals-per-epoch", type=int, default=None,
+                    help="evaluations per epoch (the default, 8, when no interval is given)")
+    p.add_argument("--max-batches", type=int, default=None,
+                   help="stop every system after this many batches (smoke tests)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (all systems)")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--init", default="glorot_normal",
+                   help="baselines' initialisation; glorot_normal is slide's (slide.layers)")
+    p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
+                   "'auto' = slide's mean active-set size in this comparison (else 1024)")
+    p.add_argument("--candidate-sampler", default="uniform", choices=["uniform", "log_uniform"],
+                   help="tf_sampled candidate sampler (synthetic label ids are in random "
+                   "popularity order, so log-uniform's Zipf-by-id prior does not apply)")
+    p.add_argument("--target-p1", type=float, default=None, help="target P@1 (default: the "
+                   "dense TF model's P@1 after one epoch on the evaluation sample)")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse cached baseline results for identical data and settings")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="time slide's Numba compilation as training")
+    p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
+    p.add_argument("--timeout", type=float, default=None, help="seconds per system")
+    g = p.add_argument_group("slide hyperparameters (engine defaults when not given)")
+    for name, typ in SLIDE_FLAGS.items():
+        g.add_argument("--" + name.replace("_", "-"), dest="slide_" + name, type=typ,
+                       default=None)
+    g.add_argument("--slide-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other SlideClassifier keyword (Python literal value)")
+    a = p.parse_args(argv)
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    bad = [s for s in a.systems if s not in common.SYSTEMS + ("slide_dense",)]
+    if bad:
+        p.error(f"unknown systems {bad}")
+    a.threads = a.threads or common.machine_description()["cores"]
+    a.slide_params = {}
+    for name in SLIDE_FLAGS:
+        v = getattr(a, "slide_" + name)
+        if v is not None:
+            a.slide_params[name] = v
+    for kv in a.slide_param:
+        k, _, v = kv.partition("=")
+        try:
+            a.slide_params[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            a.slide_params[k.strip()] = v
+    return a
+
+
+def base_spec(a, meta, system):
+    return {"system": system, "meta": meta, "threads": a.threads, "hidden": a.hidden,
+            "lr": a.lr, "init": a.init, "seed": a.seed, "batch_size": a.batch_size,
+            "epochs": a.epochs, "n_eval": a.n_eval, "eval_every_batches": a.eval_every_batches,
+            "eval_every_seconds": a.eval_every_seconds, "evals_per_epoch": a.evals_per_epoch,
+            "max_batches": a.max_batches, "warmup": not a.no_warmup,
+            "slide_params": a.slide_params if system.startswith("slide") else None}
+
+
+def cache_path(a, spec):
+    """Result cache file of a baseline: keyed by data, every shared setting, the baseline's
+    own settings and a digest of its source file."""
+    keep = {k: v for k, v in spec.items() if k not in ("meta", "slide_params", "warmup")}
+    src = common._file_digest(Path(__file__).parent / SOURCES[spec["system"]])
+    raw = json.dumps([spec["meta"]["key"], keep, src], sort_keys=True)
+    key = hashlib.sha1(raw.encode()).hexdigest()[:16]
+    return Path(a.cache_dir) / "results" / f"{spec['system']}-{key}.json"
+
+
+def epoch_time(r):
+    """(seconds per epoch, how it was obtained)."""
+    if r.get("epoch_seconds"):
+        return sum(r["epoch_seconds"]) / len(r["epoch_seconds"]), "measured"
+    if r.get("extrapolated_epoch_seconds"):
+        return r["extrapolated_epoch_seconds"], "extrapolated"
+    return None, None
+
+
+def default_target(results, a):
+    """The dense TF model's P@1 after one epoch (first epoch-end evaluation); falls back to
+    PyTorch's, then to the best baseline's last point, and says which was used."""
+    if a.target_p1 is not None:
+        return a.target_p1, "given with --target-p1"
+    for s in ("tf", "torch"):
+        r = results.get(s)
+        if not r or not r["curve"]:
+            continue
+        bpe = r["batches_per_epoch"]
+        pts = [c for c in r["curve"] if c["batch"] == bpe]
+        if pts:
+            return pts[0]["P@1"], f"{common.LABELS[s]} after one epoch"
+        return r["curve"][-1]["P@1"], f"{common.LABELS[s]} at its last evaluation " \
+            f"(batch {r['curve'][-1]['batch']}, less than one epoch)"
+    if "slide" in results and results["slide"]["curve"]:
+        return results["slide"]["curve"][-1]["P@1"], "slide's last evaluation (no dense baseline)"
+    return None, "none"
+
+
+def make_table(results, order, target):
+    slide = results.get("slide")
+    s_epoch = epoch_time(slide)[0] if slide else None
+    s_ttt = common.time_to_target(slide["curve"], target) if slide and target else None
+    rows = []
+    head = ("| system | run | time / epoch | samples/s | time to target P@1 | final P@1 | "
+            "final P@3 | final P@5 | peak RSS | epoch time ÷ slide | time-to-target ÷ slide | "
+            "peak RSS ÷ slide |")
+    rows.append(head)
+    rows.append("|" + "---|" * head.count("|")[:-1] if False else
+                "|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
+    for s in order:
+        r = results[s]
+        ep, how = epoch_time(r)
+        ttt = common.time_to_target(r["curve"], target) if target is not None else None
+        best = max((c["P@1"] for c in r["curve"]), default=None)
+        ttt_s = fmt_seconds(ttt) if ttt is not None else (
+            f"not reached (best {best:.3f})" if best is not None else "—")
+        f = r.get("final_test") or {}
+        fin = lambda k: f"{f[k]:.4f}" if k in f else "—"  # noqa: E731
+        ratio_ep = ep / s_epoch if (s != "slide" and ep and s_epoch) else None
+        ratio_ttt = ttt / s_ttt if (s != "slide" and ttt and s_ttt) else None
+        ratio_mem = (r["peak_rss_bytes"] / slide["peak_rss_bytes"]
+                     if s != "slide" and slide else None)
+        ep_s = fmt_seconds(ep) + (" (extrap.)" if how == "extrapolated" else "")
+        run = r.get("_source", "this run")
+        rows.append(f"| {common.LABELS.get(s, s)} | {run} | {ep_s} | "
+                    f"{r['samples_per_second']:.0f} | {ttt_s} | {fin('P@1')} | {fin('P@3')} | "
+                    f"{fin('P@5')} | {fmt_bytes(r['peak_rss_bytes'])} | {fmt_ratio(ratio_ep)} | "
+                    f"{fmt_ratio(ratio_ttt)} | {fmt_ratio(ratio_mem)} |")
+    return "\n".join(rows)
+
+
+def plot(results, order, target, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[plot] matplotlib is not installed (bench extra); no PNG written")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, logx in zip(axes, (False, True)):
+        for s in order:
+            c = results[s]["curve"]
+            if not c:
+                continue
+            ax.plot([p["train_seconds"] for p in c], [p["P@1"] for p in c], marker="o", ms=3,
+                    label=common.LABELS.get(s, s))
+        if target is not None:
+            ax.axhline(target, ls="--", c="grey", lw=1, label=f"target P@1 {target:.3f}")
+        ax.set_xlabel("training seconds (evaluation excluded)" + (", log scale" if logx else ""))
+        ax.set_ylabel("P@1 on the evaluation sample")
+        if logx:
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.cache_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    command = "python bench/compare.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    meta = common.prepare_data(a.data, a.scale, a.n_train, a.n_test, a.seed, a.cache_dir)
+    # slide first: tf_sampled's default number of negatives is slide's mean active-set size
+    order = sorted(a.systems, key=lambda s: ("slide", "slide_dense", "tf", "torch",
+                                             "tf_sampled").index(s))
+    results = {}
+    for s in order:
+        spec = base_spec(a, meta, s)
+        if s == "tf_sampled":
+            act = (results.get("slide") or {}).get("active_mean")
+            if a.num_sampled == "auto":
+                spec["num_sampled"] = int(round(act)) if act else 1024
+            else:
+                spec["num_sampled"] = int(a.num_sampled)
+            spec["candidate_sampler"] = a.candidate_sampler
+        cp = cache_path(a, spec) if s in common.BASELINES else None
+        if a.reuse and cp is not None and cp.exists():
+            r = json.loads(cp.read_text())
+            r["_source"] = f"reused: {r['finished_at']}, commit {r['commit']}"
+            print(f"[{s}] reusing {cp} ({r['_source']})")
+        else:
+            r = common.run_in_subprocess(spec, work, timeout=a.timeout)
+            r["_source"] = f"this run ({r['finished_at']})"
+            if cp is not None:
+                cp.parent.mkdir(parents=True, exist_ok=True)
+                cp.write_text(json.dumps(r))
+        results[s] = r
+    target, target_how = default_target(results, a)
+    table = make_table(results, order, target)
+    machine = common.machine_description()
+    title = (f"{meta['data']}: {meta['n_labels']:,} labels, {meta['n_features']:,} features, "
+             f"{meta['n_train']:,} train points; {a.epochs} epoch(s), {a.threads} threads")
+    png = out / "time_to_accuracy.png"
+    plotted = plot(results, order, target, png, title)
+    summary = {
+        "command": command, "data": meta, "target_p1": target, "target_source": target_how,
+        "machine": machine, "commit": common.git_commit(),
+        "settings": {k: v for k, v in base_spec(a, meta, "x").items()
+                     if k not in ("meta", "system", "slide_params")},
+        "slide_params": a.slide_params,
+        "results": {s: {k: v for k, v in r.items() if k != "batch_end_seconds"}
+                    for s, r in results.items()},
+        "time_to_target": {s: common.time_to_target(results[s]["curve"], target)
+                           if target is not None else None for s in order},
+        "epoch_seconds": {s: epoch_time(results[s])[0] for s in order},
+    }
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    md = [f"# {title}", "",
+          f"- data: `{meta['data']}` (scale {meta['scale']}), {meta['n_train']:,} train / "
+          f"{meta['n_test']:,} test points, {meta['n_features']:,} features, "
+          f"{meta['n_labels']:,} labels, {meta['avg_nnz']:.1f} nonzeros and "
+          f"{meta['avg_labels']:.2f} labels per point; shuffled once with seed {meta['seed']}",
+          f"- settings: hidden {a.hidden} ReLU, batch {a.batch_size}, Adam lr {a.lr}, "
+          f"{a.epochs} epoch(s), {a.threads} threads, baselines' init {a.init}; "
+          f"curves on the first {a.n_eval} shuffled test points, final P@k on all "
+          f"{meta['n_test']:,}",
+          f"- slide hyperparameters: {a.slide_params or 'engine defaults'}"
+          + (f"; tf_sampled: {results['tf_sampled'].get('num_sampled')} sampled negatives "
+             f"({results['tf_sampled'].get('candidate_sampler')})" if "tf_sampled" in results
+             else ""),
+          f"- target P@1: {target:.4f} ({target_how})" if target is not None else
+          "- target P@1: none",
+          f"- machine: {machine['cpu']}, {machine['cores']} cores, "
+          f"{(machine['ram_bytes'] or 0) / 2**30:.0f} GiB RAM; commit {summary['commit']}",
+          f"- command: `{command}`", "",
+          table, "",
+          "Training seconds exclude evaluation; time to target is interpolated between the two "
+          "evaluations around the crossing. Ratios are baseline ÷ slide (higher = slide faster "
+          "or leaner).", ""]
+    if plotted:
+        md.append(f"![P@1 against training seconds]({png.name})")
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    print()
+    print("\n".join(md[:7]))
+    print()
+    print(table)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
