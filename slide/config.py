@@ -376,7 +376,9 @@ def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
         spec = schema[k]
         if isinstance(spec, Opt):
             if isinstance(v, dict) and spec.kind != "table":
-                problems.append((dotted, f"must be {spec.kind.replace('_', ' ')}, got a table"))
+                what = {"int": "an integer", "float": "a number", "str": "a string",
+                        "bool": "true or false", "int_list": "an array of integers"}[spec.kind]
+                problems.append((dotted, f"must be {what}, got a table"))
                 continue
             value = _check_value(dotted, spec, v, problems)
             if value is not None:
@@ -487,7 +489,8 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
         if not check_files:
             continue
         if not os.path.exists(path):
-            problems.append((f"data.{key}", f"file not found: {path}"))
+            problems.append((f"data.{key}", f"file not found: {path} "
+                                            f"(set the path with --set data.{key}=PATH)"))
         elif not os.path.isfile(path):
             problems.append((f"data.{key}", f"not a regular file: {path}"))
         elif not os.access(path, os.R_OK):
