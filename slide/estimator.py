@@ -247,7 +247,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         n_layers = len(sizes) - 1
         flags = [l in sparse for l in range(n_layers)]
         mins = [int(self.min_active) if flags[l] else 0 for l in range(n_layers)]
-        self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_)
+        lsh = None
+        if sparse:
+            lsh = dict(sampler=self.sampler, family=self.hash_family, K=int(self.K),
+                       L=int(self.L), range_pow=int(self.range_pow),
+                       bucket_size=int(self.bucket_size), policy=self.bucket_policy,
+                       budget=int(self.sampler_budget), threshold=int(self.sampler_threshold))
+        self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh)
         self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout.n_weights,
                                           self.network_.layout.n_biases, self.learning_rate,
                                           self.beta1, self.beta2, self.epsilon)
@@ -358,12 +364,25 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # LSH (filled in when slide.lsh is available)
     # ------------------------------------------------------------------------------------------
     def _ensure_lsh(self):
-        pass
+        net = self.network_
+        if net.uses_tables and not net.indices:
+            t0 = time.perf_counter()
+            net.build_indices()
+            self.lsh_seconds_ = getattr(self, "lsh_seconds_", 0.0) + time.perf_counter() - t0
 
     def _maybe_rehash(self):
-        if not self.sparse_layers_ or self.sampler == "random":
+        """Rehash / rebuild the tables when the schedule says so (after the optimizer step of
+        the current batch, so the tables see the updated weights)."""
+        if not self.network_.uses_tables:
             return False, False
         rehash, rebuild = self.schedule_.step(self.batches_)
+        if rebuild or rehash:
+            t0 = time.perf_counter()
+            if rebuild:
+                self.network_.rebuild()
+            else:
+                self.network_.rehash()
+            self.lsh_seconds_ = getattr(self, "lsh_seconds_", 0.0) + time.perf_counter() - t0
         return rehash, rebuild
 
     # ------------------------------------------------------------------------------------------
@@ -382,12 +401,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"k must be a positive integer, got {k!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
-        if exact or not self.sparse_layers_:
+        if exact or not self.network_.uses_tables:
             return self.network_.predict_topk_exact(X, int(k))
         return self._predict_topk_sparse(X, int(k))
 
     def _predict_topk_sparse(self, X, k):
-        return self.network_.predict_topk_exact(X, k)
+        self._ensure_lsh()
+        self._predict_calls_ = getattr(self, "_predict_calls_", 0) + 1
+        return self.network_.predict_topk_sparse(X, k, call=self._predict_calls_)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons)."""
@@ -415,10 +436,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._check_fitted()
         save_checkpoint(self, path, extra)
 
-    def sample_loss_and_grads(self, x_indices, x_data, labels):
-        """Loss and flat gradients of one sample under the current weights (no update)."""
+    def sample_loss_and_grads(self, x_indices, x_data, labels, return_active=False):
+        """Loss and flat gradients (W, B layout of ``network_.layout``) of one sample under the
+        current weights, without updating anything."""
         self._check_fitted()
-        return self.network_.sample_loss_and_grads(x_indices, x_data, labels)
+        self._ensure_lsh()
+        return self.network_.sample_loss_and_grads(x_indices, x_data, labels,
+                                                   return_active=return_active)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,9 +453,10 @@ def _model_arrays(model):
     net = model.network_
     arrays = {"W": net.W, "B": net.B}
     arrays.update(model.optimizer_.state_arrays())
-    for l, idx in getattr(model, "lsh_", {}).items():
-        for k, v in idx.state_arrays().items():
-            arrays[f"lsh{l}_{k}"] = v
+    for l, idx in net.indices.items():
+        for k, v in idx.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"lsh{l}_{k}"] = v
     return arrays
 
 
@@ -456,7 +481,9 @@ def save_checkpoint(model, path, extra=None):
         "train_seconds": model.train_seconds_,
         "schedule": model.schedule_.state(),
         "history": model.history_,
-        "lsh": {str(l): idx.meta() for l, idx in getattr(model, "lsh_", {}).items()},
+        "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
+                         if not isinstance(v, np.ndarray)}
+                for l, idx in net.indices.items()},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
     }
@@ -577,9 +604,31 @@ def load(path):
         raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
 
 
-def _load_lsh_placeholder(self, path, lsh_meta, arrays):
-    if lsh_meta:
-        raise CheckpointError(path, "LSH state present but this build cannot read it")
+def _load_lsh(model, path, lsh_meta, arrays):
+    """Restore the LSH tables exactly (they were built from older weights, so they cannot be
+    recomputed from the saved ones)."""
+    from slide.lsh.index import LSHIndex
+    net = model.network_
+    want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
+        else set()
+    got = set(int(l) for l in lsh_meta)
+    if want != got:
+        raise CheckpointError(path, f"LSH state for layers {sorted(got)}, expected "
+                                    f"{sorted(want)}")
+    for l in sorted(want):
+        d = dict(lsh_meta[str(l)])
+        prefix = f"lsh{l}_"
+        for name, a in arrays.items():
+            if name.startswith(prefix):
+                d[name[len(prefix):]] = a
+        try:
+            idx = LSHIndex.from_state(d)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(path, f"LSH tables of layer {l}: {exc}") from None
+        if idx.dim != int(net.n_in[l]) or idx.n_neurons != int(net.n_out[l]):
+            raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
+        net.indices[l] = idx
+    net._pack_lsh()
 
 
-SlideClassifier._load_lsh = _load_lsh_placeholder
+SlideClassifier._load_lsh = _load_lsh

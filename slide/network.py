@@ -22,6 +22,8 @@ from numba import njit, prange
 from slide._rng import stream_seed, randint
 from slide.layers import (first_forward_dense, first_forward_sparse, first_backward,
                           rows_forward, rows_backward)
+from slide.lsh.hashes import hash_dense_into, hash_sparse_into
+from slide.lsh.samplers import sample_into
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
 
@@ -130,22 +132,67 @@ def _fill_active(n_out, labels, forced, min_active, rng, ids, mark, serial):
 # One sample
 # ----------------------------------------------------------------------------------------------
 
+# cfg: the sparse layers' shared LSH / sampler settings, packed into one int64 array
+CFG_SAMPLER, CFG_FAMILY, CFG_K, CFG_L, CFG_BITS, CFG_BUDGET, CFG_THRESHOLD = range(7)
+SAMPLER_RANDOM = -1        # no LSH: labels + random neurons (classic sampled softmax)
+
+
+@njit(cache=True, nogil=True)
+def _select_active(l, cfg, in_sparse, in_ids, in_vals, n_in_act, n_in, n_neurons, forced,
+                   min_act, rng, intp, floatp, toff, titems, codes, set_keys, set_counts, order,
+                   xbuf, mark, serial, out):
+    """Active neurons of sparse layer ``l`` for one input vector; returns (count, rng).
+
+    The input is hashed with the layer's functions (a sparse input -- the network input or a
+    sparse previous layer -- is scattered into ``xbuf`` and hashed densely, so unsorted active
+    ids work too; ``xbuf`` is all-zero between calls), then the sampler picks from the L
+    buckets; forced ids (true labels) come first, random neurons pad to ``min_act``."""
+    code = cfg[CFG_SAMPLER]
+    if code == SAMPLER_RANDOM:
+        return _fill_active(n_neurons, forced, True, min_act, rng, out, mark, serial)
+    fam = cfg[CFG_FAMILY]
+    K = cfg[CFG_K]
+    Lh = cfg[CFG_L]
+    bits = cfg[CFG_BITS]
+    if l == 0:
+        # the network input: sorted CSR indices, hash it sparsely
+        hash_sparse_into(fam, K, Lh, bits, intp[l], floatp[l], in_ids, in_vals, codes)
+    elif in_sparse:
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = in_vals[m]
+        hash_dense_into(fam, K, Lh, bits, intp[l], floatp[l], xbuf[:n_in], codes)
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = 0.0
+    else:
+        hash_dense_into(fam, K, Lh, bits, intp[l], floatp[l], in_vals[:n_in], codes)
+    return sample_into(code, codes, toff[l], titems[l], n_neurons, cfg[CFG_BUDGET],
+                       cfg[CFG_THRESHOLD], forced, min_act, rng, set_keys, set_counts, order,
+                       out)
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
-                 sparse, min_active, loss_code, x_idx, x_val, labels, rng, scale,
-                 acts, dels, ids, n_act, mark, serial, backward):
-    """Forward (and optionally backward) of one sample. ``acts``/``dels``: this thread's
-    activation/delta scratch (layer l at a_off[l]); ``ids``: this sample's active ids of the
-    sparse layers (layer l at s_off[l]); ``n_act[l]`` receives the active counts. Returns the
-    loss."""
+                 sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
+                 x_idx, x_val, labels, force_labels, rng, scale,
+                 acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, mark, serial,
+                 backward):
+    """Forward (and optionally backward) of one sample; returns its loss.
+
+    ``acts``/``dels``: this thread's activation/delta scratch (layer l at a_off[l]); ``ids``:
+    this sample's active ids of the sparse layers (layer l at s_off[l]); ``n_act[l]`` receives
+    the active counts; ``codes``..``mark``: this thread's sampler scratch. The true labels are
+    forced into the output layer's active set when ``force_labels`` (training)."""
     last = n_layers - 1
+    no_force = labels[:0]
     # ---- layer 0 (sparse input) ----
     n0 = n_out[0]
     a0 = acts[a_off[0]:a_off[1]]
     if sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
-        cnt, rng = _fill_active(n0, labels, last == 0, min_active[0], rng, id0,
-                                mark[0], serial)
+        cnt, rng = _select_active(0, cfg, True, x_idx, x_val, x_idx.shape[0], n_in[0], n0,
+                                  labels if (last == 0 and force_labels) else no_force,
+                                  min_active[0], rng, intp, floatp, toff, titems, codes,
+                                  set_keys, set_counts, order, xbuf, mark[0], serial, id0)
         n_act[0] = cnt
         first_forward_sparse(W, B, w_off[0], b_off[0], n0, x_idx, x_val, id0, cnt, a0)
     else:
@@ -158,8 +205,11 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
         id_in = ids[s_off[l - 1]:s_off[l]]
         id_l = ids[s_off[l]:s_off[l + 1]]
         if sparse[l]:
-            cnt, rng = _fill_active(n_out[l], labels, l == last, min_active[l], rng, id_l,
-                                    mark[l], serial)
+            cnt, rng = _select_active(l, cfg, sparse[l - 1], id_in, a_in, n_act[l - 1], n_in[l],
+                                      n_out[l],
+                                      labels if (l == last and force_labels) else no_force,
+                                      min_active[l], rng, intp, floatp, toff, titems, codes,
+                                      set_keys, set_counts, order, xbuf, mark[l], serial, id_l)
             n_act[l] = cnt
         else:
             n_act[l] = n_out[l]
@@ -193,15 +243,16 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
 
 @njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
-                       sparse, min_active, loss_code,
+                       sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
                        X_ptr, X_ind, X_dat, Y_ptr, Y_ind, rows, seed, serial,
-                       acts, dels, ids, n_act, marks, losses):
+                       acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, marks,
+                       losses):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
-    Scratch: ``acts``/``dels`` [n_chunks, a_off[-1]] and ``marks`` [n_chunks, n_layers, *]
-    per thread chunk; ``ids`` [batch, s_off[-1]] and ``n_act`` [batch, n_layers] per sample
-    (kept after the call: they list the touched rows). Gradients of the batch MEAN loss are
-    added into GW/GB. Draws come from stream_seed(seed, serial, sample position)."""
+    Thread-chunk scratch (first axis n_chunks): acts, dels, codes, set_keys, set_counts, order,
+    xbuf, marks. Per-sample (first axis batch): ids, n_act -- kept after the call, they list the
+    touched rows. Gradients of the batch MEAN loss are added into GW/GB without locks. Random
+    draws come from stream_seed(seed, serial, sample position): independent of threads."""
     nb = rows.shape[0]
     n_chunks = acts.shape[0]
     scale = 1.0 / nb
@@ -215,9 +266,53 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
             labels = Y_ind[Y_ptr[r]:Y_ptr[r + 1]]
             rng = stream_seed(seed, STREAM_SAMPLE + serial * 16, s)
             losses[s] = _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
-                                     s_off, sparse, min_active, loss_code, x_idx, x_val, labels,
-                                     rng, scale, acts[c], dels[c], ids[s], n_act[s], marks[c],
+                                     s_off, sparse, min_active, loss_code, cfg, intp, floatp,
+                                     toff, titems, x_idx, x_val, labels, True, rng, scale,
+                                     acts[c], dels[c], ids[s], n_act[s], codes[c], set_keys[c],
+                                     set_counts[c], order[c], xbuf[c], marks[c],
                                      serial * 1048576 + s + 1, True)
+
+
+@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
+                          sparse, min_active, cfg, intp, floatp, toff, titems,
+                          X_ptr, X_ind, X_dat, seed, call, k, acts, dels, ids, n_act, codes,
+                          set_keys, set_counts, order, xbuf, marks, out_ids, out_scores):
+    """Top-k over the LSH-selected output neurons only (no labels forced): the fast serving
+    path. Rows with fewer than k active neurons are padded with id -1 / score -inf."""
+    n = X_ptr.shape[0] - 1
+    n_chunks = acts.shape[0]
+    last = n_layers - 1
+    empty_lab = np.zeros(0, dtype=np.int32)
+    dummy = np.zeros(1, dtype=np.float32)
+    for c in prange(n_chunks):
+        for s in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            x_idx = X_ind[X_ptr[s]:X_ptr[s + 1]]
+            x_val = X_dat[X_ptr[s]:X_ptr[s + 1]]
+            rng = stream_seed(seed, STREAM_PREDICT + call * 16, s)
+            _sample_pass(W, B, dummy, dummy, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
+                         sparse, min_active, 0, cfg, intp, floatp, toff, titems, x_idx, x_val,
+                         empty_lab, False, rng, 1.0, acts[c], dels[c], ids[c], n_act[c],
+                         codes[c], set_keys[c], set_counts[c], order[c], xbuf[c], marks[c],
+                         (call * 1048576 + s + 1) * 2, False)
+            z = acts[c, a_off[last]:a_off[last + 1]]
+            m = n_act[c, last]
+            dense = not sparse[last]
+            # insertion sort into the k best (k is small)
+            for q in range(k):
+                out_ids[s, q] = -1
+                out_scores[s, q] = -np.inf
+            for t in range(m):
+                v = z[t]
+                if v <= out_scores[s, k - 1]:
+                    continue
+                q = k - 1
+                while q > 0 and out_scores[s, q - 1] < v:
+                    out_scores[s, q] = out_scores[s, q - 1]
+                    out_ids[s, q] = out_ids[s, q - 1]
+                    q -= 1
+                out_scores[s, q] = v
+                out_ids[s, q] = t if dense else ids[c, s_off[last] + t]
 
 
 @njit(cache=True, nogil=True)
@@ -371,14 +466,15 @@ def _i64(a):
 
 
 class Network:
-    """Parameters, gradient buffers and per-fit scratch of one network.
+    """Parameters, gradient buffers, LSH indices and per-fit scratch of one network.
 
     ``sizes = (n_features, h1, ..., n_labels)``; ``sparse[l]`` says whether layer l selects
-    active neurons (LSH sampler or random fill) instead of computing all of them;
-    ``min_active[l]`` pads a sparse layer's active set with random neurons.
+    active neurons instead of computing all of them; ``min_active[l]`` pads a sparse layer's
+    active set with random neurons. ``lsh`` (for sparse layers): dict(sampler, family, K, L,
+    range_pow, bucket_size, policy, budget, threshold); sampler "random" needs no tables.
     """
 
-    def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, init=True):
+    def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True):
         from slide.layers import Layout, init_params
         self.layout = Layout(tuple(int(s) for s in sizes))
         L = self.layout.n_layers
@@ -398,38 +494,136 @@ class Network:
         self.w_off, self.b_off, self.row_off = lay.w_off, lay.b_off, lay.row_off
         self.stamp_rows = np.zeros(int(self.row_off[-1]), np.int64)
         self.stamp_bias = np.zeros(lay.n_biases, np.int64)
+        self.lsh = dict(lsh or {"sampler": "random"})
+        self.lsh.setdefault("sampler", "random")
+        self.indices = {}            # layer -> LSHIndex
         self._scratch_key = None
+        self.cfg = np.zeros(7, np.int64)
+        self.cfg[CFG_SAMPLER] = SAMPLER_RANDOM
+        if self.uses_tables:
+            from slide.lsh.hashes import FAMILIES, bits_per_hash
+            from slide.lsh.samplers import SAMPLERS
+            c = self.lsh
+            self.cfg[:] = [SAMPLERS[c["sampler"]], FAMILIES[c["family"]], c["K"], c["L"],
+                           bits_per_hash(c["family"], c["K"], c["range_pow"]), c["budget"],
+                           c["threshold"]]
+        elif self.sparse.any():
+            self.cfg[CFG_BUDGET] = 0
+        self._pack_lsh()
 
-    # -- capacities --------------------------------------------------------------------------
-    def capacity(self, l):
+    @property
+    def uses_tables(self):
+        return bool(self.sparse.any()) and self.lsh["sampler"] != "random"
+
+    # -- LSH ---------------------------------------------------------------------------------
+    def weight_rows(self, l):
+        """Layer l's neurons as rows [n_out, n_in] (the vectors the tables hash)."""
+        Wl = self.layout.weight_view(self.W, l)
+        return np.ascontiguousarray(Wl.T) if l == 0 else Wl
+
+    def layer_seed(self, l):
+        return int(stream_seed(np.uint64(self.seed), 500, l)) >> 1
+
+    def build_indices(self):
+        """Hash every sparse layer's neurons into fresh tables."""
+        if not self.uses_tables:
+            return
+        from slide.lsh.index import LSHIndex
+        c = self.lsh
+        for l in range(self.layout.n_layers):
+            if self.sparse[l]:
+                idx = LSHIndex(c["family"], int(self.n_in[l]), c["K"], c["L"], c["range_pow"],
+                               bucket_size=c["bucket_size"], policy=c["policy"],
+                               seed=self.layer_seed(l))
+                self.indices[l] = idx.build(self.weight_rows(l))
+        self._pack_lsh()
+
+    def rehash(self):
+        """Reinsert every neuron of every sparse layer (same hash functions)."""
+        for l, idx in self.indices.items():
+            idx.rehash(self.weight_rows(l))
+        self._pack_lsh()
+
+    def rebuild(self):
+        """New hash functions for every sparse layer, then reinsert every neuron."""
+        for l, idx in self.indices.items():
+            idx.rebuild(self.weight_rows(l))
+        self._pack_lsh()
+
+    def _pack_lsh(self):
+        """Typed lists of the per-layer LSH arrays, as the kernels take them (dummies for layers
+        without tables)."""
+        from numba.typed import List
+        di = np.zeros((1, 1), np.int32)
+        df = np.zeros((1, 1), np.float32)
+        intp, floatp, toff, titems = List(), List(), List(), List()
+        for l in range(self.layout.n_layers):
+            idx = self.indices.get(l)
+            if idx is None:
+                intp.append(di)
+                floatp.append(df)
+                toff.append(di)
+                titems.append(di)
+            else:
+                intp.append(idx.hf.int_params)
+                floatp.append(idx.hf.float_params)
+                toff.append(idx.offsets)
+                titems.append(idx.items)
+        self.lsh_lists = (intp, floatp, toff, titems)
+
+    # -- scratch -----------------------------------------------------------------------------
+    def capacity(self, l, max_forced, min_act):
         """Most active neurons layer l can have for one sample."""
         n = int(self.n_out[l])
         if not self.sparse[l]:
             return n
-        extra = 0
-        return min(n, int(self.min_active[l]) + extra + self._label_cap)
+        return min(n, max(max_forced + int(self.cfg[CFG_BUDGET]), int(min_act), 1))
+
+    def _scratch(self, n_samples_slots, n_chunks, max_labels, min_active):
+        """Allocate per-thread and per-sample scratch for the kernels."""
+        from slide.lsh.samplers import scratch_sizes
+        L = self.layout.n_layers
+        last = L - 1
+        caps = [self.capacity(l, max_labels if l == last else 0, min_active[l])
+                for l in range(L)]
+        sc = {}
+        sc["a_off"] = _i64(np.concatenate([[0], np.cumsum(caps)]))
+        scap = [caps[l] if self.sparse[l] else 0 for l in range(L)]
+        sc["s_off"] = _i64(np.concatenate([[0], np.cumsum(scap)]))
+        tot = int(sc["a_off"][-1])
+        sc["acts"] = np.zeros((n_chunks, tot), np.float32)
+        sc["dels"] = np.zeros((n_chunks, tot), np.float32)
+        sc["ids"] = np.zeros((n_samples_slots, max(1, int(sc["s_off"][-1]))), np.int32)
+        sc["n_act"] = np.zeros((n_samples_slots, L), np.int64)
+        if self.uses_tables:
+            c = self.lsh
+            sz = scratch_sizes(c["sampler"], c["L"], c["bucket_size"], c["budget"], max_labels,
+                               int(max(min_active)))
+            set_size, order_size, n_codes = sz["set_size"], sz["order_size"], c["L"]
+        else:
+            set_size, order_size, n_codes = 1, 1, 1
+        sc["codes"] = np.zeros((n_chunks, n_codes), np.int32)
+        sc["set_keys"] = np.full((n_chunks, set_size), -1, np.int32)
+        sc["set_counts"] = np.zeros((n_chunks, set_size), np.int32)
+        sc["order"] = np.zeros((n_chunks, order_size), np.int32)
+        max_in = max([int(self.n_in[l]) for l in range(1, L) if self.sparse[l]] or [1])
+        sc["xbuf"] = np.zeros((n_chunks, max_in), np.float32)
+        random_fill = not self.uses_tables and self.sparse.any()
+        mlen = max([int(self.n_out[l]) for l in range(L) if self.sparse[l]] or [1]) \
+            if random_fill else 1
+        sc["marks"] = np.zeros((n_chunks, L, mlen), np.int64)
+        return sc
 
     def prepare(self, batch_size, n_chunks, max_labels):
         """Allocate the per-fit scratch (once; reused while shapes allow)."""
         key = (int(batch_size), int(n_chunks), int(max_labels))
         if self._scratch_key == key:
             return
-        self._label_cap = int(max_labels)
-        L = self.layout.n_layers
-        caps = [self.capacity(l) for l in range(L)]
-        self.a_off = _i64(np.concatenate([[0], np.cumsum(caps)]))
-        scap = [caps[l] if self.sparse[l] else 0 for l in range(L)]
-        self.s_off = _i64(np.concatenate([[0], np.cumsum(scap)]))
-        self.acts = np.zeros((n_chunks, int(self.a_off[-1])), np.float32)
-        self.dels = np.zeros((n_chunks, int(self.a_off[-1])), np.float32)
-        self.ids = np.zeros((batch_size, max(1, int(self.s_off[-1]))), np.int32)
-        self.n_act = np.zeros((batch_size, L), np.int64)
-        mlen = max([int(self.n_out[l]) for l in range(L) if self.sparse[l]] or [1])
-        self.marks = np.zeros((n_chunks, L, mlen), np.int64)
+        self._scratch_key = None
+        self.sc = self._scratch(batch_size, n_chunks, int(max_labels), self.min_active)
         self.losses = np.zeros(batch_size, np.float64)
-        n_rows_total = int(self.row_off[-1])
-        self.t_starts = np.zeros(n_rows_total, np.int64)
-        self.t_lens = np.zeros(n_rows_total, np.int64)
+        self.t_starts = np.zeros(int(self.row_off[-1]), np.int64)
+        self.t_lens = np.zeros(int(self.row_off[-1]), np.int64)
         self.t_bias = np.zeros(self.layout.n_biases, np.int64)
         self._scratch_key = key
 
@@ -437,19 +631,24 @@ class Network:
     def forward_backward(self, X, Y, rows, seed, serial):
         """Gradients of the batch mean loss into GW/GB (no update). Returns per-sample losses."""
         nb = rows.shape[0]
+        sc = self.sc
+        intp, floatp, toff, titems = self.lsh_lists
         train_batch_kernel(self.W, self.B, self.GW, self.GB, self.layout.n_layers, self.n_in,
-                           self.n_out, self.w_off, self.b_off, self.a_off, self.s_off,
-                           self.sparse, self.min_active, self.loss_code,
-                           X.indptr, X.indices, X.data, Y.indptr, Y.indices, rows,
-                           np.uint64(seed), np.int64(serial), self.acts, self.dels,
-                           self.ids[:nb], self.n_act[:nb], self.marks, self.losses[:nb])
+                           self.n_out, self.w_off, self.b_off, sc["a_off"], sc["s_off"],
+                           self.sparse, self.min_active, self.loss_code, self.cfg, intp, floatp,
+                           toff, titems, X.indptr, X.indices, X.data, Y.indptr, Y.indices, rows,
+                           np.uint64(seed), np.int64(serial), sc["acts"], sc["dels"],
+                           sc["ids"][:nb], sc["n_act"][:nb], sc["codes"], sc["set_keys"],
+                           sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
+                           self.losses[:nb])
         return self.losses[:nb]
 
     def touched(self, X, rows, serial):
         nb = rows.shape[0]
+        sc = self.sc
         return collect_touched(self.layout.n_layers, self.n_in, self.n_out, self.w_off,
-                               self.b_off, self.row_off, self.sparse, self.s_off, X.indptr,
-                               X.indices, rows, self.ids[:nb], self.n_act[:nb],
+                               self.b_off, self.row_off, self.sparse, sc["s_off"], X.indptr,
+                               X.indices, rows, sc["ids"][:nb], sc["n_act"][:nb],
                                self.stamp_rows, self.stamp_bias, np.int64(serial),
                                self.t_starts, self.t_lens, self.t_bias)
 
@@ -461,28 +660,43 @@ class Network:
         optimizer.step(self.W, self.B, self.GW, self.GB, self.t_starts, self.t_lens, nr,
                        self.t_bias, nbias)
         nb = rows.shape[0]
-        return float(losses.mean()), float(self.n_act[:nb, -1].mean())
+        return float(losses.mean()), float(self.sc["n_act"][:nb, -1].mean())
 
-    def sample_loss_and_grads(self, x_indices, x_data, labels):
-        """Loss and gradients (flat GW, GB) of ONE sample, without updating anything.
-        Intended for tests (compare with a dense reference / finite differences)."""
+    def sample_loss_and_grads(self, x_indices, x_data, labels, serial=1, return_active=False):
+        """Loss and gradients (flat GW, GB) of ONE sample, without updating anything (its
+        active sets are those of batch ``serial``, position 0). For tests: compare with a
+        dense reference / finite differences. With ``return_active`` also a list with each
+        layer's active neuron ids (None for a dense layer)."""
         import scipy.sparse as sp
         n_f = int(self.layout.sizes[0])
         x_indices = np.asarray(x_indices, np.int32)
         X = sp.csr_matrix((np.asarray(x_data, np.float32), x_indices,
                            np.array([0, len(x_indices)])), shape=(1, n_f))
+        X.indptr = X.indptr.astype(np.int64)
         lab = np.sort(np.asarray(labels, np.int32))
         Y = sp.csr_matrix((np.ones(len(lab), np.float32), lab, np.array([0, len(lab)])),
                           shape=(1, int(self.layout.sizes[-1])))
-        self.prepare(1, 1, max(1, len(lab)))
-        GW, GB = self.GW, self.GB
-        self.GW = np.zeros_like(GW)
-        self.GB = np.zeros_like(GB)
+        Y.indptr = Y.indptr.astype(np.int64)
+        old = (self.GW, self.GB, getattr(self, "sc", None), getattr(self, "losses", None),
+               self._scratch_key)
+        self.GW = np.zeros_like(self.GW)
+        self.GB = np.zeros_like(self.GB)
+        self._scratch_key = None
         try:
-            loss = self.forward_backward(X, Y, np.zeros(1, np.int64), self.seed, 1)[0]
-            return float(loss), self.GW, self.GB
+            self.prepare(1, 1, max(1, len(lab)))
+            loss = self.forward_backward(X, Y, np.zeros(1, np.int64), self.seed, serial)[0]
+            if not return_active:
+                return float(loss), self.GW, self.GB
+            act = []
+            for l in range(self.layout.n_layers):
+                if self.sparse[l]:
+                    a = int(self.sc["s_off"][l])
+                    act.append(self.sc["ids"][0, a:a + int(self.sc["n_act"][0, l])].copy())
+                else:
+                    act.append(None)
+            return float(loss), self.GW, self.GB, act
         finally:
-            self.GW, self.GB = GW, GB
+            self.GW, self.GB, self.sc, self.losses, self._scratch_key = old
 
     # -- inference ---------------------------------------------------------------------------
     def hidden(self, X, lo=0, hi=None, n_chunks=None):
@@ -522,6 +736,27 @@ class Network:
                 best_s, best_i = topk_merge(best_s, best_i, S, c0, k_eff)
             out[lo:hi] = best_i
         return out
+
+    def predict_topk_sparse(self, X, k, call=0):
+        """Top-k over the neurons the samplers select (no labels forced), parallel over rows.
+        Padded with -1 where fewer than k neurons are active."""
+        import numba
+        n_chunks = numba.get_num_threads()
+        mins = self.min_active.copy()
+        mins[-1] = int(k)      # serving: random fill only to guarantee k candidates
+        sc = self._scratch(n_chunks, n_chunks, 0, mins)
+        intp, floatp, toff, titems = self.lsh_lists
+        n = X.shape[0]
+        out_ids = np.full((n, k), -1, np.int64)
+        out_scores = np.full((n, k), -np.inf, np.float32)
+        predict_sparse_kernel(self.W, self.B, self.layout.n_layers, self.n_in, self.n_out,
+                              self.w_off, self.b_off, sc["a_off"], sc["s_off"], self.sparse,
+                              mins, self.cfg, intp, floatp, toff, titems, X.indptr, X.indices,
+                              X.data, np.uint64(self.seed), np.int64(call), int(k), sc["acts"],
+                              sc["dels"], sc["ids"], sc["n_act"], sc["codes"], sc["set_keys"],
+                              sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"], out_ids,
+                              out_scores)
+        return out_ids
 
     def predict_scores(self, X, block=1024):
         """Dense output scores (logits) [n, n_labels] of the exact network."""
