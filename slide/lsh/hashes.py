@@ -15,8 +15,8 @@ Families (all hashes of all tables are numbered ``j = l*K + k``):
 * ``simhash`` -- signed random projections; projection j gives each dimension d the coefficient
   +1, -1 or 0 with probability 1/3 each (so it reads a random third of the dimensions, the SLIDE
   reference's ratio 3), decided by a counter hash of (key_j, d). 1 bit: sign of <a_j, x> > 0.
-  Dense hashing walks a precomputed list of the nonzero coefficients; sparse hashing evaluates the
-  counter hash for each nonzero of x (O(K*L*nnz), no O(dim) state needed at dim ~ 800k).
+  Dense hashing multiplies by a precomputed dense +-1/0 matrix (vectorised); sparse hashing
+  evaluates the counter hash for each nonzero of x (O(K*L*nnz), no O(dim) state at dim ~ 800k).
 * ``wta`` -- winner take all: random permutations of the dimensions cut into bins of 8; hash j is
   the position (0..7) of the largest entry of bin j (first one on ties). 3 bits. Sparse inputs read
   absent entries as 0 (binary search in the sorted CSR indices). The C++ reference indexes the
@@ -50,9 +50,11 @@ WTA_BITS = 3
 MAX_PROBES = 100  # densification attempts before falling back to code 0
 DOPH_DEFAULT_TOP = 32
 MAX_RANGE_POW = 30
-# Dense SimHash keeps explicit coefficient lists while they stay below this many int32 entries
-# (~128 MB); beyond it (huge dim x K x L) dense hashing evaluates the counter hash per dimension.
-SIMHASH_LIST_LIMIT = 1 << 25
+# Dense SimHash keeps the projections as a dense float32 [K*L, dim] matrix of +-1/0 while it has at
+# most this many entries (128 MB); beyond it (huge dim x K x L) dense hashing evaluates the
+# counter hash for each nonzero of x instead. A dense +-1/0 row dot product vectorises, which is
+# ~25x faster than walking a list of a third of the dimensions with a gather.
+SIMHASH_MATRIX_LIMIT = 1 << 25
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -73,7 +75,7 @@ class HashFunctions(NamedTuple):
     bits: int
     seed: int
     int_params: np.ndarray    # 2-D int32, layout per family (see draw_hash_functions)
-    float_params: np.ndarray  # 2-D float32 (1x1 dummy: no family needs float parameters)
+    float_params: np.ndarray  # 2-D float32 (SimHash projections; 1x1 dummy for the others)
 
 
 def _family_code(family):
@@ -177,6 +179,15 @@ def _sparse_lookup(indices, values, d):
 
 
 # ----------------------------------------------------------------------------- per-family codes
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dot(a, x):
+    """<a, x> accumulated in float32 (fastmath lets it vectorise; a is a row of +-1/0)."""
+    s = np.float32(0.0)
+    for d in range(x.shape[0]):
+        s += a[d] * x[d]
+    return s
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _wta_dense_code(int_params, j, x):
@@ -295,20 +306,14 @@ def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
     mask = (1 << bits) - 1
     KL = K * L
     if family_code == SIMHASH:
-        list_mode = int_params[0, 2] >= 0
+        matrix_mode = int_params[0, 2] == 1
         for l in range(L):
             bid = 0
             for k in range(K):
                 j = l * K + k
                 s = 0.0
-                if list_mode:
-                    n = int_params[j, 2]
-                    for e in range(3, 3 + n):
-                        c = int_params[j, e]
-                        if c >= 0:
-                            s += x[c]
-                        else:
-                            s -= x[-c - 1]
+                if matrix_mode:
+                    s = _dot(float_params[j], x)
                 else:
                     key = _key(int_params, j)
                     for d in range(x.shape[0]):
@@ -462,46 +467,25 @@ def _hash_sparse_batch_kernel(family_code, K, L, bits, int_params, float_params,
 # ----------------------------------------------------------------------------- drawing
 
 @njit(cache=True, nogil=True)
-def _simhash_lists(keys, dim, out):
-    """Fill out[j] = [hi, lo, n, coef list...] from the counter-hash coefficients (see module doc)."""
+def _simhash_matrix(keys, dim, out):
+    """out[j, d] = coefficient of dimension d in projection j (from the counter hash)."""
     for j in range(keys.shape[0]):
-        key = keys[j]
-        n = 0
         for d in range(dim):
-            c = _simhash_coef(key, d)
-            if c > 0:
-                out[j, 3 + n] = d
-                n += 1
-            elif c < 0:
-                out[j, 3 + n] = -d - 1
-                n += 1
-        out[j, 2] = n
-
-
-@njit(cache=True, nogil=True)
-def _simhash_max_len(keys, dim):
-    m = 0
-    for j in range(keys.shape[0]):
-        n = 0
-        for d in range(dim):
-            if _simhash_coef(keys[j], d) != 0:
-                n += 1
-        m = max(m, n)
-    return m
+            out[j, d] = _simhash_coef(keys[j], d)
 
 
 def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAULT_TOP):
     """Draw the K*L hash functions of a family from ``seed``; validates the configuration.
 
     ``int_params`` layout (2-D int32):
-      * simhash: ``[K*L, 3 + max_len]``, row j = (key hi, key lo, n, coefficient list of n
-        entries: d for +1, -d-1 for -1); above ``SIMHASH_LIST_LIMIT`` entries it is ``[K*L, 3]``
-        with n = -1 and dense hashing evaluates the coefficients on the fly.
+      * simhash: ``[K*L, 3]``, row j = (key hi, key lo, mode); mode 1: ``float_params`` is the
+        dense ``[K*L, dim]`` matrix of coefficients (+1/-1/0); mode 0 (more than
+        ``SIMHASH_MATRIX_LIMIT`` entries): dense hashing evaluates the coefficients on the fly.
       * wta / dwta: ``[K*L + 1, 8]``, row j = the 8 dimensions of bin j; row K*L = (key hi, key lo,
         0...) for densification probing.
       * doph: ``[L + 1, 2]``, row l = (key hi, key lo) of table l; row L = (t, 0) with t the
         number of top coordinates.
-    ``float_params`` is a 1x1 dummy for every family.
+    ``float_params`` is a 1x1 dummy for every other family.
     """
     code = _family_code(family)
     check_hash_config(code, K, L, range_pow)
@@ -517,13 +501,11 @@ def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAUL
     float_params = np.zeros((1, 1), dtype=np.float32)
     if code == SIMHASH:
         keys = np.array([stream_seed(seed, _STREAM_SIMHASH, j) for j in range(KL)], dtype=np.uint64)
-        if KL * ((dim + 2) // 3) * 1.1 + KL * 3 <= SIMHASH_LIST_LIMIT:
-            width = 3 + _simhash_max_len(keys, dim)
-            int_params = np.zeros((KL, width), dtype=np.int32)
-            _simhash_lists(keys, dim, int_params)
-        else:
-            int_params = np.zeros((KL, 3), dtype=np.int32)
-            int_params[:, 2] = -1
+        int_params = np.zeros((KL, 3), dtype=np.int32)
+        if KL * dim <= SIMHASH_MATRIX_LIMIT:
+            float_params = np.empty((KL, dim), dtype=np.float32)
+            _simhash_matrix(keys, dim, float_params)
+            int_params[:, 2] = 1
         for j in range(KL):
             int_params[j, 0], int_params[j, 1] = _split_key(keys[j])
     elif code in (WTA, DWTA):
