@@ -111,14 +111,15 @@ def _file_digest(path):
         return "none"
 
 
-def data_key(data, scale, n_train, n_test, seed):
+def data_key(data, scale, n_train, n_test, seed, overrides=None):
     """Cache key of a prepared data set. For presets it includes a digest of the generator's
     source, so that a changed generator never silently reuses stale data (or baseline results)."""
     if _is_preset(data):
         origin = "preset:" + _file_digest(REPO / "slide" / "synthetic.py")
     else:
         origin = "path:" + str(Path(data).resolve())
-    raw = json.dumps([data, float(scale), n_train, n_test, int(seed), origin])
+    raw = json.dumps([data, float(scale), n_train, n_test, int(seed), origin]
+                     + ([sorted(overrides.items())] if overrides else []))
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
@@ -158,13 +159,14 @@ def _canonical(M, dtype=np.float32):
 
 
 def prepare_data(data, scale=1.0, n_train=None, n_test=None, seed=0, cache_dir=DEFAULT_CACHE,
-                 log=print):
+                 log=print, overrides=None):
     """Generate (preset) or read (path) the data once, shuffle train and test once with ``seed``,
     keep the first ``n_train`` / ``n_test`` rows, and save them to ``cache_dir/data-KEY/``.
 
-    Returns a dict with the file paths, the key and the data set's statistics. A second call with
-    the same arguments reuses the saved files."""
-    key = data_key(data, scale, n_train, n_test, seed)
+    ``overrides`` sets other generator parameters of a preset (e.g. ``n_labels`` for the
+    scaling sweep). Returns a dict with the file paths, the key and the data set's statistics. A
+    second call with the same arguments reuses the saved files."""
+    key = data_key(data, scale, n_train, n_test, seed, overrides)
     d = Path(cache_dir) / f"data-{key}"
     meta_path = d / "meta.json"
     if meta_path.exists():
@@ -172,7 +174,7 @@ def prepare_data(data, scale=1.0, n_train=None, n_test=None, seed=0, cache_dir=D
     t0 = time.perf_counter()
     if _is_preset(data):
         from slide.synthetic import generate
-        over = {}
+        over = dict(overrides or {})
         if n_train is not None:
             over["n_train"] = int(n_train)
         if n_test is not None:
@@ -180,8 +182,9 @@ def prepare_data(data, scale=1.0, n_train=None, n_test=None, seed=0, cache_dir=D
         log(f"[data] generating preset {data} (scale={scale}, {over}, seed={seed}) ...")
         X_tr, Y_tr, X_te, Y_te = generate(data, scale=scale, seed=seed, **over)
     else:
-        if scale != 1.0:
-            raise ValueError("--scale applies to presets only; use --n-train/--n-test for files")
+        if scale != 1.0 or overrides:
+            raise ValueError("--scale and generator overrides apply to presets only; use "
+                             "--n-train/--n-test for files")
         log(f"[data] reading {data} ...")
         X_tr, Y_tr, X_te, Y_te = _read_path(data)
     # Shuffle once with a fixed seed: XC files are sorted by label, and every system must see the
@@ -414,7 +417,8 @@ def worker_main(spec_path):
     t_start = time.perf_counter()
     meta = spec["meta"]
     X_tr, Y_tr, X_te, Y_te = load_data(meta)
-    n_eval = min(int(spec.get("n_eval") or X_te.shape[0]), X_te.shape[0])
+    n_eval = spec.get("n_eval")
+    n_eval = X_te.shape[0] if n_eval is None else min(int(n_eval), X_te.shape[0])
     X_ev, Y_ev = X_te[:n_eval], Y_te[:n_eval]
     rss_data = current_rss_bytes()
     if system in ("slide", "slide_dense"):

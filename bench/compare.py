@@ -243,6 +243,7 @@ def main(argv=None):
                 spec["num_sampled"] = int(round(act)) if act else 1024
             else:
                 spec["num_sampled"] = int(a.num_sampled)
+            spec["num_sampled"] = max(1, min(spec["num_sampled"], meta["n_labels"]))
             spec["candidate_sampler"] = a.candidate_sampler
         cp = cache_path(a, spec) if s in common.BASELINES else None
         if a.reuse and cp is not None and cp.exists():

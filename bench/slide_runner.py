@@ -113,7 +113,7 @@ def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
              "slide_params": {k: (list(v) if isinstance(v, tuple) else v)
                               for k, v in params.items()},
              "warmup_seconds": warm, "warmup_error": warm_error,
-             "setup_seconds": state["first_batch"],
+             "first_batch_end_seconds": state["first_batch"],
              "active_mean": float(np.mean(active)) if active else None,
              "rehashes": infos["rehashed"], "rebuilds": infos["rebuilt"],
              "numba_threads": numba.get_num_threads()}

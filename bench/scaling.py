@@ -1,0 +1,214 @@
+"""Cost growth of slide and the dense baselines: number of labels and number of threads.
+
+    python bench/scaling.py --out bench/results
+
+Label sweep: the ``xc200k`` shape (100k features, ~90 nonzeros and ~4 labels per point) with
+the number of labels set to each of ``--labels`` (default 10k, 50k, 200k, 670,091). Thread
+sweep: at ``--thread-labels`` labels, 1 .. all cores. Every point is one system in its own
+subprocess timing a fixed number of training batches after a few warm-up batches (whole epochs
+would cost hours for the dense baselines): the steady seconds per batch times the batches of a
+``--epoch-points`` epoch gives the *extrapolated* time per epoch that the table and plot show.
+slide times enough batches (default 120) to include table rehashes (every 50 batches at
+first); its one-time initial table build is in the warm-up batches and reported apart.
+
+Writes ``scaling.json``, ``scaling.md`` and ``scaling.png`` into ``--out``; prints the table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", default="xc200k", help="shape whose label count is swept")
+    p.add_argument("--labels", default="10000,50000,200000,670091",
+                   help="comma list of label counts")
+    p.add_argument("--threads-list", default=None,
+                   help="comma list of thread counts (default 1..all cores)")
+    p.add_argument("--thread-labels", type=int, default=200_000,
+                   help="label count of the thread sweep (must be in --labels)")
+    p.add_argument("--systems", default="slide,tf,torch")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--init", default="glorot_normal")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up batches")
+    p.add_argument("--slide-batches", type=int, default=120, help="timed batches of slide")
+    p.add_argument("--baseline-batches", type=int, default=12,
+                   help="timed batches of each dense baseline")
+    p.add_argument("--epoch-points", type=int, default=100_000,
+                   help="points of the epoch the per-batch time is extrapolated to")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slide-param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
+    a = p.parse_args(argv)
+    a.labels = [int(x) for x in a.labels.split(",") if x.strip()]
+    cores = common.machine_description()["cores"]
+    a.threads_list = ([int(x) for x in a.threads_list.split(",")] if a.threads_list
+                      else list(range(1, cores + 1)))
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    if a.thread_labels not in a.labels:
+        p.error("--thread-labels must be one of --labels")
+    import ast
+    a.slide_params = {}
+    for kv in a.slide_param:
+        k, _, v = kv.partition("=")
+        try:
+            a.slide_params[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            a.slide_params[k.strip()] = v
+    return a
+
+
+def loglog_slope(xs, ys):
+    """Least-squares exponent b of y ~ x^b (1 = linear growth)."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x and y]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx else None
+
+
+def measure(a, meta, system, threads, work):
+    timed = a.slide_batches if system.startswith("slide") else a.baseline_batches
+    spec = {"system": system, "meta": meta, "threads": threads, "hidden": a.hidden, "lr": a.lr,
+            "init": a.init, "seed": a.seed, "batch_size": a.batch_size, "epochs": 1,
+            "n_eval": 0, "final_eval": False, "max_batches": a.warmup + timed,
+            "warmup_batches": a.warmup, "warmup": True,
+            "slide_params": a.slide_params if system.startswith("slide") else None,
+            "tag": f"{system}-L{meta['n_labels']}-T{threads}"}
+    r = common.run_in_subprocess(spec, work)
+    per_batch = r["steady_seconds_per_batch"]
+    bpe = math.ceil(a.epoch_points / a.batch_size)
+    return {"system": system, "n_labels": meta["n_labels"], "threads": threads,
+            "timed_batches": r["n_batches"] - a.warmup, "warmup_batches": a.warmup,
+            "seconds_per_batch": per_batch,
+            "seconds_per_1k_samples": per_batch * 1000 / a.batch_size,
+            "extrapolated_epoch_seconds": per_batch * bpe,
+            "warmup_seconds": r["batch_end_seconds"][a.warmup - 1] if a.warmup else 0.0,
+            "peak_rss_bytes": r["peak_rss_bytes"], "active_mean": r.get("active_mean"),
+            "rehashes": r.get("rehashes")}
+
+
+def plot(rows, a, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[plot] matplotlib is not installed (bench extra); no PNG written")
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    T = max(a.threads_list)
+    for s in a.systems:
+        pts = sorted((r["n_labels"], r["extrapolated_epoch_seconds"]) for r in rows
+                     if r["system"] == s and r["threads"] == T)
+        if pts:
+            ax1.plot(*zip(*pts), marker="o", label=common.LABELS.get(s, s))
+        pts = sorted((r["threads"], r["extrapolated_epoch_seconds"]) for r in rows
+                     if r["system"] == s and r["n_labels"] == a.thread_labels)
+        if pts:
+            ax2.plot(*zip(*pts), marker="o", label=common.LABELS.get(s, s))
+    # a line proportional to the number of labels through the first dense point, for reference
+    dense = sorted((r["n_labels"], r["extrapolated_epoch_seconds"]) for r in rows
+                   if r["system"] == "tf" and r["threads"] == T)
+    if dense:
+        x0, y0 = dense[0]
+        xs = sorted(a.labels)
+        ax1.plot(xs, [y0 * x / x0 for x in xs], ls=":", c="grey", label="∝ labels")
+    ax1.set_xscale("log"); ax1.set_yscale("log")
+    ax1.set_xlabel("number of labels"); ax1.set_ylabel("seconds per epoch (extrapolated)")
+    ax1.set_title(f"{T} threads, {a.epoch_points:,}-point epoch", fontsize=9)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("threads"); ax2.set_ylabel("seconds per epoch (extrapolated)")
+    ax2.set_xticks(a.threads_list)
+    ax2.set_title(f"{a.thread_labels:,} labels", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python bench/scaling.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    work = Path(a.cache_dir) / "runs" / ("scaling-" + time.strftime("%Y%m%d-%H%M%S"))
+    n_points = (a.warmup + max(a.slide_batches, a.baseline_batches)) * a.batch_size
+    rows = []
+    T = max(a.threads_list)
+    for n_labels in a.labels:
+        meta = common.prepare_data(a.preset, 1.0, n_points, 64, a.seed, a.cache_dir,
+                                   overrides={"n_labels": n_labels})
+        threads = a.threads_list if n_labels == a.thread_labels else [T]
+        for system in a.systems:
+            for t in threads:
+                rows.append(measure(a, meta, system, t, work))
+    by = {(r["system"], r["n_labels"], r["threads"]): r for r in rows}
+    slopes = {s: loglog_slope(*zip(*sorted((r["n_labels"], r["extrapolated_epoch_seconds"])
+                                           for r in rows if r["system"] == s
+                                           and r["threads"] == T)))
+              for s in a.systems}
+    machine = common.machine_description()
+    png = out / "scaling.png"
+    plotted = plot(rows, a, png)
+    head = "| system | labels | threads | s / batch | s / 1k samples | s / epoch (extrap.) | " \
+           "peak RSS | vs slide |"
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["n_labels"], r["threads"],
+                                         a.systems.index(r["system"]))):
+        ref = by.get(("slide", r["n_labels"], r["threads"]))
+        ratio = (r["seconds_per_batch"] / ref["seconds_per_batch"]
+                 if ref and r["system"] != "slide" else None)
+        lines.append(f"| {common.LABELS.get(r['system'], r['system'])} | {r['n_labels']:,} | "
+                     f"{r['threads']} | {r['seconds_per_batch']:.4f} | "
+                     f"{r['seconds_per_1k_samples']:.3f} | "
+                     f"{common.fmt_seconds(r['extrapolated_epoch_seconds'])} | "
+                     f"{common.fmt_bytes(r['peak_rss_bytes'])} | {common.fmt_ratio(ratio)} |")
+    table = "\n".join(lines)
+    slope_txt = ", ".join(f"{common.LABELS.get(s, s)}: {v:.2f}" for s, v in slopes.items()
+                          if v is not None)
+    summary = {"command": command, "machine": machine, "commit": common.git_commit(),
+               "settings": {k: v for k, v in vars(a).items()}, "rows": rows,
+               "loglog_slope_vs_labels": slopes}
+    (out / "scaling.json").write_text(json.dumps(summary, indent=1))
+    md = [f"# Cost growth: {a.preset} shape, labels {', '.join(f'{x:,}' for x in a.labels)}", "",
+          f"- each point: one subprocess, {a.warmup} warm-up batches then {a.slide_batches} "
+          f"(slide) / {a.baseline_batches} (baselines) timed batches of {a.batch_size}; "
+          f"time per epoch = seconds per batch x {math.ceil(a.epoch_points / a.batch_size)} "
+          f"batches ({a.epoch_points:,}-point epoch), **extrapolated**, not measured whole",
+          f"- growth exponent b of time ~ labels^b at {T} threads (1 = linear): {slope_txt}",
+          f"- machine: {machine['cpu']}, {machine['cores']} cores, "
+          f"{(machine['ram_bytes'] or 0) / 2**30:.0f} GiB RAM; commit {summary['commit']}",
+          f"- command: `{command}`", "", table, ""]
+    if plotted:
+        md.append(f"![time per epoch against labels and threads]({png.name})")
+    (out / "scaling.md").write_text("\n".join(md) + "\n")
+    print()
+    print("\n".join(md[2:5]))
+    print()
+    print(table)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
