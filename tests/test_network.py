@@ -1,0 +1,204 @@
+"""Batch kernel bookkeeping, sparse optimizer, rehash schedule, exact/sparse inference."""
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from slide.lsh.hashes import hash_dense_batch
+from slide.network import Network, RehashSchedule, topk_merge
+from slide.optim import SparseOptimizer, adam_lr
+
+
+def _data(rng, n, n_features, n_labels, nnz=5, ny=2):
+    rows, cols, vals, yr, yc = [], [], [], [], []
+    for i in range(n):
+        f = rng.choice(n_features, nnz, replace=False)
+        rows += [i] * nnz
+        cols += list(f)
+        vals += list(rng.uniform(0.1, 1, nnz))
+        lab = rng.choice(n_labels, ny, replace=False)
+        yr += [i] * ny
+        yc += list(lab)
+    X = sp.csr_matrix((np.float32(vals), (rows, cols)), shape=(n, n_features))
+    Y = sp.csr_matrix((np.ones(len(yc), np.float32), (yr, yc)), shape=(n, n_labels))
+    for M in (X, Y):
+        M.sort_indices()
+        M.indices = M.indices.astype(np.int32)
+        M.indptr = M.indptr.astype(np.int64)
+    return X, Y
+
+
+LSH = dict(sampler="vanilla", family="dwta", K=2, L=6, range_pow=6, bucket_size=16,
+           policy="fifo", budget=12, threshold=1)
+
+
+def test_sparse_adam_touches_only_active_rows():
+    rng = np.random.default_rng(0)
+    X, Y = _data(rng, 16, 60, 400)
+    net = Network((60, 8, 400), [False, True], [0, 20], seed=1, lsh=LSH)
+    net.build_indices()
+    net.prepare(16, 2, 2)
+    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 1e-2)
+    W0 = net.W.copy()
+    B0 = net.B.copy()
+    rows = np.arange(16, dtype=np.int64)
+    net.forward_backward(X, Y, rows, 1, 1)
+    G = net.GW.copy()
+    GB = net.GB.copy()
+    nr, nb = net.touched(X, rows, 1)
+    opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nb)
+    lay = net.layout
+    # active output rows = union of the samples' active sets
+    active = set()
+    for s in range(16):
+        a = int(net.sc["s_off"][1])
+        active |= set(net.sc["ids"][s, a:a + net.sc["n_act"][s, 1]].tolist())
+    assert set(Y.indices.tolist()) <= active
+    changed = np.flatnonzero((lay.weight_view(net.W, 1) != lay.weight_view(W0, 1)).any(1))
+    assert set(changed.tolist()) <= active and len(changed) > 0.8 * len(active)
+    untouched = np.setdiff1d(np.arange(400), list(active))
+    assert len(untouched) > 100
+    assert not lay.weight_view(opt.MW, 1)[untouched].any()
+    assert np.array_equal(lay.weight_view(net.W, 1)[untouched],
+                          lay.weight_view(W0, 1)[untouched])
+    # first layer: only the batch's input features move
+    feats = np.unique(X.indices)
+    other = np.setdiff1d(np.arange(60), feats)
+    assert np.array_equal(lay.weight_view(net.W, 0)[other], lay.weight_view(W0, 0)[other])
+    # gradient buffers are all-zero again after the step
+    assert not net.GW.any() and not net.GB.any()
+    # the step equals one bias-corrected Adam step from zero moments: -lr * g/(|g| + eps')
+    lr1 = adam_lr(1e-2, 0.9, 0.999, 1)
+    m = 0.1 * G
+    v = 0.001 * G * G
+    expect = W0 - lr1 * m / (np.sqrt(v) + 1e-8)
+    sel = np.zeros(lay.n_weights, bool)
+    for s, n in zip(net.t_starts[:nr], net.t_lens[:nr]):
+        sel[s:s + n] = True
+    np.testing.assert_allclose(net.W[sel], expect[sel], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(net.B[net.t_bias[:nb]], (B0 - lr1 * 0.1 * GB /
+                               (np.sqrt(0.001 * GB * GB) + 1e-8))[net.t_bias[:nb]],
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_touched_rows_are_unique():
+    rng = np.random.default_rng(1)
+    X, Y = _data(rng, 32, 20, 50, nnz=8)     # heavy overlap of features and labels
+    net = Network((20, 4, 3, 50), [False, False, True], [0, 0, 10], seed=1)
+    net.prepare(32, 2, 2)
+    rows = np.arange(32, dtype=np.int64)
+    for serial in (1, 2):
+        net.forward_backward(X, Y, rows, 1, serial)
+        nr, nb = net.touched(X, rows, serial)
+        starts = net.t_starts[:nr]
+        assert len(np.unique(starts)) == nr
+        assert len(np.unique(net.t_bias[:nb])) == nb
+        # every hidden-layer row (dense layer 1) is listed, plus the features in the batch
+        assert nr >= len(np.unique(X.indices)) + 3
+        net.GW[:] = 0
+        net.GB[:] = 0
+
+
+def test_sgd_step():
+    rng = np.random.default_rng(2)
+    X, Y = _data(rng, 8, 30, 40)
+    net = Network((30, 5, 40), [False, False], [0, 0], seed=2)
+    net.prepare(8, 1, 2)
+    opt = SparseOptimizer("sgd", net.layout.n_weights, net.layout.n_biases, 0.5)
+    W0 = net.W.copy()
+    rows = np.arange(8, dtype=np.int64)
+    net.forward_backward(X, Y, rows, 1, 1)
+    G = net.GW.copy()
+    nr, nb = net.touched(X, rows, 1)
+    opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nb)
+    np.testing.assert_allclose(net.W, W0 - 0.5 * G, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.3])
+def test_schedule_periods_grow_as_specified(decay):
+    s = RehashSchedule(10, 45, decay)
+    assert s.periods(6) == [max(1, round(10 * math.exp(decay * t))) for t in range(6)]
+    assert s.periods(3, rebuild=True) == [max(1, round(45 * math.exp(decay * t)))
+                                          for t in range(3)]
+    rehash_at, rebuild_at = [], []
+    for b in range(1, 400):
+        rh, rb = s.step(b)
+        if rh:
+            rehash_at.append(b)
+        if rb:
+            rebuild_at.append(b)
+    gaps = np.diff([0] + rehash_at)
+    assert list(gaps) == s.periods(len(gaps))
+    assert list(np.diff([0] + rebuild_at)) == s.periods(len(rebuild_at), rebuild=True)
+    if decay == 0:
+        assert set(gaps) == {10}
+    else:
+        assert all(gaps[1:] >= gaps[:-1]) and gaps[-1] > 3 * gaps[0]
+    # the state round-trips
+    s2 = RehashSchedule(10, 45, decay)
+    s2.set_state(s.state())
+    assert [s2.step(b) for b in range(400, 500)] == [s.step(b) for b in range(400, 500)]
+
+
+def test_rehash_and_rebuild_keep_every_neuron_findable():
+    """bucket_size >= n_neurons, so no bucket overflows: after every rehash/rebuild each
+    neuron must sit, in every table, in the bucket its current weights hash to."""
+    rng = np.random.default_rng(3)
+    X, Y = _data(rng, 64, 40, 120)
+    lsh = dict(LSH, bucket_size=128)
+    net = Network((40, 16, 120), [False, True], [0, 5], seed=3, lsh=lsh)
+    net.build_indices()
+    net.prepare(16, 2, 2)
+    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 5e-2)
+    sched = RehashSchedule(2, 5, 0.2)
+    seeds = set()
+    n_checks = 0
+    for b in range(1, 25):
+        rows = rng.choice(64, 16, replace=False).astype(np.int64)
+        net.train_batch(X, Y, rows, 7, b, opt)
+        rh, rb = sched.step(b)
+        if rb:
+            net.rebuild()
+        elif rh:
+            net.rehash()
+        if rh or rb:
+            idx = net.indices[1]
+            seeds.add(idx.seed)
+            codes = hash_dense_batch(idx.hf, net.weight_rows(1))
+            for t in range(idx.L):
+                assert idx.offsets[t, -1] == 120           # nobody dropped
+                for j in range(120):
+                    assert j in idx.bucket(t, codes[j, t])
+            n_checks += 1
+    assert n_checks >= 6 and len(seeds) >= 3                # rebuilds drew new functions
+
+
+def test_topk_merge_and_exact_predict_match_numpy():
+    rng = np.random.default_rng(4)
+    X, Y = _data(rng, 30, 50, 77)
+    net = Network((50, 6, 5, 77), [False, False, False], [0, 0, 0], seed=4)
+    net.B[:] = rng.normal(0, 1, net.B.shape)
+    S = net.predict_scores(X)
+    # reference scores in float64
+    lay = net.layout
+    H = np.maximum(X.toarray() @ lay.weight_view(net.W, 0) + lay.bias_view(net.B, 0), 0)
+    H = np.maximum(H @ lay.weight_view(net.W, 1).T + lay.bias_view(net.B, 1), 0)
+    Sr = H @ lay.weight_view(net.W, 2).T + lay.bias_view(net.B, 2)
+    np.testing.assert_allclose(S, Sr, rtol=1e-4, atol=1e-5)
+    top = net.predict_topk_exact(X, 5, block=7, chunk=10)   # several blocks and chunks
+    np.testing.assert_array_equal(top, np.argsort(-Sr, axis=1, kind="stable")[:, :5])
+
+
+def test_sparse_predict_returns_active_neurons_best_first():
+    rng = np.random.default_rng(5)
+    X, Y = _data(rng, 20, 50, 200)
+    net = Network((50, 16, 200), [False, True], [0, 10], seed=5, lsh=LSH)
+    net.build_indices()
+    top = net.predict_topk_sparse(X, 4)
+    S = net.predict_scores(X)
+    assert top.shape == (20, 4) and (top >= 0).all()
+    for i in range(20):
+        s = S[i, top[i]]
+        assert all(s[:-1] >= s[1:] - 1e-5)
+        assert len(set(top[i].tolist())) == 4
