@@ -12,9 +12,10 @@ A table's bucket id is the concatenation of its K codes of ``bits`` bits each:
 
 Families (all hashes of all tables are numbered ``j = l*K + k``):
 
-* ``simhash`` -- signed random projections; projection j gives each dimension d the coefficient
-  +1, -1 or 0 with probability 1/3 each (so it reads a random third of the dimensions, the SLIDE
-  reference's ratio 3), decided by a counter hash of (key_j, d). 1 bit: sign of <a_j, x> > 0.
+* ``simhash`` -- signed random projections; projection j reads each dimension d with probability
+  1/3 (a random third of the dimensions, the SLIDE reference's ratio 3) with a random sign, i.e.
+  coefficient +1 or -1 with probability 1/6 each and 0 otherwise, decided by a counter hash of
+  (key_j, d). 1 bit: sign of <a_j, x> > 0.
   Dense hashing multiplies by a precomputed dense +-1/0 matrix (vectorised); sparse hashing
   evaluates the counter hash for each nonzero of x (O(K*L*nnz), no O(dim) state at dim ~ 800k).
 * ``wta`` -- winner take all: random permutations of the dimensions cut into bins of 8; hash j is
@@ -153,8 +154,9 @@ def _split_key(key):
 
 @njit(cache=True, nogil=True, inline="always")
 def _simhash_coef(key, d):
-    """Coefficient of dimension d in the projection with this key: +1, -1 or 0 (1/3 each)."""
-    r = _below(_mix3(key, d, 0), 3)
+    """Coefficient of dimension d in the projection with this key: 0 with probability 2/3 (the
+    projection reads a random third of the dimensions), else +1 or -1 with equal odds."""
+    r = _below(_mix3(key, d, 0), 6)
     if r == 0:
         return 1.0
     if r == 1:
