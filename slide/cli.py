@@ -408,7 +408,9 @@ def _check_resume_config(saved_extra, cfg, phase, path):
 class _Phase:
     """One training run into ``run_dir``: the main SLIDE run, or the dense baseline."""
 
-    def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume):
+    def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
+                 announce_fresh=True):
+        self.announce_fresh = announce_fresh
         self.cfg = cfg
         self.run_dir = run_dir
         self.phase = phase
@@ -433,7 +435,11 @@ class _Phase:
                 "run": {"batch": self.batch, "epoch": self.epoch,
                         "train_seconds": self.train_seconds, "samples": self.samples,
                         "rehashes": self.rehashes, "rebuilds": self.rebuilds,
-                        "last_p1": self.last_p1, "finished": self.finished}}
+                        "last_p1": self.last_p1, "finished": self.finished,
+                        # the partial averages of the next metrics line, so that a resumed
+                        # run logs exactly what an uninterrupted one would
+                        "window": [self.win_loss, self.win_active, self.win_batches,
+                                   self.win_rehash, self.win_rebuild]}}
 
     def _evaluate(self, model):
         s = _scores(model, self.X_eval, self.Y_eval, None, exact=True)
@@ -450,6 +456,7 @@ class _Phase:
                **{k: round(float(v), 6) for k, v in p.items()},
                "active_mean": self.win_active / n if self.win_batches else None,
                "rehashes": self.win_rehash, "rebuilds": self.win_rebuild,
+               "rehashes_total": self.rehashes, "rebuilds_total": self.rebuilds,
                "eval_seconds": round(eval_s, 3)}
         self.log.write(rec)
         self.win_loss = self.win_active = 0.0
@@ -471,6 +478,8 @@ class _Phase:
         self.last_p1 = None
         self.finished = False
         self.last_eval_batch = self.last_ckpt_batch = -1
+        self.win_loss = self.win_active = 0.0
+        self.win_batches = self.win_rehash = self.win_rebuild = 0
         resumed = False
         if self.resume and self.ckpts.list():
             batch, path, model = _latest_good_checkpoint(self.ckpts, self.label)
@@ -485,6 +494,10 @@ class _Phase:
             self.rebuilds = int(st.get("rebuilds", 0))
             self.last_p1 = st.get("last_p1")
             self.last_ckpt_batch = self.last_eval_batch = self.batch
+            win = st.get("window") or [0.0, 0.0, 0, 0, 0]
+            (self.win_loss, self.win_active, self.win_batches, self.win_rehash,
+             self.win_rebuild) = float(win[0]), float(win[1]), int(win[2]), int(win[3]), \
+                int(win[4])
             # operational settings may change on resume (epochs, threads)
             model.set_params(epochs=self.cfg["train"]["epochs"],
                              n_threads=(self.cfg["train"]["threads"] or None))
@@ -493,7 +506,7 @@ class _Phase:
             _info(f"[{self.label}] resuming from {path} (batch {self.batch}, "
                   f"{_fmt_seconds(self.train_seconds)} of training so far)")
         else:
-            if self.resume:
+            if self.resume and self.announce_fresh:
                 _info(f"[{self.label}] no checkpoint yet in {self.ckpts.dir}: starting afresh")
             if os.path.exists(self.log.path):
                 os.remove(self.log.path)
@@ -501,8 +514,6 @@ class _Phase:
                                                                       self.sampler_kind))
         if self.batch >= self.total_batches:
             self.finished = True
-        self.win_loss = self.win_active = 0.0
-        self.win_batches = self.win_rehash = self.win_rebuild = 0
 
         progress = Progress(self.label, self.total_batches, self.batch,
                             self.cfg["train"]["log_every_seconds"])
@@ -511,10 +522,11 @@ class _Phase:
 
         def callback(m, info):
             nonlocal stopped, last_loss
-            now = time.perf_counter()
-            # training wall time = time spent outside this callback (evaluation, checkpoints
-            # and logging are excluded so that time-to-accuracy curves compare training alone)
-            self.train_seconds += now - self.clock
+            # training wall time as the engine measures it: the batches themselves, rehashes and
+            # rebuilds included; evaluation, checkpoints, logging and one-off setup (kernel
+            # compilation) excluded, so time-to-accuracy curves compare training alone. The
+            # engine keeps it in its checkpoints, so a resumed run continues the same clock.
+            self.train_seconds = float(info["train_seconds"])
             self.batch = int(info["batch"])
             self.epoch = int(info.get("epoch", 0))
             self.samples = int(info.get("samples", self.samples))
@@ -539,7 +551,6 @@ class _Phase:
             progress.update(self.batch, self.epoch, loss, self.train_seconds, self.samples)
             if self.stop.signum is not None:
                 stopped = True
-            self.clock = time.perf_counter()
             return stopped
 
         if not self.finished:
@@ -550,7 +561,6 @@ class _Phase:
                 _info(f"[{self.label}] training {self.total_batches:,} batches "
                       f"({self.cfg['train']['epochs']} epoch(s) of {self.batches_per_epoch:,})"
                       f" into {self.run_dir}")
-            self.clock = time.perf_counter()
             try:
                 model.fit(self.X, self.Y, callback=callback, resume=resumed)
             except est.DivergenceError as e:
@@ -558,7 +568,9 @@ class _Phase:
                 good = self.ckpts.list()
                 keep = (f"the last good checkpoint is {good[0][1]}" if good
                         else "no checkpoint had been written yet")
-                raise CliError(f"[{self.label}] training diverged: {e}\n{keep}; lower "
+                msg = str(e) if str(e).startswith("training diverged") else \
+                    f"training diverged: {e}"
+                raise CliError(f"[{self.label}] {msg}\n{keep}; lower "
                                f"optimizer.learning_rate and start a new run (or --resume "
                                f"with care: the same settings diverge again)",
                                EXIT_DIVERGED) from None
@@ -656,7 +668,8 @@ def _train(cfg, run_dir, args, stop):
     results = {}
     for phase, kind, pdir in phases:
         resume = args.resume or phase != "slide"
-        model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume).run()
+        model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
+                            announce_fresh=args.resume).run()
         results[phase] = res
         del model
 
@@ -883,18 +896,19 @@ def cmd_predict(args):
 
 
 def _topk_with_scores(model, X, k, exact):
-    """Top-k label ids and their scores for a chunk."""
+    """Top-k label ids (the engine's ``predict_topk``) and their output scores for a chunk.
+    The engine returns no scores with the top-k, so they are read from ``predict_scores`` on
+    slices small enough that the dense score block stays under ~64 MB even at 670K labels."""
     import numpy as np
-    try:
-        res = model.predict_topk(X, k=k, exact=exact, return_scores=True)
-        labels, scores = res
-    except TypeError:
-        # the engine has no return_scores: read the scores of the chosen labels
-        labels = np.asarray(model.predict_topk(X, k=k, exact=exact))
-        S = np.asarray(model.predict_scores(X))
-        safe = np.where(labels >= 0, labels, 0)
-        scores = np.take_along_axis(S, safe, axis=1)
-    return np.asarray(labels), np.asarray(scores)
+    labels = np.asarray(model.predict_topk(X, k=k, exact=exact))
+    n_labels = max(1, int(getattr(model, "n_labels_", 1)))
+    step = max(1, (16 << 20) // n_labels)
+    scores = np.empty(labels.shape, dtype=np.float32)
+    for a in range(0, X.shape[0], step):
+        S = np.asarray(model.predict_scores(X[a:a + step]))
+        lab = labels[a:a + step]
+        scores[a:a + step] = np.take_along_axis(S, np.where(lab >= 0, lab, 0), axis=1)
+    return labels, scores
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,20 +106,21 @@ SCHEMA: dict = {
     },
     "model": {
         "hidden_sizes": Opt("int_list", [128], "widths of the hidden layers", ge=1),
-        "loss": Opt("str", "softmax", "loss over the active output neurons"),
+        "loss": Opt("str", "softmax", "loss over the active output neurons",
+                    choices=("softmax", "sigmoid")),
     },
     "lsh": {
         "family": Opt("str", "dwta", "hash family", choices=("simhash", "wta", "dwta", "doph")),
         "K": Opt("int", 6, "hash functions concatenated per table", ge=1),
         "L": Opt("int", 50, "hash tables", ge=1),
-        "range_pow": Opt("int", 18, "log2 of the buckets per table", ge=1, le=31),
+        "range_pow": Opt("int", 18, "log2 of the buckets per table", ge=1, le=30),
         "bucket_size": Opt("int", 128, "neurons kept per bucket", ge=1),
         "policy": Opt("str", "fifo", "which neurons a full bucket keeps",
                       choices=("fifo", "reservoir")),
     },
     "sampler": {
         "kind": Opt("str", "vanilla", "active-set sampler",
-                    choices=("vanilla", "topk", "threshold", "dense")),
+                    choices=("vanilla", "topk", "threshold", "random", "dense")),
         "budget": Opt("int", None, "target active output neurons per sample", ge=1,
                       optional=True),
         "threshold": Opt("int", None, "threshold sampler: minimum tables a neuron must appear in",
@@ -374,6 +375,9 @@ def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
             problems.append((dotted, f"unknown key{hint}"))
             continue
         spec = schema[k]
+        if isinstance(spec, Opt) and spec.optional and v == "":
+            out[k] = None  # "--set data.preset=" unsets an optional key
+            continue
         if isinstance(spec, Opt):
             if isinstance(v, dict) and spec.kind != "table":
                 what = {"int": "an integer", "float": "a number", "str": "a string",
@@ -512,7 +516,8 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
         from slide.lsh.hashes import check_hash_config
     except ImportError:  # the LSH module is missing: the engine cannot run either
         check_hash_config = None
-    if check_hash_config is not None and not any(p[0].startswith("lsh.") for p in problems):
+    hash_keys = {"lsh.family", "lsh.K", "lsh.L", "lsh.range_pow"}
+    if check_hash_config is not None and not any(p[0] in hash_keys for p in problems):
         try:
             check_hash_config(lsh["family"], lsh["K"], lsh["L"], lsh["range_pow"])
         except ValueError as e:

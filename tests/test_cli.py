@@ -1,0 +1,431 @@
+"""The ``slide`` command line, end to end on tiny synthetic sets with tiny networks and one thread.
+
+Most commands run in-process through ``main(argv)`` (no interpreter start-up per call); the
+signal tests and the ``python -m slide.cli`` check run real subprocesses.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from slide import cli
+from slide.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = """
+output_dir = "{out}"
+[data]
+preset = "tiny"
+eval_points = 100
+[model]
+hidden_sizes = [16]
+[lsh]
+family = "simhash"
+K = 4
+L = 6
+range_pow = 6
+bucket_size = 32
+[sampler]
+kind = "vanilla"
+budget = 40
+min_active = 50
+[optimizer]
+learning_rate = 2e-3
+[schedule]
+rehash_period = 7
+rebuild_period = 23
+[train]
+epochs = {epochs}
+batch_size = 32
+threads = 1
+seed = 3
+eval_every_batches = {eval_every}
+checkpoint_every_batches = {ckpt_every}
+keep_checkpoints = 2
+log_every_seconds = 0.2
+baseline = "none"
+"""
+
+
+def tiny_config(tmp_path, name="run", epochs=1, eval_every=5, ckpt_every=5):
+    out = tmp_path / name
+    path = tmp_path / f"{name}.toml"
+    path.write_text(TINY.format(out=out, epochs=epochs, eval_every=eval_every,
+                                ckpt_every=ckpt_every))
+    return str(path), str(out)
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def checkpoints(run_dir):
+    d = os.path.join(run_dir, "checkpoints")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def env():
+    e = dict(os.environ)
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e["NUMBA_NUM_THREADS"] = "1"
+    return e
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_python_m_entry_point_and_help():
+    r = subprocess.run([sys.executable, "-m", "slide.cli", "--help"], capture_output=True,
+                       text=True, env=env(), timeout=120)
+    assert r.returncode == 0
+    for cmd in ("train", "evaluate", "predict", "generate", "plot"):
+        assert cmd in r.stdout
+    r = subprocess.run([sys.executable, "-m", "slide.cli", "train"], capture_output=True,
+                       text=True, env=env(), timeout=120)
+    assert r.returncode == 2 and "--config" in r.stderr
+
+
+def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1)
+    code, out, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 0, err
+    # run directory layout
+    for name in ("config.toml", "metrics.jsonl", "model.slide", "summary.json",
+                 "inv_propensity.npy", "data/train.txt", "data/test.txt"):
+        assert os.path.exists(os.path.join(run, name)), name
+    assert len(checkpoints(run)) == 2  # keep_checkpoints = 2 (19 batches: 15 and the final 19)
+    assert checkpoints(run)[-1] == "ckpt-000000019.slide"
+    recs = metrics(run)
+    assert [r["batch"] for r in recs] == [5, 10, 15, 19]
+    for r in recs:
+        for key in ("epoch", "train_seconds", "loss", "P@1", "P@3", "P@5", "active_mean",
+                    "rehashes", "rebuilds"):
+            assert key in r
+        assert 0.0 <= r["P@1"] <= 1.0 and np.isfinite(r["loss"])
+    secs = [r["train_seconds"] for r in recs]
+    assert secs == sorted(secs) and secs[0] > 0
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["slide"]["batches"] == 19 and summary["slide"]["P@1"] == recs[-1]["P@1"]
+    assert "P@1" in out  # the final comparison line
+    # the resolved config is valid TOML naming every default
+    from slide.config import load_config
+    resolved = load_config(os.path.join(run, "config.toml"))
+    assert resolved["lsh"]["K"] == 4 and resolved["train"]["batch_size"] == 32
+
+    # --resume with more epochs continues from the final checkpoint
+    code, out, err = run_cli(["train", "--config", cfg, "--resume", "--set", "train.epochs=2"],
+                             capsys)
+    assert code == 0, err
+    assert "resuming from" in out and "batch 19" in out
+    recs2 = metrics(run)
+    assert [r["batch"] for r in recs2] == [5, 10, 15, 19, 20, 25, 30, 35, 38]
+    assert recs2[:4] == recs  # the first epoch's records are kept unchanged
+    assert checkpoints(run)[-1] == "ckpt-000000038.slide"
+
+    # evaluate: table, then JSON
+    test = os.path.join(run, "data", "test.txt")
+    code, out, err = run_cli(["evaluate", "--model", run, "--data", test], capsys)
+    assert code == 0, err
+    assert "P " in out and "nDCG" in out and "PSP" in out
+    code, out, err = run_cli(["evaluate", "--model", run, "--data", test, "--json",
+                              "--out", str(tmp_path / "ev.json")], capsys)
+    assert code == 0, err
+    res = json.loads(out)
+    assert res == json.load(open(tmp_path / "ev.json"))
+    for k in (1, 3, 5):
+        for m in ("P", "nDCG", "PSP"):
+            assert 0.0 <= res[f"{m}@{k}"] <= 1.0
+    assert res["points"] == 200 and res["inference"] == "exact"
+    assert "training labels" in res["propensities"]
+    # P@1 of the evaluate command agrees with the model's own scoring of the same file
+    import slide
+    from slide.data import read_xc
+    X, Y = read_xc(test)
+    model = slide.load(os.path.join(run, "model.slide"))
+    assert res["P@1"] == pytest.approx(model.score(X, Y))
+    # LSH inference runs too and reports itself
+    code, out, err = run_cli(["evaluate", "--model", os.path.join(run, "model.slide"),
+                              "--data", test, "--sparse", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["inference"] == "sparse (LSH)"
+
+
+def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1, eval_every=0, ckpt_every=0)
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == cli.EXIT_CHECKPOINT and "nothing to resume" in err
+    assert run_cli(["train", "--config", cfg], capsys)[0] == 0
+    assert [r["batch"] for r in metrics(run)] == [19]  # eval_every 0: evaluated at the end only
+    assert checkpoints(run) == ["ckpt-000000019.slide"]
+    code, out, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == cli.EXIT_USAGE and "--resume" in err and "--overwrite" in err
+    code, out, err = run_cli(["train", "--config", cfg, "--overwrite"], capsys)
+    assert code == 0, err
+
+
+def test_resume_with_changed_config_is_refused(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1)
+    assert run_cli(["train", "--config", cfg], capsys)[0] == 0
+    before = open(os.path.join(run, "config.toml")).read()
+    code, out, err = run_cli(["train", "--config", cfg, "--resume", "--set", "lsh.L=5",
+                              "--set", "optimizer.learning_rate=0.5"], capsys)
+    assert code == cli.EXIT_CHECKPOINT
+    assert "lsh.L" in err and "optimizer.learning_rate" in err and "refusing" in err
+    assert open(os.path.join(run, "config.toml")).read() == before
+    assert "Traceback" not in err
+
+
+def test_bad_config_reports_every_problem_before_reading_data(tmp_path, capsys):
+    # a training file whose body is broken: if the CLI read it, the exit code would be 3
+    train = tmp_path / "train.txt"
+    train.write_text("3 20 10\n0 1:x\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"""
+output_dir = "{tmp_path / 'out'}"
+[data]
+train = "{train}"
+test = "{tmp_path / 'no-such-test.txt'}"
+[lsh]
+family = "dwta"
+K = 9
+range_pow = 18
+bucket_sise = 64
+[sampler]
+budget = 11
+[train]
+epochs = 0
+batch_size = "big"
+""")
+    code, out, err = run_cli(["train", "--config", str(bad), "--set", "lsh.range_pow=40"],
+                             capsys)
+    assert code == cli.EXIT_USAGE == 2
+    for key in ("lsh.bucket_sise", "data.test", "train.epochs", "train.batch_size",
+                "lsh.range_pow"):
+        assert f"  {key}: " in err, key
+    assert "did you mean 'lsh.bucket_size'" in err
+    assert "Traceback" not in err
+    assert not os.path.exists(tmp_path / "out")  # nothing was created
+    # with the range fixed, the hash-bit and label-count checks show up (K=9 x 3 bits > 18)
+    code, out, err = run_cli(["train", "--config", str(bad), "--set", "lsh.range_pow=18",
+                              "--set", "lsh.bucket_sise=1", "--set", "train.epochs=1",
+                              "--set", "train.batch_size=4"], capsys)
+    assert code == 2
+    assert "  lsh.K: " in err and "  sampler.budget: " in err and "(10)" in err
+
+
+def test_bad_data_file_gives_path_line_token(tmp_path, capsys):
+    train = tmp_path / "train.txt"
+    train.write_text("3 20 10\n0,1 1:0.5 4:1.0\n2 3:0.25\n1 7:zz\n")
+    cfg, _ = tiny_config(tmp_path)
+    # "--set data.preset=" unsets the preset, so the files of data.train are used instead
+    code, out, err = run_cli(["train", "--config", cfg, "--set", "data.preset=",
+                              "--set", f"data.train={train}", "--set", "sampler.budget=5",
+                              "--set", "sampler.min_active=6"], capsys)
+    assert code == cli.EXIT_DATA == 3
+    assert str(train) in err and "line 4" in err and "zz" in err
+    assert "Traceback" not in err
+
+
+def test_truncated_and_corrupt_checkpoints(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1)
+    assert run_cli(["train", "--config", cfg], capsys)[0] == 0
+    model = os.path.join(run, "model.slide")
+    test = os.path.join(run, "data", "test.txt")
+    size = os.path.getsize(model)
+    with open(model, "r+b") as f:
+        f.truncate(size // 2)
+    code, out, err = run_cli(["evaluate", "--model", model, "--data", test], capsys)
+    assert code == cli.EXIT_CHECKPOINT == 4
+    assert model in err and "Traceback" not in err
+    # the newest checkpoint truncated: --resume says so and falls back to the previous one
+    ck = [os.path.join(run, "checkpoints", n) for n in checkpoints(run)]
+    assert len(ck) == 2
+    with open(ck[-1], "r+b") as f:
+        f.truncate(100)
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 0, err
+    assert "unusable" in err and "falling back" in err and "batch 15" in out
+    assert [r["batch"] for r in metrics(run)] == [5, 10, 15, 19]
+    # garbage in every checkpoint: refused with a clear error
+    for p in [os.path.join(run, "checkpoints", n) for n in checkpoints(run)]:
+        with open(p, "wb") as f:
+            f.write(b"not a checkpoint")
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 4 and "no usable checkpoint" in err
+
+
+def test_predict_streams_k_labels_per_line(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1, eval_every=0, ckpt_every=0)
+    assert run_cli(["train", "--config", cfg], capsys)[0] == 0
+    test = os.path.join(run, "data", "test.txt")
+    out_path = tmp_path / "preds.txt"
+    code, out, err = run_cli(["predict", "--model", run, "--data", test, "--k", "3",
+                              "--chunk-size", "7", "--out", str(out_path)], capsys)
+    assert code == 0, err
+    lines = out_path.read_text().splitlines()
+    assert len(lines) == 200
+    import slide
+    from slide.data import read_xc
+    model = slide.load(os.path.join(run, "model.slide"))
+    X, _ = read_xc(test)
+    top = model.predict_topk(X, k=3)
+    scores = model.predict_scores(X)
+    for i, line in enumerate(lines):
+        pairs = [tok.split(":") for tok in line.split()]
+        assert len(pairs) == 3
+        labels = [int(a) for a, _ in pairs]
+        assert labels == list(top[i])
+        vals = [float(b) for _, b in pairs]
+        assert vals == sorted(vals, reverse=True)
+        assert np.allclose(vals, scores[i, labels], rtol=1e-5, atol=1e-6)
+    # to stdout, features-only lines (empty label field) are fine
+    src = tmp_path / "x.txt"
+    src.write_text("2 1500 200\n 3:0.5 10:0.25\n 7:1.0\n")
+    code, out, err = run_cli(["predict", "--model", run, "--data", str(src), "--k", "2"],
+                             capsys)
+    assert code == 0, err
+    assert [len(l.split()) for l in out.splitlines()] == [2, 2]
+    # an error in a later chunk names the real line of the file
+    bad = tmp_path / "bad.txt"
+    bad.write_text("5 1500 200\n 1:1\n 2:1\n 3:1\n 4:oops\n 5:1\n")
+    code, out, err = run_cli(["predict", "--model", run, "--data", str(bad), "--chunk-size",
+                              "2", "--out", str(tmp_path / "p2.txt")], capsys)
+    assert code == 3 and "line 5" in err and "oops" in err and str(bad) in err
+    assert not os.path.exists(tmp_path / "p2.txt")  # no half-written output
+    # a header announcing more points than the file has
+    short = tmp_path / "short.txt"
+    short.write_text("4 1500 200\n 1:1\n")
+    code, out, err = run_cli(["predict", "--model", run, "--data", str(short)], capsys)
+    assert code == 3 and "announces 4 points" in err
+
+
+def test_generate_writes_a_readable_set(tmp_path, capsys):
+    out = tmp_path / "gen"
+    code, o, err = run_cli(["generate", "--preset", "tiny", "--scale", "0.5", "--seed", "4",
+                            "--set", "n_train=120", "--out", str(out)], capsys)
+    assert code == 0, err
+    from slide.data import read_xc
+    X, Y = read_xc(str(out / "train.txt"))
+    Xt, Yt = read_xc(str(out / "test.txt"))
+    assert X.shape[0] == 120 and Xt.shape[0] == 100  # n_test 200 x 0.5
+    assert X.shape[1] == Xt.shape[1] == 750 and Y.shape[1] == Yt.shape[1] == 100
+    assert (np.diff(Y.indptr) >= 1).all()
+    code, o, err = run_cli(["generate", "--preset", "tiyn", "--out", str(out)], capsys)
+    assert code == 2 and "unknown preset" in err
+    code, o, err = run_cli(["generate", "--preset", "tiny", "--set", "n_trian=5",
+                            "--out", str(out)], capsys)
+    assert code == 2 and "n_trian" in err
+
+
+def test_plot_writes_png_and_explains_missing_matplotlib(tmp_path, capsys, monkeypatch):
+    cfg, run = tiny_config(tmp_path, epochs=1)
+    assert run_cli(["train", "--config", cfg, "--set", "train.baseline=dense"], capsys)[0] == 0
+    assert os.path.exists(os.path.join(run, "baseline-dense", "metrics.jsonl"))
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["dense-baseline"]["sampler"] == "dense"
+    assert summary["dense-baseline"]["batches"] == summary["slide"]["batches"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code, out, err = run_cli(["plot", run], capsys)
+    assert code == cli.EXIT_ERROR and "needs matplotlib" in err
+    monkeypatch.undo()
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    code, out, err = run_cli(["plot", run, "--out", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 curves" in out  # the run and its dense baseline
+    code, out, err = run_cli(["plot", str(tmp_path)], capsys)
+    assert code == 2 and "metrics.jsonl" in err
+
+
+def test_divergence_stops_with_the_batch_named(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=3, eval_every=0, ckpt_every=1)
+    code, out, err = run_cli(["train", "--config", cfg, "--set", "optimizer.name=sgd",
+                              "--set", "optimizer.learning_rate=1e30"], capsys)
+    assert code == cli.EXIT_DIVERGED == 5, err
+    assert "diverged" in err and "batch" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# signals: a subprocess is interrupted after its first checkpoint and resumed
+
+def _spawn(cfg, *extra):
+    return subprocess.Popen([sys.executable, "-m", "slide.cli", "train", "--config", cfg,
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env())
+
+
+def _wait_for_checkpoint(proc, run, newer_than=None, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        names = checkpoints(run)
+        if names and (newer_than is None or names[-1] > newer_than):
+            return names[-1]
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"training ended before a checkpoint appeared:\n{out}\n{err}")
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError("no checkpoint appeared")
+
+
+def _final_scores(run):
+    import slide
+    from slide.data import read_xc
+    X, _ = read_xc(os.path.join(run, "data", "test.txt"))
+    return slide.load(os.path.join(run, "model.slide")).predict_scores(X)
+
+
+def _quality(records):
+    keys = ("batch", "epoch", "samples", "loss", "P@1", "P@3", "P@5", "active_mean",
+            "rehashes", "rebuilds", "rehashes_total", "rebuilds_total")
+    return [{k: r[k] for k in keys} for r in records]
+
+
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
+    # enough batches that the run is still going when the first checkpoints appear
+    # (~11k batches of ~0.3 ms: the first checkpoint appears early, the end seconds later)
+    epochs = 600
+    cfg, run = tiny_config(tmp_path, "interrupted", epochs=epochs, eval_every=500,
+                           ckpt_every=400)
+    ref_cfg, ref_run = tiny_config(tmp_path, "reference", epochs=epochs, eval_every=500,
+                                   ckpt_every=400)
+
+    proc = _spawn(cfg)
+    first = _wait_for_checkpoint(proc, run)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == cli.EXIT_SIGINT == 130, err
+    assert "Ctrl-C" in err and "checkpoint written" in err and "--resume" in err
+    stopped_at = checkpoints(run)[-1]
+    assert stopped_at >= first and stopped_at in err  # the message names the checkpoint
+    assert not os.path.exists(os.path.join(run, "model.slide"))
+
+    proc = _spawn(cfg, "--resume")
+    _wait_for_checkpoint(proc, run, newer_than=stopped_at)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == cli.EXIT_SIGTERM == 143, err
+    assert "SIGTERM" in err
+
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 0, err
+    assert run_cli(["train", "--config", ref_cfg], capsys)[0] == 0
+
+    total = epochs * 19
+    assert metrics(run)[-1]["batch"] == metrics(ref_run)[-1]["batch"] == total
+    # same evaluations at the same batches, and bit-identical final scores
+    assert _quality(metrics(run)) == _quality(metrics(ref_run))
+    a, b = _final_scores(run), _final_scores(ref_run)
+    assert a.dtype == b.dtype and np.array_equal(a, b)
