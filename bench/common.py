@@ -464,9 +464,11 @@ def thread_env(threads):
     return env
 
 
-def run_in_subprocess(spec, work_dir, log=print, timeout=None):
+def run_in_subprocess(spec, work_dir, log=print, timeout=None, lock=None):
     """Run one system in a fresh Python process; return its result dict (raises on failure,
-    with the tail of its log)."""
+    with the tail of its log). With ``lock`` (a file path) the process runs under
+    ``flock LOCK``, so it never shares the cores with another heavy run that takes the same
+    lock, while other jobs can still interleave between systems."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     tag = spec.get("tag") or spec["system"]
@@ -477,8 +479,11 @@ def run_in_subprocess(spec, work_dir, log=print, timeout=None):
     Path(spec["result_path"]).unlink(missing_ok=True)
     log(f"[{tag}] training in a subprocess (log: {log_path}) ...")
     t = time.perf_counter()
+    cmd = [sys.executable, "-m", "bench.common", str(spec_path)]
+    if lock:
+        cmd = ["flock", str(lock)] + cmd
     with open(log_path, "w") as lf:
-        proc = subprocess.run([sys.executable, "-m", "bench.common", str(spec_path)], cwd=REPO,
+        proc = subprocess.run(cmd, cwd=REPO,
                               env=thread_env(spec["threads"]), stdout=lf,
                               stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0 or not Path(spec["result_path"]).exists():

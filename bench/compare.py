@@ -85,6 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--no-warmup", action="store_true",
                    help="time slide's Numba compilation as training")
     p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
+    p.add_argument("--lock", default=None, help="run each system's process under "
+                   "'flock LOCK' (e.g. /tmp/slide-bench.lock) to serialise with other heavy runs")
     p.add_argument("--timeout", type=float, default=None, help="seconds per system")
     g = p.add_argument_group("slide hyperparameters (engine defaults when not given)")
     for name, typ in SLIDE_FLAGS.items():
@@ -251,7 +253,7 @@ def main(argv=None):
             r["_source"] = f"reused: {r['finished_at']}, commit {r['commit']}"
             print(f"[{s}] reusing {cp} ({r['_source']})")
         else:
-            r = common.run_in_subprocess(spec, work, timeout=a.timeout)
+            r = common.run_in_subprocess(spec, work, timeout=a.timeout, lock=a.lock)
             r["_source"] = f"this run ({r['finished_at']})"
             if cp is not None:
                 cp.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--slide-param", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
+    p.add_argument("--lock", default=None, help="run each system's process under "
+                   "'flock LOCK' (e.g. /tmp/slide-bench.lock) to serialise with other heavy runs")
     a = p.parse_args(argv)
     a.labels = [int(x) for x in a.labels.split(",") if x.strip()]
     cores = common.machine_description()["cores"]
@@ -92,7 +94,7 @@ def measure(a, meta, system, threads, work):
             "warmup_batches": a.warmup, "warmup": True,
             "slide_params": a.slide_params if system.startswith("slide") else None,
             "tag": f"{system}-L{meta['n_labels']}-T{threads}"}
-    r = common.run_in_subprocess(spec, work)
+    r = common.run_in_subprocess(spec, work, lock=a.lock)
     per_batch = r["steady_seconds_per_batch"]
     bpe = math.ceil(a.epoch_points / a.batch_size)
     return {"system": system, "n_labels": meta["n_labels"], "threads": threads,
