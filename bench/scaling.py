@@ -27,6 +27,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
+from bench.compare import SOURCES  # noqa: E402
+
+
+def _sha(raw):
+    import hashlib
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
 def parse_args(argv=None):
@@ -53,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slide-param", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse cached baseline points measured with identical data and settings")
     p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
     p.add_argument("--lock", default=None, help="run each system's process under "
                    "'flock LOCK' (e.g. /tmp/slide-bench.lock) to serialise with other heavy runs")
@@ -87,6 +95,8 @@ def loglog_slope(xs, ys):
 
 
 def measure(a, meta, system, threads, work):
+    """One point of the sweep: a fresh subprocess times ``system`` at (labels, threads).
+    With ``--reuse`` a baseline's point comes from the cache when data and settings match."""
     timed = a.slide_batches if system.startswith("slide") else a.baseline_batches
     spec = {"system": system, "meta": meta, "threads": threads, "hidden": a.hidden, "lr": a.lr,
             "init": a.init, "seed": a.seed, "batch_size": a.batch_size, "epochs": 1,
@@ -94,7 +104,22 @@ def measure(a, meta, system, threads, work):
             "warmup_batches": a.warmup, "warmup": True,
             "slide_params": a.slide_params if system.startswith("slide") else None,
             "tag": f"{system}-L{meta['n_labels']}-T{threads}"}
-    r = common.run_in_subprocess(spec, work, lock=a.lock)
+    cp = None
+    if system in common.BASELINES:
+        keep = {k: v for k, v in spec.items() if k not in ("meta", "slide_params", "tag")}
+        src = common._file_digest(Path(__file__).parent / SOURCES[system])
+        raw = json.dumps([meta["key"], keep, src], sort_keys=True)
+        cp = Path(a.cache_dir) / "scaling" / f"{spec['tag']}-{_sha(raw)}.json"
+    if a.reuse and cp is not None and cp.exists():
+        r = json.loads(cp.read_text())
+        source = f"reused: {r['finished_at']}, commit {r['commit']}"
+        print(f"[{spec['tag']}] {source}")
+    else:
+        r = common.run_in_subprocess(spec, work, lock=a.lock)
+        source = f"this run ({r['finished_at']})"
+        if cp is not None:
+            cp.parent.mkdir(parents=True, exist_ok=True)
+            cp.write_text(json.dumps(r))
     per_batch = r["steady_seconds_per_batch"]
     bpe = math.ceil(a.epoch_points / a.batch_size)
     return {"system": system, "n_labels": meta["n_labels"], "threads": threads,
@@ -104,7 +129,7 @@ def measure(a, meta, system, threads, work):
             "extrapolated_epoch_seconds": per_batch * bpe,
             "warmup_seconds": r["batch_end_seconds"][a.warmup - 1] if a.warmup else 0.0,
             "peak_rss_bytes": r["peak_rss_bytes"], "active_mean": r.get("active_mean"),
-            "rehashes": r.get("rehashes")}
+            "rehashes": r.get("rehashes"), "source": source}
 
 
 def plot(rows, a, path):
@@ -174,7 +199,7 @@ def main(argv=None):
     png = out / "scaling.png"
     plotted = plot(rows, a, png)
     head = "| system | labels | threads | s / batch | s / 1k samples | s / epoch (extrap.) | " \
-           "peak RSS | vs slide |"
+           "peak RSS | vs slide | run |"
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in sorted(rows, key=lambda r: (r["n_labels"], r["threads"],
                                          a.systems.index(r["system"]))):
@@ -185,7 +210,8 @@ def main(argv=None):
                      f"{r['threads']} | {r['seconds_per_batch']:.4f} | "
                      f"{r['seconds_per_1k_samples']:.3f} | "
                      f"{common.fmt_seconds(r['extrapolated_epoch_seconds'])} | "
-                     f"{common.fmt_bytes(r['peak_rss_bytes'])} | {common.fmt_ratio(ratio)} |")
+                     f"{common.fmt_bytes(r['peak_rss_bytes'])} | {common.fmt_ratio(ratio)} | "
+                     f"{r['source']} |")
     table = "\n".join(lines)
     slope_txt = ", ".join(f"{common.LABELS.get(s, s)}: {v:.2f}" for s, v in slopes.items()
                           if v is not None)

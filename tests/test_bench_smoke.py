@@ -139,6 +139,17 @@ def test_scaling_end_to_end(tmp_path, capsys):
     assert set(data["loglog_slope_vs_labels"]) == set(systems)
     assert (tmp_path / "s" / "scaling.png").exists() == HAS_MPL
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| ")
+    if len(systems) > 1:
+        # --reuse: the baseline's points come from the cache, not a new subprocess
+        again = scaling.main(["--preset", "tiny", "--labels", "100,200", "--thread-labels", "200",
+                              "--threads-list", "1", "--systems", systems[1], "--warmup", "1",
+                              "--slide-batches", "3", "--baseline-batches", "2",
+                              "--batch-size", "32", "--out", str(tmp_path / "s2"),
+                              "--cache-dir", str(tmp_path / "cache"), "--reuse"])
+        first = {r["n_labels"]: r for r in rows if r["system"] == systems[1]}
+        for r in again["rows"]:
+            assert r["source"].startswith("reused")
+            assert r["seconds_per_batch"] == first[r["n_labels"]]["seconds_per_batch"]
 
 
 def test_loglog_slope():
