@@ -216,7 +216,9 @@ def plot(results, order, target, path, title):
         ax.set_xlabel("training seconds (evaluation excluded)" + (", log scale" if logx else ""))
         ax.set_ylabel("P@1 on the evaluation sample")
         if logx:
+            from matplotlib.ticker import NullFormatter
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short spans
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
