@@ -44,9 +44,11 @@ _DEFAULTS = dict(
     sig_size=24,            # signature features owned by each label
     sig_alpha=0.7,          # Zipf exponent over a signature's positions (and over a topic pool)
     p_same_cluster=0.6,     # probability that a further label comes from the first label's cluster
-    frac_signal=0.35,       # share of a point's tokens drawn from its labels' signatures
-    frac_topic=0.20,        # share drawn from its labels' topic pools; the rest is noise
+    frac_signal=0.10,       # share of a point's tokens drawn from its labels' signatures
+    frac_topic=0.12,        # share drawn from its labels' topic pools; the rest is noise
     noise_alpha=1.05,       # Zipf exponent of the background vocabulary
+    vocab_alpha=0.5,        # Zipf exponent by which signature / topic features are drawn from the
+                            # same vocabulary ranking (0: uniform; >0: keywords overlap common words)
     label_dispersion=2.0,   # gamma shape of the per-point label count (smaller: more spread)
     nnz_dispersion=4.0,     # gamma shape of the per-point feature count
 )
@@ -116,7 +118,7 @@ def _validate(p):
             raise ValueError(f"{key} must lie in [0, 1], got {p[key]!r}")
     if p["frac_signal"] + p["frac_topic"] > 1.0:
         raise ValueError("frac_signal + frac_topic must not exceed 1")
-    for key in ("label_alpha", "sig_alpha", "noise_alpha", "label_offset"):
+    for key in ("label_alpha", "sig_alpha", "noise_alpha", "vocab_alpha", "label_offset"):
         if not p[key] >= 0:
             raise ValueError(f"{key} must be >= 0, got {p[key]!r}")
     for key in ("labels_per_cluster", "cluster_pool", "sig_size"):
@@ -133,6 +135,20 @@ def _zipf_cdf(n, alpha, offset=0.0):
     w = (np.arange(n, dtype=np.float64) + 1.0 + offset) ** -alpha
     c = np.cumsum(w)
     return c / c[-1]
+
+
+def _zipf_continuous(n, alpha, u):
+    """Ranks in [0, n) with density ~ (x + 1)^-alpha by closed-form inverse CDF.
+
+    The continuous approximation of a Zipf law, used where millions of draws come from a large
+    vocabulary at once (a binary search per draw would dominate the model's build time).
+    """
+    if abs(alpha - 1.0) < 1e-9:
+        x = np.exp(u * np.log(n + 1.0)) - 1.0
+    else:
+        e = 1.0 - alpha
+        x = (1.0 + u * ((n + 1.0) ** e - 1.0)) ** (1.0 / e) - 1.0
+    return np.minimum(x.astype(np.int64), n - 1)
 
 
 def _draw(cdf, u):
@@ -162,12 +178,13 @@ class _Model:
         bounds = np.searchsorted(self.cluster[self.by_cluster], np.arange(n_clusters + 1))
         self.cstart = bounds.astype(np.int64)
         # features: topic pools, label signatures, and the noise vocabulary's ranking
-        self.pool = rng.integers(0, F, size=(n_clusters, p["cluster_pool"]), dtype=np.int32)
-        self.sig = rng.integers(0, F, size=(L, p["sig_size"]), dtype=np.int32)
-        self.sig_cdf = _zipf_cdf(p["sig_size"], p["sig_alpha"])
-        self.pool_cdf = _zipf_cdf(p["cluster_pool"], p["sig_alpha"])
         self.noise_feature = rng.permutation(F).astype(np.int32)
         self.noise_cdf = _zipf_cdf(F, p["noise_alpha"])
+        a = p["vocab_alpha"]
+        self.pool = self.noise_feature[_zipf_continuous(F, a, rng.random((n_clusters, p["cluster_pool"])))]
+        self.sig = self.noise_feature[_zipf_continuous(F, a, rng.random((L, p["sig_size"])))]
+        self.sig_cdf = _zipf_cdf(p["sig_size"], p["sig_alpha"])
+        self.pool_cdf = _zipf_cdf(p["cluster_pool"], p["sig_alpha"])
 
     def labels(self, rng, n, mean_extra):
         """Label sets of ``n`` points: (indptr int64[n+1], labels int32), sorted, deduplicated."""
@@ -257,7 +274,7 @@ def _calibrate(model, seed, p):
     """
     label_extra = p["avg_labels"] - 1.0
     token_factor = 1.0
-    n = min(_PILOT, max(256, p["n_train"]))
+    n = _PILOT     # fixed, so that overriding n_train / n_test never changes the other split
     rng_seed = [seed, 0x5EED, 99]
     for it in range(4):
         rng = np.random.default_rng(np.random.SeedSequence(rng_seed + [it]))
