@@ -329,9 +329,19 @@ class Recorder:
         self.losses = []
         self.curve = []
         self.eval_seconds = 0.0
+        # CPU time of the whole process (all threads) during training, evaluation excluded:
+        # utilisation = cpu / (seconds x threads) shows whether the run got its cores (the
+        # machine is shared; a starved run reads well below 1)
+        self.cpu_first = None
+        self.cpu_last = None
+        self.cpu_eval = 0.0
 
     def after_batch(self, train_seconds, loss, epoch, last=False):
         """Record one batch; evaluate when due. Returns True when ``max_batches`` is reached."""
+        cpu = time.process_time()
+        if self.cpu_first is None:
+            self.cpu_first = cpu
+        self.cpu_last = cpu
         self.batch_end.append(float(train_seconds))
         self.losses.append(float(loss) if loss is not None else float("nan"))
         n = len(self.batch_end)
@@ -343,18 +353,20 @@ class Recorder:
     def evaluate(self, n_batches, train_seconds, epoch):
         if self.curve and self.curve[-1]["batch"] == n_batches:
             return
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         topk = self.predict_topk(self.X_eval)
         m = evaluate_topk(self.Y_eval, topk)
         dt = time.perf_counter() - t
         self.eval_seconds += dt
+        dc = time.process_time() - c
+        self.cpu_eval += dc
         self.schedule.last_eval_seconds = train_seconds
         self.curve.append({"batch": n_batches, "epoch": epoch,
                            "samples": min(n_batches * self.batch_size,
                                           (epoch + 1) * self.n_train),
                            "train_seconds": round(train_seconds, 4),
                            "P@1": m["P@1"], "P@3": m["P@3"], "P@5": m["P@5"],
-                           "eval_seconds": round(dt, 3)})
+                           "eval_seconds": round(dt, 3), "eval_cpu": round(dc, 3)})
         print(f"  [eval] batch {n_batches} epoch {epoch} t={train_seconds:.1f}s "
               f"P@1={m['P@1']:.4f} P@5={m['P@5']:.4f} (eval {dt:.1f}s)", flush=True)
 
@@ -401,12 +413,26 @@ def _summarise(spec, rec, meta, extra):
         "steady_seconds_per_batch": steady,
         "extrapolated_epoch_seconds": steady * bpe if steady is not None else None,
         "eval_seconds_total": rec.eval_seconds,
+        "cpu_utilisation": _utilisation(rec, spec["threads"]),
         "curve": rec.curve,
         "losses": rec.losses,
         "batch_end_seconds": [round(t, 4) for t in rec.batch_end],
     }
     out.update(extra)
     return out
+
+
+def _utilisation(rec, threads):
+    """Process CPU seconds per training second per thread, from the end of the first batch to
+    the end of the last, evaluations inside that window subtracted (an evaluation runs right
+    after its batch's stamp, so the one after the last batch lies outside)."""
+    n = len(rec.batch_end)
+    if n < 2 or rec.cpu_first is None:
+        return None
+    wall = rec.batch_end[-1] - rec.batch_end[0]
+    inside = sum(c["eval_cpu"] for c in rec.curve if c["batch"] < n)
+    cpu = rec.cpu_last - rec.cpu_first - inside
+    return round(cpu / (wall * threads), 3) if wall > 0 else None
 
 
 def worker_main(spec_path):
@@ -421,6 +447,7 @@ def worker_main(spec_path):
     n_eval = X_te.shape[0] if n_eval is None else min(int(n_eval), X_te.shape[0])
     X_ev, Y_ev = X_te[:n_eval], Y_te[:n_eval]
     rss_data = current_rss_bytes()
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     if system in ("slide", "slide_dense"):
         from bench import slide_runner
         run = slide_runner.run
@@ -441,6 +468,8 @@ def worker_main(spec_path):
         "final_test": final, "n_eval": n_eval, "threads": T,
         "peak_rss_bytes": peak_rss_bytes(), "rss_after_data_bytes": rss_data,
         "process_seconds": time.perf_counter() - t_start,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "spec": {k: v for k, v in spec.items() if k != "meta"},
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": git_commit(),

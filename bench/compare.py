@@ -168,7 +168,7 @@ def make_table(results, order, target):
     s_ttt = common.time_to_target(slide["curve"], target) if slide and target else None
     rows = []
     head = ("| system | run | time / epoch | samples/s | time to target P@1 | final P@1 | "
-            "final P@3 | final P@5 | peak RSS | epoch time ÷ slide | time-to-target ÷ slide | "
+            "final P@3 | final P@5 | peak RSS | CPU use | epoch time ÷ slide | time-to-target ÷ slide | "
             "peak RSS ÷ slide |")
     rows.append(head)
     rows.append("|" + "---|" * head.count("|")[:-1] if False else
@@ -188,9 +188,11 @@ def make_table(results, order, target):
                      if s != "slide" and slide else None)
         ep_s = fmt_seconds(ep) + (" (extrap.)" if how == "extrapolated" else "")
         run = r.get("_source", "this run")
+        u = r.get("cpu_utilisation")
+        util = "—" if u is None else f"{100 * u:.0f}%"
         rows.append(f"| {common.LABELS.get(s, s)} | {run} | {ep_s} | "
                     f"{r['samples_per_second']:.0f} | {ttt_s} | {fin('P@1')} | {fin('P@3')} | "
-                    f"{fin('P@5')} | {fmt_bytes(r['peak_rss_bytes'])} | {fmt_ratio(ratio_ep)} | "
+                    f"{fin('P@5')} | {fmt_bytes(r['peak_rss_bytes'])} | {util} | {fmt_ratio(ratio_ep)} | "
                     f"{fmt_ratio(ratio_ttt)} | {fmt_ratio(ratio_mem)} |")
     return "\n".join(rows)
 
@@ -302,7 +304,9 @@ def main(argv=None):
           table, "",
           "Training seconds exclude evaluation; time to target is interpolated between the two "
           "evaluations around the crossing. Ratios are baseline ÷ slide (higher = slide faster "
-          "or leaner).", ""]
+          "or leaner). CPU use = process CPU seconds ÷ (training seconds × threads) during "
+          "training: well below 100% means the process did not keep its cores busy (Python "
+          "overhead, memory stalls, or another process on the shared machine).", ""]
     if plotted:
         md.append(f"![P@1 against training seconds]({png.name})")
     (out / "results.md").write_text("\n".join(md) + "\n")
