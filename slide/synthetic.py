@@ -44,8 +44,8 @@ _DEFAULTS = dict(
     sig_size=24,            # signature features owned by each label
     sig_alpha=0.7,          # Zipf exponent over a signature's positions (and over a topic pool)
     p_same_cluster=0.6,     # probability that a further label comes from the first label's cluster
-    frac_signal=0.10,       # share of a point's tokens drawn from its labels' signatures
-    frac_topic=0.12,        # share drawn from its labels' topic pools; the rest is noise
+    frac_signal=0.07,       # share of a point's tokens drawn from its labels' signatures
+    frac_topic=0.10,        # share drawn from its labels' topic pools; the rest is noise
     noise_alpha=1.05,       # Zipf exponent of the background vocabulary
     vocab_alpha=0.5,        # Zipf exponent by which signature / topic features are drawn from the
                             # same vocabulary ranking (0: uniform; >0: keywords overlap common words)
@@ -61,13 +61,15 @@ PRESETS = {
     "delicious200k": dict(n_features=782_585, n_labels=205_443, n_train=196_606, n_test=100_095,
                           avg_labels=75.54, avg_nnz=301.2, labels_per_cluster=200),
     "wiki10-31k": dict(n_features=101_938, n_labels=30_938, n_train=14_146, n_test=6_616,
-                       avg_labels=18.64, avg_nnz=673.0, labels_per_cluster=60),
+                       avg_labels=18.64, avg_nnz=673.0, labels_per_cluster=60,
+                       frac_signal=0.04, frac_topic=0.05),
     "eurlex-4k": dict(n_features=5_000, n_labels=3_993, n_train=15_539, n_test=3_809,
-                      avg_labels=5.31, avg_nnz=236.7),
+                      avg_labels=5.31, avg_nnz=236.7, frac_signal=0.03, frac_topic=0.04),
     "xc200k": dict(n_features=100_000, n_labels=200_000, n_train=100_000, n_test=20_000,
                    avg_labels=4.0, avg_nnz=90.0),
     "tiny": dict(n_features=1_500, n_labels=200, n_train=600, n_test=200,
-                 avg_labels=2.0, avg_nnz=40.0, labels_per_cluster=10),
+                 avg_labels=2.0, avg_nnz=40.0, labels_per_cluster=10,
+                 frac_signal=0.15, frac_topic=0.15),
 }
 for _p in PRESETS.values():
     for _k, _v in _DEFAULTS.items():
@@ -75,7 +77,8 @@ for _p in PRESETS.values():
 del _p, _k, _v
 
 _SHAPE_KEYS = ("n_features", "n_labels", "n_train", "n_test")
-_CHUNK = 16_384          # points per generation chunk; fixed so output never depends on memory
+_CHUNK_TOKENS = 1 << 20  # about this many tokens per generation chunk (bounds peak memory); the
+                         # chunk size depends only on the parameters, never on the machine
 _PILOT = 2_048           # points of the calibration pilot
 _MAX_LABELS_PER_POINT = 2_000
 
@@ -251,8 +254,9 @@ def _split(model, seed, stream, n, label_extra, token_factor):
     """Generate ``n`` points of one split chunk by chunk: CSR tf matrix and CSR label matrix."""
     p = model.p
     xs, ys = [], []
-    for ci, start in enumerate(range(0, n, _CHUNK)):
-        m = min(_CHUNK, n - start)
+    chunk = max(256, int(_CHUNK_TOKENS // p["avg_nnz"]))
+    for ci, start in enumerate(range(0, n, chunk)):
+        m = min(chunk, n - start)
         rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED, stream, ci]))
         yi, yl = model.labels(rng, m, label_extra)
         xi, xf, xv = model.tokens(rng, yi, yl, token_factor)
