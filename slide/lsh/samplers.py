@@ -29,7 +29,9 @@ SAMPLERS = {"vanilla": 0, "topk": 1, "threshold": 2}
 VANILLA, TOPK, THRESHOLD = 0, 1, 2
 _STREAM_SAMPLE_BATCH = 301
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_FORCED_MARK = -(1 << 30)  # count given to forced ids so they never rank as candidates
+# counts < 0 mark ids already in the active set (forced, selected or padded); occurrence counts
+# added to them stay negative, so they never rank as candidates nor get padded in twice
+_TAKEN = -(1 << 30)
 
 
 def _pow2_at_least(n):
@@ -57,6 +59,25 @@ def _set_add(set_keys, set_counts, mask, key, count):
         if k < 0:
             set_keys[s] = key
             set_counts[s] = count
+            return True
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _set_take(set_keys, set_counts, mask, key):
+    """Claim key for the active set: True when it was absent (now inserted) or present but not
+    yet taken (an unselected top-k candidate); either way it is marked taken."""
+    s = _slot(key, mask)
+    while True:
+        k = set_keys[s]
+        if k == key:
+            if set_counts[s] < 0:
+                return False
+            set_counts[s] = _TAKEN
+            return True
+        if k < 0:
+            set_keys[s] = key
+            set_counts[s] = _TAKEN
             return True
         s = (s + 1) & mask
 
@@ -111,7 +132,7 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
     for i in range(nf):
         f = forced[i]
         if f >= 0 and f < n_neurons and n < cap_out and used < limit:
-            if _set_add(set_keys, set_counts, mask, f, _FORCED_MARK):
+            if _set_add(set_keys, set_counts, mask, f, _TAKEN):
                 out[n] = f
                 n += 1
                 used += 1
@@ -133,7 +154,7 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
                 if got >= budget or n >= cap_out or used >= limit:
                     break
                 v = items[t, p]
-                if _set_add(set_keys, set_counts, mask, v, 1):
+                if _set_take(set_keys, set_counts, mask, v):
                     out[n] = v
                     n += 1
                     used += 1
@@ -169,11 +190,21 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
         # all candidates with count >= cut fit; fill the rest from the count == cut - 1 tier
         tie = cut - 1
         tie_room = room - above if tie >= minc else 0
+        # counting sort of those by count, most frequent first: turn the histogram of counts
+        # >= cut into start offsets (from the top count down)
+        acc = 0
+        for c in range(L, cut - 1, -1):
+            h = order[hist0 + c]
+            order[hist0 + c] = acc
+            acc += h
         for i in range(nc):
             v = order[i]
-            if _set_get(set_keys, set_counts, mask, v) >= cut:
-                out[n] = v
-                n += 1
+            c = min(_set_get(set_keys, set_counts, mask, v), L)
+            if c >= cut:
+                out[n + order[hist0 + c]] = v
+                order[hist0 + c] += 1
+                _set_take(set_keys, set_counts, mask, v)
+        n += above
         if tie_room > 0 and nc > 0:
             rng_state, start = randint(rng_state, nc)
             for q in range(nc):
@@ -181,13 +212,16 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
                     break
                 v = order[(start + q) % nc]
                 if _set_get(set_keys, set_counts, mask, v) == tie:
+                    _set_take(set_keys, set_counts, mask, v)
                     out[n] = v
                     n += 1
                     tie_room -= 1
+    # padding: any id not yet in the active set (unselected candidates included), so the target
+    # is always reachable; the set's load stays below half, which bounds `used`
     target = min(min_active, n_neurons, cap_out)
     while n < target and used < limit:
         rng_state, r = randint(rng_state, n_neurons)
-        if _set_add(set_keys, set_counts, mask, np.int32(r), 0):
+        if _set_take(set_keys, set_counts, mask, np.int32(r)):
             out[n] = r
             n += 1
             used += 1
