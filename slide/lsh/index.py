@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide._rng import randint, stream_seed
-from slide.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, HashFunctions, _family_code, as_csr_arrays,
+from slide.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, _family_code, as_csr_arrays,
                               draw_hash_functions, hash_dense_batch, hash_dense_into, hash_sparse_into)
 
 POLICIES = {"fifo": 0, "reservoir": 1}
@@ -99,14 +99,6 @@ def build_tables_into(codes, bucket_size, policy_code, seed, offsets, items):
                         items[l, offsets[l, b] + q] = i
         for p in range(offsets[l, nb], items.shape[1]):
             items[l, p] = -1
-
-
-@njit(cache=True, nogil=True)
-def _candidates_count(codes, offsets):
-    n = 0
-    for l in range(codes.shape[0]):
-        n += offsets[l, codes[l] + 1] - offsets[l, codes[l]]
-    return n
 
 
 def _table_seed(seed, generation):
