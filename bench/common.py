@@ -117,14 +117,20 @@ def data_key(data, scale, n_train, n_test, seed, overrides=None):
     if _is_preset(data):
         origin = "preset:" + _file_digest(REPO / "slide" / "synthetic.py")
     else:
-        origin = "path:" + str(Path(data).resolve())
+        # a path: its files' sizes and modification times, so regenerated files are never
+        # mistaken for the cached ones
+        parts = [str(Path(data).resolve())]
+        for f in _data_files(data):
+            st = Path(f).stat()
+            parts.append(f"{Path(f).name}:{st.st_size}:{int(st.st_mtime)}")
+        origin = "path:" + "|".join(parts)
     raw = json.dumps([data, float(scale), n_train, n_test, int(seed), origin]
                      + ([sorted(overrides.items())] if overrides else []))
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
 def _is_preset(data):
-    if Path(data).exists():
+    if Path(data).exists() or ("," in data and all(Path(f).exists() for f in data.split(","))):
         return False
     from slide.synthetic import PRESETS
     if data not in PRESETS:
@@ -133,14 +139,17 @@ def _is_preset(data):
     return True
 
 
+def _data_files(data):
+    if "," in data and not Path(data).exists():
+        return data.split(",", 1)
+    return Path(data) / "train.txt", Path(data) / "test.txt"
+
+
 def _read_path(data):
     """Train and test splits from a directory holding train.txt/test.txt (XC format) or a
     'TRAIN,TEST' pair of XC files."""
     from slide.data import read_xc
-    if "," in data and not Path(data).exists():
-        tr, te = data.split(",", 1)
-    else:
-        tr, te = Path(data) / "train.txt", Path(data) / "test.txt"
+    tr, te = _data_files(data)
     X_tr, Y_tr = read_xc(tr)
     X_te, Y_te = read_xc(te)
     n_lab = max(Y_tr.shape[1], Y_te.shape[1])
