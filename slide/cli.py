@@ -108,6 +108,9 @@ class StopFlag:
     def __init__(self):
         self.signum = None
         self._old = {}
+        # before training starts there is nothing to checkpoint: stop at once (reading or
+        # generating a large data set can take minutes)
+        self.immediate = True
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -126,6 +129,9 @@ class StopFlag:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
+        if self.immediate:
+            raise Stopped(f"stopped by {self.name} before training started; nothing trained, "
+                          f"no checkpoint written", self.code)
         name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         _err(f"\n{name} received: finishing the current batch and writing a checkpoint "
              f"(press Ctrl-C again to abort without one)")
@@ -290,9 +296,14 @@ def _load_training_data(cfg, run_dir, stop):
             raise CliError(f"cannot generate data: {e}", EXIT_USAGE) from None
         if d["save_generated"]:
             out = os.path.join(run_dir, "data")
-            if not (os.path.exists(os.path.join(out, "train.txt"))
-                    and os.path.exists(os.path.join(out, "test.txt"))):
-                synthetic.write_dataset(out, X_tr, Y_tr, X_te, Y_te)
+            if not os.path.isdir(out):
+                # written beside, then renamed: an interrupted write never leaves a partial set
+                # that a later --resume would take for complete
+                import shutil
+                partial = out + ".partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                synthetic.write_dataset(partial, X_tr, Y_tr, X_te, Y_te)
+                os.replace(partial, out)
                 _info(f"wrote the generated set to {out}/train.txt and test.txt")
         pool = (X_te, Y_te, "test split") if X_te.shape[0] > 0 else (X_tr, Y_tr, "training set")
         return X_tr, Y_tr, pool[0], pool[1], pool[2]
@@ -561,6 +572,7 @@ class _Phase:
                 _info(f"[{self.label}] training {self.total_batches:,} batches "
                       f"({self.cfg['train']['epochs']} epoch(s) of {self.batches_per_epoch:,})"
                       f" into {self.run_dir}")
+            self.stop.immediate = False
             try:
                 model.fit(self.X, self.Y, callback=callback, resume=resumed)
             except est.DivergenceError as e:
@@ -678,6 +690,11 @@ def _train(cfg, run_dir, args, stop):
     s, b = results.get("slide"), results.get("dense-baseline")
     if s and b and s["train_seconds"] > 0:
         summary["speedup_vs_dense"] = round(b["train_seconds"] / s["train_seconds"], 3)
+        # time to accuracy: where the dense baseline stood after as much training time as the
+        # whole SLIDE run took (its last evaluation within that time)
+        dense_log = read_metrics(os.path.join(run_dir, BASELINE_DIR, METRICS_FILE))
+        within = [r for r in dense_log if r["train_seconds"] <= s["train_seconds"]]
+        summary["dense_P@1_at_slide_time"] = within[-1]["P@1"] if within else None
     _atomic_write_text(os.path.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
 
     _info("")
@@ -689,7 +706,11 @@ def _train(cfg, run_dir, args, stop):
               f"   ({r['batches']:,} batches)")
     if "speedup_vs_dense" in summary:
         _info(f"  slide trained {summary['speedup_vs_dense']:.2f}x faster than the dense "
-              f"baseline")
+              f"baseline (same network, same epochs)")
+        at = summary["dense_P@1_at_slide_time"]
+        at = "no evaluation yet" if at is None else f"P@1 {at:.4f}"
+        _info(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole run) the "
+              f"dense baseline was at {at}")
     _info(f"run directory: {run_dir}  (model: {MODEL_FILE}, metrics: {METRICS_FILE}, "
           f"summary: {SUMMARY_FILE})")
     return EXIT_OK
