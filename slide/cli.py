@@ -582,9 +582,8 @@ class _Phase:
                         else "no checkpoint had been written yet")
                 msg = str(e) if str(e).startswith("training diverged") else \
                     f"training diverged: {e}"
-                raise CliError(f"[{self.label}] {msg}\n{keep}; lower "
-                               f"optimizer.learning_rate and start a new run (or --resume "
-                               f"with care: the same settings diverge again)",
+                raise CliError(f"[{self.label}] {msg}\n{keep}; start a new run with a lower "
+                               f"optimizer.learning_rate (resuming repeats the divergence)",
                                EXIT_DIVERGED) from None
             finally:
                 progress.close()

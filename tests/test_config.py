@@ -123,7 +123,7 @@ def test_hash_bits_exceeding_range_pow_is_reported():
 def test_range_pow_too_large_for_memory():
     with pytest.raises(ConfigError) as e:
         C.load_config(None, ["data.preset=tiny", "lsh.family=simhash", "lsh.K=9",
-                             "lsh.range_pow=31", "lsh.L=64"])
+                             "lsh.range_pow=30", "lsh.L=64"])
     p = problems(e)
     assert "GiB" in p["lsh.range_pow"] and "lower lsh.range_pow" in p["lsh.range_pow"]
 
