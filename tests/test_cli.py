@@ -350,11 +350,20 @@ def test_plot_writes_png_and_explains_missing_matplotlib(tmp_path, capsys, monke
 
 
 def test_divergence_stops_with_the_batch_named(tmp_path, capsys):
+    import re
+    import slide
     cfg, run = tiny_config(tmp_path, epochs=3, eval_every=0, ckpt_every=1)
-    code, out, err = run_cli(["train", "--config", cfg, "--set", "optimizer.name=sgd",
-                              "--set", "optimizer.learning_rate=1e30"], capsys)
+    code, out, err = run_cli(["train", "--config", cfg, "--set", "optimizer.learning_rate=1e30"],
+                             capsys)
     assert code == cli.EXIT_DIVERGED == 5, err
-    assert "diverged" in err and "batch" in err and "Traceback" not in err
+    assert "diverged" in err and re.search(r"at batch \d+", err) and "Traceback" not in err
+    assert not os.path.exists(os.path.join(run, "model.slide"))
+    # the last good checkpoint is named, still on disk, and loads
+    m = re.search(r"last good checkpoint is (\S+?);", err)
+    assert m, err
+    batch = int(re.search(r"at batch (\d+)", err).group(1))
+    model = slide.load(m.group(1))
+    assert model.batches_ == batch - 1
 
 
 # ---------------------------------------------------------------------------------------------
