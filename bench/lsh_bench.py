@@ -130,7 +130,7 @@ def main():
         + one_thread + " Ratios below use the default-thread figures.")
     say()
 
-    configs = [("dwta", 6, 50, 18), ("simhash", 12, 50, 18), ("simhash", 16, 50, 18)]
+    configs = [("dwta", 6, 50, 18), ("simhash", 12, 50, 18), ("simhash", 16, 50, 18), ("doph", 6, 50, 18)]
     samplers = [("vanilla", 2000, 1), ("topk", 2000, 1), ("threshold", 2000, 2)]
     say("| family | K | L | R | build s | rehash s | index MB | sampler | active mean | hash+query+sample us/query "
         "| vs W@q (1 query) | vs batched matmul | + score active us | recall@10 | random set recall |")

@@ -5,7 +5,7 @@ seed. The kernels ``hash_dense_into`` / ``hash_sparse_into`` are plain ``@njit``
 caller's own kernels (the training engine's per-sample loop) can call; they allocate nothing and
 need no scratch: every family is written so that the dense and sparse paths compute exactly the
 same codes for the same vector (a weight row hashed densely must land where a query hashed
-sparsely looks).
+sparsely looks). DOPH alone allocates small buffers per call (see below).
 
 A table's bucket id is the concatenation of its K codes of ``bits`` bits each:
 ``id = code_0 << (K-1)*bits | ... | code_{K-1}``, so ids lie in ``[0, 2**(K*bits)) c [0, 2**range_pow)``.
@@ -31,8 +31,8 @@ Families (all hashes of all tables are numbered ``j = l*K + k``):
   u_l into one of K bins; the code of bin k is the low ``bits`` bits of the minimum u_l in the
   bin (b-bit minwise hashing of the argmin element); empty bins borrow from another bin of the same
   table (universal-hash probing, up to 100 attempts). ``bits = range_pow // K``.
-  (Implementation note: each bin's minimum is found by a scan of S, O(L*K*|S|), which keeps the
-  kernel free of scratch memory; with |S| ~ t = 32 this is tens of microseconds per vector.)
+  Cost O(n) to find S (one quickselect) plus O(L * |S|) for the minima. DOPH is the one family
+  whose kernels allocate: buffers of about 3n + K words per call (n = dim, or nnz if sparse).
 """
 from typing import NamedTuple
 
@@ -60,6 +60,7 @@ SIMHASH_MATRIX_LIMIT = 1 << 25
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MASK32 = np.uint64(0xFFFFFFFF)
+_EMPTY_BIN = np.uint64(0xFFFFFFFFFFFFFFFF)  # "no element in this bin" (a hash equals it w.p. 2**-64)
 
 # stream ids for stream_seed, so each family's keys are independent of the others'
 _STREAM_SIMHASH = 101
@@ -240,62 +241,107 @@ def _dwta_sparse_raw(int_params, j, indices, values):
     return pos
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _doph_finish(key, K, bits, mins):
+    """Bucket id of one table from its K bin minima; empty bins borrow from the bin a universal
+    hash of (bin, attempt) points at (optimal densification), up to MAX_PROBES attempts."""
+    mask = np.uint64((1 << bits) - 1)
+    bid = 0
+    for k in range(K):
+        code = 0
+        if mins[k] != _EMPTY_BIN:
+            code = np.int64(mins[k] & mask)
+        else:
+            for attempt in range(1, MAX_PROBES + 1):
+                kk = _below(_mix3(key, k, attempt + 1), K)
+                if mins[kk] != _EMPTY_BIN:
+                    code = np.int64(mins[kk] & mask)
+                    break
+        bid = (bid << bits) | code
+    return bid
+
+
 @njit(cache=True, nogil=True)
-def _doph_threshold_dense(x, t):
-    """Smallest value of the top set: the t-th largest positive entry (ties included), or
-    +inf when x has no positive entry."""
-    n_pos = 0
-    smallest = np.inf
-    for i in range(x.shape[0]):
-        if x[i] > 0:
-            n_pos += 1
-            if x[i] < smallest:
-                smallest = x[i]
-    if n_pos <= t:
-        return smallest
-    # walk down the distinct levels from the top: O(n * levels), levels <= t
-    cur = np.inf
+def _select_inplace(a, n, kth):
+    """The kth smallest of a[:n] (0-based), by in-place quickselect (a[:n] is reordered)."""
+    lo = 0
+    hi = n - 1
+    while lo < hi:
+        pivot = a[(lo + hi) >> 1]
+        i = lo
+        j = hi
+        while i <= j:
+            while a[i] < pivot:
+                i += 1
+            while a[j] > pivot:
+                j -= 1
+            if i <= j:
+                tmp = a[i]
+                a[i] = a[j]
+                a[j] = tmp
+                i += 1
+                j -= 1
+        if kth <= j:
+            hi = j
+        elif kth >= i:
+            lo = i
+        else:
+            return a[kth]
+    return a[kth]
+
+
+@njit(cache=True, nogil=True)
+def _doph_tables(K, L, bits, int_params, ids, vals, dense, out):
+    """DOPH bucket ids of the vector with entries ``vals`` at coordinates ``ids[i]`` (or ``i``
+    when ``dense``).
+
+    The top set S = the positive entries >= the t-th largest positive entry (ties included) is
+    found with one quickselect, O(n); then each table hashes S once into its K bins, O(|S|).
+    This is the one family whose kernels allocate: buffers of about 3n + K words per call."""
+    n = vals.shape[0]
+    t = int_params[L, 0]
+    pos = np.empty(n, dtype=np.float32)
     cnt = 0
-    while True:
-        v = -np.inf
-        for i in range(x.shape[0]):
-            if x[i] < cur and x[i] > v:
-                v = x[i]
-        c = 0
-        for i in range(x.shape[0]):
-            if x[i] == v:
-                c += 1
-        cnt += c
-        cur = v
-        if cnt >= t:
-            return v
+    for i in range(n):
+        if vals[i] > 0:
+            pos[cnt] = vals[i]
+            cnt += 1
+    if cnt == 0:  # no positive entry: an empty set hashes to bucket 0 everywhere
+        out[:] = 0
+        return
+    if cnt <= t:
+        thr = pos[:cnt].min()
+    else:
+        thr = _select_inplace(pos, cnt, cnt - t)  # the t-th largest, with multiplicity
+    S = np.empty(cnt, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        if vals[i] > 0 and vals[i] >= thr:
+            S[m] = i if dense else ids[i]
+            m += 1
+    mins = np.empty(K, dtype=np.uint64)
+    for l in range(L):
+        key = _key(int_params, l)
+        mins[:] = _EMPTY_BIN
+        for e in range(m):
+            u = _mix3(key, S[e], 1)
+            k = _below(u, K)
+            if u < mins[k]:
+                mins[k] = u
+        out[l] = _doph_finish(key, K, bits, mins)
+
+
+_NO_IDS = np.zeros(1, dtype=np.int32)
 
 
 @njit(cache=True, nogil=True)
-def _doph_bin_min_dense(key, K, k, x, thr):
-    """Minimum of u(i) over the top-set elements i that fall into bin k (0 and False if none)."""
-    found = False
-    best = np.uint64(0)
-    for i in range(x.shape[0]):
-        if x[i] > 0 and x[i] >= thr:
-            u = _mix3(key, i, 1)
-            if _below(u, K) == k and (not found or u < best):
-                best = u
-                found = True
-    return found, best
+def _doph_dense(K, L, bits, int_params, x, out):
+    _doph_tables(K, L, bits, int_params, _NO_IDS, x, True, out)
 
 
 @njit(cache=True, nogil=True)
-def _doph_bin_min_sparse(key, K, k, indices, values, thr):
-    found = False
-    best = np.uint64(0)
-    for p in range(indices.shape[0]):
-        if values[p] > 0 and values[p] >= thr:
-            u = _mix3(key, indices[p], 1)
-            if _below(u, K) == k and (not found or u < best):
-                best = u
-                found = True
-    return found, best
+def _doph_sparse(K, L, bits, int_params, indices, values, out):
+    _doph_tables(K, L, bits, int_params, indices, values, False, out)
 
 
 # ----------------------------------------------------------------------------- public kernels
@@ -304,7 +350,8 @@ def _doph_bin_min_sparse(key, K, k, indices, values, thr):
 def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
     """Write the L bucket ids of the dense vector ``x`` (float32[dim]) into ``out`` (int32[L]).
 
-    Allocation-free; callable from other njit code (including prange bodies)."""
+    Callable from other njit code (including prange bodies); allocation-free except DOPH, which
+    allocates buffers of ~3 dim + K words per call."""
     mask = (1 << bits) - 1
     KL = K * L
     if family_code == SIMHASH:
@@ -353,37 +400,14 @@ def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
                 bid = (bid << bits) | code
             out[l] = bid
     else:  # DOPH
-        t = int_params[L, 0]
-        thr = _doph_threshold_dense(x, t)
-        empty = thr == np.inf
-        for l in range(L):
-            key = _key(int_params, l)
-            bid = 0
-            for k in range(K):
-                code = 0
-                if not empty:
-                    found, u = _doph_bin_min_dense(key, K, k, x, thr)
-                    attempt = 1
-                    while not found and attempt <= MAX_PROBES:
-                        kk = _below(_mix3(key, k, attempt + 1), K)
-                        found, u = _doph_bin_min_dense(key, K, kk, x, thr)
-                        attempt += 1
-                    if found:
-                        code = np.int64(u & np.uint64(mask))
-                bid = (bid << bits) | code
-            out[l] = bid
-
-
-@njit(cache=True, nogil=True)
-def _doph_threshold_sparse(values, t):
-    return _doph_threshold_dense(values, t)
+        _doph_dense(K, L, bits, int_params, x, out)
 
 
 @njit(cache=True, nogil=True)
 def hash_sparse_into(family_code, K, L, bits, int_params, float_params, indices, values, out):
     """Write the L bucket ids of a sparse vector (CSR row: int32 ``indices`` sorted ascending,
     float32 ``values``) into ``out`` (int32[L]); the same ids ``hash_dense_into`` gives for the
-    dense form of the vector. Allocation-free."""
+    dense form of the vector. Allocation-free except DOPH (buffers of ~3 nnz + K words)."""
     mask = (1 << bits) - 1
     KL = K * L
     if family_code == SIMHASH:
@@ -429,25 +453,7 @@ def hash_sparse_into(family_code, K, L, bits, int_params, float_params, indices,
                 bid = (bid << bits) | code
             out[l] = bid
     else:  # DOPH
-        t = int_params[L, 0]
-        thr = _doph_threshold_sparse(values, t)
-        empty = thr == np.inf
-        for l in range(L):
-            key = _key(int_params, l)
-            bid = 0
-            for k in range(K):
-                code = 0
-                if not empty:
-                    found, u = _doph_bin_min_sparse(key, K, k, indices, values, thr)
-                    attempt = 1
-                    while not found and attempt <= MAX_PROBES:
-                        kk = _below(_mix3(key, k, attempt + 1), K)
-                        found, u = _doph_bin_min_sparse(key, K, kk, indices, values, thr)
-                        attempt += 1
-                    if found:
-                        code = np.int64(u & np.uint64(mask))
-                bid = (bid << bits) | code
-            out[l] = bid
+        _doph_sparse(K, L, bits, int_params, indices, values, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
