@@ -245,7 +245,8 @@ class Progress:
             try:
                 from tqdm import tqdm
                 self.bar = tqdm(total=total, initial=initial, unit="batch", desc=label,
-                                dynamic_ncols=True, leave=True)
+                                dynamic_ncols=True, leave=True, file=sys.stdout,
+                                mininterval=0.2)
             except ImportError:
                 self.bar = None
 
@@ -253,10 +254,11 @@ class Progress:
         rate = samples / train_seconds if train_seconds > 0 else 0.0
         p1 = "-" if self.p1 is None else f"{self.p1:.4f}"
         if self.bar is not None:
-            self.bar.n = batch
+            # tqdm redraws at most every mininterval, so a batch of a few hundred microseconds
+            # does not pay for terminal output
             self.bar.set_postfix_str(f"epoch {epoch} loss {loss:.4f} P@1 {p1} "
                                      f"{rate:,.0f} samples/s", refresh=False)
-            self.bar.refresh()
+            self.bar.update(batch - self.bar.n)
             return
         now = time.monotonic()
         if force or now - self.last_log >= self.every:
@@ -776,12 +778,14 @@ def cmd_evaluate(args):
         Y = Y.tocsr(copy=False)
         Y.resize((Y.shape[0], n_labels))
     inv, source = None, None
-    if run_dir is not None and os.path.exists(os.path.join(run_dir, PROPENSITY_FILE)):
-        inv = np.load(os.path.join(run_dir, PROPENSITY_FILE))
-        if inv.shape[0] != Y.shape[1]:
-            inv = None
-        else:
-            source = "training labels (run directory)"
+    # the run directory's propensities; a dense baseline's model sits one level below its run
+    for d in ([run_dir, os.path.dirname(os.path.abspath(run_dir))] if run_dir else []):
+        path = os.path.join(d, PROPENSITY_FILE)
+        if os.path.exists(path):
+            cand = np.load(path)
+            if cand.shape == (Y.shape[1],):
+                inv, source = cand, f"training labels ({path})"
+                break
     if inv is None:
         inv = metrics.inverse_propensity(Y)
         source = f"labels of {args.data} (no training propensities found beside the model)"
