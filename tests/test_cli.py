@@ -184,6 +184,37 @@ def test_resume_with_changed_config_is_refused(tmp_path, capsys):
     assert "lsh.L" in err and "optimizer.learning_rate" in err and "refusing" in err
     assert open(os.path.join(run, "config.toml")).read() == before
     assert "Traceback" not in err
+    # without config.toml the checkpoint's own copy of the configuration is compared
+    os.remove(os.path.join(run, "config.toml"))
+    code, out, err = run_cli(["train", "--config", cfg, "--resume", "--set", "lsh.L=5"], capsys)
+    assert code == cli.EXIT_CHECKPOINT and "lsh.L" in err and "ckpt-" in err
+
+
+def test_checkpoint_of_another_format_version_is_refused(tmp_path, capsys):
+    cfg, run = tiny_config(tmp_path, epochs=1, eval_every=0, ckpt_every=0)
+    assert run_cli(["train", "--config", cfg], capsys)[0] == 0
+    model = os.path.join(run, "model.slide")
+    with np.load(model) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["__meta__"].tobytes().decode())
+    meta["version"] = 99
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    other = str(tmp_path / "future.slide")
+    with open(other, "wb") as f:
+        np.savez(f, **arrays)
+    test = os.path.join(run, "data", "test.txt")
+    code, out, err = run_cli(["evaluate", "--model", other, "--data", test], capsys)
+    assert code == cli.EXIT_CHECKPOINT and "version" in err and "Traceback" not in err
+    # a model away from its run directory: PSP@k falls back to the evaluated file's labels
+    import shutil
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(model, alone / "m.slide")
+    code, out, err = run_cli(["evaluate", "--model", str(alone / "m.slide"), "--data", test,
+                              "--json"], capsys)
+    assert code == 0, err
+    assert "note: PSP@k uses inverse propensities from the labels of" in err
+    assert test in json.loads(out)["propensities"]
 
 
 def test_bad_config_reports_every_problem_before_reading_data(tmp_path, capsys):
