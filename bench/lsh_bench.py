@@ -14,6 +14,7 @@ Run (serialised with the other benchmarks):
     flock /tmp/slide-bench.lock .venv/bin/python bench/lsh_bench.py --out bench/results/lsh.md
 """
 import argparse
+import os
 import platform
 import sys
 import time
@@ -43,7 +44,7 @@ def planted(N, dim, nq, seed=0):
     return W, Q.astype(np.float32), ids
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def lsh_queries(fam, K, L, bits, intp, floatp, offsets, items, n_neurons, sampler, budget,
                 threshold, Q, W, set_keys, set_counts, order, out, counts, codes, with_products):
     """Per query: hash, look up the L buckets, sample (and optionally score the active set)."""
@@ -58,7 +59,7 @@ def lsh_queries(fam, K, L, bits, intp, floatp, offsets, items, n_neurons, sample
         if with_products:
             for a in range(n):
                 r = out[i, a]
-                s = 0.0
+                s = np.float32(0.0)
                 for d in range(W.shape[1]):
                     s += W[r, d] * Q[i, d]
                 acc += s
@@ -96,6 +97,9 @@ def main():
     say(f"Machine: {platform.processor() or platform.machine()}, {numba.config.NUMBA_NUM_THREADS} numba "
         f"threads, numpy {np.__version__}, numba {numba.__version__}. Command: "
         f"`flock /tmp/slide-bench.lock .venv/bin/python bench/lsh_bench.py {' '.join(sys.argv[1:])}`")
+    say()
+    say(f"Load average at start (the machine is shared; other jobs inflate timings): "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     say()
     say("Weights: planted (background rows ~ N(0, I/dim); per query 10 rows at 0.3..1.0 rad, which are the "
         "true top-10). Queries: ReLU'd Gaussian, unit norm.")
@@ -182,7 +186,8 @@ def main():
         "active' adds the inner products of the active set; recall@10 = fraction of the true top-10 in the "
         "active set; random set recall = active / N, the recall of a random set of the same size.")
     say()
-    say(f"Total benchmark wall time {time.perf_counter() - t0:.0f} s.")
+    say(f"Total benchmark wall time {time.perf_counter() - t0:.0f} s; load average at the end "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
