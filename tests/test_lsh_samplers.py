@@ -187,6 +187,12 @@ def test_undersized_scratch_truncates_instead_of_failing():
         n, _ = sample_into(code, Q[0], idx.offsets, idx.items, idx.n_neurons, 50, 1,
                            np.zeros(0, np.int32), 80, np.uint64(1), sk, sc, order, out)
         assert 0 < n <= 4 and len(set(out[:n])) == n
+    # an `order` too short for the tables: fewer tables / no ranking, still a valid active set
+    sk, sc, _, out = make_scratch("topk", idx.L, idx.bucket_size, 50, 0, 80)
+    for code in SAMPLERS.values():
+        n, _ = sample_into(code, Q[0], idx.offsets, idx.items, idx.n_neurons, 50, 1,
+                           np.zeros(0, np.int32), 80, np.uint64(1), sk, sc, np.zeros(2, np.int32), out)
+        assert n == 80 and len(set(out[:n])) == n and out[:n].max() < idx.n_neurons
 
 
 def test_sample_batch_is_deterministic_and_thread_independent():

@@ -137,6 +137,7 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
                 n += 1
                 used += 1
     if sampler_code == VANILLA:
+        L = min(L, order.shape[0])  # an undersized `order` visits fewer tables, never overruns
         for l in range(L):
             order[l] = l
         for l in range(L - 1, 0, -1):
@@ -159,7 +160,7 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
                     n += 1
                     used += 1
                     got += 1
-    else:
+    elif order.shape[0] > L + 1:
         # count occurrences; distinct non-forced candidates go to order[:nc]
         hist0 = order.shape[0] - (L + 1)  # order[hist0 + c] = number of candidates seen c times
         nc = 0
