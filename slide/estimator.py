@@ -82,8 +82,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     sampler_threshold : int
         "threshold" sampler: minimum number of tables a neuron must appear in.
     min_active : int
-        Active set padded with random neurons up to this size (random negatives calibrate the
-        partition function of the sampled softmax).
+        Each sample's active set is padded with its own random neurons up to this size.
+    shared_negatives : int
+        Random output neurons drawn once per batch and made active for every sample of the
+        batch (as TensorFlow's sampled softmax shares its negatives). Random negatives keep the
+        sampled softmax's normaliser honest (LSH alone only proposes near neighbours); sharing
+        them keeps the rows a batch touches -- the sparse optimizer's cost -- small.
     sparse_layers : None or sequence of int
         Which layers (0 = first hidden layer, len(hidden_sizes) = output layer) use LSH; None =
         the output layer only. Ignored (no sparse layer) when sampler="dense".
@@ -102,7 +106,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="vanilla", sampler_budget=1024,
-                 sampler_threshold=2, min_active=1536, sparse_layers=None, loss="softmax",
+                 sampler_threshold=2, min_active=0, shared_negatives=512, sparse_layers=None,
+                 loss="softmax",
                  optimizer="adam", learning_rate=1e-4, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
@@ -117,6 +122,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.sampler_budget = sampler_budget
         self.sampler_threshold = sampler_threshold
         self.min_active = min_active
+        self.shared_negatives = shared_negatives
         self.sparse_layers = sparse_layers
         self.loss = loss
         self.optimizer = optimizer
@@ -158,6 +164,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                      "epochs", "rehash_period", "rebuild_period"):
             pos_int(name)
         pos_int("min_active", 0)
+        pos_int("shared_negatives", 0)
         pos_int("sampler_threshold", 1)
         if self.range_pow > 30:
             raise ValueError(f"range_pow must be <= 30, got {self.range_pow}")
@@ -253,7 +260,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                        L=int(self.L), range_pow=int(self.range_pow),
                        bucket_size=int(self.bucket_size), policy=self.bucket_policy,
                        budget=int(self.sampler_budget), threshold=int(self.sampler_threshold))
-        self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh)
+        self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
+                                shared_negatives=int(self.shared_negatives))
         self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout.n_weights,
                                           self.network_.layout.n_biases, self.learning_rate,
                                           self.beta1, self.beta2, self.epsilon)
@@ -377,6 +385,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return False, False
         rehash, rebuild = self.schedule_.step(self.batches_)
         if rebuild or rehash:
+            if not self.network_.weights_finite():
+                raise DivergenceError(self.batches_, self.epoch_, "non-finite weights")
             t0 = time.perf_counter()
             if rebuild:
                 self.network_.rebuild()
@@ -407,8 +417,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def _predict_topk_sparse(self, X, k):
         self._ensure_lsh()
-        self._predict_calls_ = getattr(self, "_predict_calls_", 0) + 1
-        return self.network_.predict_topk_sparse(X, k, call=self._predict_calls_)
+        # call=0: the random fill (only used to reach k candidates) depends on the row alone,
+        # so sparse predictions are deterministic
+        return self.network_.predict_topk_sparse(X, k, call=0)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons)."""

@@ -20,6 +20,10 @@ from numba import njit
 
 from slide._rng import stream_seed, splitmix64
 
+# fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
+# stay observable so a diverging run is detected (np.isfinite would be folded away otherwise)
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -125,7 +129,7 @@ def init_params(layout, seed):
 # One-sample layer kernels (inlined into the batch kernels of slide.network)
 # ----------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):
     """out[:n_out] = relu(b0 + sum_j x_val[j] * W0T[x_idx[j]]): one contiguous row per nonzero."""
     for i in range(n_out):
@@ -140,7 +144,7 @@ def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):
             out[i] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, out):
     """Like first_forward_dense but for the active neurons ``ids[:n_act]`` only (strided reads)."""
     for k in range(n_act):
@@ -155,7 +159,7 @@ def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, ou
             out[k] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act, delta):
     """g0T[x_idx] += outer(x_val, delta); gb0 += delta (racy adds: HOGWILD)."""
     if dense:
@@ -176,7 +180,7 @@ def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act,
                 gW[base + ids[k]] += xv * delta[k]
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def rows_forward(W, B, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
                  dense, ids, n_act, relu, out):
     """z_k = b[j] + W[j] . h_in for each active neuron j (= ids[k], or k when dense)."""
@@ -196,14 +200,16 @@ def rows_forward(W, B, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
         out[k] = s
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
-                  dense, ids, n_act, delta, d_in):
+                  dense, ids, n_act, delta, d_in, accumulate):
     """Message passing back through one layer.
 
-    g[j] += delta_k * h_in, gb[j] += delta_k, and d_in = W[active]^T delta (weights as read in
-    the forward pass: the optimizer runs only after the batch). ``d_in`` is not multiplied by
-    the ReLU mask here; the caller does that for hidden inputs.
+    d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
+    after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
+    adds). The output layer of a sampled network does not accumulate here: its gradient is
+    formed per row after the batch from the stored deltas (slide.optim.output_step).
+    ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
     for m in range(n_in_act):
         d_in[m] = 0.0
@@ -213,13 +219,21 @@ def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in
             continue
         j = k if dense else ids[k]
         base = w_off + np.int64(j) * n_in
-        gB[b_off + j] += d
-        if in_dense:
-            for i in range(n_in):
-                d_in[i] += d * W[base + i]
-                gW[base + i] += d * in_vals[i]
+        if accumulate:
+            gB[b_off + j] += d
+            if in_dense:
+                for i in range(n_in):
+                    d_in[i] += d * W[base + i]
+                    gW[base + i] += d * in_vals[i]
+            else:
+                for m in range(n_in_act):
+                    c = in_ids[m]
+                    d_in[m] += d * W[base + c]
+                    gW[base + c] += d * in_vals[m]
         else:
-            for m in range(n_in_act):
-                c = in_ids[m]
-                d_in[m] += d * W[base + c]
-                gW[base + c] += d * in_vals[m]
+            if in_dense:
+                for i in range(n_in):
+                    d_in[i] += d * W[base + i]
+            else:
+                for m in range(n_in_act):
+                    d_in[m] += d * W[base + in_ids[m]]

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide._rng import stream_seed, randint
-from slide.layers import (first_forward_dense, first_forward_sparse, first_backward,
+from slide.layers import (FASTMATH, first_forward_dense, first_forward_sparse, first_backward,
                           rows_forward, rows_backward)
 from slide.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.lsh.samplers import sample_into
@@ -53,7 +53,7 @@ def _is_label(labels, j):
     return False
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
     """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
 
@@ -71,6 +71,11 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
         for k in range(n_act):
             if z[k] > zmax:
                 zmax = z[k]
+        if not np.isfinite(zmax):
+            # overflowed logits (a diverging run): report NaN, the engine stops before updating
+            for k in range(n_act):
+                delta[k] = 0.0
+            return np.nan
         ssum = 0.0
         for k in range(n_act):
             e = math.exp(z[k] - zmax)
@@ -170,27 +175,39 @@ def _select_active(l, cfg, in_sparse, in_ids, in_vals, n_in_act, n_in, n_neurons
                        out)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                  sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
-                 x_idx, x_val, labels, force_labels, rng, scale,
+                 x_idx, x_val, labels, force_labels, shared, rng, scale,
                  acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, mark, serial,
-                 backward):
+                 forced_buf, row_path, h_store, d_store, backward):
     """Forward (and optionally backward) of one sample; returns its loss.
 
     ``acts``/``dels``: this thread's activation/delta scratch (layer l at a_off[l]); ``ids``:
     this sample's active ids of the sparse layers (layer l at s_off[l]); ``n_act[l]`` receives
-    the active counts; ``codes``..``mark``: this thread's sampler scratch. The true labels are
-    forced into the output layer's active set when ``force_labels`` (training)."""
+    the active counts; ``codes``..``mark``, ``forced_buf``: this thread's sampler scratch.
+    When ``force_labels`` (training) the true labels and the batch's ``shared`` random
+    negatives are forced into the output layer's active set. When ``row_path`` the output
+    layer's gradient is not accumulated here: its input (dense form) goes to ``h_store`` and
+    its deltas to ``d_store``, for the per-row pass after the batch."""
     last = n_layers - 1
     no_force = labels[:0]
+    n_forced = 0
+    if force_labels:
+        ny = labels.shape[0]
+        for i in range(ny):
+            forced_buf[i] = labels[i]
+        for i in range(shared.shape[0]):
+            forced_buf[ny + i] = shared[i]
+        n_forced = ny + shared.shape[0]
+    out_forced = forced_buf[:n_forced]
     # ---- layer 0 (sparse input) ----
     n0 = n_out[0]
     a0 = acts[a_off[0]:a_off[1]]
     if sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
         cnt, rng = _select_active(0, cfg, True, x_idx, x_val, x_idx.shape[0], n_in[0], n0,
-                                  labels if (last == 0 and force_labels) else no_force,
+                                  out_forced if last == 0 else no_force,
                                   min_active[0], rng, intp, floatp, toff, titems, codes,
                                   set_keys, set_counts, order, xbuf, mark[0], serial, id0)
         n_act[0] = cnt
@@ -202,12 +219,21 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
     for l in range(1, n_layers):
         a_in = acts[a_off[l - 1]:a_off[l]]
         a_l = acts[a_off[l]:a_off[l + 1]]
+        # a diverged network must not reach the hash functions or the samplers: report a NaN
+        # loss (the engine raises DivergenceError before any update) and stop here
+        chk = np.float32(0.0)
+        for m in range(n_act[l - 1]):
+            chk += a_in[m] * np.float32(0.0)
+        if chk != 0.0 or not np.isfinite(chk):
+            for q in range(l, n_layers):
+                n_act[q] = 0
+            return np.nan
         id_in = ids[s_off[l - 1]:s_off[l]]
         id_l = ids[s_off[l]:s_off[l + 1]]
         if sparse[l]:
             cnt, rng = _select_active(l, cfg, sparse[l - 1], id_in, a_in, n_act[l - 1], n_in[l],
                                       n_out[l],
-                                      labels if (l == last and force_labels) else no_force,
+                                      out_forced if l == last else no_force,
                                       min_active[l], rng, intp, floatp, toff, titems, codes,
                                       set_keys, set_counts, order, xbuf, mark[l], serial, id_l)
             n_act[l] = cnt
@@ -223,12 +249,25 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
     if not backward:
         return loss
     # ---- backward ----
+    if row_path:
+        for k in range(n_act[last]):
+            d_store[k] = d_last[k]
+        a_in = acts[a_off[last - 1]:a_off[last]]
+        if sparse[last - 1]:
+            for i in range(n_in[last]):
+                h_store[i] = 0.0
+            for m in range(n_act[last - 1]):
+                h_store[ids[s_off[last - 1] + m]] = a_in[m]
+        else:
+            for i in range(n_in[last]):
+                h_store[i] = a_in[i]
     for l in range(last, 0, -1):
         a_in = acts[a_off[l - 1]:a_off[l]]
         d_in = dels[a_off[l - 1]:a_off[l]]
         rows_backward(W, GW, GB, w_off[l], b_off[l], n_in[l], not sparse[l - 1],
                       ids[s_off[l - 1]:s_off[l]], a_in, n_act[l - 1], not sparse[l],
-                      ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in)
+                      ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in,
+                      not (row_path and l == last))
         for m in range(n_act[l - 1]):
             if a_in[m] <= 0.0:       # ReLU mask (a_in is the post-ReLU activation)
                 d_in[m] = 0.0
@@ -241,12 +280,12 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
 # One batch
 # ----------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                        sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
-                       X_ptr, X_ind, X_dat, Y_ptr, Y_ind, rows, seed, serial,
+                       X_ptr, X_ind, X_dat, Y_ptr, Y_ind, rows, seed, serial, shared,
                        acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, marks,
-                       losses):
+                       forced_buf, row_path, h_store, d_store, losses):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch (first axis n_chunks): acts, dels, codes, set_keys, set_counts, order,
@@ -267,17 +306,19 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
             rng = stream_seed(seed, STREAM_SAMPLE + serial * 16, s)
             losses[s] = _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
                                      s_off, sparse, min_active, loss_code, cfg, intp, floatp,
-                                     toff, titems, x_idx, x_val, labels, True, rng, scale,
-                                     acts[c], dels[c], ids[s], n_act[s], codes[c], set_keys[c],
-                                     set_counts[c], order[c], xbuf[c], marks[c],
-                                     serial * 1048576 + s + 1, True)
+                                     toff, titems, x_idx, x_val, labels, True, shared, rng,
+                                     scale, acts[c], dels[c], ids[s], n_act[s], codes[c],
+                                     set_keys[c], set_counts[c], order[c], xbuf[c], marks[c],
+                                     serial * 1048576 + s + 1, forced_buf[c], row_path,
+                                     h_store[s], d_store[s], True)
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                           sparse, min_active, cfg, intp, floatp, toff, titems,
                           X_ptr, X_ind, X_dat, seed, call, k, acts, dels, ids, n_act, codes,
-                          set_keys, set_counts, order, xbuf, marks, out_ids, out_scores):
+                          set_keys, set_counts, order, xbuf, marks, forced_buf, out_ids,
+                          out_scores):
     """Top-k over the LSH-selected output neurons only (no labels forced): the fast serving
     path. Rows with fewer than k active neurons are padded with id -1 / score -inf."""
     n = X_ptr.shape[0] - 1
@@ -292,9 +333,10 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
             rng = stream_seed(seed, STREAM_PREDICT + call * 16, s)
             _sample_pass(W, B, dummy, dummy, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                          sparse, min_active, 0, cfg, intp, floatp, toff, titems, x_idx, x_val,
-                         empty_lab, False, rng, 1.0, acts[c], dels[c], ids[c], n_act[c],
-                         codes[c], set_keys[c], set_counts[c], order[c], xbuf[c], marks[c],
-                         (call * 1048576 + s + 1) * 2, False)
+                         empty_lab, False, empty_lab, rng, 1.0, acts[c], dels[c], ids[c],
+                         n_act[c], codes[c], set_keys[c], set_counts[c], order[c], xbuf[c],
+                         marks[c], (call * 1048576 + s + 1) * 2, forced_buf[c], False, dummy,
+                         dummy, False)
             z = acts[c, a_off[last]:a_off[last + 1]]
             m = n_act[c, last]
             dense = not sparse[last]
@@ -318,7 +360,7 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
 @njit(cache=True, nogil=True)
 def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                     X_ptr, X_ind, rows, ids, n_act, stamp_rows, stamp_bias, serial,
-                    starts, lens, bias_ids):
+                    starts, lens, bias_ids, row_path):
     """Deduplicated list of the rows (and biases) the batch touched, for the optimizer.
 
     Layer 0 rows are the batch's input features (row length n_out[0]); later layers' rows are
@@ -338,7 +380,8 @@ def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                 starts[nr] = w_off[0] + np.int64(f) * n0
                 lens[nr] = n0
                 nr += 1
-    for l in range(n_layers):
+    n_upd = n_layers - 1 if row_path else n_layers   # the row path updates the output layer
+    for l in range(n_upd):
         if sparse[l]:
             for s in range(nb):
                 for k in range(n_act[s, l]):
@@ -362,11 +405,48 @@ def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
     return nr, nbias
 
 
+@njit(cache=True, nogil=True)
+def output_entries(ids, n_act, s_off_last, d_cap, stamp, slot, serial, uniq, row_ptr, ent):
+    """Transpose the batch's output-layer active sets into per-row lists.
+
+    uniq[:n_uniq] = distinct active output neurons; for unique row u, ent[row_ptr[u]:
+    row_ptr[u+1]] are the flat positions s * d_cap + k of its (sample, active slot) pairs, in
+    sample order (so the per-row gradient sums are deterministic). ``stamp`` (never cleared)
+    and ``slot`` are per-neuron scratch. Returns n_uniq."""
+    nb = n_act.shape[0]
+    last = n_act.shape[1] - 1
+    nu = 0
+    for s in range(nb):
+        for k in range(n_act[s, last]):
+            j = ids[s, s_off_last + k]
+            if stamp[j] != serial:
+                stamp[j] = serial
+                slot[j] = nu
+                uniq[nu] = j
+                row_ptr[nu + 1] = 0
+                nu += 1
+            row_ptr[slot[j] + 1] += 1
+    row_ptr[0] = 0
+    for u in range(nu):
+        row_ptr[u + 1] += row_ptr[u]
+    # fill, using row_ptr[u] as a cursor, then shift back
+    for s in range(nb):
+        for k in range(n_act[s, last]):
+            j = ids[s, s_off_last + k]
+            u = slot[j]
+            ent[row_ptr[u]] = s * d_cap + k
+            row_ptr[u] += 1
+    for u in range(nu, 0, -1):
+        row_ptr[u] = row_ptr[u - 1]
+    row_ptr[0] = 0
+    return nu
+
+
 # ----------------------------------------------------------------------------------------------
 # Inference
 # ----------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def hidden_batch_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, X_ptr, X_ind, X_dat,
                         lo, hi, out, scratch):
     """Last hidden layer of rows lo..hi-1 with EVERY neuron active (the exact network).
@@ -474,7 +554,8 @@ class Network:
     range_pow, bucket_size, policy, budget, threshold); sampler "random" needs no tables.
     """
 
-    def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True):
+    def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
+                 shared_negatives=0):
         from slide.layers import Layout, init_params
         self.layout = Layout(tuple(int(s) for s in sizes))
         L = self.layout.n_layers
@@ -488,8 +569,13 @@ class Network:
         else:
             self.W = np.zeros(lay.n_weights, np.float32)
             self.B = np.zeros(lay.n_biases, np.float32)
-        self.GW = np.zeros(lay.n_weights, np.float32)
-        self.GB = np.zeros(lay.n_biases, np.float32)
+        # a sampled output layer takes the per-row path (slide.optim.output_step): its gradient
+        # never lives in a buffer, so the buffers stop where the output layer starts
+        self.row_path = bool(self.sparse[-1]) and L > 1
+        last = L - 1
+        self.GW = np.zeros(int(lay.w_off[last]) if self.row_path else lay.n_weights, np.float32)
+        self.GB = np.zeros(int(lay.b_off[last]) if self.row_path else lay.n_biases, np.float32)
+        self.n_shared = int(shared_negatives) if self.sparse[-1] else 0
         self.n_in, self.n_out = lay.n_in, lay.n_out
         self.w_off, self.b_off, self.row_off = lay.w_off, lay.b_off, lay.row_off
         self.stamp_rows = np.zeros(int(self.row_off[-1]), np.int64)
@@ -538,6 +624,9 @@ class Network:
                 self.indices[l] = idx.build(self.weight_rows(l))
         self._pack_lsh()
 
+    def weights_finite(self):
+        return bool(np.isfinite(self.W).all() and np.isfinite(self.B).all())
+
     def rehash(self):
         """Reinsert every neuron of every sparse layer (same hash functions)."""
         for l, idx in self.indices.items():
@@ -579,12 +668,13 @@ class Network:
             return n
         return min(n, max(max_forced + int(self.cfg[CFG_BUDGET]), int(min_act), 1))
 
-    def _scratch(self, n_samples_slots, n_chunks, max_labels, min_active):
+    def _scratch(self, n_samples_slots, n_chunks, max_labels, min_active, n_shared=0):
         """Allocate per-thread and per-sample scratch for the kernels."""
         from slide.lsh.samplers import scratch_sizes
         L = self.layout.n_layers
         last = L - 1
-        caps = [self.capacity(l, max_labels if l == last else 0, min_active[l])
+        n_forced = max_labels + n_shared
+        caps = [self.capacity(l, n_forced if l == last else 0, min_active[l])
                 for l in range(L)]
         sc = {}
         sc["a_off"] = _i64(np.concatenate([[0], np.cumsum(caps)]))
@@ -597,7 +687,7 @@ class Network:
         sc["n_act"] = np.zeros((n_samples_slots, L), np.int64)
         if self.uses_tables:
             c = self.lsh
-            sz = scratch_sizes(c["sampler"], c["L"], c["bucket_size"], c["budget"], max_labels,
+            sz = scratch_sizes(c["sampler"], c["L"], c["bucket_size"], c["budget"], n_forced,
                                int(max(min_active)))
             set_size, order_size, n_codes = sz["set_size"], sz["order_size"], c["L"]
         else:
@@ -612,6 +702,7 @@ class Network:
         mlen = max([int(self.n_out[l]) for l in range(L) if self.sparse[l]] or [1]) \
             if random_fill else 1
         sc["marks"] = np.zeros((n_chunks, L, mlen), np.int64)
+        sc["forced_buf"] = np.zeros((n_chunks, max(1, n_forced)), np.int32)
         return sc
 
     def prepare(self, batch_size, n_chunks, max_labels):
@@ -620,7 +711,23 @@ class Network:
         if self._scratch_key == key:
             return
         self._scratch_key = None
-        self.sc = self._scratch(batch_size, n_chunks, int(max_labels), self.min_active)
+        self.sc = sc = self._scratch(batch_size, n_chunks, int(max_labels), self.min_active,
+                                     self.n_shared)
+        last = self.layout.n_layers - 1
+        if self.row_path:
+            cap = int(sc["a_off"][last + 1] - sc["a_off"][last])
+            n_o = int(self.n_out[last])
+            sc["h_store"] = np.zeros((batch_size, int(self.n_in[last])), np.float32)
+            sc["d_store"] = np.zeros((batch_size, cap), np.float32)
+            sc["stamp_out"] = np.zeros(n_o, np.int64)
+            sc["slot_out"] = np.zeros(n_o, np.int32)
+            sc["uniq"] = np.zeros(min(n_o, batch_size * cap), np.int32)
+            sc["row_ptr"] = np.zeros(min(n_o, batch_size * cap) + 1, np.int64)
+            sc["ent"] = np.zeros(batch_size * cap, np.int64)
+            sc["g_out"] = np.zeros((n_chunks, int(self.n_in[last])), np.float32)
+        else:
+            sc["h_store"] = np.zeros((1, 1), np.float32)
+            sc["d_store"] = np.zeros((1, 1), np.float32)
         self.losses = np.zeros(batch_size, np.float64)
         self.t_starts = np.zeros(int(self.row_off[-1]), np.int64)
         self.t_lens = np.zeros(int(self.row_off[-1]), np.int64)
@@ -628,18 +735,29 @@ class Network:
         self._scratch_key = key
 
     # -- training ----------------------------------------------------------------------------
+    def shared_negatives(self, seed, serial):
+        """The batch's shared random output neurons (deduplicated), from (seed, serial)."""
+        if self.n_shared == 0:
+            return np.zeros(0, np.int32)
+        g = np.random.default_rng([int(seed), int(serial), 0x5EED])
+        n_o = int(self.n_out[-1])
+        return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
+
     def forward_backward(self, X, Y, rows, seed, serial):
-        """Gradients of the batch mean loss into GW/GB (no update). Returns per-sample losses."""
+        """Gradients of the batch mean loss into GW/GB (no update; on the row path the output
+        layer's deltas and inputs go to the scratch instead). Returns per-sample losses."""
         nb = rows.shape[0]
         sc = self.sc
+        shared = self.shared_negatives(seed, serial)
         intp, floatp, toff, titems = self.lsh_lists
         train_batch_kernel(self.W, self.B, self.GW, self.GB, self.layout.n_layers, self.n_in,
                            self.n_out, self.w_off, self.b_off, sc["a_off"], sc["s_off"],
                            self.sparse, self.min_active, self.loss_code, self.cfg, intp, floatp,
                            toff, titems, X.indptr, X.indices, X.data, Y.indptr, Y.indices, rows,
-                           np.uint64(seed), np.int64(serial), sc["acts"], sc["dels"],
+                           np.uint64(seed), np.int64(serial), shared, sc["acts"], sc["dels"],
                            sc["ids"][:nb], sc["n_act"][:nb], sc["codes"], sc["set_keys"],
                            sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
+                           sc["forced_buf"], self.row_path, sc["h_store"], sc["d_store"],
                            self.losses[:nb])
         return self.losses[:nb]
 
@@ -650,17 +768,34 @@ class Network:
                                self.b_off, self.row_off, self.sparse, sc["s_off"], X.indptr,
                                X.indices, rows, sc["ids"][:nb], sc["n_act"][:nb],
                                self.stamp_rows, self.stamp_bias, np.int64(serial),
-                               self.t_starts, self.t_lens, self.t_bias)
+                               self.t_starts, self.t_lens, self.t_bias, self.row_path)
 
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active
         output neurons)."""
         losses = self.forward_backward(X, Y, rows, seed, serial)
+        nb = rows.shape[0]
+        loss = float(losses.mean())
+        if math.isfinite(loss):         # a diverged batch is reported, never applied
+            self.update(X, rows, serial, optimizer)
+        return loss, float(self.sc["n_act"][:nb, -1].mean())
+
+    def update(self, X, rows, serial, optimizer):
+        """The optimizer step after ``forward_backward`` of the batch ``rows``: touched rows of
+        the buffered layers, then the output layer's per-row path."""
         nr, nbias = self.touched(X, rows, serial)
         optimizer.step(self.W, self.B, self.GW, self.GB, self.t_starts, self.t_lens, nr,
                        self.t_bias, nbias)
         nb = rows.shape[0]
-        return float(losses.mean()), float(self.sc["n_act"][:nb, -1].mean())
+        if self.row_path:
+            sc = self.sc
+            last = self.layout.n_layers - 1
+            nu = output_entries(sc["ids"][:nb], sc["n_act"][:nb], sc["s_off"][last],
+                                sc["d_store"].shape[1], sc["stamp_out"], sc["slot_out"],
+                                np.int64(serial), sc["uniq"], sc["row_ptr"], sc["ent"])
+            optimizer.step_output(self.W, self.B, self.w_off[last], self.b_off[last],
+                                  self.n_in[last], sc["uniq"], nu, sc["row_ptr"], sc["ent"],
+                                  sc["d_store"], sc["h_store"], sc["g_out"])
 
     def sample_loss_and_grads(self, x_indices, x_data, labels, serial=1, return_active=False):
         """Loss and gradients (flat GW, GB) of ONE sample, without updating anything (its
@@ -685,6 +820,22 @@ class Network:
         try:
             self.prepare(1, 1, max(1, len(lab)))
             loss = self.forward_backward(X, Y, np.zeros(1, np.int64), self.seed, serial)[0]
+            GW = np.zeros(self.layout.n_weights, np.float32)
+            GB = np.zeros(self.layout.n_biases, np.float32)
+            GW[:self.GW.shape[0]] = self.GW
+            GB[:self.GB.shape[0]] = self.GB
+            if self.row_path:
+                # the output layer's gradient, as slide.optim.output_step forms it
+                last = self.layout.n_layers - 1
+                a = int(self.sc["s_off"][last])
+                n_i = int(self.n_in[last])
+                for k in range(int(self.sc["n_act"][0, last])):
+                    j = int(self.sc["ids"][0, a + k])
+                    d = self.sc["d_store"][0, k]
+                    o = int(self.w_off[last]) + j * n_i
+                    GW[o:o + n_i] = d * self.sc["h_store"][0]
+                    GB[int(self.b_off[last]) + j] = d
+            self.GW, self.GB = GW, GB
             if not return_active:
                 return float(loss), self.GW, self.GB
             act = []
@@ -754,8 +905,8 @@ class Network:
                               mins, self.cfg, intp, floatp, toff, titems, X.indptr, X.indices,
                               X.data, np.uint64(self.seed), np.int64(call), int(k), sc["acts"],
                               sc["dels"], sc["ids"], sc["n_act"], sc["codes"], sc["set_keys"],
-                              sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"], out_ids,
-                              out_scores)
+                              sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
+                              sc["forced_buf"], out_ids, out_scores)
         return out_ids
 
     def predict_scores(self, X, block=1024):

@@ -17,6 +17,8 @@ incoming weights and its bias).
 import numpy as np
 from numba import njit, prange
 
+from slide.layers import FASTMATH
+
 OPTIMIZERS = {"adam": 0, "sgd": 1}
 
 
@@ -25,7 +27,7 @@ def adam_lr(learning_rate, beta1, beta2, t):
     return learning_rate * np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def adam_rows(W, M, V, G, starts, lens, n, lr_t, beta1, beta2, eps):
     """Adam on the rows ``W[starts[i]:starts[i]+lens[i]]`` for i < n; zeroes their gradient."""
     b1 = np.float32(beta1)
@@ -46,7 +48,7 @@ def adam_rows(W, M, V, G, starts, lens, n, lr_t, beta1, beta2, eps):
             G[e] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def adam_ids(B, M, V, G, ids, n, lr_t, beta1, beta2, eps):
     """Adam on the single entries ``B[ids[i]]`` for i < n (biases); zeroes their gradient."""
     b1 = np.float32(beta1)
@@ -66,7 +68,7 @@ def adam_ids(B, M, V, G, ids, n, lr_t, beta1, beta2, eps):
         G[e] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def sgd_rows(W, G, starts, lens, n, lr):
     """Plain SGD on the touched rows; zeroes their gradient."""
     lr32 = np.float32(lr)
@@ -77,13 +79,69 @@ def sgd_rows(W, G, starts, lens, n, lr):
             G[e] = 0.0
 
 
-@njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def sgd_ids(B, G, ids, n, lr):
     lr32 = np.float32(lr)
     for r in prange(n):
         e = ids[r]
         B[e] -= lr32 * G[e]
         G[e] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def output_step(W, B, MW, VW, MB, VB, w_off, b_off, n_in, uniq, n_uniq, row_ptr, ent,
+                d_store, h_store, kind, lr_t, beta1, beta2, eps, scratch):
+    """Gradient and update of the sampled output layer, one unique active row at a time.
+
+    Row j's gradient is formed here, race-free and in a fixed order, from the per-sample deltas
+    the batch kernel stored: g_j = sum over its (sample s, slot k) entries of
+    d_store[s, k] * h_store[s] (h_store[s] = the layer's input for sample s). It is applied at
+    once (Adam, kind 0, or SGD, kind 1), so the output layer needs no gradient buffer at all
+    (343 MB saved at Amazon-670K) and each of its touched rows is read and written once per
+    batch. Rows are dealt to threads round-robin: the rows every sample shares (labels of
+    frequent classes, the batch's shared negatives) come first in ``uniq`` and would otherwise
+    all land on one thread."""
+    d_cap = d_store.shape[1]
+    n_chunks = scratch.shape[0]
+    b1 = np.float32(beta1)
+    b2 = np.float32(beta2)
+    c1 = np.float32(1.0 - beta1)
+    c2 = np.float32(1.0 - beta2)
+    lr = np.float32(lr_t)
+    ep = np.float32(eps)
+    for c in prange(n_chunks):
+        g = scratch[c]
+        for u in range(c, n_uniq, n_chunks):
+            j = uniq[u]
+            for i in range(n_in):
+                g[i] = 0.0
+            gb = np.float32(0.0)
+            for e in range(row_ptr[u], row_ptr[u + 1]):
+                p = ent[e]
+                s = p // d_cap
+                d = d_store[s, p - s * d_cap]
+                gb += d
+                for i in range(n_in):
+                    g[i] += d * h_store[s, i]
+            base = w_off + np.int64(j) * n_in
+            if kind == 0:
+                for i in range(n_in):
+                    e = base + i
+                    m = b1 * MW[e] + c1 * g[i]
+                    v = b2 * VW[e] + c2 * g[i] * g[i]
+                    MW[e] = m
+                    VW[e] = v
+                    W[e] -= lr * m / (np.sqrt(v) + ep)
+                e = b_off + j
+                m = b1 * MB[e] + c1 * gb
+                v = b2 * VB[e] + c2 * gb * gb
+                MB[e] = m
+                VB[e] = v
+                B[e] -= lr * m / (np.sqrt(v) + ep)
+            else:
+                for i in range(n_in):
+                    W[base + i] -= lr * g[i]
+                B[b_off + j] -= lr * gb
 
 
 class SparseOptimizer:
@@ -122,6 +180,20 @@ class SparseOptimizer:
         else:
             sgd_rows(W, GW, starts, lens, n_rows, self.learning_rate)
             sgd_ids(B, GB, bias_ids, n_bias, self.learning_rate)
+
+    def step_output(self, W, B, w_off, b_off, n_in, uniq, n_uniq, row_ptr, ent, d_store,
+                    h_store, scratch):
+        """The sampled output layer's fused gradient + update (call after ``step`` of the same
+        batch: it uses the same step count)."""
+        if self.kind == "adam":
+            lr_t = adam_lr(self.learning_rate, self.beta1, self.beta2, self.t)
+            kind = 0
+        else:
+            lr_t = self.learning_rate
+            kind = 1
+        output_step(W, B, self.MW, self.VW, self.MB, self.VB, w_off, b_off, n_in, uniq,
+                    n_uniq, row_ptr, ent, d_store, h_store, kind, lr_t, self.beta1,
+                    self.beta2, self.epsilon, scratch)
 
     def state_arrays(self):
         return {"opt_MW": self.MW, "opt_VW": self.VW, "opt_MB": self.MB, "opt_VB": self.VB}
