@@ -422,8 +422,9 @@ class _Phase:
     """One training run into ``run_dir``: the main SLIDE run, or the dense baseline."""
 
     def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
-                 announce_fresh=True):
+                 announce_fresh=True, resume_hint="slide train --config ... --resume"):
         self.announce_fresh = announce_fresh
+        self.resume_hint = resume_hint
         self.cfg = cfg
         self.run_dir = run_dir
         self.phase = phase
@@ -594,8 +595,8 @@ class _Phase:
                     self._checkpoint(model)
                 path = self.ckpts.path(self.batch)
                 raise Stopped(f"[{self.label}] stopped by {self.stop.name} after batch "
-                              f"{self.batch}; checkpoint written to {path}\nresume with: slide "
-                              f"train --config ... --resume", self.stop.code)
+                              f"{self.batch}; checkpoint written to {path}\nresume with: "
+                              f"{self.resume_hint}", self.stop.code)
             if not math.isfinite(last_loss) and self.batch > 0:
                 raise CliError(f"[{self.label}] training diverged: loss {last_loss} at batch "
                                f"{self.batch}", EXIT_DIVERGED)
@@ -675,6 +676,9 @@ def _train(cfg, run_dir, args, stop):
                      np.asarray(inv_prop, dtype=np.float32))
 
     data = (X_tr, Y_tr, X_ev, Y_ev)
+    import shlex
+    hint = shlex.join(["slide", "train", "--config", args.config]
+                      + [a for kv in args.set for a in ("--set", kv)] + ["--resume"])
     phases = [("slide", cfg["sampler"]["kind"], run_dir)]
     if cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense":
         phases.append(("dense-baseline", "dense", os.path.join(run_dir, BASELINE_DIR)))
@@ -682,7 +686,7 @@ def _train(cfg, run_dir, args, stop):
     for phase, kind, pdir in phases:
         resume = args.resume or phase != "slide"
         model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
-                            announce_fresh=args.resume).run()
+                            announce_fresh=args.resume, resume_hint=hint).run()
         results[phase] = res
         del model
 
