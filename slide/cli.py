@@ -992,6 +992,13 @@ def _plot_series(run_dir):
                 raise CliError(f"{path}: no evaluations logged yet", EXIT_USAGE)
             continue
         name = os.path.basename(os.path.normpath(run_dir)) + suffix
+        if not sub:
+            # name the main curve by its sampler (slide's LSH kinds, or a dense run)
+            try:
+                kind = config_mod.parse_toml_file(os.path.join(d, CONFIG_FILE))["sampler"]["kind"]
+                name += " (dense)" if kind == "dense" else f" (slide, {kind} sampler)"
+            except (ConfigError, KeyError, TypeError):
+                pass
         series.append((name, [0.0] + [r["train_seconds"] for r in recs],
                        [None] + [r["P@1"] for r in recs]))
     return series
