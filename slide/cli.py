@@ -382,8 +382,10 @@ def _load_checkpoint(path):
         raise est.CheckpointError(f"{path}: cannot be loaded: {e}") from None
 
 
-def _latest_good_checkpoint(ckpts, label):
-    """The newest checkpoint that loads; corrupt ones are reported and skipped."""
+def _latest_good_checkpoint(ckpts, label, quarantine=False):
+    """The newest checkpoint that loads; corrupt ones are reported and skipped. With
+    ``quarantine`` (resuming) a corrupt file is renamed ``*.corrupt``: kept for inspection but
+    out of the rotation, so it can never push a good checkpoint out."""
     est = _engine()
     candidates = ckpts.list()
     if not candidates:
@@ -393,7 +395,14 @@ def _latest_good_checkpoint(ckpts, label):
         try:
             model = _load_checkpoint(path)
         except est.CheckpointError as e:
-            _err(f"[{label}] warning: checkpoint {path} is unusable ({e}); "
+            moved = ""
+            if quarantine:
+                try:
+                    os.replace(path, path + ".corrupt")
+                    moved = f" (renamed to {os.path.basename(path)}.corrupt)"
+                except OSError:
+                    pass
+            _err(f"[{label}] warning: checkpoint {path} is unusable ({e}){moved}; "
                  f"falling back to the previous one")
             continue
         return batch, path, model
@@ -496,7 +505,8 @@ class _Phase:
         self.win_batches = self.win_rehash = self.win_rebuild = 0
         resumed = False
         if self.resume and self.ckpts.list():
-            batch, path, model = _latest_good_checkpoint(self.ckpts, self.label)
+            batch, path, model = _latest_good_checkpoint(self.ckpts, self.label,
+                                                         quarantine=True)
             extra = getattr(model, "extra_", None)
             _check_resume_config(extra, self.cfg, self.phase, path)
             st = extra.get("run", {})

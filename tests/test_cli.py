@@ -288,8 +288,11 @@ def test_truncated_and_corrupt_checkpoints(tmp_path, capsys):
     assert code == 0, err
     assert "unusable" in err and "falling back" in err and "batch 15" in out
     assert [r["batch"] for r in metrics(run)] == [5, 10, 15, 19]
+    assert checkpoints(run) == ["ckpt-000000015.slide", "ckpt-000000019.slide",
+                                "ckpt-000000019.slide.corrupt"]
     # garbage in every checkpoint: refused with a clear error
-    for p in [os.path.join(run, "checkpoints", n) for n in checkpoints(run)]:
+    for p in [os.path.join(run, "checkpoints", n) for n in checkpoints(run)
+              if n.endswith(".slide")]:
         with open(p, "wb") as f:
             f.write(b"not a checkpoint")
     code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
