@@ -83,6 +83,25 @@ def _set_take(set_keys, set_counts, mask, key):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _set_count(set_keys, set_counts, mask, key, may_insert):
+    """One probe: add 1 to key's count if present; else insert it with count 1 when
+    ``may_insert``. Returns True when the key was inserted."""
+    s = _slot(key, mask)
+    while True:
+        k = set_keys[s]
+        if k == key:
+            set_counts[s] += 1
+            return False
+        if k < 0:
+            if may_insert:
+                set_keys[s] = key
+                set_counts[s] = 1
+                return True
+            return False
+        s = (s + 1) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _set_get(set_keys, set_counts, mask, key):
     s = _slot(key, mask)
     while True:
@@ -168,10 +187,7 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
             b = codes[t]
             for p in range(offsets[t, b], offsets[t, b + 1]):
                 v = items[t, p]
-                if _set_get(set_keys, set_counts, mask, v) != 0:
-                    _set_add(set_keys, set_counts, mask, v, 1)
-                elif nc < hist0 and used < limit:
-                    _set_add(set_keys, set_counts, mask, v, 1)
+                if _set_count(set_keys, set_counts, mask, v, nc < hist0 and used < limit):
                     order[nc] = v
                     nc += 1
                     used += 1
