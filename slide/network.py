@@ -76,21 +76,28 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
             for k in range(n_act):
                 delta[k] = 0.0
             return np.nan
+        # one pass reads z (delta may alias z: the dense path computes in place)
         ssum = 0.0
+        lz = 0.0
+        n_found = 0
         for k in range(n_act):
-            e = math.exp(z[k] - zmax)
+            j = k if dense else ids[k]
+            zk = z[k] - zmax
+            if _is_label(labels, j):
+                lz += zk
+                n_found += 1
+            e = math.exp(zk)
             delta[k] = e
             ssum += e
         inv = 1.0 / ssum
         logs = math.log(ssum)
         w = 1.0 / ny
-        loss = 0.0
+        loss = -w * lz + w * n_found * logs
         for k in range(n_act):
             j = k if dense else ids[k]
             d = delta[k] * inv
             if _is_label(labels, j):
                 d -= w
-                loss -= w * (z[k] - zmax - logs)
             delta[k] = d * scale
         return loss
     else:
@@ -473,6 +480,66 @@ def hidden_batch_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, X_ptr, X_ind,
                 out[s, i] = buf[off + i]
 
 
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
+def dense_hidden_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, h_off, X_ptr, X_ind, X_dat,
+                        rows, acts):
+    """Every hidden layer (all neurons) of the batch ``rows``: acts[s, h_off[l]:h_off[l+1]] =
+    layer l's output (l < n_layers - 1). Used by the dense (full softmax) training path."""
+    nb = rows.shape[0]
+    last = n_layers - 1
+    dummy = np.zeros(1, dtype=np.int32)
+    for s in prange(nb):
+        r = rows[s]
+        a = acts[s]
+        first_forward_dense(W, B, w_off[0], b_off[0], n_out[0], X_ind[X_ptr[r]:X_ptr[r + 1]],
+                            X_dat[X_ptr[r]:X_ptr[r + 1]], a[h_off[0]:h_off[1]])
+        for l in range(1, last):
+            rows_forward(W, B, w_off[l], b_off[l], n_in[l], True, dummy,
+                         a[h_off[l - 1]:h_off[l]], n_in[l], True, dummy, n_out[l], True,
+                         a[h_off[l]:h_off[l + 1]])
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
+def dense_backward_kernel(W, GW, GB, n_layers, n_in, n_out, w_off, b_off, h_off, X_ptr, X_ind,
+                          X_dat, rows, acts, d_hidden, dels):
+    """Back-propagate d_hidden[s] (dLoss/d last hidden output, ReLU mask applied) through the
+    hidden layers into GW/GB (racy adds, HOGWILD). ``dels`` [n_chunks, h_off[-1]]."""
+    nb = rows.shape[0]
+    last = n_layers - 1
+    n_chunks = dels.shape[0]
+    dummy = np.zeros(1, dtype=np.int32)
+    for c in prange(n_chunks):
+        dl = dels[c]
+        for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
+            r = rows[s]
+            a = acts[s]
+            for i in range(n_in[last]):
+                dl[h_off[last - 1] + i] = d_hidden[s, i]
+            for l in range(last - 1, 0, -1):
+                d_in = dl[h_off[l - 1]:h_off[l]]
+                rows_backward(W, GW, GB, w_off[l], b_off[l], n_in[l], True, dummy,
+                              a[h_off[l - 1]:h_off[l]], n_in[l], True, dummy, n_out[l],
+                              dl[h_off[l]:h_off[l + 1]], d_in, True)
+                for m in range(n_in[l]):
+                    if a[h_off[l - 1] + m] <= 0.0:
+                        d_in[m] = 0.0
+            first_backward(GW, GB, w_off[0], b_off[0], n_out[0], X_ind[X_ptr[r]:X_ptr[r + 1]],
+                           X_dat[X_ptr[r]:X_ptr[r + 1]], True, dummy, n_out[0],
+                           dl[h_off[0]:h_off[1]])
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def dense_loss_kernel(Z, Y_ptr, Y_ind, rows, loss_code, scale, losses):
+    """In place: Z[s] (logits of the whole output layer) becomes scale * dLoss/dZ; losses[s]
+    gets the sample's loss. Same loss as _output_loss, fused into one parallel pass per row."""
+    nb = rows.shape[0]
+    n = Z.shape[1]
+    for s in prange(nb):
+        r = rows[s]
+        labels = Y_ind[Y_ptr[r]:Y_ptr[r + 1]]
+        losses[s] = _output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s])
+
+
 def topk_merge(best_s, best_i, scores, base, k):
     """Running top-k: merge the top-k of ``scores`` (columns offset by ``base``) into
     (best_s, best_i), both [n, k], best first."""
@@ -780,6 +847,48 @@ class Network:
             self.update(X, rows, serial, optimizer)
         return loss, float(self.sc["n_act"][:nb, -1].mean())
 
+    def train_batch_dense(self, X, Y, rows, serial, optimizer):
+        """The dense (full softmax) network's batch: hidden layers per sample in a kernel, the
+        output layer as BLAS matrix products over the whole batch (as TensorFlow computes it),
+        hidden backward per sample (HOGWILD), then the same sparse optimizer (every output row
+        is touched). Mathematically the same network as the per-sample path with every neuron
+        active; used for sampler="dense"."""
+        import numba
+        lay = self.layout
+        L = lay.n_layers
+        last = L - 1
+        nb = rows.shape[0]
+        hs = lay.sizes[1:-1]
+        h_off = _i64(np.concatenate([[0], np.cumsum(hs)]))
+        key = ("dense", nb)
+        if getattr(self, "_dense_key", None) != key:
+            self._dense_acts = np.zeros((nb, int(h_off[-1])), np.float32)
+            self._dense_dels = np.zeros((numba.get_num_threads(), int(h_off[-1])), np.float32)
+            self._dense_key = key
+        acts = self._dense_acts
+        dense_hidden_kernel(self.W, self.B, L, self.n_in, self.n_out, self.w_off, self.b_off,
+                            h_off, X.indptr, X.indices, X.data, rows, acts)
+        H = acts[:, int(h_off[last - 1]):int(h_off[last])]
+        Wo = lay.weight_view(self.W, last)
+        bo = lay.bias_view(self.B, last)
+        Z = H @ Wo.T
+        Z += bo
+        losses = np.zeros(nb, np.float64)
+        dense_loss_kernel(Z, Y.indptr, Y.indices, rows, self.loss_code, 1.0 / nb, losses)
+        loss = float(np.mean(losses))
+        if not math.isfinite(loss):
+            return loss, float(lay.sizes[-1])
+        GWo = lay.weight_view(self.GW, last)
+        np.matmul(Z.T, H, out=GWo)
+        lay.bias_view(self.GB, last)[:] = Z.sum(axis=0)
+        dH = Z @ Wo
+        dH *= H > 0
+        dense_backward_kernel(self.W, self.GW, self.GB, L, self.n_in, self.n_out, self.w_off,
+                              self.b_off, h_off, X.indptr, X.indices, X.data, rows, acts,
+                              np.ascontiguousarray(dH, dtype=np.float32), self._dense_dels)
+        self.update(X, rows, serial, optimizer)
+        return loss, float(lay.sizes[-1])
+
     def update(self, X, rows, serial, optimizer):
         """The optimizer step after ``forward_backward`` of the batch ``rows``: touched rows of
         the buffered layers, then the output layer's per-row path."""
@@ -875,9 +984,12 @@ class Network:
         n_lab = Wo.shape[0]
         k_eff = min(k, n_lab)
         out = np.zeros((n, k_eff), np.int64)
+        # all hidden rows first (one parallel kernel), then only BLAS: alternating Numba's
+        # OpenMP pool and OpenBLAS's threads makes each spin against the other
+        H_all = self.hidden(X)
         for lo in range(0, n, block):
             hi = min(n, lo + block)
-            H = self.hidden(X, lo, hi)
+            H = H_all[lo:hi]
             best_s = np.full((hi - lo, 0), -np.inf, np.float32)
             best_i = np.zeros((hi - lo, 0), np.int64)
             for c0 in range(0, n_lab, chunk):
@@ -914,7 +1026,8 @@ class Network:
         Wo, bo = self.output_view()
         n = X.shape[0]
         out = np.empty((n, Wo.shape[0]), np.float32)
+        H_all = self.hidden(X)
         for lo in range(0, n, block):
             hi = min(n, lo + block)
-            out[lo:hi] = self.hidden(X, lo, hi) @ Wo.T + bo
+            out[lo:hi] = H_all[lo:hi] @ Wo.T + bo
         return out

@@ -212,3 +212,32 @@ def test_sparse_predict_returns_active_neurons_best_first():
         s = S[i, top[i]]
         assert all(s[:-1] >= s[1:] - 1e-5)
         assert len(set(top[i].tolist())) == 4
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+def test_dense_blas_path_equals_per_sample_path(loss):
+    """sampler='dense' trains through BLAS matrix products over the batch; with one thread it
+    must follow the per-sample kernel (every neuron active) step for step."""
+    import numba
+    rng = np.random.default_rng(6)
+    X, Y = _data(rng, 64, 80, 30, nnz=6, ny=2)
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        nets = [Network((80, 12, 7, 30), [False] * 3, [0] * 3, loss=loss, seed=6)
+                for _ in range(2)]
+        opts = [SparseOptimizer("adam", n.layout.n_weights, n.layout.n_biases, 1e-2)
+                for n in nets]
+        for n in nets:
+            n.prepare(16, 1, 2)
+        for b in range(4):
+            rows = np.arange(16 * b, 16 * b + 16, dtype=np.int64)
+            la, _ = nets[0].train_batch(X, Y, rows, 0, b + 1, opts[0])
+            lb, _ = nets[1].train_batch_dense(X, Y, rows, b + 1, opts[1])
+            assert la == pytest.approx(lb, rel=1e-5)
+        np.testing.assert_allclose(nets[0].W, nets[1].W, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(nets[0].B, nets[1].B, rtol=1e-4, atol=1e-6)
+        assert np.abs(nets[0].W - Network((80, 12, 7, 30), [False] * 3, [0] * 3,
+                                          seed=6).W).max() > 1e-3   # it did train
+    finally:
+        numba.set_num_threads(old)
