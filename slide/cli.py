@@ -361,7 +361,7 @@ def _run_dir_has_run(run_dir):
 
 def _clean_run_dir(run_dir):
     import shutil
-    for name in (CHECKPOINT_DIR, BASELINE_DIR):
+    for name in (CHECKPOINT_DIR, BASELINE_DIR, "data"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     for name in (METRICS_FILE, MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROPENSITY_FILE):
         try:
@@ -716,7 +716,13 @@ def _train(cfg, run_dir, args, stop):
     _info(f"P@1 on {n_eval:,} held-out points ({pool_name}), training wall time:")
     for phase in results:
         r = results[phase]
-        name = "slide (LSH-sampled)" if phase == "slide" else "dense baseline (full softmax)"
+        if phase != "slide":
+            name = "dense baseline (full softmax)"
+        elif r["sampler"] == "dense":
+            name = "dense (full softmax)"
+        else:
+            name = f"slide ({r['sampler']} LSH sampler)" if r["sampler"] != "random" \
+                else "sampled softmax (random)"
         _info(f"  {name:32s} P@1 {r['P@1']:.4f}   {_fmt_seconds(r['train_seconds'])}"
               f"   ({r['batches']:,} batches)")
     if "speedup_vs_dense" in summary:
