@@ -170,8 +170,13 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
     assert checkpoints(run) == ["ckpt-000000019.slide"]
     code, out, err = run_cli(["train", "--config", cfg], capsys)
     assert code == cli.EXIT_USAGE and "--resume" in err and "--overwrite" in err
-    code, out, err = run_cli(["train", "--config", cfg, "--overwrite"], capsys)
+    # --overwrite starts over, generated data included (here a half-size set)
+    code, out, err = run_cli(["train", "--config", cfg, "--overwrite", "--set", "data.scale=0.5"],
+                             capsys)
     assert code == 0, err
+    with open(os.path.join(run, "data", "train.txt")) as f:
+        assert f.readline().split() == ["300", "750", "100"]
+    assert [r["batch"] for r in metrics(run)] == [10]
 
 
 def test_resume_with_changed_config_is_refused(tmp_path, capsys):
