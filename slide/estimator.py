@@ -97,6 +97,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         batch (as TensorFlow's sampled softmax shares its negatives). Random negatives keep the
         sampled softmax's normaliser honest (LSH alone only proposes near neighbours); sharing
         them keeps the rows a batch touches -- the sparse optimizer's cost -- small.
+    sampling_correction : bool
+        Softmax only: add log(U / |R|) to the logits of the |R| uniform random negatives,
+        which stand for the U output neurons neither forced nor LSH-selected (the logQ
+        correction of sampled softmax), so the normaliser estimates the full softmax's.
     sparse_layers : None or sequence of int
         Which layers (0 = first hidden layer, len(hidden_sizes) = output layer) use LSH; None =
         the output layer only. Ignored (no sparse layer) when sampler="dense".
@@ -115,8 +119,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="vanilla", sampler_budget=1024,
-                 sampler_threshold=2, min_active=0, shared_negatives=512, sparse_layers=None,
-                 loss="softmax",
+                 sampler_threshold=2, min_active=0, shared_negatives=512,
+                 sampling_correction=True, sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-4, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
@@ -132,6 +136,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.sampler_threshold = sampler_threshold
         self.min_active = min_active
         self.shared_negatives = shared_negatives
+        self.sampling_correction = sampling_correction
         self.sparse_layers = sparse_layers
         self.loss = loss
         self.optimizer = optimizer
@@ -200,6 +205,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if not _is_real(self.rehash_decay) or self.rehash_decay < 0:
             raise ValueError(f"rehash_decay must be a finite number >= 0, "
                              f"got {self.rehash_decay!r}")
+        if not isinstance(self.sampling_correction, (bool, np.bool_)):
+            raise ValueError(f"sampling_correction must be True or False, "
+                             f"got {self.sampling_correction!r}")
         if self.n_threads is not None and (not _is_int(self.n_threads) or self.n_threads < 1):
             raise ValueError(f"n_threads must be None or an integer >= 1, got {self.n_threads!r}")
         if self.random_state is not None and (not _is_int(self.random_state)
@@ -270,7 +278,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                        bucket_size=int(self.bucket_size), policy=self.bucket_policy,
                        budget=int(self.sampler_budget), threshold=int(self.sampler_threshold))
         self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
-                                shared_negatives=int(self.shared_negatives))
+                                shared_negatives=int(self.shared_negatives),
+                                correct=bool(self.sampling_correction))
         self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout.n_weights,
                                           self.network_.layout.n_biases, self.learning_rate,
                                           self.beta1, self.beta2, self.epsilon)

@@ -54,7 +54,8 @@ def _is_label(labels, j):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
+def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1=0, hi1=0, lo2=0,
+                 hi2=0, log_w=0.0):
     """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
 
     softmax: cross-entropy against the target distribution 1/|y| on each true label (the SLIDE
@@ -67,10 +68,14 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
             for k in range(n_act):
                 delta[k] = 0.0
             return 0.0
+        # logits at positions [lo1, hi1) and [lo2, hi2) are offset by log_w (softmax only)
         zmax = -np.inf
         for k in range(n_act):
-            if z[k] > zmax:
-                zmax = z[k]
+            zk = z[k]
+            if (lo1 <= k < hi1) or (lo2 <= k < hi2):
+                zk += log_w
+            if zk > zmax:
+                zmax = zk
         if not np.isfinite(zmax):
             # overflowed logits (a diverging run): report NaN, the engine stops before updating
             for k in range(n_act):
@@ -83,6 +88,8 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta):
         for k in range(n_act):
             j = k if dense else ids[k]
             zk = z[k] - zmax
+            if (lo1 <= k < hi1) or (lo2 <= k < hi2):
+                zk += log_w
             if _is_label(labels, j):
                 lz += zk
                 n_found += 1
@@ -130,6 +137,7 @@ def _fill_active(n_out, labels, forced, min_active, rng, ids, mark, serial):
                 mark[j] = serial
                 ids[n] = j
                 n += 1
+    n_kept = n
     target = min(min_active, n_out)
     while n < target:
         rng, j = randint(rng, n_out)
@@ -137,7 +145,7 @@ def _fill_active(n_out, labels, forced, min_active, rng, ids, mark, serial):
             mark[j] = serial
             ids[n] = j
             n += 1
-    return n, rng
+    return n, rng, n_kept
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +166,9 @@ def _select_active(l, cfg, in_sparse, in_ids, in_vals, n_in_act, n_in, n_neurons
     The input is hashed with the layer's functions (a sparse input -- the network input or a
     sparse previous layer -- is scattered into ``xbuf`` and hashed densely, so unsorted active
     ids work too; ``xbuf`` is all-zero between calls), then the sampler picks from the L
-    buckets; forced ids (true labels) come first, random neurons pad to ``min_act``."""
+    buckets; forced ids (true labels) come first, random neurons pad to ``min_act``. Returns
+    (count, rng, n1): out[n1:count] are the random fill (for the random sampler n1 = number of
+    distinct forced ids, everything after them is random)."""
     code = cfg[CFG_SAMPLER]
     if code == SAMPLER_RANDOM:
         return _fill_active(n_neurons, forced, True, min_act, rng, out, mark, serial)
@@ -177,9 +187,22 @@ def _select_active(l, cfg, in_sparse, in_ids, in_vals, n_in_act, n_in, n_neurons
             xbuf[in_ids[m]] = 0.0
     else:
         hash_dense_into(fam, K, Lh, bits, intp[l], floatp[l], in_vals[:n_in], codes)
-    return sample_into(code, codes, toff[l], titems[l], n_neurons, cfg[CFG_BUDGET],
-                       cfg[CFG_THRESHOLD], forced, min_act, rng, set_keys, set_counts, order,
-                       out)
+    n1, rng = sample_into(code, codes, toff[l], titems[l], n_neurons, cfg[CFG_BUDGET],
+                          cfg[CFG_THRESHOLD], forced, 0, rng, set_keys, set_counts, order, out)
+    # random fill up to min_act done here (not by the sampler) so that the caller knows which
+    # positions are uniform random negatives: out[n1:n]
+    n = n1
+    target = min(min_act, n_neurons, out.shape[0])
+    if n < target:
+        for k in range(n1):
+            mark[out[k]] = serial
+        while n < target:
+            rng, j = randint(rng, n_neurons)
+            if mark[j] != serial:
+                mark[j] = serial
+                out[n] = j
+                n += 1
+    return n, rng, n1
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
@@ -187,7 +210,7 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
                  sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
                  x_idx, x_val, labels, force_labels, shared, rng, scale,
                  acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, mark, serial,
-                 forced_buf, row_path, h_store, d_store, backward):
+                 forced_buf, row_path, h_store, d_store, correct, backward):
     """Forward (and optionally backward) of one sample; returns its loss.
 
     ``acts``/``dels``: this thread's activation/delta scratch (layer l at a_off[l]); ``ids``:
@@ -208,12 +231,13 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
             forced_buf[ny + i] = shared[i]
         n_forced = ny + shared.shape[0]
     out_forced = forced_buf[:n_forced]
+    n1 = 0
     # ---- layer 0 (sparse input) ----
     n0 = n_out[0]
     a0 = acts[a_off[0]:a_off[1]]
     if sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
-        cnt, rng = _select_active(0, cfg, True, x_idx, x_val, x_idx.shape[0], n_in[0], n0,
+        cnt, rng, n1 = _select_active(0, cfg, True, x_idx, x_val, x_idx.shape[0], n_in[0], n0,
                                   out_forced if last == 0 else no_force,
                                   min_active[0], rng, intp, floatp, toff, titems, codes,
                                   set_keys, set_counts, order, xbuf, mark[0], serial, id0)
@@ -238,7 +262,8 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
         id_in = ids[s_off[l - 1]:s_off[l]]
         id_l = ids[s_off[l]:s_off[l + 1]]
         if sparse[l]:
-            cnt, rng = _select_active(l, cfg, sparse[l - 1], id_in, a_in, n_act[l - 1], n_in[l],
+            cnt, rng, n1 = _select_active(l, cfg, sparse[l - 1], id_in, a_in, n_act[l - 1],
+                                          n_in[l],
                                       n_out[l],
                                       out_forced if l == last else no_force,
                                       min_active[l], rng, intp, floatp, toff, titems, codes,
@@ -251,8 +276,34 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
     # ---- loss ----
     z = acts[a_off[last]:a_off[last + 1]]
     d_last = dels[a_off[last]:a_off[last + 1]]
+    # sampled softmax correction: the uniform random negatives R' (shared ones at positions
+    # [ny, n_fk), per-sample fill at [n1, n)) stand for all U = C - |S| neurons not computed
+    # exactly, so their logits get + log(U / |R'|) (the logQ correction of TF's sampled
+    # softmax); the normaliser then estimates the full softmax's, and the label gradient
+    # p - 1/|y| is that of the dense network
+    lo1 = hi1 = lo2 = hi2 = 0
+    log_w = 0.0
+    if sparse[last] and force_labels and loss_code == 0 and correct:
+        ny = labels.shape[0]
+        n_a = n_act[last]
+        if cfg[CFG_SAMPLER] == SAMPLER_RANDOM:
+            lo1 = ny
+            hi1 = n_a
+        else:
+            n_fk = ny
+            for i in range(shared.shape[0]):
+                if not _is_label(labels, shared[i]):
+                    n_fk += 1
+            lo1 = ny
+            hi1 = n_fk
+            lo2 = n1
+            hi2 = n_a
+        n_rand = (hi1 - lo1) + (hi2 - lo2)
+        if n_rand > 0:
+            u = n_out[last] - (n_a - n_rand)
+            log_w = math.log(max(u, 1) / n_rand)
     loss = _output_loss(z, n_act[last], not sparse[last], ids[s_off[last]:s_off[last + 1]],
-                        labels, loss_code, scale, d_last)
+                        labels, loss_code, scale, d_last, lo1, hi1, lo2, hi2, log_w)
     if not backward:
         return loss
     # ---- backward ----
@@ -292,7 +343,7 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
                        sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
                        X_ptr, X_ind, X_dat, Y_ptr, Y_ind, rows, seed, serial, shared,
                        acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, marks,
-                       forced_buf, row_path, h_store, d_store, losses):
+                       forced_buf, row_path, h_store, d_store, correct, losses):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch (first axis n_chunks): acts, dels, codes, set_keys, set_counts, order,
@@ -317,7 +368,7 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
                                      scale, acts[c], dels[c], ids[s], n_act[s], codes[c],
                                      set_keys[c], set_counts[c], order[c], xbuf[c], marks[c],
                                      serial * 1048576 + s + 1, forced_buf[c], row_path,
-                                     h_store[s], d_store[s], True)
+                                     h_store[s], d_store[s], correct, True)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -343,7 +394,7 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
                          empty_lab, False, empty_lab, rng, 1.0, acts[c], dels[c], ids[c],
                          n_act[c], codes[c], set_keys[c], set_counts[c], order[c], xbuf[c],
                          marks[c], (call * 1048576 + s + 1) * 2, forced_buf[c], False, dummy,
-                         dummy, False)
+                         dummy, False, False)
             z = acts[c, a_off[last]:a_off[last + 1]]
             m = n_act[c, last]
             dense = not sparse[last]
@@ -622,7 +673,7 @@ class Network:
     """
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
-                 shared_negatives=0):
+                 shared_negatives=0, correct=True):
         from slide.layers import Layout, init_params
         self.layout = Layout(tuple(int(s) for s in sizes))
         L = self.layout.n_layers
@@ -643,6 +694,7 @@ class Network:
         self.GW = np.zeros(int(lay.w_off[last]) if self.row_path else lay.n_weights, np.float32)
         self.GB = np.zeros(int(lay.b_off[last]) if self.row_path else lay.n_biases, np.float32)
         self.n_shared = int(shared_negatives) if self.sparse[-1] else 0
+        self.correct = bool(correct)
         self.n_in, self.n_out = lay.n_in, lay.n_out
         self.w_off, self.b_off, self.row_off = lay.w_off, lay.b_off, lay.row_off
         self.stamp_rows = np.zeros(int(self.row_off[-1]), np.int64)
@@ -765,9 +817,10 @@ class Network:
         sc["order"] = np.zeros((n_chunks, order_size), np.int32)
         max_in = max([int(self.n_in[l]) for l in range(1, L) if self.sparse[l]] or [1])
         sc["xbuf"] = np.zeros((n_chunks, max_in), np.float32)
-        random_fill = not self.uses_tables and self.sparse.any()
-        mlen = max([int(self.n_out[l]) for l in range(L) if self.sparse[l]] or [1]) \
-            if random_fill else 1
+        # per-thread stamps for the random fill (never cleared: stamp == serial means taken)
+        mlen = max([int(self.n_out[l]) for l in range(L) if self.sparse[l] and min_active[l] > 0]
+                   + [int(self.n_out[l]) for l in range(L) if self.sparse[l]
+                      and not self.uses_tables] or [1])
         sc["marks"] = np.zeros((n_chunks, L, mlen), np.int64)
         sc["forced_buf"] = np.zeros((n_chunks, max(1, n_forced)), np.int32)
         return sc
@@ -825,7 +878,7 @@ class Network:
                            sc["ids"][:nb], sc["n_act"][:nb], sc["codes"], sc["set_keys"],
                            sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
                            sc["forced_buf"], self.row_path, sc["h_store"], sc["d_store"],
-                           self.losses[:nb])
+                           self.correct, self.losses[:nb])
         return self.losses[:nb]
 
     def touched(self, X, rows, serial):

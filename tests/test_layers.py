@@ -7,9 +7,10 @@ from slide.layers import Layout, init_params
 from slide.network import Network
 
 
-def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None):
+def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None, offset=None):
     """Dense float64 forward/backward. ``active[l]``: ids of layer l's computed neurons (None =
-    all). Returns (loss, gW flat, gB flat)."""
+    all); ``offset``: per-output-neuron logit offsets (the sampled softmax correction).
+    Returns (loss, gW flat, gB flat)."""
     W = W.astype(np.float64)
     B = B.astype(np.float64)
     n_layers = layout.n_layers
@@ -31,7 +32,7 @@ def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None):
         zs.append(z)
         if l < n_layers - 1:
             hs.append(np.maximum(z, 0.0))
-    z = zs[-1]
+    z = zs[-1] if offset is None else zs[-1] + offset
     m = masks[-1]
     y = np.zeros_like(z)
     y[labels] = 1.0
@@ -65,11 +66,13 @@ def _sample(rng, n_features, n_labels, nnz=6, ny=2):
     return idx, val, lab
 
 
-def _net(sizes, sparse=(), min_active=0, loss="softmax", lsh=None, seed=3):
+def _net(sizes, sparse=(), min_active=0, loss="softmax", lsh=None, seed=3, correct=False,
+         shared=0):
     n_layers = len(sizes) - 1
     flags = [l in sparse for l in range(n_layers)]
     mins = [min_active if f else 0 for f in flags]
-    net = Network(sizes, flags, mins, loss=loss, seed=seed, lsh=lsh)
+    net = Network(sizes, flags, mins, loss=loss, seed=seed, lsh=lsh, correct=correct,
+                  shared_negatives=shared)
     # larger weights than the init, so the ReLUs and the loss are far from trivial
     net.W *= 8.0
     net.B[:] = np.random.default_rng(seed).normal(0, 0.3, net.B.shape)
@@ -137,6 +140,29 @@ def test_sampled_softmax_matches_reference_on_its_active_set(sampler):
         inactive = np.setdiff1d(np.arange(300), a)
         G1 = net.layout.weight_view(gW, 1)
         assert not G1[inactive].any()
+
+
+@pytest.mark.parametrize("shared", [0, 40])
+def test_sampling_correction_offsets_random_negatives(shared):
+    """With the correction, every uniform random negative's logit gets + log(U / |R|): U =
+    neurons not computed exactly (here: all but the labels), |R| = random negatives."""
+    sizes = (50, 16, 300)
+    net = _net(sizes, sparse=(1,), min_active=60, lsh=dict(sampler="random"), correct=True,
+               shared=shared)
+    rng = np.random.default_rng(7)
+    idx, val, lab = _sample(rng, 50, 300, ny=3)
+    L, gW, gB, act = net.sample_loss_and_grads(idx, val, lab, return_active=True)
+    a = act[1]
+    assert len(a) >= 60 and list(a[:3]) == list(lab)
+    offset = np.zeros(300)
+    offset[a[3:]] = np.log((300 - 3) / (len(a) - 3))
+    Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax",
+                              active=[None, a], offset=offset)
+    assert L == pytest.approx(Lr, rel=1e-5)
+    np.testing.assert_allclose(gW, gWr, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gB, gBr, rtol=1e-4, atol=1e-6)
+    L0 = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax", active=[None, a])[0]
+    assert abs(L - L0) > 0.1          # the correction does change the loss
 
 
 def test_gradients_agree_with_finite_differences():
