@@ -129,19 +129,25 @@ def init_params(layout, seed):
 # One-sample layer kernels (inlined into the batch kernels of slide.network)
 # ----------------------------------------------------------------------------------------------
 
+# Row loops index a slice of the flat array (``row = W[base:base + n]``), not ``W[base + i]``:
+# LLVM vectorises the former (measured 2-6x faster on 128-float rows), not the latter.
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):
     """out[:n_out] = relu(b0 + sum_j x_val[j] * W0T[x_idx[j]]): one contiguous row per nonzero."""
+    o = out[:n_out]
+    b = B[b_off:b_off + n_out]
     for i in range(n_out):
-        out[i] = B[b_off + i]
+        o[i] = b[i]
     for j in range(x_idx.shape[0]):
         base = w_off + np.int64(x_idx[j]) * n_out
+        row = W[base:base + n_out]
         xv = x_val[j]
         for i in range(n_out):
-            out[i] += xv * W[base + i]
+            o[i] += xv * row[i]
     for i in range(n_out):
-        if out[i] < 0.0:
-            out[i] = 0.0
+        if o[i] < 0.0:
+            o[i] = 0.0
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
@@ -151,9 +157,10 @@ def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, ou
         out[k] = B[b_off + ids[k]]
     for j in range(x_idx.shape[0]):
         base = w_off + np.int64(x_idx[j]) * n_out
+        row = W[base:base + n_out]
         xv = x_val[j]
         for k in range(n_act):
-            out[k] += xv * W[base + ids[k]]
+            out[k] += xv * row[ids[k]]
     for k in range(n_act):
         if out[k] < 0.0:
             out[k] = 0.0
@@ -163,37 +170,43 @@ def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, ou
 def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act, delta):
     """g0T[x_idx] += outer(x_val, delta); gb0 += delta (racy adds: HOGWILD)."""
     if dense:
+        d = delta[:n_out]
+        gb = gB[b_off:b_off + n_out]
         for i in range(n_out):
-            gB[b_off + i] += delta[i]
+            gb[i] += d[i]
         for j in range(x_idx.shape[0]):
             base = w_off + np.int64(x_idx[j]) * n_out
+            grow = gW[base:base + n_out]
             xv = x_val[j]
             for i in range(n_out):
-                gW[base + i] += xv * delta[i]
+                grow[i] += xv * d[i]
     else:
         for k in range(n_act):
             gB[b_off + ids[k]] += delta[k]
         for j in range(x_idx.shape[0]):
             base = w_off + np.int64(x_idx[j]) * n_out
+            grow = gW[base:base + n_out]
             xv = x_val[j]
             for k in range(n_act):
-                gW[base + ids[k]] += xv * delta[k]
+                grow[ids[k]] += xv * delta[k]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def rows_forward(W, B, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
                  dense, ids, n_act, relu, out):
     """z_k = b[j] + W[j] . h_in for each active neuron j (= ids[k], or k when dense)."""
+    h = in_vals[:n_in_act]
     for k in range(n_act):
         j = k if dense else ids[k]
         base = w_off + np.int64(j) * n_in
+        row = W[base:base + n_in]
         s = np.float32(0.0)
         if in_dense:
             for i in range(n_in):
-                s += W[base + i] * in_vals[i]
+                s += row[i] * h[i]
         else:
             for m in range(n_in_act):
-                s += W[base + in_ids[m]] * in_vals[m]
+                s += row[in_ids[m]] * h[m]
         s += B[b_off + j]
         if relu and s < 0.0:
             s = 0.0
@@ -211,29 +224,33 @@ def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in
     formed per row after the batch from the stored deltas (slide.optim.output_step).
     ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
+    di = d_in[:n_in_act]
+    h = in_vals[:n_in_act]
     for m in range(n_in_act):
-        d_in[m] = 0.0
+        di[m] = 0.0
     for k in range(n_act):
         d = delta[k]
         if d == 0.0:
             continue
         j = k if dense else ids[k]
         base = w_off + np.int64(j) * n_in
+        row = W[base:base + n_in]
         if accumulate:
             gB[b_off + j] += d
+            grow = gW[base:base + n_in]
             if in_dense:
                 for i in range(n_in):
-                    d_in[i] += d * W[base + i]
-                    gW[base + i] += d * in_vals[i]
+                    di[i] += d * row[i]
+                    grow[i] += d * h[i]
             else:
                 for m in range(n_in_act):
                     c = in_ids[m]
-                    d_in[m] += d * W[base + c]
-                    gW[base + c] += d * in_vals[m]
+                    di[m] += d * row[c]
+                    grow[c] += d * h[m]
         else:
             if in_dense:
                 for i in range(n_in):
-                    d_in[i] += d * W[base + i]
+                    di[i] += d * row[i]
             else:
                 for m in range(n_in_act):
-                    d_in[m] += d * W[base + in_ids[m]]
+                    di[m] += d * row[in_ids[m]]

@@ -38,14 +38,19 @@ def adam_rows(W, M, V, G, starts, lens, n, lr_t, beta1, beta2, eps):
     ep = np.float32(eps)
     for r in prange(n):
         s = starts[r]
-        for e in range(s, s + lens[r]):
-            g = G[e]
-            m = b1 * M[e] + c1 * g
-            v = b2 * V[e] + c2 * g * g
-            M[e] = m
-            V[e] = v
-            W[e] -= lr * m / (np.sqrt(v) + ep)
-            G[e] = 0.0
+        e = s + lens[r]
+        w = W[s:e]
+        mm = M[s:e]
+        vv = V[s:e]
+        gg = G[s:e]
+        for i in range(e - s):
+            g = gg[i]
+            m = b1 * mm[i] + c1 * g
+            v = b2 * vv[i] + c2 * g * g
+            mm[i] = m
+            vv[i] = v
+            w[i] -= lr * m / (np.sqrt(v) + ep)
+            gg[i] = 0.0
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -121,17 +126,20 @@ def output_step(W, B, MW, VW, MB, VB, w_off, b_off, n_in, uniq, n_uniq, row_ptr,
                 s = p // d_cap
                 d = d_store[s, p - s * d_cap]
                 gb += d
+                h = h_store[s]
                 for i in range(n_in):
-                    g[i] += d * h_store[s, i]
+                    g[i] += d * h[i]
             base = w_off + np.int64(j) * n_in
             if kind == 0:
+                w = W[base:base + n_in]
+                mw = MW[base:base + n_in]
+                vw = VW[base:base + n_in]
                 for i in range(n_in):
-                    e = base + i
-                    m = b1 * MW[e] + c1 * g[i]
-                    v = b2 * VW[e] + c2 * g[i] * g[i]
-                    MW[e] = m
-                    VW[e] = v
-                    W[e] -= lr * m / (np.sqrt(v) + ep)
+                    m = b1 * mw[i] + c1 * g[i]
+                    v = b2 * vw[i] + c2 * g[i] * g[i]
+                    mw[i] = m
+                    vw[i] = v
+                    w[i] -= lr * m / (np.sqrt(v) + ep)
                 e = b_off + j
                 m = b1 * MB[e] + c1 * gb
                 v = b2 * VB[e] + c2 * gb * gb
@@ -139,8 +147,9 @@ def output_step(W, B, MW, VW, MB, VB, w_off, b_off, n_in, uniq, n_uniq, row_ptr,
                 VB[e] = v
                 B[e] -= lr * m / (np.sqrt(v) + ep)
             else:
+                w = W[base:base + n_in]
                 for i in range(n_in):
-                    W[base + i] -= lr * g[i]
+                    w[i] -= lr * g[i]
                 B[b_off + j] -= lr * gb
 
 
