@@ -232,8 +232,9 @@ def inverse_propensity(Y_train, A=0.55, B=1.5):
         if not np.isfinite(v) or v <= 0:
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     n = Y.shape[0]
-    if n < 1:
-        raise ValueError("Y_train has no rows")
+    if n < 3:
+        # C = (ln N - 1)(B + 1)^A is negative below N = e: the weights would fall under 1
+        raise ValueError(f"Y_train needs at least 3 rows for Jain et al. propensities, got {n}")
     counts = np.bincount(Y.indices, minlength=Y.shape[1]).astype(np.float64)
     C = (np.log(n) - 1.0) * (B + 1.0) ** A
     return 1.0 + C * (counts + B) ** (-A)

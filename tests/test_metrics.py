@@ -213,7 +213,9 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="larger than topk"):
         M.evaluate(Y, T, ks=(1, 5))
     with pytest.raises(ValueError, match="B"):
-        M.inverse_propensity(Y, B=-1)
+        M.inverse_propensity(csr([[0], [1], [2]], 4), B=-1)
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        M.inverse_propensity(Y)
 
 
 def test_duplicates_of_minus_one_are_allowed():
