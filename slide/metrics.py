@@ -78,9 +78,11 @@ def _as_topk(topk, n_points, n_labels, k):
     """Validated int64 copy of the first ``k`` columns of ``topk``."""
     arr = np.asarray(topk)
     if arr.ndim != 2:
-        raise ValueError(f"topk must be a 2-D array (n_points, k) of label ids, got shape {arr.shape}")
+        raise ValueError("topk must be a 2-D array (n_points, k) of label ids, "
+                         f"got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        whole = np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr))
+        if whole and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
         else:
             raise ValueError(f"topk must hold integer label ids, got dtype {arr.dtype}")

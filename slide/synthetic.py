@@ -48,8 +48,9 @@ _DEFAULTS = dict(
     frac_signal=0.07,       # share of a point's tokens drawn from its labels' signatures
     frac_topic=0.10,        # share drawn from its labels' topic pools; the rest is noise
     noise_alpha=1.05,       # Zipf exponent of the background vocabulary
-    vocab_alpha=0.5,        # Zipf exponent by which signature / topic features are drawn from the
-                            # same vocabulary ranking (0: uniform; >0: keywords overlap common words)
+    # Zipf exponent by which signature / topic features are drawn from the noise vocabulary's
+    # ranking (0: uniform; > 0: keywords overlap common words, so they are not all rare)
+    vocab_alpha=0.5,
     label_dispersion=2.0,   # gamma shape of the per-point label count (smaller: more spread)
     nnz_dispersion=4.0,     # gamma shape of the per-point feature count
 )
@@ -79,8 +80,9 @@ for _p in PRESETS.values():
 del _p, _k, _v
 
 _SHAPE_KEYS = ("n_features", "n_labels", "n_train", "n_test")
-_CHUNK_TOKENS = 1 << 20  # about this many tokens per generation chunk (bounds peak memory); the
-                         # chunk size depends only on the parameters, never on the machine
+# about this many tokens per generation chunk (bounds peak memory); the chunk size depends only
+# on the parameters, never on the machine
+_CHUNK_TOKENS = 1 << 20
 _PILOT = 2_048           # points of the calibration pilot
 _MAX_LABELS_PER_POINT = 2_000
 
@@ -100,7 +102,8 @@ def preset_params(preset, scale=1.0, **overrides):
         params[key] = max(1, int(round(params[key] * scale)))
     unknown = set(overrides) - set(params)
     if unknown:
-        raise ValueError(f"unknown generator parameter(s) {sorted(unknown)}; known: {sorted(params)}")
+        raise ValueError(f"unknown generator parameter(s) {sorted(unknown)}; "
+                         f"known: {sorted(params)}")
     params.update(overrides)
     _validate(params)
     return params
@@ -186,7 +189,8 @@ class _Model:
         self.noise_feature = rng.permutation(F).astype(np.int32)
         self.noise_cdf = _zipf_cdf(F, p["noise_alpha"])
         a = p["vocab_alpha"]
-        self.pool = self.noise_feature[_zipf_continuous(F, a, rng.random((n_clusters, p["cluster_pool"])))]
+        u_pool = rng.random((n_clusters, p["cluster_pool"]))
+        self.pool = self.noise_feature[_zipf_continuous(F, a, u_pool)]
         self.sig = self.noise_feature[_zipf_continuous(F, a, rng.random((L, p["sig_size"])))]
         self.sig_cdf = _zipf_cdf(p["sig_size"], p["sig_alpha"])
         self.pool_cdf = _zipf_cdf(p["cluster_pool"], p["sig_alpha"])
@@ -195,7 +199,10 @@ class _Model:
         """Label sets of ``n`` points: (indptr int64[n+1], labels int32), sorted, deduplicated."""
         p = self.p
         r = p["label_dispersion"]
-        extra = rng.poisson(rng.gamma(r, mean_extra / r, size=n)) if mean_extra > 0 else np.zeros(n, np.int64)
+        if mean_extra > 0:
+            extra = rng.poisson(rng.gamma(r, mean_extra / r, size=n))
+        else:
+            extra = np.zeros(n, np.int64)
         k = 1 + np.minimum(extra, min(p["n_labels"], _MAX_LABELS_PER_POINT) - 1)
         total = int(k.sum())
         row = np.repeat(np.arange(n, dtype=np.int64), k)
@@ -228,7 +235,8 @@ class _Model:
         total = int(t.sum())
         row = np.repeat(np.arange(n, dtype=np.int64), t)
         u = rng.random(total)
-        kind = np.where(u < p["frac_signal"], 0, np.where(u < p["frac_signal"] + p["frac_topic"], 1, 2))
+        kind = np.where(u < p["frac_signal"], 0,
+                        np.where(u < p["frac_signal"] + p["frac_topic"], 1, 2))
         # the first token of every point is a signal token so every point carries some evidence
         starts = np.concatenate([[0], np.cumsum(t)[:-1]])
         kind[starts] = 0
@@ -236,7 +244,8 @@ class _Model:
         lab_tok = kind < 2
         # which of the point's labels a signal / topic token speaks for: uniform over its labels
         nl = np.diff(y_indptr)[row[lab_tok]]
-        li = y_labels[y_indptr[row[lab_tok]] + (rng.random(int(lab_tok.sum())) * nl).astype(np.int64)]
+        pick = (rng.random(int(lab_tok.sum())) * nl).astype(np.int64)
+        li = y_labels[y_indptr[row[lab_tok]] + pick]
         kinds = kind[lab_tok]
         f_lab = np.empty(len(li), dtype=np.int32)
         s = kinds == 0
