@@ -12,7 +12,7 @@ from slide import metrics as M
 def csr(rows, n_labels):
     """CSR 0/1 label matrix from a list of label lists."""
     indptr = np.cumsum([0] + [len(r) for r in rows])
-    ind = np.array([l for r in rows for l in r], dtype=np.int32)
+    ind = np.array([lab for r in rows for lab in r], dtype=np.int32)
     return sp.csr_matrix((np.ones(len(ind), np.float32), ind, indptr), shape=(len(rows), n_labels))
 
 
@@ -25,8 +25,8 @@ def ref_metrics(rows, topk, k, q=None):
     ps_num = ps_den = psn_num = psn_den = 0.0
     for y, pred in zip(rows, topk):
         y = set(y)
-        pred = [int(l) for l in pred[:k]]
-        hits = [1.0 if (l >= 0 and l in y) else 0.0 for l in pred]
+        pred = [int(lab) for lab in pred[:k]]
+        hits = [1.0 if (lab >= 0 and lab in y) else 0.0 for lab in pred]
         p += sum(hits) / k
         if y:
             dcg = sum(h / math.log2(j + 2) for j, h in enumerate(hits))
@@ -34,12 +34,14 @@ def ref_metrics(rows, topk, k, q=None):
             nd += dcg / idcg
             r += sum(hits) / len(y)
         if q is not None:
-            ideal = sorted((q[l] for l in y), reverse=True)[:k]
-            ps_num += sum(q[l] * h for l, h in zip(pred, hits)) / k
+            ideal = sorted((q[lab] for lab in y), reverse=True)[:k]
+            ps_num += sum(q[lab] * h for lab, h in zip(pred, hits)) / k
             ps_den += sum(ideal) / k
             if y:
                 idcg = sum(1 / math.log2(j + 2) for j in range(min(k, len(y))))
-                psn_num += sum(q[l] * h / math.log2(j + 2) for j, (l, h) in enumerate(zip(pred, hits))) / idcg
+                psdcg = sum(q[lab] * h / math.log2(j + 2)
+                            for j, (lab, h) in enumerate(zip(pred, hits)))
+                psn_num += psdcg / idcg
                 psn_den += sum(w / math.log2(j + 2) for j, w in enumerate(ideal)) / idcg
     out = {"P": p / n, "nDCG": nd / n, "R": r / n}
     if q is not None:
@@ -167,7 +169,7 @@ def test_agrees_with_napkinxc():
     nx = pytest.importorskip("napkinxc.metrics")
     rows, topk, q = random_case(7)
     Y = csr(rows, 50)
-    preds = [[int(l) for l in r if l >= 0] for r in topk]
+    preds = [[int(lab) for lab in r if lab >= 0] for r in topk]
     k = 5
     res = M.evaluate(Y, topk, ks=range(1, k + 1), inv_propensity=q)
     p = nx.precision_at_k(Y, preds, k=k)

@@ -160,7 +160,7 @@ def test_write_dataset_round_trip(tmp_path, tiny):
         first = f.readline()
     assert header == ["40", str(Xtr.shape[1]), str(Ytr.shape[1])]
     labels, *feats = first.split(" ")
-    assert [int(l) for l in labels.split(",")] == list(Ytr.indices[:Ytr.indptr[1]])
+    assert [int(lab) for lab in labels.split(",")] == list(Ytr.indices[:Ytr.indptr[1]])
     assert [int(t.split(":")[0]) for t in feats] == list(Xtr.indices[:Xtr.indptr[1]])
     np.testing.assert_allclose([float(t.split(":")[1]) for t in feats],
                                Xtr.data[:Xtr.indptr[1]], rtol=1e-6)
