@@ -894,7 +894,6 @@ def _iter_xc_chunks(path, chunk_lines, tmpdir):
 
 def cmd_predict(args):
     import tempfile
-    import numpy as np
     if args.k < 1:
         raise CliError(f"--k must be >= 1, got {args.k}", EXIT_USAGE)
     if args.chunk_size < 1:

@@ -669,7 +669,7 @@ def to_toml(cfg: dict) -> str:
 
 
 def describe_keys() -> str:
-    """A plain-text list of every key with its default and meaning (``slide train --help-config``)."""
+    """A plain-text list of every key with its default and meaning (``slide train --help``)."""
     out = []
 
     def walk(node, prefix):

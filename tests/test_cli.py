@@ -334,7 +334,7 @@ def test_predict_streams_k_labels_per_line(tmp_path, capsys):
     code, out, err = run_cli(["predict", "--model", run, "--data", str(src), "--k", "2"],
                              capsys)
     assert code == 0, err
-    assert [len(l.split()) for l in out.splitlines()] == [2, 2]
+    assert [len(line.split()) for line in out.splitlines()] == [2, 2]
     # an error in a later chunk names the real line of the file
     bad = tmp_path / "bad.txt"
     bad.write_text("5 1500 200\n 1:1\n 2:1\n 3:1\n 4:oops\n 5:1\n")
