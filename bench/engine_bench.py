@@ -88,11 +88,64 @@ def child(args):
     print("RESULT " + json.dumps(rec), flush=True)
 
 
-def run_child(data_path, params, batches=None, evaluate=True, threads=None, label=""):
+def profile_child(args):
+    """Time per phase of the sampled training batch (one fit to warm up, then N batches)."""
+    import math
+    import numba
+    from slide.estimator import SlideClassifier
+    from slide.network import output_entries
+    X, Y, Xt, Yt = _load_data(args.data)
+    params = json.loads(args.params)
+    m = SlideClassifier(**params)
+    m.fit(X[:1024], Y[:1024])                     # compile, build the tables
+    X, Y = m._check_data(X, Y, fitted=True)
+    net, opt = m.network_, m.optimizer_
+    bs = int(params.get("batch_size", 128))
+    net.prepare(bs, numba.get_num_threads(), int(np.diff(Y.indptr).max()))
+    T = dict(kernel=0.0, buffered_update=0.0, output_update=0.0)
+    n = args.batches or 100
+    rng = np.random.default_rng(0)
+    last = net.layout.n_layers - 1
+    sc = net.sc
+    for b in range(n):
+        rows = rng.choice(X.shape[0], bs, replace=False).astype(np.int64)
+        serial = 10_000 + b
+        t0 = time.perf_counter()
+        net.forward_backward(X, Y, rows, m.seed_, serial)
+        t1 = time.perf_counter()
+        nr, nbias = net.touched(X, rows, serial)
+        opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nbias)
+        t2 = time.perf_counter()
+        nu = output_entries(sc["ids"][:bs], sc["n_act"][:bs], sc["s_off"][last],
+                            sc["d_store"].shape[1], sc["stamp_out"], sc["slot_out"],
+                            np.int64(serial), sc["uniq"], sc["row_ptr"], sc["ent"])
+        opt.step_output(net.W, net.B, net.w_off[last], net.b_off[last], net.n_in[last],
+                        sc["uniq"], nu, sc["row_ptr"], sc["ent"], sc["d_store"], sc["h_store"],
+                        sc["g_out"])
+        t3 = time.perf_counter()
+        T["kernel"] += t1 - t0
+        T["buffered_update"] += t2 - t1
+        T["output_update"] += t3 - t2
+    t0 = time.perf_counter()
+    net.rehash()
+    t_rehash = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    net.rebuild()
+    t_rebuild = time.perf_counter() - t0
+    rec = {k + "_ms_per_batch": round(v / n * 1000, 2) for k, v in T.items()}
+    rec.update(rehash_s=round(t_rehash, 2), rebuild_s=round(t_rebuild, 2),
+               active_mean=float(sc["n_act"][:bs, last].mean()), unique_output_rows=int(nu),
+               buffered_rows=int(nr), threads=numba.get_num_threads(), params=params,
+               n_labels=Y.shape[1])
+    print("RESULT " + json.dumps(rec), flush=True)
+
+
+def run_child(data_path, params, batches=None, evaluate=True, threads=None, label="",
+              mode="child"):
     env = dict(os.environ)
     if threads:
         env["NUMBA_NUM_THREADS"] = str(threads)
-    cmd = [sys.executable, os.path.abspath(__file__), "child", "--data", data_path,
+    cmd = [sys.executable, os.path.abspath(__file__), mode, "--data", data_path,
            "--params", json.dumps(params)]
     if batches:
         cmd += ["--batches", str(batches)]
@@ -125,7 +178,8 @@ def _generate(preset, scale=1.0, seed=0, **over):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["memory", "speed", "accuracy", "profile", "child"])
+    ap.add_argument("what", choices=["memory", "speed", "accuracy", "profile", "child",
+                                     "profile_child"])
     ap.add_argument("--data")
     ap.add_argument("--params", default="{}")
     ap.add_argument("--batches", type=int)
@@ -142,6 +196,8 @@ def main():
     args = ap.parse_args()
     if args.what == "child":
         return child(args)
+    if args.what == "profile_child":
+        return profile_child(args)
     extra = {}
     for kv in args.set:
         k, v = kv.split("=", 1)
@@ -155,7 +211,13 @@ def main():
             _save_data(data_path, *data)
             run_child(data_path, base, batches=args.batches or 300, evaluate=False,
                       threads=args.threads, label="memory amazon670k")
-        elif args.what in ("speed", "profile"):
+        elif args.what == "profile":
+            n_train = args.n_train or 20_000
+            data = _generate("xc200k", seed=0, n_train=n_train, n_test=100)
+            _save_data(data_path, *data)
+            run_child(data_path, base, batches=args.batches, threads=args.threads,
+                      label="profile xc200k", mode="profile_child", evaluate=False)
+        elif args.what == "speed":
             n_train = args.n_train or 100_000
             data = _generate("xc200k", seed=0, n_train=n_train, n_test=args.n_test)
             _save_data(data_path, *data)

@@ -415,9 +415,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                 raise DivergenceError(self.batches_, self.epoch_, "non-finite weights")
             t0 = time.perf_counter()
             if rebuild:
-                self.network_.rebuild()
+                self.network_.rebuild(self.batches_)
             else:
-                self.network_.rehash()
+                self.network_.rehash(self.batches_)
             self.lsh_seconds_ = getattr(self, "lsh_seconds_", 0.0) + time.perf_counter() - t0
         return rehash, rebuild
 

@@ -702,6 +702,10 @@ class Network:
         self.lsh = dict(lsh or {"sampler": "random"})
         self.lsh.setdefault("sampler", "random")
         self.indices = {}            # layer -> LSHIndex
+        self._codes = {}             # layer -> cached bucket ids [n_out, L] (output layer)
+        self._hashed_at = {}         # layer -> serial of the batch its codes were taken after
+        self.last_dirty = 0
+        self.out_stamp = np.zeros(int(lay.n_out[-1]) if self.row_path else 1, np.int64)
         self._scratch_key = None
         self.cfg = np.zeros(7, np.int64)
         self.cfg[CFG_SAMPLER] = SAMPLER_RANDOM
@@ -740,22 +744,66 @@ class Network:
                 idx = LSHIndex(c["family"], int(self.n_in[l]), c["K"], c["L"], c["range_pow"],
                                bucket_size=c["bucket_size"], policy=c["policy"],
                                seed=self.layer_seed(l))
-                self.indices[l] = idx.build(self.weight_rows(l))
+                self.indices[l] = idx
+                self._refill(l, full=True)
         self._pack_lsh()
 
     def weights_finite(self):
         return bool(np.isfinite(self.W).all() and np.isfinite(self.B).all())
 
-    def rehash(self):
-        """Reinsert every neuron of every sparse layer (same hash functions)."""
+    # Incremental rehashing of the output layer. The sparse optimizer changes only the rows a
+    # batch touched (out_stamp[j] = serial of the last batch that updated row j), so a rehash
+    # re-hashes only the rows touched since the previous one and reuses the cached bucket ids
+    # of the others: a neuron's bucket ids are a function of its weights alone, so the tables
+    # are exactly those a full rehash would build (same codes, same insertion seed).
+
+    def _refill(self, l, full, serial=0):
+        """(Re)fill layer l's tables from its current weights (generation unchanged)."""
+        from slide.lsh.hashes import hash_dense_batch
+        from slide.lsh.index import build_tables_into
+        idx = self.indices[l]
+        rows = self.weight_rows(l)
+        cache = self._codes.get(l)
+        incremental = self.row_path and l == self.layout.n_layers - 1
+        if full or cache is None or not incremental:
+            codes = hash_dense_batch(idx.hf, rows)
+        else:
+            dirty = np.flatnonzero(self.out_stamp > self._hashed_at.get(l, 0))
+            codes = cache
+            if dirty.size:
+                codes[dirty] = hash_dense_batch(idx.hf, rows[dirty])
+            self.last_dirty = int(dirty.size)
+        if incremental:
+            self._codes[l] = codes
+            self._hashed_at[l] = int(serial)
+        n = rows.shape[0]
+        nb = 1 << idx.range_pow
+        if idx.offsets is None or idx.items.shape[1] != n:
+            idx.offsets = np.empty((idx.L, nb + 1), dtype=np.int32)
+            idx.items = np.empty((idx.L, n), dtype=np.int32)
+        idx.n_neurons = n
+        build_tables_into(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
+                          idx.offsets, idx.items)
+
+    def rehash(self, serial=0):
+        """Reinsert every neuron of every sparse layer (same hash functions); the output layer
+        re-hashes only the rows updated since the previous (re)hash."""
         for l, idx in self.indices.items():
-            idx.rehash(self.weight_rows(l))
+            idx.generation += 1     # as LSHIndex.rehash: fresh insertion orders
+            self._refill(l, full=False, serial=serial)
         self._pack_lsh()
 
-    def rebuild(self):
-        """New hash functions for every sparse layer, then reinsert every neuron."""
+    def rebuild(self, serial=0):
+        """New hash functions for every sparse layer, then reinsert every neuron (as
+        LSHIndex.rebuild; the new seed is derived from the index's current seed, which the
+        checkpoint keeps, so a resumed run draws the same functions)."""
+        from slide.lsh.hashes import draw_hash_functions
         for l, idx in self.indices.items():
-            idx.rebuild(self.weight_rows(l))
+            idx.seed = int(stream_seed(np.uint64(idx.seed), 501, 0)) >> 1
+            idx.hf = draw_hash_functions(idx.hf.family_code, idx.dim, idx.K, idx.L,
+                                         idx.range_pow, idx.seed, doph_top=idx.doph_top)
+            idx.generation = 0
+            self._refill(l, full=True, serial=serial)
         self._pack_lsh()
 
     def _pack_lsh(self):
@@ -839,7 +887,7 @@ class Network:
             n_o = int(self.n_out[last])
             sc["h_store"] = np.zeros((batch_size, int(self.n_in[last])), np.float32)
             sc["d_store"] = np.zeros((batch_size, cap), np.float32)
-            sc["stamp_out"] = np.zeros(n_o, np.int64)
+            sc["stamp_out"] = self.out_stamp       # persists across fits: marks dirty rows
             sc["slot_out"] = np.zeros(n_o, np.int32)
             sc["uniq"] = np.zeros(min(n_o, batch_size * cap), np.int32)
             sc["row_ptr"] = np.zeros(min(n_o, batch_size * cap) + 1, np.int64)

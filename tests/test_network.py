@@ -241,3 +241,33 @@ def test_dense_blas_path_equals_per_sample_path(loss):
                                           seed=6).W).max() > 1e-3   # it did train
     finally:
         numba.set_num_threads(old)
+
+
+def test_incremental_rehash_equals_full_rehash():
+    """The output layer re-hashes only rows updated since the last (re)hash; the tables must
+    be exactly those LSHIndex.rehash builds from all rows."""
+    from slide.lsh.index import LSHIndex
+    rng = np.random.default_rng(8)
+    X, Y = _data(rng, 64, 40, 500)
+    net = Network((40, 16, 500), [False, True], [0, 0], seed=8, lsh=dict(LSH, bucket_size=4),
+                  shared_negatives=20)
+    net.build_indices()
+    net.prepare(16, 2, 2)
+    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 5e-2)
+    for b in range(1, 13):
+        rows = rng.choice(64, 16, replace=False).astype(np.int64)
+        net.train_batch(X, Y, rows, 7, b, opt)
+        if b % 4 == 0:
+            ref = LSHIndex.from_state(net.indices[1].state_dict())
+            ref.rehash(net.weight_rows(1))
+            net.rehash(b)
+            assert 0 < net.last_dirty < 500          # really incremental
+            assert np.array_equal(net.indices[1].offsets, ref.offsets)
+            assert np.array_equal(net.indices[1].items, ref.items)
+    seed = net.indices[1].seed
+    net.rebuild(12)
+    assert net.indices[1].seed != seed
+    ref = LSHIndex.from_state(net.indices[1].state_dict())   # validates params vs seed
+    ref.rehash(net.weight_rows(1))
+    net.rehash(12)
+    assert np.array_equal(net.indices[1].items, ref.items)
