@@ -11,8 +11,10 @@ test points (evaluation excluded from training seconds), then once on all ``--n-
 
 Writes ``results.json``, ``results.md`` and ``time_to_accuracy.png`` into ``--out`` and prints the
 table last. ``--reuse`` takes a baseline's result from the cache (``bench/out/cache/results``)
-when one exists for exactly the same data and settings, so that slide can be rerun alone; the
-table says which run each row comes from.
+when one exists for exactly the same data and settings, so that slide can be rerun alone;
+``--reuse-systems slide,...`` also reuses slide's (same data and settings; its row then names
+the commit and engine-source digest it was measured at). The table says which run each row
+comes from.
 """
 from __future__ import annotations
 
@@ -82,6 +84,9 @@ def parse_args(argv=None):
                    "dense TF model's P@1 after one epoch on the evaluation sample)")
     p.add_argument("--reuse", action="store_true",
                    help="reuse cached baseline results for identical data and settings")
+    p.add_argument("--reuse-systems", default=None,
+                   help="comma list of systems whose cached results to reuse (may include "
+                   "slide: same data and settings; the row names its commit and engine digest)")
     p.add_argument("--no-warmup", action="store_true",
                    help="time slide's Numba compilation as training")
     p.add_argument("--cache-dir", default=str(common.DEFAULT_CACHE))
@@ -100,6 +105,9 @@ def parse_args(argv=None):
     if bad:
         p.error(f"unknown systems {bad}")
     a.threads = a.threads or common.machine_description()["cores"]
+    a.reuse_set = set(common.BASELINES) if a.reuse else set()
+    if a.reuse_systems:
+        a.reuse_set |= {s.strip() for s in a.reuse_systems.split(",") if s.strip()}
     a.slide_params = {}
     for name in SLIDE_FLAGS:
         v = getattr(a, "slide_" + name)
@@ -123,11 +131,27 @@ def base_spec(a, meta, system):
             "slide_params": a.slide_params if system.startswith("slide") else None}
 
 
+def _engine_digest():
+    """Digest of slide's own source (every .py under slide/) and the slide runner: a cached
+    slide result is reused only for exactly the engine code that produced it."""
+    h = hashlib.sha1()
+    for f in sorted((common.REPO / "slide").rglob("*.py")) + [Path(__file__).parent /
+                                                           "slide_runner.py"]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def cache_path(a, spec):
-    """Result cache file of a baseline: keyed by data, every shared setting, the baseline's
-    own settings and a digest of its source file."""
-    keep = {k: v for k, v in spec.items() if k not in ("meta", "slide_params", "warmup")}
-    src = common._file_digest(Path(__file__).parent / SOURCES[spec["system"]])
+    """Result cache file of one system: keyed by data, every shared setting, the system's own
+    settings and a digest of its source (the baseline's file, or the whole engine)."""
+    keep = {k: v for k, v in spec.items() if k not in ("meta", "warmup")}
+    if spec["system"].startswith("slide"):
+        # not keyed by engine source (it changes with every edit while it is being tuned);
+        # the result records the commit and the engine digest, shown in the table's run column
+        src = "engine"
+    else:
+        keep.pop("slide_params", None)
+        src = common._file_digest(Path(__file__).parent / SOURCES[spec["system"]])
     raw = json.dumps([spec["meta"]["key"], keep, src], sort_keys=True)
     key = hashlib.sha1(raw.encode()).hexdigest()[:16]
     return Path(a.cache_dir) / "results" / f"{spec['system']}-{key}.json"
@@ -251,17 +275,21 @@ def main(argv=None):
                 spec["num_sampled"] = int(a.num_sampled)
             spec["num_sampled"] = max(1, min(spec["num_sampled"], meta["n_labels"]))
             spec["candidate_sampler"] = a.candidate_sampler
-        cp = cache_path(a, spec) if s in common.BASELINES else None
-        if a.reuse and cp is not None and cp.exists():
+        cp = cache_path(a, spec)
+        if s in a.reuse_set and cp.exists():
             r = json.loads(cp.read_text())
-            r["_source"] = f"reused: {r['finished_at']}, commit {r['commit']}"
+            r["_source"] = f"reused: {r['finished_at']}, commit {r['commit']}" + (
+                f", engine {r['engine_digest']}" if r.get("engine_digest") else "")
             print(f"[{s}] reusing {cp} ({r['_source']})")
         else:
+            if s.startswith("slide"):
+                spec["engine_digest"] = _engine_digest()
             r = common.run_in_subprocess(spec, work, timeout=a.timeout, lock=a.lock)
+            if s.startswith("slide"):
+                r["engine_digest"] = spec["engine_digest"]
             r["_source"] = f"this run ({r['finished_at']})"
-            if cp is not None:
-                cp.parent.mkdir(parents=True, exist_ok=True)
-                cp.write_text(json.dumps(r))
+            cp.parent.mkdir(parents=True, exist_ok=True)
+            cp.write_text(json.dumps(r))
         results[s] = r
     target, target_how = default_target(results, a)
     table = make_table(results, order, target)
