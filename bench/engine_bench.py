@@ -226,7 +226,8 @@ def main():
                 run_child(data_path, dict(base, sampler="dense"), threads=args.threads,
                           label="speed xc200k dense")
         elif args.what == "accuracy":
-            data = _generate("xc200k", scale=args.scale, seed=0)
+            over = {"n_train": args.n_train} if args.n_train else {}
+            data = _generate("xc200k", scale=args.scale, seed=0, n_test=args.n_test, **over)
             _save_data(data_path, *data)
             run_child(data_path, base, threads=args.threads,
                       label=f"accuracy xc200k scale={args.scale} slide")
