@@ -119,7 +119,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="vanilla", sampler_budget=1024,
-                 sampler_threshold=2, min_active=0, shared_negatives=512,
+                 sampler_threshold=2, min_active=0, shared_negatives=2048,
                  sampling_correction=True, sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-4, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
