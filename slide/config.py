@@ -127,6 +127,10 @@ SCHEMA: dict = {
                          ge=1, optional=True),
         "min_active": Opt("int", None, "random fill up to this many active neurons", ge=0,
                           optional=True),
+        "shared_negatives": Opt("int", None, "random negatives shared by the samples of a "
+                                "batch", ge=0, optional=True),
+        "sampling_correction": Opt("bool", None, "logQ correction of the sampled softmax for "
+                                   "the random negatives", optional=True),
     },
     "optimizer": {
         "name": Opt("str", "adam", "optimizer", choices=("adam", "sgd")),
@@ -599,7 +603,8 @@ def estimator_kwargs(cfg: dict, sampler_kind=None) -> dict:
         bucket_size=lsh["bucket_size"], bucket_policy=lsh["policy"],
         sampler=sampler_kind or s["kind"],
         sampler_budget=s["budget"], sampler_threshold=s["threshold"],
-        min_active=s["min_active"],
+        min_active=s["min_active"], shared_negatives=s["shared_negatives"],
+        sampling_correction=s["sampling_correction"],
         optimizer=o["name"], learning_rate=o["learning_rate"], beta1=o["beta1"],
         beta2=o["beta2"], epsilon=o["epsilon"],
         rehash_period=sch["rehash_period"], rebuild_period=sch["rebuild_period"],

@@ -230,6 +230,11 @@ def test_estimator_kwargs_leave_unset_keys_to_the_engine():
     cfg = C.load_config(None, ["data.preset=tiny", "sampler.budget=50", "train.threads=0"])
     kw = C.estimator_kwargs(cfg)
     assert kw["sampler_budget"] == 50 and "sampler_threshold" not in kw
+    assert "shared_negatives" not in kw and "sampling_correction" not in kw
+    kw2 = C.estimator_kwargs(C.load_config(None, ["data.preset=tiny",
+                                                  "sampler.shared_negatives=64",
+                                                  "sampler.sampling_correction=false"]))
+    assert kw2["shared_negatives"] == 64 and kw2["sampling_correction"] is False
     assert "n_threads" not in kw  # 0 = all cores = the engine's default
     assert C.estimator_kwargs(cfg, sampler_kind="dense")["sampler"] == "dense"
     assert kw["hash_family"] == "dwta" and kw["random_state"] == 0
