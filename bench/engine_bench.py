@@ -5,6 +5,12 @@ LSH-sampled training against slide's own dense mode (every output neuron active)
     python bench/engine_bench.py speed    [--n-train 100000] [--threads 2]
     python bench/engine_bench.py accuracy [--scale 0.1] [--epochs 3]
     python bench/engine_bench.py profile  [--n-train 20000]
+    python bench/engine_bench.py refill670k [--n-train 40000] [--batches 312]
+
+``refill670k`` trains the Amazon-670K shape twice, back to back in fresh subprocesses: once with
+the table refill the engine used before 2026-11-22 06:30 UTC (``hash_dense_batch`` of the dirty
+rows + ``slide.lsh.index.build_tables_into``, kept below as ``_reference_refill``) and once with
+the engine's own (in-place row hashing + column-local table build; identical tables).
 
 Run under ``flock /tmp/slide-bench.lock`` (the machine is shared). Each measurement runs in a
 fresh subprocess so that peak resident memory (ru_maxrss) is that of the training run alone
@@ -48,10 +54,43 @@ def _rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _reference_refill(self, l, full, serial=0):
+    """Network._refill as it was before the in-place hashing / column-local build (same
+    tables; used by ``refill670k`` as the 'before' side)."""
+    from slide.lsh.hashes import hash_dense_batch
+    from slide.lsh.index import build_tables_into
+    idx = self.indices[l]
+    rows = self.weight_rows(l)
+    cache = self._codes.get(l)
+    incremental = self.row_path and l == self.layout.n_layers - 1
+    if full or cache is None or not incremental:
+        codes = hash_dense_batch(idx.hf, rows)
+    else:
+        dirty = np.flatnonzero(self.out_stamp > self._hashed_at.get(l, 0))
+        codes = cache
+        if dirty.size:
+            codes[dirty] = hash_dense_batch(idx.hf, rows[dirty])
+        self.last_dirty = int(dirty.size)
+    if incremental:
+        self._codes[l] = codes
+        self._hashed_at[l] = int(serial)
+    n = rows.shape[0]
+    nb = 1 << idx.range_pow
+    if idx.offsets is None or idx.items.shape[1] != n:
+        idx.offsets = np.empty((idx.L, nb + 1), dtype=np.int32)
+        idx.items = np.empty((idx.L, n), dtype=np.int32)
+    idx.n_neurons = n
+    build_tables_into(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
+                      idx.offsets, idx.items)
+
+
 def child(args):
     """Train one configuration on the saved data; print one JSON line."""
     import numba
     from slide.estimator import SlideClassifier
+    if args.reference_refill:
+        import slide.network
+        slide.network.Network._refill = _reference_refill
     X, Y, Xt, Yt = _load_data(args.data)
     rss_data = _rss_mb()
     params = json.loads(args.params)
@@ -67,7 +106,7 @@ def child(args):
     m.fit(X, Y, callback=cb)
     wall = time.perf_counter() - t0
     rss_train = _rss_mb()
-    rec = dict(params=params, n_train=X.shape[0], n_features=X.shape[1], n_labels=Y.shape[1],
+    rec = dict(params=params, reference_refill=bool(args.reference_refill), n_train=X.shape[0], n_features=X.shape[1], n_labels=Y.shape[1],
                batches=m.batches_, samples=m.samples_, fit_wall_s=round(wall, 2),
                train_s=round(m.train_seconds_, 2),
                lsh_s=round(getattr(m, "lsh_seconds_", 0.0), 2),
@@ -141,7 +180,7 @@ def profile_child(args):
 
 
 def run_child(data_path, params, batches=None, evaluate=True, threads=None, label="",
-              mode="child"):
+              mode="child", reference_refill=False):
     env = dict(os.environ)
     if threads:
         env["NUMBA_NUM_THREADS"] = str(threads)
@@ -151,6 +190,8 @@ def run_child(data_path, params, batches=None, evaluate=True, threads=None, labe
         cmd += ["--batches", str(batches)]
     if evaluate:
         cmd += ["--evaluate"]
+    if reference_refill:
+        cmd += ["--reference-refill"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.stderr.write(out.stdout + out.stderr)
@@ -178,8 +219,9 @@ def _generate(preset, scale=1.0, seed=0, **over):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["memory", "speed", "accuracy", "profile", "child",
-                                     "profile_child"])
+    ap.add_argument("what", choices=["memory", "speed", "accuracy", "profile", "refill670k",
+                                     "child", "profile_child"])
+    ap.add_argument("--reference-refill", action="store_true")
     ap.add_argument("--data")
     ap.add_argument("--params", default="{}")
     ap.add_argument("--batches", type=int)
@@ -211,6 +253,15 @@ def main():
             _save_data(data_path, *data)
             run_child(data_path, base, batches=args.batches or 300, evaluate=False,
                       threads=args.threads, label="memory amazon670k")
+        elif args.what == "refill670k":
+            n_train = args.n_train or 40_000
+            data = _generate("amazon670k", seed=0, n_train=n_train, n_test=1000)
+            _save_data(data_path, *data)
+            for ref in (True, False):
+                run_child(data_path, base, batches=args.batches, evaluate=False,
+                          threads=args.threads, reference_refill=ref,
+                          label="refill670k " + ("before (reference refill)" if ref
+                                                 else "after (engine refill)"))
         elif args.what == "profile":
             n_train = args.n_train or 20_000
             data = _generate("xc200k", seed=0, n_train=n_train, n_test=100)

@@ -271,3 +271,36 @@ def test_incremental_rehash_equals_full_rehash():
     ref.rehash(net.weight_rows(1))
     net.rehash(12)
     assert np.array_equal(net.indices[1].items, ref.items)
+
+
+def test_build_tables_fast_equals_reference_build():
+    """The engine's column-local table build must give exactly the tables of
+    slide.lsh.index.build_tables_into (overflowing buckets, both policies), and the in-place
+    row hashing exactly hash_dense_batch's bucket ids."""
+    from slide.lsh.hashes import draw_hash_functions, hash_dense_batch
+    from slide.lsh.index import build_tables_into
+    from slide.network import build_tables_fast, hash_rows_into
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((3000, 16)).astype(np.float32)
+    hf = draw_hash_functions("dwta", 16, 2, 6, 6, 11)
+    ref_codes = hash_dense_batch(hf, W)
+    codes = np.full_like(ref_codes, -7)
+    hash_rows_into(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params, W,
+                   True, np.zeros(0, np.int64), codes)
+    assert np.array_equal(codes, ref_codes)
+    some = np.array([5, 17, 2999], np.int64)
+    W2 = W.copy()
+    W2[some] = rng.standard_normal((3, 16)).astype(np.float32)
+    hash_rows_into(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params, W2,
+                   False, some, codes)
+    assert np.array_equal(codes, hash_dense_batch(hf, W2))
+    for policy in (0, 1):
+        outs = []
+        for f in (build_tables_into, build_tables_fast):
+            off = np.full((6, 2 ** 6 + 1), -3, np.int32)
+            items = np.full((6, 3000), -3, np.int32)
+            f(ref_codes, 8, policy, np.uint64(99), off, items)
+            outs.append((off, items))
+        assert (np.diff(outs[0][0], axis=1) == 8).any()          # buckets did overflow
+        assert np.array_equal(outs[0][0], outs[1][0])
+        assert np.array_equal(outs[0][1], outs[1][1])
