@@ -6,6 +6,12 @@ LSH-sampled training against slide's own dense mode (every output neuron active)
     python bench/engine_bench.py accuracy [--scale 0.1] [--epochs 3]
     python bench/engine_bench.py profile  [--n-train 20000]
     python bench/engine_bench.py refill670k [--n-train 40000] [--batches 312]
+    python bench/engine_bench.py accsweep --scale 0.1 --n-train 30000 --n-test 3000 --epochs 3 \
+        --lr 3e-3 --configs '[{"sampler": "dense"}, {}, {"K": 3}]'
+
+``accsweep`` trains each configuration of the JSON list in turn in this process (same generated
+data, same seed unless a config sets random_state) and prints P@1 on the test split after every
+epoch (``history_``), for comparing slide variants against its dense mode in one run.
 
 ``refill670k`` trains the Amazon-670K shape twice, back to back in fresh subprocesses: once with
 the table refill the engine used before 2026-11-22 06:30 UTC (``hash_dense_batch`` of the dirty
@@ -216,10 +222,33 @@ def _generate(preset, scale=1.0, seed=0, **over):
     return data
 
 
+def accsweep(args, base):
+    """P@1 after every epoch for each configuration in --configs (one process, sequential)."""
+    from slide.estimator import SlideClassifier
+    over = {"n_train": args.n_train} if args.n_train else {}
+    X, Y, Xt, Yt = _generate("xc200k", scale=args.scale, seed=0, n_test=args.n_test, **over)
+    for cfg in json.loads(args.configs):
+        m = SlideClassifier(**dict(base, **cfg))
+        t0 = time.perf_counter()
+        m.fit(X, Y, eval_set=(Xt, Yt))
+        net = m.network_
+        rec = dict(label=f"accsweep xc200k scale={args.scale}", cfg=cfg, params=dict(base, **cfg),
+                   n_train=X.shape[0], n_test=Xt.shape[0], n_labels=Y.shape[1],
+                   p1_per_epoch=[round(h["P@1"], 4) for h in m.history_],
+                   train_s=round(m.train_seconds_, 1), fit_wall_s=round(time.perf_counter() - t0, 1),
+                   active_mean=(round(float(net.sc["n_act"][:, -1].mean()), 1)
+                                if net.uses_tables else None),
+                   when=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        print(json.dumps(rec), flush=True)
+        with open(RESULTS, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["memory", "speed", "accuracy", "profile", "refill670k",
+    ap.add_argument("what", choices=["memory", "speed", "accuracy", "accsweep", "profile",
+                                     "refill670k",
                                      "child", "profile_child"])
     ap.add_argument("--reference-refill", action="store_true")
     ap.add_argument("--data")
@@ -235,6 +264,8 @@ def main():
     ap.add_argument("--set", action="append", default=[],
                     help="extra slide hyperparameter, e.g. --set shared_negatives=256")
     ap.add_argument("--dense", action="store_true", help="also run sampler='dense'")
+    ap.add_argument("--configs", default='[{"sampler": "dense"}, {}]',
+                    help="accsweep: JSON list of hyperparameter overrides")
     args = ap.parse_args()
     if args.what == "child":
         return child(args)
@@ -245,6 +276,8 @@ def main():
         k, v = kv.split("=", 1)
         extra[k] = json.loads(v)
     base = dict(learning_rate=args.lr, random_state=0, epochs=args.epochs, **extra)
+    if args.what == "accsweep":
+        return accsweep(args, base)
     with tempfile.TemporaryDirectory() as tmp:
         data_path = os.path.join(tmp, "data.npz")
         if args.what == "memory":
