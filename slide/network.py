@@ -847,12 +847,7 @@ class Network:
         if incremental:
             self._codes[l] = codes
             self._hashed_at[l] = int(serial)
-        n = rows.shape[0]
-        nb = 1 << idx.range_pow
-        if idx.offsets is None or idx.items.shape[1] != n:
-            idx.offsets = np.empty((idx.L, nb + 1), dtype=np.int32)
-            idx.items = np.empty((idx.L, n), dtype=np.int32)
-        idx.n_neurons = n
+        idx.ensure_tables(rows.shape[0])
         build_tables_fast(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
                           idx.offsets, idx.items)
 

@@ -171,13 +171,17 @@ class LSHIndex:
         """The uint64 seed ``build_tables_into`` used for the current tables."""
         return _table_seed(self.seed, self.generation)
 
-    def _fill(self, codes):
-        n = codes.shape[0]
+    def ensure_tables(self, n):
+        """Allocate (or keep, if the size matches) the CSR arrays for ``n`` neurons; the
+        engine's incremental refill fills them with its own kernel."""
         nb = 1 << self.range_pow
         if self.offsets is None or self.items.shape[1] != n:
             self.offsets = np.empty((self.L, nb + 1), dtype=np.int32)
             self.items = np.empty((self.L, n), dtype=np.int32)
         self.n_neurons = n
+
+    def _fill(self, codes):
+        self.ensure_tables(codes.shape[0])
         build_tables_into(codes, self.bucket_size, self.policy_code, self.table_seed(),
                           self.offsets, self.items)
 
