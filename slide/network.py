@@ -24,7 +24,7 @@ from slide.layers import (FASTMATH, first_forward_dense, first_forward_sparse, f
                           rows_forward, rows_backward)
 from slide.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.lsh.samplers import sample_into
-from slide.lsh.index import insertion_order_into, _STREAM_RESERVOIR, FIFO
+from slide.lsh.index import build_tables_into
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
 
@@ -671,58 +671,6 @@ def hash_rows_into(family_code, K, L, bits, int_params, float_params, W, all_row
             hash_dense_into(family_code, K, L, bits, int_params, float_params, W[r], codes[r])
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def build_tables_fast(codes, bucket_size, policy_code, seed, offsets, items):
-    """Exactly ``slide.lsh.index.build_tables_into`` (same tables, bit for bit), laid out for
-    large N: each table first copies its column of ``codes[N, L]`` into a contiguous array, so
-    the counting pass and the random-order insertion pass read a 4N-byte column (2.7 MB at
-    670k neurons, cache-resident) instead of striding through the whole N x L matrix (134 MB)
-    with a cache miss per neuron per pass."""
-    N = codes.shape[0]
-    L = codes.shape[1]
-    nb = offsets.shape[1] - 1
-    cap = bucket_size
-    for l in prange(L):
-        col = np.empty(N, dtype=np.int32)
-        counts = np.zeros(nb, dtype=np.int32)
-        for i in range(N):
-            b = codes[i, l]
-            col[i] = b
-            counts[b] += 1
-        offsets[l, 0] = 0
-        for b in range(nb):
-            offsets[l, b + 1] = offsets[l, b] + min(counts[b], cap)
-        order = np.empty(N, dtype=np.int32)
-        insertion_order_into(seed, l, order)
-        seen = np.zeros(nb, dtype=np.int32)
-        row = items[l]
-        off = offsets[l]
-        if policy_code == FIFO:     # FIFO: keep the last `cap` arrivals, in arrival order
-            for r in range(N):
-                i = order[r]
-                b = col[i]
-                s = seen[b]
-                seen[b] = s + 1
-                drop = counts[b] - cap
-                if s >= drop:
-                    row[off[b] + s - max(drop, 0)] = i
-        else:                       # reservoir (Algorithm R), the same draws as the reference
-            state = stream_seed(seed, _STREAM_RESERVOIR, l)
-            for r in range(N):
-                i = order[r]
-                b = col[i]
-                s = seen[b]
-                seen[b] = s + 1
-                if s < cap:
-                    row[off[b] + s] = i
-                else:
-                    state, q = randint(state, s + 1)
-                    if q < cap:
-                        row[off[b] + q] = i
-        for p in range(off[nb], row.shape[0]):
-            row[p] = -1
-
-
 # ----------------------------------------------------------------------------------------------
 # Network: owns the arrays and calls the kernels
 # ----------------------------------------------------------------------------------------------
@@ -848,7 +796,7 @@ class Network:
             self._codes[l] = codes
             self._hashed_at[l] = int(serial)
         idx.ensure_tables(rows.shape[0])
-        build_tables_fast(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
+        build_tables_into(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
                           idx.offsets, idx.items)
 
     def rehash(self, serial=0):

@@ -60,45 +60,54 @@ def build_tables_into(codes, bucket_size, policy_code, seed, offsets, items):
     """Fill the CSR tables from the bucket ids ``codes[N, L]`` (one prange task per table).
 
     ``offsets`` int32[L, n_buckets + 1], ``items`` int32[L, >= N] are overwritten. ``seed``
-    (uint64) fixes the insertion orders and the reservoir draws: same seed, same tables."""
+    (uint64) fixes the insertion orders and the reservoir draws: same seed, same tables.
+    Each table first copies its column of ``codes`` into a contiguous array, so the counting
+    pass and the random-order insertion pass read a 4N-byte column (2.7 MB at 670k neurons,
+    cache-resident) instead of striding through the whole N x L matrix (134 MB) with a cache
+    miss per neuron per pass."""
     N = codes.shape[0]
     L = codes.shape[1]
     nb = offsets.shape[1] - 1
     cap = bucket_size
     for l in prange(L):
+        col = np.empty(N, dtype=np.int32)
         counts = np.zeros(nb, dtype=np.int32)
         for i in range(N):
-            counts[codes[i, l]] += 1
+            b = codes[i, l]
+            col[i] = b
+            counts[b] += 1
         offsets[l, 0] = 0
         for b in range(nb):
             offsets[l, b + 1] = offsets[l, b] + min(counts[b], cap)
         order = np.empty(N, dtype=np.int32)
         insertion_order_into(seed, l, order)
         seen = np.zeros(nb, dtype=np.int32)
-        if policy_code == FIFO:
+        row = items[l]
+        off = offsets[l]
+        if policy_code == FIFO:     # FIFO: keep the last `cap` arrivals, in arrival order
             for r in range(N):
                 i = order[r]
-                b = codes[i, l]
+                b = col[i]
                 s = seen[b]
                 seen[b] = s + 1
-                drop = counts[b] - cap  # the first `drop` arrivals get pushed out later
+                drop = counts[b] - cap
                 if s >= drop:
-                    items[l, offsets[l, b] + s - max(drop, 0)] = i
-        else:
+                    row[off[b] + s - max(drop, 0)] = i
+        else:                       # reservoir (Algorithm R), the same draws as the reference
             state = stream_seed(seed, _STREAM_RESERVOIR, l)
             for r in range(N):
                 i = order[r]
-                b = codes[i, l]
+                b = col[i]
                 s = seen[b]
                 seen[b] = s + 1
                 if s < cap:
-                    items[l, offsets[l, b] + s] = i
+                    row[off[b] + s] = i
                 else:
                     state, q = randint(state, s + 1)
                     if q < cap:
-                        items[l, offsets[l, b] + q] = i
-        for p in range(offsets[l, nb], items.shape[1]):
-            items[l, p] = -1
+                        row[off[b] + q] = i
+        for p in range(off[nb], row.shape[0]):
+            row[p] = -1
 
 
 def _table_seed(seed, generation):
