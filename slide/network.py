@@ -125,6 +125,20 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1=0, h
         return loss
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pad_random(ids, n, target, n_neurons, rng, mark, serial):
+    """Append uniformly random neurons not yet in ``ids[:n]`` until ``target`` are present
+    (``target`` <= n_neurons). ``mark`` is a per-thread stamp array that is never cleared:
+    mark[j] == serial means j is already in the set, so no O(n_neurons) clearing per sample."""
+    while n < target:
+        rng, j = randint(rng, n_neurons)
+        if mark[j] != serial:
+            mark[j] = serial
+            ids[n] = j
+            n += 1
+    return n, rng
+
+
 @njit(cache=True, nogil=True)
 def _fill_active(n_out, labels, forced, min_active, rng, ids, mark, serial):
     """Dense-free active set without LSH: the true labels (if ``forced``) plus random neurons
@@ -139,13 +153,7 @@ def _fill_active(n_out, labels, forced, min_active, rng, ids, mark, serial):
                 ids[n] = j
                 n += 1
     n_kept = n
-    target = min(min_active, n_out)
-    while n < target:
-        rng, j = randint(rng, n_out)
-        if mark[j] != serial:
-            mark[j] = serial
-            ids[n] = j
-            n += 1
+    n, rng = _pad_random(ids, n, min(min_active, n_out), n_out, rng, mark, serial)
     return n, rng, n_kept
 
 
@@ -192,17 +200,12 @@ def _select_active(l, cfg, in_sparse, in_ids, in_vals, n_in_act, n_in, n_neurons
                           cfg[CFG_THRESHOLD], forced, 0, rng, set_keys, set_counts, order, out)
     # random fill up to min_act done here (not by the sampler) so that the caller knows which
     # positions are uniform random negatives: out[n1:n]
-    n = n1
     target = min(min_act, n_neurons, out.shape[0])
+    n = n1
     if n < target:
         for k in range(n1):
             mark[out[k]] = serial
-        while n < target:
-            rng, j = randint(rng, n_neurons)
-            if mark[j] != serial:
-                mark[j] = serial
-                out[n] = j
-                n += 1
+        n, rng = _pad_random(out, n1, target, n_neurons, rng, mark, serial)
     return n, rng, n1
 
 
