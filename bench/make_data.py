@@ -30,9 +30,16 @@ def main(argv=None):
     p.add_argument("--n-test", type=int, default=None)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="generator parameter override, e.g. --set label_alpha=1.0")
     a = p.parse_args(argv)
     from slide.synthetic import generate, preset_params, write_dataset
     over = {k: v for k, v in (("n_train", a.n_train), ("n_test", a.n_test)) if v is not None}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set needs KEY=VALUE, got {item!r}")
+        over[key] = float(value) if "." in value or "e" in value else int(value)
     t = time.perf_counter()
     parts = generate(a.preset, scale=a.scale, seed=a.seed, **over)
     write_dataset(a.out_dir, *parts)

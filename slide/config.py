@@ -108,6 +108,8 @@ SCHEMA: dict = {
         "hidden_sizes": Opt("int_list", [128], "widths of the hidden layers", ge=1),
         "loss": Opt("str", "softmax", "loss over the active output neurons",
                     choices=("softmax", "sigmoid")),
+        "output_bias_init": Opt("str", "log_prior", "output biases start at the log label "
+                                "frequencies, or at zero", choices=("log_prior", "zero")),
     },
     "lsh": {
         "family": Opt("str", "dwta", "hash family", choices=("simhash", "wta", "dwta", "doph")),
@@ -131,9 +133,11 @@ SCHEMA: dict = {
                                 "batch", ge=0, optional=True),
         "sampling_correction": Opt("bool", None, "logQ correction of the sampled softmax for "
                                    "the random negatives", optional=True),
+        "negative_power": Opt("float", None, "shared negatives drawn ~ (label count + 1)^power "
+                              "(0: uniform)", ge=0, le=2, optional=True),
     },
     "optimizer": {
-        "name": Opt("str", "adam", "optimizer", choices=("adam", "sgd")),
+        "name": Opt("str", "adam", "optimizer", choices=("adam", "lazy_adam", "sgd")),
         "learning_rate": Opt("float", 1e-4, "step size", gt=0),
         "beta1": Opt("float", 0.9, "Adam first-moment decay", ge=0, le=0.999999),
         "beta2": Opt("float", 0.999, "Adam second-moment decay", ge=0, le=0.99999999),
@@ -604,7 +608,8 @@ def estimator_kwargs(cfg: dict, sampler_kind=None) -> dict:
         sampler=sampler_kind or s["kind"],
         sampler_budget=s["budget"], sampler_threshold=s["threshold"],
         min_active=s["min_active"], shared_negatives=s["shared_negatives"],
-        sampling_correction=s["sampling_correction"],
+        sampling_correction=s["sampling_correction"], negative_power=s["negative_power"],
+        output_bias_init=m["output_bias_init"],
         optimizer=o["name"], learning_rate=o["learning_rate"], beta1=o["beta1"],
         beta2=o["beta2"], epsilon=o["epsilon"],
         rehash_period=sch["rehash_period"], rebuild_period=sch["rebuild_period"],

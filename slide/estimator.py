@@ -101,12 +101,26 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         Softmax only: add log(U / |R|) to the logits of the |R| uniform random negatives,
         which stand for the U output neurons neither forced nor LSH-selected (the logQ
         correction of sampled softmax), so the normaliser estimates the full softmax's.
+    negative_power : float in [0, 2]
+        0: the shared negatives are uniform. > 0: drawn with probability proportional to
+        (training count + 1) ** negative_power, so the frequent labels, which carry most of the
+        softmax's mass, are among them in nearly every batch; each drawn neuron's logit then
+        gets -log P(drawn) (the importance weight) as its correction.
+    output_bias_init : "log_prior" | "zero"
+        "log_prior": before the first batch, the output biases are set to
+        log((count + 1) / (n_samples + n_labels)) from the training labels, so training starts
+        from the label prior (for softmax and sigmoid alike). "zero": the usual zero biases (the
+        dense baselines' initialisation).
     sparse_layers : None or sequence of int
         Which layers (0 = first hidden layer, len(hidden_sizes) = output layer) use LSH; None =
         the output layer only. Ignored (no sparse layer) when sampler="dense".
     loss : "softmax" | "sigmoid"
-    optimizer : "adam" | "sgd"
-    learning_rate, beta1, beta2, epsilon : optimizer settings (Adam is bias-corrected, lazy).
+    optimizer : "adam" | "lazy_adam" | "sgd"
+        "adam": bias-corrected Adam with dense Adam's trajectory at sparse cost (rows a batch
+        does not touch still receive their decaying momentum, applied in closed form at their
+        next touch or at ``sync``; see ``slide.optim``). "lazy_adam": moments and weights of a
+        row change only in batches that touch it (TensorFlow's LazyAdam).
+    learning_rate, beta1, beta2, epsilon : optimizer settings.
     batch_size, epochs : minibatch size and number of passes of ``fit``.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
@@ -120,7 +134,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="vanilla", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
-                 sampling_correction=True, sparse_layers=None, loss="softmax",
+                 sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
+                 sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-4, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
@@ -137,6 +152,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.min_active = min_active
         self.shared_negatives = shared_negatives
         self.sampling_correction = sampling_correction
+        self.negative_power = negative_power
+        self.output_bias_init = output_bias_init
         self.sparse_layers = sparse_layers
         self.loss = loss
         self.optimizer = optimizer
@@ -205,6 +222,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if not _is_real(self.rehash_decay) or self.rehash_decay < 0:
             raise ValueError(f"rehash_decay must be a finite number >= 0, "
                              f"got {self.rehash_decay!r}")
+        if not _is_real(self.negative_power) or not 0 <= self.negative_power <= 2:
+            raise ValueError(f"negative_power must be a number in [0, 2], "
+                             f"got {self.negative_power!r}")
+        if self.output_bias_init not in ("zero", "log_prior"):
+            raise ValueError(f"output_bias_init must be 'zero' or 'log_prior', "
+                             f"got {self.output_bias_init!r}")
         if not isinstance(self.sampling_correction, (bool, np.bool_)):
             raise ValueError(f"sampling_correction must be True or False, "
                              f"got {self.sampling_correction!r}")
@@ -279,10 +302,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                        budget=int(self.sampler_budget), threshold=int(self.sampler_threshold))
         self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
                                 shared_negatives=int(self.shared_negatives),
-                                correct=bool(self.sampling_correction))
-        self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout.n_weights,
-                                          self.network_.layout.n_biases, self.learning_rate,
-                                          self.beta1, self.beta2, self.epsilon)
+                                correct=bool(self.sampling_correction),
+                                negative_power=float(self.negative_power))
+        self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout,
+                                          self.learning_rate, self.beta1, self.beta2,
+                                          self.epsilon)
         self.schedule_ = RehashSchedule(self.rehash_period, self.rebuild_period,
                                         self.rehash_decay)
         self.sparse_layers_ = tuple(sparse)
@@ -347,6 +371,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         n_batches = (n + bs - 1) // bs
         max_labels = int(np.diff(Y.indptr).max()) if n else 1
         net.prepare(bs, n_threads, max(1, max_labels))
+        net.set_label_counts(np.bincount(Y.indices, minlength=Y.shape[1]))
+        if self.batches_ == 0 and self.output_bias_init == "log_prior" and n:
+            # the output biases start at the log label frequencies: a network that has not
+            # learned anything yet already ranks labels by popularity, and labels without a
+            # training point start far below the rest (a dense softmax needs most of an epoch
+            # of Adam steps on every row to learn this prior; a sampled one, much longer)
+            counts = np.bincount(Y.indices, minlength=Y.shape[1]).astype(np.float64)
+            net.layout.bias_view(net.B, net.layout.n_layers - 1)[:] = np.log(
+                (counts + 1.0) / (n + Y.shape[1]))
         self._ensure_lsh()
         self.stopped_ = False
         while self.epoch_ < end_epoch:
@@ -387,6 +420,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                         self.stopped_ = True
                         return
             rec = {"epoch": epoch, "seconds": time.perf_counter() - t_epoch}
+            self.sync()
             if eval_set is not None:
                 rec["P@1"] = self.score(*eval_set)
             self.history_.append(rec)
@@ -429,6 +463,16 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             from sklearn.exceptions import NotFittedError
             raise NotFittedError("this SlideClassifier is not fitted yet; call fit first")
 
+    def sync(self):
+        """Apply the optimizer's pending zero-gradient steps (``optimizer="adam"``: dense Adam's
+        momentum on rows a batch did not touch), so the weights are those dense Adam would
+        hold. Runs at the end of every epoch and before inference; call it before reading
+        ``network_.W`` of a model stopped mid-epoch. Deterministic: a run that syncs at the
+        same batches trains identically."""
+        self._check_fitted()
+        self.optimizer_.flush(self.network_.W, self.network_.B)
+        return self
+
     def predict_topk(self, X, k=5, exact=True):
         """(n, k) int64 label ids, best first. exact=True scores every output neuron;
         exact=False only the LSH-selected ones (fast serving)."""
@@ -437,6 +481,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"k must be a positive integer, got {k!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
+        self.sync()
         with _blas_single_thread():     # see _train: OpenBLAS vs Numba thread contention
             if exact or not self.network_.uses_tables:
                 return self.network_.predict_topk_exact(X, int(k))
@@ -453,6 +498,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._check_fitted()
         X = self._check_data(X, fitted=True)
         self._threads()
+        self.sync()
         with _blas_single_thread():
             return self.network_.predict_scores(X)
 
@@ -615,6 +661,10 @@ def load(path):
         opt = model.optimizer_
         for name, target in opt.state_arrays().items():
             a = arrays.get(name)
+            if a is None and name in ("opt_TW", "opt_TB"):
+                # written before the step records existed: treat every row as up to date
+                arrays[name] = a = np.full(target.shape, min(int(meta["opt_t"]), 2**31 - 1),
+                                           dtype=target.dtype)
             if a is None or a.shape != target.shape or a.dtype != target.dtype:
                 raise CheckpointError(path, f"optimizer array {name!r} does not fit")
         if not all(np.isfinite(arrays[n]).all() for n in ("W", "B")):
@@ -625,6 +675,8 @@ def load(path):
         opt.VW[:] = arrays["opt_VW"]
         opt.MB[:] = arrays["opt_MB"]
         opt.VB[:] = arrays["opt_VB"]
+        opt.TW[:] = arrays["opt_TW"]
+        opt.TB[:] = arrays["opt_TB"]
         opt.t = int(meta["opt_t"])
         model.batches_ = int(meta["batches"])
         model.samples_ = int(meta["samples"])

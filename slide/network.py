@@ -55,8 +55,8 @@ def _is_label(labels, j):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1=0, hi1=0, lo2=0,
-                 hi2=0, log_w=0.0):
+def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1, hi1, lo2, hi2,
+                 log_w1, log_w2, corr):
     """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
 
     softmax: cross-entropy against the target distribution 1/|y| on each true label (the SLIDE
@@ -69,12 +69,18 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1=0, h
             for k in range(n_act):
                 delta[k] = 0.0
             return 0.0
-        # logits at positions [lo1, hi1) and [lo2, hi2) are offset by log_w (softmax only)
+        # logits at positions [lo1, hi1) are offset by log_w1 (+ corr[neuron] when ``corr`` is
+        # not empty), those at [lo2, hi2) by log_w2 (softmax only)
+        use_corr = corr.shape[0] > 0
         zmax = -np.inf
         for k in range(n_act):
             zk = z[k]
-            if (lo1 <= k < hi1) or (lo2 <= k < hi2):
-                zk += log_w
+            if lo1 <= k < hi1:
+                zk += log_w1
+                if use_corr:
+                    zk += corr[ids[k]]
+            elif lo2 <= k < hi2:
+                zk += log_w2
             if zk > zmax:
                 zmax = zk
         if not np.isfinite(zmax):
@@ -89,8 +95,12 @@ def _output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, lo1=0, h
         for k in range(n_act):
             j = k if dense else ids[k]
             zk = z[k] - zmax
-            if (lo1 <= k < hi1) or (lo2 <= k < hi2):
-                zk += log_w
+            if lo1 <= k < hi1:
+                zk += log_w1
+                if use_corr:
+                    zk += corr[ids[k]]
+            elif lo2 <= k < hi2:
+                zk += log_w2
             if _is_label(labels, j):
                 lz += zk
                 n_found += 1
@@ -214,14 +224,16 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
                  sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
                  x_idx, x_val, labels, force_labels, shared, rng, scale,
                  acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, mark, serial,
-                 forced_buf, row_path, h_store, d_store, correct, backward):
+                 forced_buf, row_path, h_store, d_store, correct, backward, shared_corr):
     """Forward (and optionally backward) of one sample; returns its loss.
 
     ``acts``/``dels``: this thread's activation/delta scratch (layer l at a_off[l]); ``ids``:
     this sample's active ids of the sparse layers (layer l at s_off[l]); ``n_act[l]`` receives
     the active counts; ``codes``..``mark``, ``forced_buf``: this thread's sampler scratch.
     When ``force_labels`` (training) the true labels and the batch's ``shared`` random
-    negatives are forced into the output layer's active set. When ``row_path`` the output
+    negatives are forced into the output layer's active set; ``shared_corr`` (length n_out, or
+    empty for uniform negatives) holds the log importance weights of the shared negatives,
+    indexed by neuron. When ``row_path`` the output
     layer's gradient is not accumulated here: its input (dense form) goes to ``h_store`` and
     its deltas to ``d_store``, for the per-row pass after the batch."""
     last = n_layers - 1
@@ -287,12 +299,18 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
     # p - 1/|y| is that of the dense network
     lo1 = hi1 = lo2 = hi2 = 0
     log_w = 0.0
+    weighted = shared_corr.shape[0] > 0
     if sparse[last] and force_labels and loss_code == 0 and correct:
         ny = labels.shape[0]
         n_a = n_act[last]
         if cfg[CFG_SAMPLER] == SAMPLER_RANDOM:
             lo1 = ny
             hi1 = n_a
+            if weighted:
+                # shared negatives first, then the uniform fill
+                lo2 = n1
+                hi2 = n_a
+                hi1 = n1
         else:
             n_fk = ny
             for i in range(shared.shape[0]):
@@ -303,11 +321,27 @@ def _sample_pass(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off, s_off
             lo2 = n1
             hi2 = n_a
         n_rand = (hi1 - lo1) + (hi2 - lo2)
-        if n_rand > 0:
+        if weighted:
+            # frequency-proportional shared negatives carry their own weights; a uniform fill
+            # estimates the same remainder, so with both present each counts half
+            n_fill = hi2 - lo2
+            if n_fill > 0:
+                u = n_out[last] - (n_a - n_fill)
+                log_w = math.log(max(u, 1) / n_fill)
+        elif n_rand > 0:
             u = n_out[last] - (n_a - n_rand)
             log_w = math.log(max(u, 1) / n_rand)
+    log_w1 = log_w2 = log_w
+    corr = shared_corr[:0]
+    if weighted and hi1 > lo1:
+        corr = shared_corr
+        log_w1 = 0.0
+        if hi2 > lo2:
+            log_w1 = math.log(0.5)
+            log_w2 = log_w + math.log(0.5)
     loss = _output_loss(z, n_act[last], not sparse[last], ids[s_off[last]:s_off[last + 1]],
-                        labels, loss_code, scale, d_last, lo1, hi1, lo2, hi2, log_w)
+                        labels, loss_code, scale, d_last, lo1, hi1, lo2, hi2, log_w1, log_w2,
+                        corr)
     if not backward:
         return loss
     # ---- backward ----
@@ -347,7 +381,7 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
                        sparse, min_active, loss_code, cfg, intp, floatp, toff, titems,
                        X_ptr, X_ind, X_dat, Y_ptr, Y_ind, rows, seed, serial, shared,
                        acts, dels, ids, n_act, codes, set_keys, set_counts, order, xbuf, marks,
-                       forced_buf, row_path, h_store, d_store, correct, losses):
+                       forced_buf, row_path, h_store, d_store, correct, losses, shared_corr):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch (first axis n_chunks): acts, dels, codes, set_keys, set_counts, order,
@@ -372,7 +406,7 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
                                      scale, acts[c], dels[c], ids[s], n_act[s], codes[c],
                                      set_keys[c], set_counts[c], order[c], xbuf[c], marks[c],
                                      serial * 1048576 + s + 1, forced_buf[c], row_path,
-                                     h_store[s], d_store[s], correct, True)
+                                     h_store[s], d_store[s], correct, True, shared_corr)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -398,7 +432,7 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
                          empty_lab, False, empty_lab, rng, 1.0, acts[c], dels[c], ids[c],
                          n_act[c], codes[c], set_keys[c], set_counts[c], order[c], xbuf[c],
                          marks[c], (call * 1048576 + s + 1) * 2, forced_buf[c], False, dummy,
-                         dummy, False, False)
+                         dummy, False, False, dummy[:0])
             z = acts[c, a_off[last]:a_off[last + 1]]
             m = n_act[c, last]
             dense = not sparse[last]
@@ -422,11 +456,12 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
 @njit(cache=True, nogil=True)
 def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                     X_ptr, X_ind, rows, ids, n_act, stamp_rows, stamp_bias, serial,
-                    starts, lens, bias_ids, row_path):
+                    starts, lens, bias_ids, row_path, rowids):
     """Deduplicated list of the rows (and biases) the batch touched, for the optimizer.
 
     Layer 0 rows are the batch's input features (row length n_out[0]); later layers' rows are
-    their active neurons (all of them for a dense layer). ``stamp_*`` are never cleared:
+    their active neurons (all of them for a dense layer). ``rowids`` receives each listed row's
+    index in the per-row arrays (``row_off`` layout: the optimizer's step records). ``stamp_*`` are never cleared:
     stamp == serial means already listed in this batch. Returns (n_rows, n_bias)."""
     nr = 0
     nbias = 0
@@ -441,6 +476,7 @@ def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                 stamp_rows[row_off[0] + f] = serial
                 starts[nr] = w_off[0] + np.int64(f) * n0
                 lens[nr] = n0
+                rowids[nr] = row_off[0] + f
                 nr += 1
     n_upd = n_layers - 1 if row_path else n_layers   # the row path updates the output layer
     for l in range(n_upd):
@@ -455,6 +491,7 @@ def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                         if l > 0:
                             starts[nr] = w_off[l] + np.int64(j) * n_in[l]
                             lens[nr] = n_in[l]
+                            rowids[nr] = row_off[l] + j
                             nr += 1
         else:
             for j in range(n_out[l]):
@@ -463,6 +500,7 @@ def collect_touched(n_layers, n_in, n_out, w_off, b_off, row_off, sparse, s_off,
                 if l > 0:
                     starts[nr] = w_off[l] + np.int64(j) * n_in[l]
                     lens[nr] = n_in[l]
+                    rowids[nr] = row_off[l] + j
                     nr += 1
     return nr, nbias
 
@@ -592,7 +630,8 @@ def dense_loss_kernel(Z, Y_ptr, Y_ind, rows, loss_code, scale, losses):
     for s in prange(nb):
         r = rows[s]
         labels = Y_ind[Y_ptr[r]:Y_ptr[r + 1]]
-        losses[s] = _output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s])
+        losses[s] = _output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s], 0, 0, 0, 0,
+                                 0.0, 0.0, np.zeros(0, np.float32))
 
 
 def topk_merge(best_s, best_i, scores, base, k):
@@ -692,7 +731,7 @@ class Network:
     """
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
-                 shared_negatives=0, correct=True):
+                 shared_negatives=0, correct=True, negative_power=0.0):
         from slide.layers import Layout, init_params
         self.layout = Layout(tuple(int(s) for s in sizes))
         L = self.layout.n_layers
@@ -714,6 +753,13 @@ class Network:
         self.GB = np.zeros(int(lay.b_off[last]) if self.row_path else lay.n_biases, np.float32)
         self.n_shared = int(shared_negatives) if self.sparse[-1] else 0
         self.correct = bool(correct)
+        # shared negatives: uniform (power 0) or proportional to (label count + 1)^power;
+        # the cdf is set from the training labels (set_label_counts)
+        self.negative_power = float(negative_power)
+        self._neg_cdf = None
+        self._neg_q = None
+        self.shared_corr = np.zeros(int(lay.n_out[-1]) if self.negative_power > 0 else 0,
+                                    np.float32)
         self.n_in, self.n_out = lay.n_in, lay.n_out
         self.w_off, self.b_off, self.row_off = lay.w_off, lay.b_off, lay.row_off
         self.stamp_rows = np.zeros(int(self.row_off[-1]), np.int64)
@@ -916,17 +962,42 @@ class Network:
         self.losses = np.zeros(batch_size, np.float64)
         self.t_starts = np.zeros(int(self.row_off[-1]), np.int64)
         self.t_lens = np.zeros(int(self.row_off[-1]), np.int64)
+        self.t_rowids = np.zeros(int(self.row_off[-1]), np.int64)
         self.t_bias = np.zeros(self.layout.n_biases, np.int64)
         self._scratch_key = key
 
     # -- training ----------------------------------------------------------------------------
+    def set_label_counts(self, counts):
+        """Training-label counts (length n_labels) for frequency-proportional negatives."""
+        if self.negative_power <= 0 or self.n_shared == 0:
+            return
+        q = (np.asarray(counts, np.float64) + 1.0) ** self.negative_power
+        q /= q.sum()
+        self._neg_q = q
+        self._neg_cdf = np.cumsum(q)
+        self._neg_cdf[-1] = 1.0
+
     def shared_negatives(self, seed, serial):
-        """The batch's shared random output neurons (deduplicated), from (seed, serial)."""
+        """The batch's shared negative output neurons (deduplicated), from (seed, serial).
+
+        Uniform, or (``negative_power`` > 0) drawn with probability q_j ~ (count_j + 1)^power
+        so the frequent labels -- which hold most of the softmax's mass -- are almost always
+        among them; then ``shared_corr[j]`` = -log P(j drawn at least once in n draws), the
+        importance weight that makes the sampled normaliser estimate the full one."""
         if self.n_shared == 0:
             return np.zeros(0, np.int32)
         g = np.random.default_rng([int(seed), int(serial), 0x5EED])
         n_o = int(self.n_out[-1])
-        return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
+        if self.negative_power <= 0:
+            return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
+        if self._neg_cdf is None:
+            self.set_label_counts(np.zeros(n_o))
+        draws = np.searchsorted(self._neg_cdf, g.random(self.n_shared), side="right")
+        ids = np.unique(np.minimum(draws, n_o - 1)).astype(np.int32)
+        q = self._neg_q[ids]
+        p_in = -np.expm1(self.n_shared * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
+        self.shared_corr[ids] = -np.log(np.maximum(p_in, 1e-300))
+        return ids
 
     def forward_backward(self, X, Y, rows, seed, serial):
         """Gradients of the batch mean loss into GW/GB (no update; on the row path the output
@@ -943,7 +1014,7 @@ class Network:
                            sc["ids"][:nb], sc["n_act"][:nb], sc["codes"], sc["set_keys"],
                            sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
                            sc["forced_buf"], self.row_path, sc["h_store"], sc["d_store"],
-                           self.correct, self.losses[:nb])
+                           self.correct, self.losses[:nb], self.shared_corr)
         return self.losses[:nb]
 
     def touched(self, X, rows, serial):
@@ -953,7 +1024,8 @@ class Network:
                                self.b_off, self.row_off, self.sparse, sc["s_off"], X.indptr,
                                X.indices, rows, sc["ids"][:nb], sc["n_act"][:nb],
                                self.stamp_rows, self.stamp_bias, np.int64(serial),
-                               self.t_starts, self.t_lens, self.t_bias, self.row_path)
+                               self.t_starts, self.t_lens, self.t_bias, self.row_path,
+                               self.t_rowids)
 
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active
@@ -1012,7 +1084,7 @@ class Network:
         the buffered layers, then the output layer's per-row path."""
         nr, nbias = self.touched(X, rows, serial)
         optimizer.step(self.W, self.B, self.GW, self.GB, self.t_starts, self.t_lens, nr,
-                       self.t_bias, nbias)
+                       self.t_bias, nbias, self.t_rowids)
         nb = rows.shape[0]
         if self.row_path:
             sc = self.sc

@@ -39,7 +39,7 @@ def test_sparse_adam_touches_only_active_rows():
     net = Network((60, 8, 400), [False, True], [0, 20], seed=1, lsh=LSH)
     net.build_indices()
     net.prepare(16, 2, 2)
-    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 1e-2)
+    opt = SparseOptimizer("adam", net.layout, 1e-2)
     W0 = net.W.copy()
     B0 = net.B.copy()
     rows = np.arange(16, dtype=np.int64)
@@ -115,13 +115,14 @@ def test_sgd_step():
     X, Y = _data(rng, 8, 30, 40)
     net = Network((30, 5, 40), [False, False], [0, 0], seed=2)
     net.prepare(8, 1, 2)
-    opt = SparseOptimizer("sgd", net.layout.n_weights, net.layout.n_biases, 0.5)
+    opt = SparseOptimizer("sgd", net.layout, 0.5)
     W0 = net.W.copy()
     rows = np.arange(8, dtype=np.int64)
     net.forward_backward(X, Y, rows, 1, 1)
     G = net.GW.copy()
     nr, nb = net.touched(X, rows, 1)
-    opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nb)
+    opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nb,
+             net.t_rowids)
     np.testing.assert_allclose(net.W, W0 - 0.5 * G, rtol=1e-6, atol=1e-8)
 
 
@@ -160,7 +161,7 @@ def test_rehash_and_rebuild_keep_every_neuron_findable():
     net = Network((40, 16, 120), [False, True], [0, 5], seed=3, lsh=lsh)
     net.build_indices()
     net.prepare(16, 2, 2)
-    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 5e-2)
+    opt = SparseOptimizer("adam", net.layout, 5e-2)
     sched = RehashSchedule(2, 5, 0.2)
     seeds = set()
     n_checks = 0
@@ -226,7 +227,7 @@ def test_dense_blas_path_equals_per_sample_path(loss):
     try:
         nets = [Network((80, 12, 7, 30), [False] * 3, [0] * 3, loss=loss, seed=6)
                 for _ in range(2)]
-        opts = [SparseOptimizer("adam", n.layout.n_weights, n.layout.n_biases, 1e-2)
+        opts = [SparseOptimizer("adam", n.layout, 1e-2)
                 for n in nets]
         for n in nets:
             n.prepare(16, 1, 2)
@@ -253,7 +254,7 @@ def test_incremental_rehash_equals_full_rehash():
                   shared_negatives=20)
     net.build_indices()
     net.prepare(16, 2, 2)
-    opt = SparseOptimizer("adam", net.layout.n_weights, net.layout.n_biases, 5e-2)
+    opt = SparseOptimizer("adam", net.layout, 5e-2)
     for b in range(1, 13):
         rows = rng.choice(64, 16, replace=False).astype(np.int64)
         net.train_batch(X, Y, rows, 7, b, opt)
