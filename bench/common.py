@@ -255,14 +255,22 @@ def label_targets(Y):
 
 # ------------------------------------------------------------------------ initialisation
 
-def init_dense_weights(n_features, hidden, n_labels, scheme, seed):
+def init_dense_weights(n_features, hidden, n_labels, scheme, seed, label_counts=None,
+                       n_train=None):
     """Initial weights of the dense baselines, drawn with NumPy so TF and PyTorch start from the
     *same* arrays. Returns W0 [n_features, hidden], b0, W1 [hidden, n_labels], b1 (float32).
 
     ``scheme`` names slide's own initialisation so every system starts at the same scale:
     ``glorot_uniform`` (U(+-sqrt(6/(fan_in+fan_out)))), ``glorot_normal``, ``he_normal``
-    (N(0, 2/fan_in)) or ``normal:STD``. Biases start at zero."""
+    (N(0, 2/fan_in)) or ``normal:STD``. Biases start at zero; with the suffix ``+log_prior``
+    (e.g. ``glorot_normal+log_prior``) the output biases start where slide's default
+    ``output_bias_init="log_prior"`` puts them, log((count + 1) / (n_train + n_labels)), from
+    ``label_counts`` (the training labels' counts) and ``n_train`` -- the dense network with
+    slide's prior."""
     rng = np.random.default_rng([int(seed), 31337])
+    scheme, _, bias = scheme.partition("+")
+    if bias not in ("", "log_prior"):
+        raise ValueError(f"unknown bias initialisation {bias!r} (known: log_prior)")
 
     def draw(fan_in, fan_out, shape):
         if scheme == "glorot_uniform":
@@ -282,7 +290,11 @@ def init_dense_weights(n_features, hidden, n_labels, scheme, seed):
 
     W0 = draw(n_features, hidden, (n_features, hidden))
     W1 = draw(hidden, n_labels, (hidden, n_labels))
-    return W0, np.zeros(hidden, np.float32), W1, np.zeros(n_labels, np.float32)
+    b1 = np.zeros(n_labels, np.float32)
+    if bias == "log_prior":
+        counts = np.asarray(label_counts, np.float64)
+        b1[:] = np.log((counts + 1.0) / (int(n_train) + n_labels))
+    return W0, np.zeros(hidden, np.float32), W1, b1
 
 
 # ---------------------------------------------------------------------------------- evaluation

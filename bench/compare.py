@@ -74,7 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (all systems)")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--init", default="glorot_normal",
-                   help="baselines' initialisation; glorot_normal is slide's (slide.layers)")
+                   help="baselines' initialisation; glorot_normal is slide's (slide.layers); "
+                   "append +log_prior to start the output biases at slide's log label prior")
     p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
                    "'auto' = slide's mean active-set size in this comparison (else 1024)")
     p.add_argument("--candidate-sampler", default="uniform", choices=["uniform", "log_uniform"],

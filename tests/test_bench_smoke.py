@@ -155,3 +155,13 @@ def test_scaling_end_to_end(tmp_path, capsys):
 def test_loglog_slope():
     assert scaling.loglog_slope([1e4, 1e5, 1e6], [2.0, 20.0, 200.0]) == pytest.approx(1.0)
     assert scaling.loglog_slope([1e4, 1e6], [3.0, 3.0]) == pytest.approx(0.0)
+
+
+def test_log_prior_bias_init_matches_the_engine():
+    counts = np.array([0, 3, 40, 1])
+    *_, b1 = common.init_dense_weights(6, 2, 4, "glorot_normal+log_prior", 0, counts, 50)
+    np.testing.assert_allclose(b1, np.log((counts + 1.0) / (50 + 4)), rtol=1e-6)
+    *_, b_zero = common.init_dense_weights(6, 2, 4, "glorot_normal", 0, counts, 50)
+    assert not b_zero.any()
+    with pytest.raises(ValueError, match="bias"):
+        common.init_dense_weights(6, 2, 4, "glorot_normal+mean", 0, counts, 50)

@@ -41,10 +41,11 @@ def _import_tf(threads):
 
 class _TFModel:
     def __init__(self, tf, n_features, n_labels, hidden, lr, init, seed, sampled=None,
-                 beta1=0.9, beta2=0.999, epsilon=1e-8):
+                 beta1=0.9, beta2=0.999, epsilon=1e-8, label_counts=None, n_train=None):
         self.tf = tf
         self.F, self.L, self.H = n_features, n_labels, hidden
-        W0, b0, W1, b1 = init_dense_weights(n_features, hidden, n_labels, init, seed)
+        W0, b0, W1, b1 = init_dense_weights(n_features, hidden, n_labels, init, seed,
+                                            label_counts, n_train)
         tf.random.set_seed(int(seed))
         self.sampled = sampled
         self.W0 = tf.Variable(W0, name="W0")
@@ -144,7 +145,9 @@ class _TFModel:
 def _train(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads, sampled):
     tf = _import_tf(threads)
     model = _TFModel(tf, meta["n_features"], meta["n_labels"], spec["hidden"], spec["lr"],
-                     spec["init"], spec["seed"], sampled=sampled)
+                     spec["init"], spec["seed"], sampled=sampled,
+                     label_counts=np.bincount(Y_tr.indices, minlength=meta["n_labels"]),
+                     n_train=X_tr.shape[0])
     bs = int(spec["batch_size"])
     bpe = math.ceil(X_tr.shape[0] / bs)
     sched = EvalSchedule(bpe, spec.get("eval_every_batches"), spec.get("eval_every_seconds"),

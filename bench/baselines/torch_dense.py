@@ -30,11 +30,12 @@ def _import_torch(threads):
 
 class _TorchModel:
     def __init__(self, torch, n_features, n_labels, hidden, lr, init, seed,
-                 betas=(0.9, 0.999), eps=1e-8):
+                 betas=(0.9, 0.999), eps=1e-8, label_counts=None, n_train=None):
         self.torch = torch
         self.F, self.L = n_features, n_labels
         torch.manual_seed(int(seed))
-        W0, b0, W1, b1 = init_dense_weights(n_features, hidden, n_labels, init, seed)
+        W0, b0, W1, b1 = init_dense_weights(n_features, hidden, n_labels, init, seed,
+                                            label_counts, n_train)
         P = torch.nn.Parameter
         self.W0, self.b0 = P(torch.from_numpy(W0)), P(torch.from_numpy(b0))
         self.W1, self.b1 = P(torch.from_numpy(W1)), P(torch.from_numpy(b1))
@@ -82,7 +83,9 @@ class _TorchModel:
 def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
     torch = _import_torch(threads)
     model = _TorchModel(torch, meta["n_features"], meta["n_labels"], spec["hidden"], spec["lr"],
-                        spec["init"], spec["seed"])
+                        spec["init"], spec["seed"],
+                        label_counts=np.bincount(Y_tr.indices, minlength=meta["n_labels"]),
+                        n_train=X_tr.shape[0])
     bs = int(spec["batch_size"])
     bpe = math.ceil(X_tr.shape[0] / bs)
     sched = EvalSchedule(bpe, spec.get("eval_every_batches"), spec.get("eval_every_seconds"),
