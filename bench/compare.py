@@ -22,7 +22,6 @@ import argparse
 import ast
 import hashlib
 import json
-import math
 import shlex
 import sys
 import time
@@ -78,9 +77,10 @@ def parse_args(argv=None):
                    "append +log_prior to start the output biases at slide's log label prior")
     p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
                    "'auto' = slide's mean active-set size in this comparison (else 1024)")
-    p.add_argument("--candidate-sampler", default="uniform", choices=["uniform", "log_uniform"],
+    p.add_argument("--candidate-sampler", default="uniform", choices=["uniform", "log_uniform", "unigram"],
                    help="tf_sampled candidate sampler (synthetic label ids are in random "
-                   "popularity order, so log-uniform's Zipf-by-id prior does not apply)")
+                   "popularity order, so log-uniform's Zipf-by-id prior does not apply; "
+                   "unigram draws in proportion to training label count + 1, as slide does)")
     p.add_argument("--target-p1", type=float, default=None, help="target P@1 (default: the "
                    "dense TF model's P@1 after one epoch on the evaluation sample)")
     p.add_argument("--reuse", action="store_true",

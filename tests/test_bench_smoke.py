@@ -165,3 +165,18 @@ def test_log_prior_bias_init_matches_the_engine():
     assert not b_zero.any()
     with pytest.raises(ValueError, match="bias"):
         common.init_dense_weights(6, 2, 4, "glorot_normal+mean", 0, counts, 50)
+
+
+@pytest.mark.skipif(not HAS_TF, reason="TensorFlow (the bench extra) is not installed")
+def test_tf_unigram_candidates_follow_label_counts():
+    from bench.baselines import tf_dense
+    tf = tf_dense._import_tf(1)
+    counts = np.zeros(50, np.int64)
+    counts[7] = 10_000                      # one label holds almost all the training mass
+    model = tf_dense._TFModel(tf, 5, 50, 4, 1e-3, "glorot_normal", 0,
+                              sampled={"num_sampled": 1, "sampler": "unigram"},
+                              label_counts=counts, n_train=100)
+    drawn = [int(model._candidates(tf.constant([3], tf.int64))[0].numpy()[0])
+             for _ in range(40)]
+    # weights (count + 1): label 7 has probability 10001 / 10050 per draw
+    assert drawn.count(7) >= 35

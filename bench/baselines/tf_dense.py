@@ -48,6 +48,10 @@ class _TFModel:
                                             label_counts, n_train)
         tf.random.set_seed(int(seed))
         self.sampled = sampled
+        # the unigram sampler draws negatives in proportion to (training count + 1), the
+        # distribution of slide's shared negatives (sampler.negative_power = 1)
+        self.unigrams = None if label_counts is None else \
+            (np.asarray(label_counts, np.float64) + 1.0).tolist()
         self.W0 = tf.Variable(W0, name="W0")
         self.b0 = tf.Variable(b0, name="b0")
         # sampled_softmax_loss wants the output weights as [n_labels, hidden]
@@ -118,6 +122,9 @@ class _TFModel:
         if s["sampler"] == "log_uniform":
             return tf.random.log_uniform_candidate_sampler(true, 1, s["num_sampled"], True,
                                                            self.L)
+        if s["sampler"] == "unigram":
+            return tf.random.fixed_unigram_candidate_sampler(
+                true, 1, s["num_sampled"], True, self.L, unigrams=self.unigrams)
         raise ValueError(f"unknown candidate sampler {s['sampler']!r}")
 
     def _topk(self, idx, vals, bsz, k):
