@@ -135,7 +135,6 @@ def child(args):
 
 def profile_child(args):
     """Time per phase of the sampled training batch (one fit to warm up, then N batches)."""
-    import math
     import numba
     from slide.estimator import SlideClassifier
     from slide.network import output_entries
@@ -305,7 +304,7 @@ def main():
             n_train = args.n_train or 100_000
             data = _generate("xc200k", seed=0, n_train=n_train, n_test=args.n_test)
             _save_data(data_path, *data)
-            run_child(data_path, base, threads=args.threads, label=f"speed xc200k slide")
+            run_child(data_path, base, threads=args.threads, label="speed xc200k slide")
             if args.dense:
                 run_child(data_path, dict(base, sampler="dense"), threads=args.threads,
                           label="speed xc200k dense")

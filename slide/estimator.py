@@ -13,7 +13,6 @@ import time
 import zipfile
 
 import numpy as np
-import scipy.sparse as sp
 
 try:  # scikit-learn is a dependency; BaseEstimator gives get_params/set_params/clone/repr
     from sklearn.base import BaseEstimator, ClassifierMixin

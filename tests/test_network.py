@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 from slide.lsh.hashes import hash_dense_batch
-from slide.network import Network, RehashSchedule, topk_merge
+from slide.network import Network, RehashSchedule
 from slide.optim import SparseOptimizer, adam_lr
 
 

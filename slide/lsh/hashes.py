@@ -352,7 +352,6 @@ def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
 
     Callable from other njit code (including prange bodies); allocation-free except DOPH, which
     allocates buffers of ~3 dim + K words per call."""
-    mask = (1 << bits) - 1
     KL = K * L
     if family_code == SIMHASH:
         matrix_mode = int_params[0, 2] == 1
@@ -408,7 +407,6 @@ def hash_sparse_into(family_code, K, L, bits, int_params, float_params, indices,
     """Write the L bucket ids of a sparse vector (CSR row: int32 ``indices`` sorted ascending,
     float32 ``values``) into ``out`` (int32[L]); the same ids ``hash_dense_into`` gives for the
     dense form of the vector. Allocation-free except DOPH (buffers of ~3 nnz + K words)."""
-    mask = (1 << bits) - 1
     KL = K * L
     if family_code == SIMHASH:
         for l in range(L):
