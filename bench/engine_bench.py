@@ -128,6 +128,10 @@ def child(args):
             t0 = time.perf_counter()
             rec["P@1_sparse"] = round(m.score(Xt, Yt, exact=False), 4)
             rec["predict_sparse_s"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()      # LSH candidates alone, without the prior ones
+            rec["P@1_sparse_lsh_only"] = round(m.score(Xt, Yt, exact=False,
+                                                       prior_candidates=0), 4)
+            rec["predict_sparse_lsh_only_s"] = round(time.perf_counter() - t0, 2)
         rec["n_test"] = Xt.shape[0]
     rec["peak_rss_mb"] = round(_rss_mb(), 1)
     print("RESULT " + json.dumps(rec), flush=True)

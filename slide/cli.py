@@ -1079,7 +1079,8 @@ def build_parser():
     e.add_argument("--model", "-m", required=True, help="run directory or model/checkpoint file")
     e.add_argument("--data", "-d", required=True, help="XC-format file with true labels")
     e.add_argument("--sparse", action="store_true",
-                   help="LSH (sparse) inference instead of exact")
+                   help="LSH (sparse) inference instead of exact: the LSH "
+                   "candidates plus the 256 highest-bias labels")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.add_argument("--out", "-o", help="also write the JSON to this file")
     e.set_defaults(func=cmd_evaluate)

@@ -472,25 +472,33 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.optimizer_.flush(self.network_.W, self.network_.B)
         return self
 
-    def predict_topk(self, X, k=5, exact=True):
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=256):
         """(n, k) int64 label ids, best first. exact=True scores every output neuron;
-        exact=False only the LSH-selected ones (fast serving)."""
+        exact=False only the LSH-selected ones (fast serving) plus the ``prior_candidates``
+        output neurons with the highest bias, the same for every row. LSH finds the labels whose
+        weights match the input but cannot see a bias, and the frequent labels' advantage sits
+        largely in their bias (measured at 200k labels, 5,000 points: P@1 0.281 with 0, 0.520
+        with 256 in 0.30 s, 0.520 exact in 9.0 s)."""
         self._check_fitted()
         if not _is_int(k) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        if not _is_int(prior_candidates) or prior_candidates < 0:
+            raise ValueError(f"prior_candidates must be a non-negative integer, "
+                             f"got {prior_candidates!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
         self.sync()
         with _blas_single_thread():     # see _train: OpenBLAS vs Numba thread contention
             if exact or not self.network_.uses_tables:
                 return self.network_.predict_topk_exact(X, int(k))
-            return self._predict_topk_sparse(X, int(k))
+            return self._predict_topk_sparse(X, int(k), int(prior_candidates))
 
-    def _predict_topk_sparse(self, X, k):
+    def _predict_topk_sparse(self, X, k, prior_candidates=0):
         self._ensure_lsh()
         # call=0: the random fill (only used to reach k candidates) depends on the row alone,
         # so sparse predictions are deterministic
-        return self.network_.predict_topk_sparse(X, k, call=0)
+        return self.network_.predict_topk_sparse(X, k, call=0,
+                                                 prior_candidates=prior_candidates)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons)."""
@@ -505,11 +513,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """Top-1 label id per row."""
         return self.predict_topk(X, k=1)[:, 0]
 
-    def score(self, X, Y, exact=True):
-        """Precision@1 of the top prediction."""
+    def score(self, X, Y, exact=True, prior_candidates=256):
+        """Precision@1 of the top prediction (``predict_topk``'s inference options)."""
         self._check_fitted()
         X, Y = self._check_data(X, Y, fitted=True)
-        top = self.predict_topk(X, k=1, exact=exact)[:, 0]
+        top = self.predict_topk(X, k=1, exact=exact, prior_candidates=prior_candidates)[:, 0]
         hit = np.asarray(Y[np.arange(X.shape[0]), top]).ravel()
         return float(hit.mean())
 

@@ -413,10 +413,11 @@ def train_batch_kernel(W, B, GW, GB, n_layers, n_in, n_out, w_off, b_off, a_off,
 def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                           sparse, min_active, cfg, intp, floatp, toff, titems,
                           X_ptr, X_ind, X_dat, seed, call, k, acts, dels, ids, n_act, codes,
-                          set_keys, set_counts, order, xbuf, marks, forced_buf, out_ids,
-                          out_scores):
-    """Top-k over the LSH-selected output neurons only (no labels forced): the fast serving
-    path. Rows with fewer than k active neurons are padded with id -1 / score -inf."""
+                          set_keys, set_counts, order, xbuf, marks, forced_buf, prior,
+                          out_ids, out_scores):
+    """Top-k over the LSH-selected output neurons plus the ``prior`` ids (the same for every
+    row; may be empty): the fast serving path. Rows with fewer than k active neurons are padded
+    with id -1 / score -inf."""
     n = X_ptr.shape[0] - 1
     n_chunks = acts.shape[0]
     last = n_layers - 1
@@ -429,7 +430,8 @@ def predict_sparse_kernel(W, B, n_layers, n_in, n_out, w_off, b_off, a_off, s_of
             rng = stream_seed(seed, STREAM_PREDICT + call * 16, s)
             _sample_pass(W, B, dummy, dummy, n_layers, n_in, n_out, w_off, b_off, a_off, s_off,
                          sparse, min_active, 0, cfg, intp, floatp, toff, titems, x_idx, x_val,
-                         empty_lab, False, empty_lab, rng, 1.0, acts[c], dels[c], ids[c],
+                         empty_lab, prior.shape[0] > 0, prior, rng, 1.0, acts[c], dels[c],
+                         ids[c],
                          n_act[c], codes[c], set_keys[c], set_counts[c], order[c], xbuf[c],
                          marks[c], (call * 1048576 + s + 1) * 2, forced_buf[c], False, dummy,
                          dummy, False, False, dummy[:0])
@@ -1190,14 +1192,27 @@ class Network:
             out[lo:hi] = best_i
         return out
 
-    def predict_topk_sparse(self, X, k, call=0):
-        """Top-k over the neurons the samplers select (no labels forced), parallel over rows.
-        Padded with -1 where fewer than k neurons are active."""
+    def prior_ids(self, n):
+        """The ``n`` output neurons with the highest bias (the most probable labels a priori),
+        as int32; empty for n = 0 or a dense output layer."""
+        _, bo = self.output_view()
+        n = min(int(n), bo.shape[0])
+        if n <= 0 or not self.sparse[-1]:
+            return np.zeros(0, np.int32)
+        if n == bo.shape[0]:
+            return np.arange(n, dtype=np.int32)
+        return np.argpartition(-bo, n - 1)[:n].astype(np.int32)
+
+    def predict_topk_sparse(self, X, k, call=0, prior_candidates=0):
+        """Top-k over the neurons the samplers select (no labels forced) plus the
+        ``prior_candidates`` highest-bias output neurons, parallel over rows. Padded with -1
+        where fewer than k neurons are active."""
         import numba
         n_chunks = numba.get_num_threads()
         mins = self.min_active.copy()
         mins[-1] = int(k)      # serving: random fill only to guarantee k candidates
-        sc = self._scratch(n_chunks, n_chunks, 0, mins)
+        prior = self.prior_ids(prior_candidates)
+        sc = self._scratch(n_chunks, n_chunks, 0, mins, prior.shape[0])
         intp, floatp, toff, titems = self.lsh_lists
         n = X.shape[0]
         out_ids = np.full((n, k), -1, np.int64)
@@ -1208,7 +1223,7 @@ class Network:
                               X.data, np.uint64(self.seed), np.int64(call), int(k), sc["acts"],
                               sc["dels"], sc["ids"], sc["n_act"], sc["codes"], sc["set_keys"],
                               sc["set_counts"], sc["order"], sc["xbuf"], sc["marks"],
-                              sc["forced_buf"], out_ids, out_scores)
+                              sc["forced_buf"], prior, out_ids, out_scores)
         return out_ids
 
     def predict_scores(self, X, block=1024):

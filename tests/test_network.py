@@ -215,6 +215,26 @@ def test_sparse_predict_returns_active_neurons_best_first():
         assert len(set(top[i].tolist())) == 4
 
 
+def test_sparse_predict_prior_candidates_join_every_row():
+    rng = np.random.default_rng(8)
+    X, Y = _data(rng, 25, 50, 200)
+    net = Network((50, 16, 200), [False, True], [0, 10], seed=8, lsh=LSH)
+    lay = net.layout
+    lay.bias_view(net.B, 1)[:] = rng.normal(0, 1, 200)
+    net.build_indices()
+    bo = lay.bias_view(net.B, 1)
+    prior = net.prior_ids(7)
+    assert sorted(prior.tolist()) == sorted(np.argsort(-bo)[:7].tolist())
+    assert net.prior_ids(0).shape == (0,) and net.prior_ids(10**6).shape == (200,)
+    # with every output neuron a prior candidate, sparse serving is exact top-k
+    full = net.predict_topk_sparse(X, 5, prior_candidates=200)
+    np.testing.assert_array_equal(full, net.predict_topk_exact(X, 5))
+    # a label with an overwhelming bias wins every row once it is a prior candidate
+    star = int(np.argmin(bo))
+    bo[star] = 1e3
+    assert (net.predict_topk_sparse(X, 3, prior_candidates=1)[:, 0] == star).all()
+
+
 @pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
 def test_dense_blas_path_equals_per_sample_path(loss):
     """sampler='dense' trains through BLAS matrix products over the batch; with one thread it
