@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from slide._rng import stream_seed
-from slide.lsh import LSHIndex, hash_dense_batch, hash_dense_into, sample_into, scratch_sizes
+from slide.lsh import LSHIndex, hash_dense_into, sample_into, scratch_sizes
 from slide.lsh.samplers import SAMPLERS
 
 
