@@ -406,6 +406,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                 if self.batch_in_epoch_ >= n_batches:
                     self.epoch_ += 1
                     self.batch_in_epoch_ = 0
+                    # the epoch's closing work runs before the callback: a run stopped on an
+                    # epoch's last batch (and resumed from its checkpoint) must have synced
+                    # there exactly like a run that went on, or the two part bitwise
+                    self._end_epoch(epoch, t_epoch, eval_set)
                 if self.verbose >= 2 and serial % 100 == 0:
                     print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
                 if callback is not None:
@@ -418,14 +422,16 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                     if callback(self, info):
                         self.stopped_ = True
                         return
-            rec = {"epoch": epoch, "seconds": time.perf_counter() - t_epoch}
-            self.sync()
-            if eval_set is not None:
-                rec["P@1"] = self.score(*eval_set)
-            self.history_.append(rec)
-            if self.verbose >= 1:
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in rec.items()))
+
+    def _end_epoch(self, epoch, t_epoch, eval_set):
+        rec = {"epoch": epoch, "seconds": time.perf_counter() - t_epoch}
+        self.sync()
+        if eval_set is not None:
+            rec["P@1"] = self.score(*eval_set)
+        self.history_.append(rec)
+        if self.verbose >= 1:
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in rec.items()))
 
     # ------------------------------------------------------------------------------------------
     # LSH (filled in when slide.lsh is available)

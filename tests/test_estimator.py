@@ -101,6 +101,27 @@ def test_resume_after_callback_stop_is_exact(tiny, tmp_path):
     assert np.array_equal(loaded.optimizer_.VW, full.optimizer_.VW)
 
 
+def test_resume_after_stop_on_an_epochs_last_batch_is_exact(tiny, tmp_path):
+    # the end-of-epoch sync (pending Adam steps) must happen before the callback can stop the
+    # run, or a run stopped there and resumed parts bitwise from one that went on
+    Xtr, Ytr, _, _ = tiny
+    kw = dict(SMALL, epochs=3, random_state=4, n_threads=1)
+    full = SlideClassifier(**kw).fit(Xtr, Ytr)
+    per_epoch = -(-Xtr.shape[0] // kw["batch_size"])
+    last = []
+    part = SlideClassifier(**kw).fit(
+        Xtr, Ytr, callback=lambda m, i: last.append(i) or i["batch"] == per_epoch)
+    assert part.epoch_ == 1 and part.batch_in_epoch_ == 0 and len(part.history_) == 1
+    assert last[-1]["batch_in_epoch"] == per_epoch - 1
+    path = tmp_path / "epoch_end.slide"
+    part.save(path)
+    loaded = load(path)
+    loaded.fit(Xtr, Ytr, resume=True)
+    assert loaded.batches_ == full.batches_ and len(loaded.history_) == 3
+    assert np.array_equal(loaded.network_.W, full.network_.W)
+    assert np.array_equal(loaded.network_.B, full.network_.B)
+
+
 def test_save_load_round_trip(tiny, trained, tmp_path):
     Xtr, Ytr, Xte, Yte = tiny
     path = tmp_path / "m.slide"
