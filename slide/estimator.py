@@ -325,8 +325,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
         resume=False: fresh initialisation. resume=True: continue a model that was stopped by
         its callback (or loaded from a checkpoint) exactly where it stopped, until ``epochs``
-        epochs are complete. ``callback(model, info)`` runs after every batch; a true return
-        value stops training after that batch.
+        epochs are complete. ``callback(model, info)`` runs after every batch (after the
+        epoch's closing sync when the batch ends an epoch); a true return value stops training
+        after that batch.
         """
         hs, sparse = self._validate_params()
         fitted = resume and hasattr(self, "network_")
