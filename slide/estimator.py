@@ -498,14 +498,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         with _blas_single_thread():     # see _train: OpenBLAS vs Numba thread contention
             if exact or not self.network_.uses_tables:
                 return self.network_.predict_topk_exact(X, int(k))
-            return self._predict_topk_sparse(X, int(k), int(prior_candidates))
-
-    def _predict_topk_sparse(self, X, k, prior_candidates=0):
-        self._ensure_lsh()
-        # call=0: the random fill (only used to reach k candidates) depends on the row alone,
-        # so sparse predictions are deterministic
-        return self.network_.predict_topk_sparse(X, k, call=0,
-                                                 prior_candidates=prior_candidates)
+            self._ensure_lsh()
+            # call=0: the random fill (only used to reach k candidates) depends on the row
+            # alone, so sparse predictions are deterministic
+            return self.network_.predict_topk_sparse(X, int(k), call=0,
+                                                     prior_candidates=int(prior_candidates))
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons)."""
