@@ -1,0 +1,67 @@
+"""The one way slide writes a file: atomically.
+
+Every file the project writes (checkpoints, models, configs, metrics snapshots, predictions,
+generated data sets) goes through ``atomic_write``: the bytes go to a temporary file in the
+target's directory, are flushed and fsync'ed, and only then renamed over the target; the
+directory is fsync'ed so the rename survives a crash. A failure at any point (a full disk, an
+exception raised by the writer, Ctrl-C) leaves the previous file intact and no temporary file
+behind.
+"""
+import contextlib
+import os
+import tempfile
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:          # some platforms cannot open a directory; the rename still stands
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="wb", encoding=None):
+    """Context manager yielding a file object whose content replaces ``path`` on success.
+
+    ``mode`` is ``"wb"`` or ``"w"`` (text; ``encoding`` defaults to UTF-8). The target is
+    untouched if the body raises.
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_write mode must be 'wb' or 'w', not {mode!r}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    try:
+        if mode == "w":
+            f = os.fdopen(fd, "w", encoding=encoding or "utf-8", newline="")
+        else:
+            f = os.fdopen(fd, "wb")
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def write_text(path, text):
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+def write_bytes(path, data):
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_write(path, "wb") as f:
+        f.write(data)

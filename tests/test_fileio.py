@@ -1,0 +1,33 @@
+"""The atomic-write helper: the target is replaced only when the whole write succeeded."""
+import os
+
+import pytest
+
+from slide.fileio import atomic_write, write_bytes, write_text
+
+
+def test_write_text_and_bytes_replace_the_target(tmp_path):
+    p = tmp_path / "a.txt"
+    write_text(p, "first")
+    write_text(p, "second é")
+    assert p.read_text(encoding="utf-8") == "second é"
+    write_bytes(p, b"\x00\x01")
+    assert p.read_bytes() == b"\x00\x01"
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+def test_a_failure_mid_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
+    p = tmp_path / "model.npz"
+    write_bytes(p, b"good")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_write(p) as f:
+            f.write(b"half a fi")
+            raise RuntimeError("disk full")
+    assert p.read_bytes() == b"good"
+    assert sorted(os.listdir(tmp_path)) == ["model.npz"]
+
+
+def test_bad_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="mode"):
+        with atomic_write(tmp_path / "x", mode="a"):
+            pass
