@@ -16,8 +16,9 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+
+from slide import params
+from slide.params import Param
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,26 +46,6 @@ class ConfigError(ValueError):
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class Opt:
-    """One config key: its type, default and the constraints checked by :func:`validate`.
-
-    ``kind`` is one of ``int``, ``float``, ``str``, ``bool``, ``int_list``, ``table``.
-    ``default=None`` with ``optional=True`` means "not set": the engine's own default applies and
-    the key is left out of the estimator's keyword arguments.
-    """
-
-    kind: str
-    default: Any
-    doc: str
-    choices: tuple = ()
-    ge: float | None = None   # value >= ge
-    gt: float | None = None   # value > gt
-    le: float | None = None   # value <= le
-    optional: bool = False
-    extra: dict = field(default_factory=dict)
-
-
 # Keys a resumed run may change without being refused: they do not alter what is trained, only
 # how long, where results go, how often it is evaluated/checkpointed/logged, and how many threads
 # run it (a thread count change only forfeits bit-exactness, which holds with threads = 1 anyway).
@@ -82,90 +63,29 @@ RESUME_MUTABLE = frozenset({
     "train.baseline",
 })
 
-SCHEMA: dict = {
-    "output_dir": Opt("str", "runs/run", "run directory (config, metrics, checkpoints, model)"),
-    "data": {
-        "format": Opt("str", "xc", "format of data.train / data.test", choices=("xc",)),
-        "train": Opt("str", None, "training file (XC format: header 'points features labels')",
-                     optional=True),
-        "test": Opt("str", None, "test file; the evaluation sample is drawn from it "
-                    "(from the training file when absent)", optional=True),
-        "preset": Opt("str", None, "synthetic preset (slide.synthetic.PRESETS) used instead of "
-                      "data files", optional=True),
-        "scale": Opt("float", 1.0, "synthetic: multiplies features, labels and points", gt=0),
-        "seed": Opt("int", 0, "synthetic: generator seed", ge=0),
-        "overrides": Opt("table", {}, "synthetic: shape parameters that override the preset "
-                         "(e.g. n_train, n_labels)"),
-        "eval_points": Opt("int", 2000, "size of the fixed shuffled evaluation sample", ge=1),
-        "propensity_a": Opt("float", 0.55, "A of the inverse propensities used by PSP@k "
-                            "(XC repository: 0.6 for Amazon, 0.55 otherwise)", gt=0),
-        "propensity_b": Opt("float", 1.5, "B of the inverse propensities used by PSP@k "
-                            "(XC repository: 2.6 for Amazon, 1.5 otherwise)", ge=0),
-        "save_generated": Opt("bool", True, "synthetic: write train.txt/test.txt into "
-                              "OUTPUT_DIR/data so evaluate/predict can use them"),
-    },
-    "model": {
-        "hidden_sizes": Opt("int_list", [128], "widths of the hidden layers", ge=1),
-        "loss": Opt("str", "softmax", "loss over the active output neurons",
-                    choices=("softmax", "sigmoid")),
-        "output_bias_init": Opt("str", "log_prior", "output biases start at the log label "
-                                "frequencies, or at zero", choices=("log_prior", "zero")),
-    },
-    "lsh": {
-        "family": Opt("str", "dwta", "hash family", choices=("simhash", "wta", "dwta", "doph")),
-        "K": Opt("int", 6, "hash functions concatenated per table", ge=1),
-        "L": Opt("int", 50, "hash tables", ge=1),
-        "range_pow": Opt("int", 18, "log2 of the buckets per table", ge=1, le=30),
-        "bucket_size": Opt("int", 128, "neurons kept per bucket", ge=1),
-        "policy": Opt("str", "fifo", "which neurons a full bucket keeps",
-                      choices=("fifo", "reservoir")),
-    },
-    "sampler": {
-        "kind": Opt("str", "vanilla", "active-set sampler",
-                    choices=("vanilla", "topk", "threshold", "random", "dense")),
-        "budget": Opt("int", None, "target active output neurons per sample", ge=1,
-                      optional=True),
-        "threshold": Opt("int", None, "threshold sampler: minimum tables a neuron must appear in",
-                         ge=1, optional=True),
-        "min_active": Opt("int", None, "random fill up to this many active neurons", ge=0,
-                          optional=True),
-        "shared_negatives": Opt("int", None, "random negatives shared by the samples of a "
-                                "batch", ge=0, optional=True),
-        "sampling_correction": Opt("bool", None, "logQ correction of the sampled softmax for "
-                                   "the random negatives", optional=True),
-        "negative_power": Opt("float", None, "shared negatives drawn ~ (label count + 1)^power "
-                              "(0: uniform)", ge=0, le=2, optional=True),
-    },
-    "optimizer": {
-        "name": Opt("str", "adam", "optimizer", choices=("adam", "lazy_adam", "sgd")),
-        "learning_rate": Opt("float", 1e-4, "step size", gt=0),
-        "beta1": Opt("float", 0.9, "Adam first-moment decay", ge=0, le=0.999999),
-        "beta2": Opt("float", 0.999, "Adam second-moment decay", ge=0, le=0.99999999),
-        "epsilon": Opt("float", 1e-8, "Adam epsilon", gt=0),
-    },
-    "schedule": {
-        "rehash_period": Opt("int", 50, "batches between rehashes (T_0)", ge=1),
-        "rebuild_period": Opt("int", None, "batches between rebuilds with fresh hash functions",
-                              ge=1, optional=True),
-        "rehash_decay": Opt("float", None, "lambda in T_t = T_0 * exp(lambda * t)", ge=0,
-                            optional=True),
-    },
-    "train": {
-        "epochs": Opt("int", 1, "passes over the training set", ge=1),
-        "batch_size": Opt("int", 256, "samples per batch", ge=1),
-        "threads": Opt("int", 0, "worker threads (0 = all cores)", ge=0),
-        "seed": Opt("int", 0, "seed of weights, hashes, batch order and sampling", ge=0),
-        "eval_every_batches": Opt("int", 100, "batches between evaluations (0 = at the end only)",
-                                  ge=0),
-        "checkpoint_every_batches": Opt("int", 500, "batches between checkpoints "
-                                        "(0 = at the end only)", ge=0),
-        "keep_checkpoints": Opt("int", 3, "checkpoints kept (older ones are deleted)", ge=1),
-        "log_every_seconds": Opt("float", 10.0, "seconds between plain log lines "
-                                 "(when stdout is not a terminal)", gt=0),
-        "baseline": Opt("str", "none", "also train the same network with a full softmax "
-                        "(sampler 'dense') and compare", choices=("none", "dense")),
-    },
-}
+def _build_schema() -> dict:
+    """The nested TOML schema (table -> key -> :class:`slide.params.Param`), in the table's
+    order."""
+    schema: dict = {}
+    for p in params.CONFIG_PARAMS:
+        node = schema
+        *tables, leaf = p.key.split(".")
+        for t in tables:
+            node = node.setdefault(t, {})
+        node[leaf] = p
+    return schema
+
+
+SCHEMA: dict = _build_schema()
+
+
+def _config_default(p):
+    """A key's value when the config does not set it: None for an optional key (the estimator
+    applies the same default), else the table's default (tuples as TOML arrays)."""
+    if p.optional:
+        return None
+    return list(p.default) if isinstance(p.default, tuple) else copy.deepcopy(p.default)
+
 
 # Leave room for everything else: hash tables bigger than this share of physical memory are an
 # error (the configuration would thrash or be killed long before training).
@@ -178,8 +98,8 @@ TABLE_MEMORY_FRACTION = 0.25
 def defaults() -> dict:
     """The default configuration (a fresh deep copy)."""
     def build(node):
-        if isinstance(node, Opt):
-            return copy.deepcopy(node.default)
+        if isinstance(node, Param):
+            return _config_default(node)
         return {k: build(v) for k, v in node.items()}
     return build(SCHEMA)
 
@@ -187,7 +107,7 @@ def defaults() -> dict:
 def _all_keys(node=SCHEMA, prefix=""):
     for k, v in node.items():
         dotted = f"{prefix}{k}"
-        if isinstance(v, Opt):
+        if isinstance(v, Param):
             yield dotted
         else:
             yield dotted
@@ -283,89 +203,20 @@ def load_config(path=None, overrides=(), check_files=True) -> dict:
 # --------------------------------------------------------------------------------------------
 # validation
 
-def _type_name(value):
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
+_type_name = params.type_name
+_suggest = params.suggest
 
 
-def _check_value(key: str, opt: Opt, value, problems: list):
-    """Type and range check of one value; returns the normalised value (or None on failure)."""
+def _check_value(key: str, spec: Param, value, problems: list):
+    """Type and range check of one value (the table's checker); returns the normalised value,
+    or None after recording the problem."""
     if value is None:
         return None
-    kind = opt.kind
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            problems.append((key, f"must be an integer, got {_type_name(value)} ({value!r})"))
-            return None
-    elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append((key, f"must be a number, got {_type_name(value)} ({value!r})"))
-            return None
-        value = float(value)
-        if not math.isfinite(value):
-            problems.append((key, f"must be finite, got {value!r}"))
-            return None
-    elif kind == "str":
-        if not isinstance(value, str):
-            problems.append((key, f"must be a string, got {_type_name(value)} ({value!r})"))
-            return None
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            problems.append((key, f"must be true or false, got {_type_name(value)} ({value!r})"))
-            return None
-    elif kind == "int_list":
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = [value]  # "--set model.hidden_sizes=256" means one hidden layer of 256
-        if not isinstance(value, list) or not value or any(
-                isinstance(v, bool) or not isinstance(v, int) for v in value):
-            problems.append((key, f"must be a non-empty array of integers, got {value!r}"))
-            return None
-        bad = [v for v in value if opt.ge is not None and v < opt.ge]
-        if bad:
-            problems.append((key, f"every entry must be >= {opt.ge:g}, got {value!r}"))
-            return None
-        return list(value)
-    elif kind == "table":
-        if not isinstance(value, dict):
-            problems.append((key, f"must be a table, got {_type_name(value)} ({value!r})"))
-            return None
-        return dict(value)
-    if opt.choices and value not in opt.choices:
-        hint = _suggest(str(value), opt.choices)
-        problems.append((key, f"must be one of {', '.join(map(repr, opt.choices))}, "
-                              f"got {value!r}{hint}"))
+    value, problem = params.check_value(spec, value)
+    if problem:
+        problems.append((key, problem))
         return None
-    if kind in ("int", "float"):
-        if opt.gt is not None and not value > opt.gt:
-            problems.append((key, f"must be > {opt.gt:g}, got {value!r}"))
-            return None
-        if opt.ge is not None and not value >= opt.ge:
-            problems.append((key, f"must be >= {opt.ge:g}, got {value!r}"))
-            return None
-        if opt.le is not None and not value <= opt.le:
-            problems.append((key, f"must be <= {opt.le:g}, got {value!r}"))
-            return None
     return value
-
-
-def _suggest(word, candidates):
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    if not close:
-        lowered = {c.lower(): c for c in candidates}
-        if word.lower() in lowered:
-            close = [lowered[word.lower()]]
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
@@ -383,10 +234,10 @@ def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
             problems.append((dotted, f"unknown key{hint}"))
             continue
         spec = schema[k]
-        if isinstance(spec, Opt) and spec.optional and v == "":
+        if isinstance(spec, Param) and spec.optional and v == "":
             out[k] = None  # "--set data.preset=" unsets an optional key
             continue
-        if isinstance(spec, Opt):
+        if isinstance(spec, Param):
             if isinstance(v, dict) and spec.kind != "table":
                 what = {"int": "an integer", "float": "a number", "str": "a string",
                         "bool": "true or false", "int_list": "an array of integers"}[spec.kind]
@@ -596,28 +447,18 @@ def resume_differences(saved: dict, current: dict) -> list:
 
 
 def estimator_kwargs(cfg: dict, sampler_kind=None) -> dict:
-    """Keyword arguments of ``SlideClassifier`` for this configuration. Unset optional keys are
-    left out so the engine's defaults apply."""
-    m, lsh, s, o, sch, t = (cfg["model"], cfg["lsh"], cfg["sampler"], cfg["optimizer"],
-                            cfg["schedule"], cfg["train"])
-    kw = dict(
-        hidden_sizes=tuple(m["hidden_sizes"]),
-        loss=m["loss"],
-        hash_family=lsh["family"], K=lsh["K"], L=lsh["L"], range_pow=lsh["range_pow"],
-        bucket_size=lsh["bucket_size"], bucket_policy=lsh["policy"],
-        sampler=sampler_kind or s["kind"],
-        sampler_budget=s["budget"], sampler_threshold=s["threshold"],
-        min_active=s["min_active"], shared_negatives=s["shared_negatives"],
-        sampling_correction=s["sampling_correction"], negative_power=s["negative_power"],
-        output_bias_init=m["output_bias_init"],
-        optimizer=o["name"], learning_rate=o["learning_rate"], beta1=o["beta1"],
-        beta2=o["beta2"], epsilon=o["epsilon"],
-        rehash_period=sch["rehash_period"], rebuild_period=sch["rebuild_period"],
-        rehash_decay=sch["rehash_decay"],
-        batch_size=t["batch_size"], epochs=t["epochs"],
-        n_threads=t["threads"] if t["threads"] > 0 else None,
-        random_state=t["seed"],
-    )
+    """Keyword arguments of ``SlideClassifier`` for this configuration, from the table's
+    key -> keyword pairs. Unset optional keys are left out so the estimator's defaults (the
+    same table's) apply; ``train.threads`` 0 becomes ``n_threads=None`` (all cores) and
+    ``train.seed`` becomes ``random_state``."""
+    flat = flatten(cfg)
+    kw = {p.name: flat[p.key] for p in params.CONFIG_PARAMS if p.name is not None}
+    kw["hidden_sizes"] = tuple(kw["hidden_sizes"])
+    if sampler_kind:
+        kw["sampler"] = sampler_kind
+    threads = cfg["train"]["threads"]
+    kw["n_threads"] = threads if threads > 0 else None
+    kw["random_state"] = cfg["train"]["seed"]
     return {k: v for k, v in kw.items() if v is not None}
 
 
@@ -685,7 +526,7 @@ def describe_keys() -> str:
     def walk(node, prefix):
         for k, v in node.items():
             dotted = f"{prefix}{k}"
-            if isinstance(v, Opt):
+            if isinstance(v, Param):
                 if v.default is not None:
                     default = _toml_value(v.default)
                 else:

@@ -31,7 +31,7 @@ def problems(exc):
 def test_defaults_with_preset_resolve(tmp_path):
     cfg = C.load_config(None, ["data.preset=tiny", f"output_dir={tmp_path / 'r'}"])
     assert cfg["lsh"]["family"] == "dwta" and cfg["lsh"]["K"] == 6
-    assert cfg["train"]["batch_size"] == 256
+    assert cfg["train"]["batch_size"] == 128   # the API's default (slide.params)
     assert cfg["output_dir"] == str(tmp_path / "r")
     # the tiny preset's label count is known before any data exists
     assert cfg["_n_labels_hint"] == 200

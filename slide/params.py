@@ -1,0 +1,342 @@
+"""The one table of slide's parameters.
+
+Every hyperparameter of ``SlideClassifier`` and every key of a ``slide train`` run configuration
+is one :class:`Param` row below: its estimator keyword, its dotted config key, its type, default,
+bounds or choices and one line of documentation. The row drives
+
+- ``SlideClassifier`` validation (``check_estimator_params``),
+- the TOML schema of ``slide.config`` and so ``--set`` and ``slide train --help``,
+- ``docs/parameters.md`` (``python -m slide.params > docs/parameters.md``; a test checks it is
+  up to date),
+
+so a default, a bound or a list of choices exists once. The choices of the engine's named
+options are spelled here (importing the engine would load Numba, and the CLI must answer a bad
+config at once); a test checks them against the engine's own tables.
+
+Keys with ``optional=True`` may be left unset in a config: the estimator's default (the same
+row's ``default``) then applies, and checks against the data (``sampler.budget`` against the
+label count) only run for a value the user gave.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.lsh.hashes.FAMILIES
+BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.lsh.index.POLICIES
+LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.lsh.samplers.SAMPLERS
+SAMPLERS = LSH_SAMPLERS + ("random", "dense")
+LOSSES = ("softmax", "sigmoid")                               # slide.network.LOSSES
+OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.optim.OPTIMIZERS
+BIAS_INITS = ("log_prior", "zero")
+
+# kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
+# int_or_none, layers (None or a sequence of layer indices; the bound depends on hidden_sizes)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: ``name`` is the ``SlideClassifier`` keyword (None: run configuration
+    only), ``key`` the dotted config key (None: Python API only)."""
+
+    name: str | None
+    key: str | None
+    kind: str
+    default: Any
+    doc: str
+    choices: tuple = ()
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    optional: bool = False
+
+
+def _p(name, key, kind, default, doc, **kw):
+    return Param(name, key, kind, default, doc, **kw)
+
+
+TABLE = (
+    _p(None, "output_dir", "str", "runs/run",
+       "run directory (config, metrics, checkpoints, model)"),
+    _p(None, "data.format", "str", "xc", "format of data.train / data.test", choices=("xc",)),
+    _p(None, "data.train", "str", None,
+       "training file (XC format: header 'points features labels')", optional=True),
+    _p(None, "data.test", "str", None, "test file; the evaluation sample is drawn from it "
+       "(from the training file when absent)", optional=True),
+    _p(None, "data.preset", "str", None, "synthetic preset (slide.synthetic.PRESETS) used "
+       "instead of data files", optional=True),
+    _p(None, "data.scale", "float", 1.0, "synthetic: multiplies features, labels and points",
+       gt=0),
+    _p(None, "data.seed", "int", 0, "synthetic: generator seed", ge=0),
+    _p(None, "data.overrides", "table", {}, "synthetic: shape parameters that override the "
+       "preset (e.g. n_train, n_labels)"),
+    _p(None, "data.eval_points", "int", 2000, "size of the fixed shuffled evaluation sample",
+       ge=1),
+    _p(None, "data.propensity_a", "float", 0.55, "A of the inverse propensities used by PSP@k "
+       "(XC repository: 0.6 for Amazon, 0.55 otherwise)", gt=0),
+    _p(None, "data.propensity_b", "float", 1.5, "B of the inverse propensities used by PSP@k "
+       "(XC repository: 2.6 for Amazon, 1.5 otherwise)", ge=0),
+    _p(None, "data.save_generated", "bool", True, "synthetic: write train.txt/test.txt into "
+       "OUTPUT_DIR/data so evaluate/predict can use them"),
+    _p("hidden_sizes", "model.hidden_sizes", "int_list", (128,),
+       "widths of the hidden ReLU layers (at least one)", ge=1),
+    _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons",
+       choices=LOSSES),
+    _p("output_bias_init", "model.output_bias_init", "str", "log_prior",
+       "log_prior: output biases start at log((label count + 1) / (points + labels)) of the "
+       "training labels; zero: the dense baselines' initialisation", choices=BIAS_INITS),
+    _p("hash_family", "lsh.family", "str", "dwta", "LSH family of the sparse layers",
+       choices=HASH_FAMILIES),
+    _p("K", "lsh.K", "int", 6, "hash functions concatenated per table (K codes must fit in "
+       "range_pow bits)", ge=1),
+    _p("L", "lsh.L", "int", 50, "hash tables", ge=1),
+    _p("range_pow", "lsh.range_pow", "int", 18, "log2 of the buckets per table", ge=1, le=30),
+    _p("bucket_size", "lsh.bucket_size", "int", 128, "most neurons kept per bucket", ge=1),
+    _p("bucket_policy", "lsh.policy", "str", "fifo", "which neurons a full bucket keeps: fifo "
+       "the latest inserted, reservoir a uniform subset", choices=BUCKET_POLICIES),
+    _p("sampler", "sampler.kind", "str", "vanilla", "how the output layer picks its active "
+       "neurons: an LSH sampler, random (sampled softmax without LSH) or dense (full softmax)",
+       choices=SAMPLERS),
+    _p("sampler_budget", "sampler.budget", "int", 1024, "cap on the LSH candidates taken per "
+       "sample, beyond the true labels and shared negatives (not the total active size)", ge=1,
+       optional=True),
+    _p("sampler_threshold", "sampler.threshold", "int", 2, "threshold sampler: minimum number "
+       "of tables a neuron must appear in", ge=1, optional=True),
+    _p("min_active", "sampler.min_active", "int", 0, "each sample's active set is padded with "
+       "its own random neurons up to this size", ge=0, optional=True),
+    _p("shared_negatives", "sampler.shared_negatives", "int", 2048, "negatives drawn by label "
+       "frequency once per batch and active for every sample of it", ge=0, optional=True),
+    _p("sampling_correction", "sampler.sampling_correction", "bool", True, "add -log P(drawn) "
+       "to each shared negative's logit so the sampled softmax estimates the full one",
+       optional=True),
+    _p("negative_power", "sampler.negative_power", "float", 1.0, "shared negatives are drawn "
+       "with probability ~ (training count + 1) ** power (0: uniform)", ge=0, le=2,
+       optional=True),
+    _p("optimizer", "optimizer.name", "str", "adam", "adam: dense Adam's trajectory at sparse "
+       "cost; lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
+    _p("learning_rate", "optimizer.learning_rate", "float", 1e-4, "step size", gt=0),
+    _p("beta1", "optimizer.beta1", "float", 0.9, "Adam first-moment decay", ge=0, lt=1),
+    _p("beta2", "optimizer.beta2", "float", 0.999, "Adam second-moment decay", ge=0, lt=1),
+    _p("epsilon", "optimizer.epsilon", "float", 1e-8, "Adam epsilon", gt=0),
+    _p("rehash_period", "schedule.rehash_period", "int", 50, "T_0: batches before the first "
+       "rehash of the tables", ge=1),
+    _p("rebuild_period", "schedule.rebuild_period", "int", 500, "batches before the first "
+       "rebuild with fresh hash functions", ge=1, optional=True),
+    _p("rehash_decay", "schedule.rehash_decay", "float", 0.02, "lambda: the t-th period is "
+       "T_0 * exp(lambda * t)", ge=0, optional=True),
+    _p("epochs", "train.epochs", "int", 1, "passes over the training set", ge=1),
+    _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
+    _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
+       ge=0),
+    _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "
+       "evaluation sample (the API's random_state)", ge=0),
+    _p(None, "train.eval_every_batches", "int", 100, "batches between evaluations (0 = at the "
+       "end only)", ge=0),
+    _p(None, "train.checkpoint_every_batches", "int", 500, "batches between checkpoints "
+       "(0 = at the end only)", ge=0),
+    _p(None, "train.keep_checkpoints", "int", 3, "checkpoints kept (older ones are deleted)",
+       ge=1),
+    _p(None, "train.log_every_seconds", "float", 10.0, "seconds between plain log lines (when "
+       "stdout is not a terminal)", gt=0),
+    _p(None, "train.baseline", "str", "none", "dense: also train the same network with a full "
+       "softmax (sampler dense) and compare", choices=("none", "dense")),
+    _p("sparse_layers", None, "layers", None, "layers that use LSH (0 = first hidden, "
+       "len(hidden_sizes) = output); None: the output layer only; none with sampler dense"),
+    _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores", ge=1),
+    _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
+    _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch, 2 also every 100 batches",
+       ge=0),
+)
+
+ESTIMATOR_PARAMS = tuple(p for p in TABLE if p.name is not None)
+CONFIG_PARAMS = tuple(p for p in TABLE if p.key is not None)
+BY_NAME = {p.name: p for p in ESTIMATOR_PARAMS}
+BY_KEY = {p.key: p for p in CONFIG_PARAMS}
+
+
+def estimator_defaults() -> dict:
+    """``SlideClassifier``'s keyword defaults."""
+    return {p.name: p.default for p in ESTIMATOR_PARAMS}
+
+
+# --------------------------------------------------------------------------------------------
+# the one integer / real checker
+
+def is_int(v) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_real(v) -> bool:
+    """A finite Python or NumPy number, not a bool."""
+    return (isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, (bool, np.bool_)) and math.isfinite(float(v)))
+
+
+def type_name(value) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "a boolean"
+    if is_int(value):
+        return "an integer"
+    if isinstance(value, (float, np.floating)):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def suggest(word, candidates) -> str:
+    """``"; did you mean 'x'?"`` for the closest candidate, or ``""``."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in candidates}
+        if word.lower() in lowered:
+            close = [lowered[word.lower()]]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _bounds_problem(p: Param, v):
+    for bound, ok, sign in ((p.gt, lambda b: v > b, ">"), (p.ge, lambda b: v >= b, ">="),
+                            (p.le, lambda b: v <= b, "<="), (p.lt, lambda b: v < b, "<")):
+        if bound is not None and not ok(bound):
+            return f"must be {sign} {bound:g}, got {v!r}"
+    return None
+
+
+def _check_int_list(p: Param, value):
+    if is_int(value):
+        value = [value]     # "--set model.hidden_sizes=256" / hidden_sizes=256: one layer
+    if isinstance(value, (str, bytes, dict)):
+        return None, f"must be a non-empty array of integers, got {value!r}"
+    try:
+        items = list(value)
+    except TypeError:
+        return None, f"must be a non-empty array of integers, got {value!r}"
+    if not items or not all(is_int(v) for v in items):
+        return None, f"must be a non-empty array of integers, got {value!r}"
+    if p.ge is not None and any(v < p.ge for v in items):
+        return None, f"every entry must be >= {p.ge:g}, got {value!r}"
+    return [int(v) for v in items], None
+
+
+def check_value(p: Param, value):
+    """``(normalised value, None)`` or ``(None, problem)`` for one value of ``p``; the problem
+    reads after the parameter's name ("must be >= 1, got 0")."""
+    kind = p.kind
+    if kind == "int_list":
+        return _check_int_list(p, value)
+    if kind == "int_or_none":
+        if value is None:
+            return None, None
+        kind = "int"
+    if kind == "int" and not is_int(value):
+        return None, f"must be an integer, got {type_name(value)} ({value!r})"
+    if kind == "float":
+        if not is_real(value):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(
+                    value, (int, float, np.integer, np.floating)):
+                return None, f"must be a number, got {type_name(value)} ({value!r})"
+            return None, f"must be finite, got {value!r}"
+        value = float(value)
+    if kind == "str" and not isinstance(value, str):
+        return None, f"must be a string, got {type_name(value)} ({value!r})"
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            return None, f"must be true or false, got {type_name(value)} ({value!r})"
+        value = bool(value)
+    if kind == "table":
+        if not isinstance(value, dict):
+            return None, f"must be a table, got {type_name(value)} ({value!r})"
+        return dict(value), None
+    if p.choices and value not in p.choices:
+        return None, (f"must be one of {', '.join(map(repr, p.choices))}, got {value!r}"
+                      f"{suggest(str(value), p.choices)}")
+    if kind in ("int", "float"):
+        problem = _bounds_problem(p, value)
+        if problem:
+            return None, problem
+        value = int(value) if kind == "int" else value
+    return value, None
+
+
+def check_estimator_params(values: dict) -> dict:
+    """Check ``SlideClassifier`` hyperparameters (name -> value) against the table; raise
+    ``ValueError`` naming the first offending one. Returns the normalised values (``layers``
+    entries are returned unchanged: their bound depends on ``hidden_sizes``)."""
+    out = {}
+    for p in ESTIMATOR_PARAMS:
+        value = values[p.name]
+        if p.kind == "layers":
+            out[p.name] = value
+            continue
+        value, problem = check_value(p, value)
+        if problem:
+            raise ValueError(f"{p.name} {problem}")
+        out[p.name] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# docs/parameters.md
+
+def _doc_value(v):
+    if v is None:
+        return "None"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, tuple):
+        v = list(v)
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)
+
+
+def _doc_allowed(p: Param):
+    if p.choices:
+        return " / ".join(f"`{c}`" for c in p.choices)
+    parts = [f"{s} {b:g}" for b, s in ((p.gt, ">"), (p.ge, ">="), (p.le, "<="), (p.lt, "<"))
+             if b is not None]
+    kind = {"int": "integer", "float": "number", "bool": "true / false", "str": "text",
+            "int_list": "integers", "table": "table", "int_or_none": "None or integer",
+            "layers": "None or layer indices"}[p.kind]
+    return kind + (" " + ", ".join(parts) if parts else "")
+
+
+def markdown() -> str:
+    """The text of ``docs/parameters.md``."""
+    lines = [
+        "# Parameters",
+        "",
+        "<!-- generated by `python -m slide.params > docs/parameters.md` from slide/params.py;"
+        " do not edit -->",
+        "",
+        "One table drives the Python API (`SlideClassifier` keywords), the `slide train` run",
+        "configuration (TOML keys, `--set KEY=VALUE`) and this page, so their defaults agree.",
+        "A config key marked *optional* may be left unset: the estimator's default (the same",
+        "value) applies. `train.threads` (0 = all cores) and `train.seed` (default 0, so CLI",
+        "runs are reproducible) are the CLI's spelling of `n_threads` and `random_state`.",
+        "",
+        "| keyword | config key | default | allowed | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for p in TABLE:
+        name = f"`{p.name}`" if p.name else "-"
+        key = f"`{p.key}`" + (" (optional)" if p.optional and p.name else "") if p.key else "-"
+        default = "not set" if p.default is None and p.key and not p.name else \
+            f"`{_doc_value(p.default)}`"
+        lines.append(f"| {name} | {key} | {default} | {_doc_allowed(p)} | {p.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates docs/parameters.md
+    import sys
+    sys.stdout.write(markdown())
