@@ -3,15 +3,9 @@
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
 data before any kernel runs, builds the network (``slide.network.Network``), the sparse
 optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``) and the rehash
-schedule, then trains one Numba call per batch.
+schedule, then trains one Numba call per batch. The training loop is ``slide.trainer``, the
+file format ``slide.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
 """
-import json
-import math
-import os
-import tempfile
-import time
-import zipfile
-
 import numpy as np
 
 try:  # scikit-learn is a dependency; BaseEstimator gives get_params/set_params/clone/repr
@@ -20,53 +14,15 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
-from slide.network import LOSSES, Network, RehashSchedule
-from slide.optim import OPTIMIZERS, SparseOptimizer
-
-FORMAT = "slide-checkpoint"
-FORMAT_VERSION = 1
-
-SAMPLERS = ("vanilla", "topk", "threshold", "random", "dense")
-FAMILIES = ("simhash", "wta", "dwta", "doph")
-POLICIES = ("fifo", "reservoir")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupted or does not match what is expected."""
-
-    def __init__(self, path, problem):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss."""
-
-    def __init__(self, batch, epoch, loss):
-        self.batch = batch
-        self.epoch = epoch
-        self.loss = loss
-        super().__init__(f"training diverged: non-finite mean loss ({loss}) at batch {batch} "
-                         f"(epoch {epoch}); lower learning_rate")
-
-
-def _blas_single_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(1, user_api="blas")
-    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        import contextlib
-        return contextlib.nullcontext()
-
-
-def _is_int(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_real(v):
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
-        v, (bool, np.bool_)) and math.isfinite(float(v))
+from slide import params as params_mod
+from slide import trainer
+from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
+                              load)
+from slide.checkpoint import save as save_checkpoint
+from slide.network import Network, RehashSchedule
+from slide.optim import SparseOptimizer
+from slide.params import is_int
+from slide.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
 
 
 class SlideClassifier(ClassifierMixin, BaseEstimator):
@@ -173,69 +129,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # validation
     # ------------------------------------------------------------------------------------------
     def _validate_params(self):
-        """Check every hyperparameter; raise ValueError naming the offending one."""
-        def pos_int(name, minimum=1):
-            v = getattr(self, name)
-            if not _is_int(v) or v < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-
-        hs = self.hidden_sizes
-        if _is_int(hs):
-            hs = (hs,)
-        try:
-            hs = tuple(hs)
-        except TypeError:
-            raise ValueError(f"hidden_sizes must be a sequence of positive integers, "
-                             f"got {self.hidden_sizes!r}") from None
-        if len(hs) == 0 or not all(_is_int(h) and h >= 1 for h in hs):
-            raise ValueError(f"hidden_sizes must be a non-empty sequence of positive integers, "
-                             f"got {self.hidden_sizes!r}")
-        for name in ("K", "L", "range_pow", "bucket_size", "sampler_budget", "batch_size",
-                     "epochs", "rehash_period", "rebuild_period"):
-            pos_int(name)
-        pos_int("min_active", 0)
-        pos_int("shared_negatives", 0)
-        pos_int("sampler_threshold", 1)
-        if self.range_pow > 30:
-            raise ValueError(f"range_pow must be <= 30, got {self.range_pow}")
-        if self.hash_family not in FAMILIES:
-            raise ValueError(f"hash_family must be one of {FAMILIES}, got {self.hash_family!r}")
-        if self.bucket_policy not in POLICIES:
-            raise ValueError(f"bucket_policy must be one of {POLICIES}, "
-                             f"got {self.bucket_policy!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {tuple(LOSSES)}, got {self.loss!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {tuple(OPTIMIZERS)}, "
-                             f"got {self.optimizer!r}")
-        for name in ("learning_rate", "epsilon"):
-            v = getattr(self, name)
-            if not _is_real(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-        for name in ("beta1", "beta2"):
-            v = getattr(self, name)
-            if not _is_real(v) or not 0 <= v < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {v!r}")
-        if not _is_real(self.rehash_decay) or self.rehash_decay < 0:
-            raise ValueError(f"rehash_decay must be a finite number >= 0, "
-                             f"got {self.rehash_decay!r}")
-        if not _is_real(self.negative_power) or not 0 <= self.negative_power <= 2:
-            raise ValueError(f"negative_power must be a number in [0, 2], "
-                             f"got {self.negative_power!r}")
-        if self.output_bias_init not in ("zero", "log_prior"):
-            raise ValueError(f"output_bias_init must be 'zero' or 'log_prior', "
-                             f"got {self.output_bias_init!r}")
-        if not isinstance(self.sampling_correction, (bool, np.bool_)):
-            raise ValueError(f"sampling_correction must be True or False, "
-                             f"got {self.sampling_correction!r}")
-        if self.n_threads is not None and (not _is_int(self.n_threads) or self.n_threads < 1):
-            raise ValueError(f"n_threads must be None or an integer >= 1, got {self.n_threads!r}")
-        if self.random_state is not None and (not _is_int(self.random_state)
-                                              or self.random_state < 0):
-            raise ValueError(f"random_state must be None or a non-negative integer, "
-                             f"got {self.random_state!r}")
+        """Check every hyperparameter against ``slide.params``; raise ValueError naming the
+        offending one. Returns (hidden sizes, sparse layer indices)."""
+        values = params_mod.check_estimator_params(self.get_params(deep=False))
+        hs = tuple(values["hidden_sizes"])
         n_layers = len(hs) + 1
         if self.sampler == "dense":
             sparse = ()
@@ -248,7 +145,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"sparse_layers must be None or a sequence of layer indices, "
                                  f"got {self.sparse_layers!r}") from None
             for l in sparse:
-                if not _is_int(l) or not 0 <= l < n_layers:
+                if not is_int(l) or not 0 <= l < n_layers:
                     raise ValueError(f"sparse_layers entries must be layer indices in "
                                      f"[0, {n_layers - 1}], got {l!r}")
         if sparse and self.sampler != "random":
@@ -282,8 +179,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         numba.set_num_threads(n)
         return n
 
-    def _build(self, n_features, n_labels, hs, sparse):
-        seed = self.random_state
+    def _build(self, n_features, n_labels, hs, sparse, seed=None):
+        """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
+        ``random_state``."""
+        if seed is None:
+            seed = self.random_state
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
         self.seed_ = int(seed)
@@ -310,12 +210,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                                         self.rehash_decay)
         self.sparse_layers_ = tuple(sparse)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
-        self.batches_ = 0           # batches trained so far (the batch serial)
-        self.samples_ = 0
-        self.epoch_ = 0             # position of the next batch: epoch ...
-        self.batch_in_epoch_ = 0    # ... and batch within it
-        self.train_seconds_ = 0.0
-        self.history_ = []
+        self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
+                           history=[])
 
     # ------------------------------------------------------------------------------------------
     # training
@@ -363,103 +259,19 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return Xe, Ye
 
     def _train(self, X, Y, end_epoch, eval_set, callback):
-        from slide.data import iterate_minibatches
-        n_threads = self._threads()
-        net = self.network_
-        bs = int(self.batch_size)
-        n = X.shape[0]
-        n_batches = (n + bs - 1) // bs
-        max_labels = int(np.diff(Y.indptr).max()) if n else 1
-        net.prepare(bs, n_threads, max(1, max_labels))
-        net.set_label_counts(np.bincount(Y.indices, minlength=Y.shape[1]))
-        if self.batches_ == 0 and self.output_bias_init == "log_prior" and n:
-            # the output biases start at the log label frequencies: a network that has not
-            # learned anything yet already ranks labels by popularity, and labels without a
-            # training point start far below the rest (a dense softmax needs most of an epoch
-            # of Adam steps on every row to learn this prior; a sampled one, much longer)
-            counts = np.bincount(Y.indices, minlength=Y.shape[1]).astype(np.float64)
-            net.layout.bias_view(net.B, net.layout.n_layers - 1)[:] = np.log(
-                (counts + 1.0) / (n + Y.shape[1]))
-        self._ensure_lsh()
-        self.stopped_ = False
-        while self.epoch_ < end_epoch:
-            epoch = self.epoch_
-            t_epoch = time.perf_counter()
-            for rows in iterate_minibatches(n, bs, self.seed_, epoch, self.batch_in_epoch_):
-                t0 = time.perf_counter()
-                serial = self.batches_ + 1
-                if net.sparse.any():
-                    loss, act = net.train_batch(X, Y, rows, self.seed_, serial,
-                                                self.optimizer_)
-                else:
-                    # OpenBLAS threads and Numba's OpenMP threads spin against each other
-                    # (4x slower measured on 2 cores): BLAS runs single-threaded here
-                    with _blas_single_thread():
-                        loss, act = net.train_batch_dense(X, Y, rows, serial,
-                                                          self.optimizer_)
-                if not math.isfinite(loss):
-                    raise DivergenceError(serial, epoch, loss)
-                self.batches_ = serial
-                self.samples_ += rows.shape[0]
-                rehashed, rebuilt = self._maybe_rehash()
-                self.train_seconds_ += time.perf_counter() - t0
-                self.batch_in_epoch_ += 1
-                if self.batch_in_epoch_ >= n_batches:
-                    self.epoch_ += 1
-                    self.batch_in_epoch_ = 0
-                    # the epoch's closing work runs before the callback: a run stopped on an
-                    # epoch's last batch (and resumed from its checkpoint) must have synced
-                    # there exactly like a run that went on, or the two part bitwise
-                    self._end_epoch(epoch, t_epoch, eval_set)
-                if self.verbose >= 2 and serial % 100 == 0:
-                    print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
-                if callback is not None:
-                    info = dict(batch=serial, epoch=epoch,
-                                batch_in_epoch=(self.batch_in_epoch_ - 1) % n_batches
-                                if self.batch_in_epoch_ else n_batches - 1,
-                                samples=self.samples_, loss=loss,
-                                train_seconds=self.train_seconds_, active_mean=act,
-                                rehashed=rehashed, rebuilt=rebuilt)
-                    if callback(self, info):
-                        self.stopped_ = True
-                        return
+        trainer.train(self, X, Y, end_epoch, eval_set, callback)
 
-    def _end_epoch(self, epoch, t_epoch, eval_set):
-        rec = {"epoch": epoch, "seconds": time.perf_counter() - t_epoch}
-        self.sync()
-        if eval_set is not None:
-            rec["P@1"] = self.score(*eval_set)
-        self.history_.append(rec)
-        if self.verbose >= 1:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in rec.items()))
-
-    # ------------------------------------------------------------------------------------------
-    # LSH (filled in when slide.lsh is available)
-    # ------------------------------------------------------------------------------------------
     def _ensure_lsh(self):
-        net = self.network_
-        if net.uses_tables and not net.indices:
-            t0 = time.perf_counter()
-            net.build_indices()
-            self.lsh_seconds_ = getattr(self, "lsh_seconds_", 0.0) + time.perf_counter() - t0
+        trainer.ensure_lsh(self)
 
-    def _maybe_rehash(self):
-        """Rehash / rebuild the tables when the schedule says so (after the optimizer step of
-        the current batch, so the tables see the updated weights)."""
-        if not self.network_.uses_tables:
-            return False, False
-        rehash, rebuild = self.schedule_.step(self.batches_)
-        if rebuild or rehash:
-            if not self.network_.weights_finite():
-                raise DivergenceError(self.batches_, self.epoch_, "non-finite weights")
-            t0 = time.perf_counter()
-            if rebuild:
-                self.network_.rebuild(self.batches_)
-            else:
-                self.network_.rehash(self.batches_)
-            self.lsh_seconds_ = getattr(self, "lsh_seconds_", 0.0) + time.perf_counter() - t0
-        return rehash, rebuild
+    def _set_position(self, batches, samples, epoch, batch_in_epoch, train_seconds, history):
+        """Where training stands (a checkpoint's position, or the start of a fresh fit)."""
+        self.batches_ = batches         # batches trained so far (the batch serial)
+        self.samples_ = samples
+        self.epoch_ = epoch             # position of the next batch: epoch ...
+        self.batch_in_epoch_ = batch_in_epoch   # ... and batch within it
+        self.train_seconds_ = train_seconds
+        self.history_ = history
 
     # ------------------------------------------------------------------------------------------
     # inference
@@ -487,15 +299,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         largely in their bias (measured at 200k labels, 5,000 points: P@1 0.281 with 0, 0.520
         with 256 in 0.30 s, 0.520 exact in 9.0 s)."""
         self._check_fitted()
-        if not _is_int(k) or k < 1:
+        if not is_int(k) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        if not _is_int(prior_candidates) or prior_candidates < 0:
+        if not is_int(prior_candidates) or prior_candidates < 0:
             raise ValueError(f"prior_candidates must be a non-negative integer, "
                              f"got {prior_candidates!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
         self.sync()
-        with _blas_single_thread():     # see _train: OpenBLAS vs Numba thread contention
+        with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
             if exact or not self.network_.uses_tables:
                 return self.network_.predict_topk_exact(X, int(k))
             self._ensure_lsh()
@@ -510,7 +322,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         X = self._check_data(X, fitted=True)
         self._threads()
         self.sync()
-        with _blas_single_thread():
+        with blas_single_thread():
             return self.network_.predict_scores(X)
 
     def predict(self, X):
@@ -529,6 +341,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # checkpoints
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
+        """Write a checkpoint (``slide.checkpoint``) atomically; ``extra`` is any
+        JSON-serialisable value returned as ``extra_`` by ``slide.load``."""
         self._check_fitted()
         save_checkpoint(self, path, extra)
 
@@ -539,198 +353,3 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._ensure_lsh()
         return self.network_.sample_loss_and_grads(x_indices, x_data, labels,
                                                    return_active=return_active)
-
-
-# ----------------------------------------------------------------------------------------------
-# checkpoint files
-# ----------------------------------------------------------------------------------------------
-
-def _model_arrays(model):
-    net = model.network_
-    arrays = {"W": net.W, "B": net.B}
-    arrays.update(model.optimizer_.state_arrays())
-    for l, idx in net.indices.items():
-        for k, v in idx.state_dict().items():
-            if isinstance(v, np.ndarray):
-                arrays[f"lsh{l}_{k}"] = v
-    return arrays
-
-
-def save_checkpoint(model, path, extra=None):
-    """Write one file atomically: temp file in the same directory, fsync, os.replace."""
-    if extra is not None:
-        try:
-            json.dumps(extra)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
-    net = model.network_
-    arrays = _model_arrays(model)
-    meta = {
-        "format": FORMAT, "version": FORMAT_VERSION,
-        "params": model.get_params(deep=False),
-        "sizes": list(net.layout.sizes),
-        "sparse_layers": list(model.sparse_layers_),
-        "seed": model.seed_,
-        "opt_t": model.optimizer_.t,
-        "batches": model.batches_, "samples": model.samples_,
-        "epoch": model.epoch_, "batch_in_epoch": model.batch_in_epoch_,
-        "train_seconds": model.train_seconds_,
-        "schedule": model.schedule_.state(),
-        "history": model.history_,
-        "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
-                         if not isinstance(v, np.ndarray)}
-                for l, idx in net.indices.items()},
-        "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
-        "extra": extra,
-    }
-    meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
-    if meta["params"]["sparse_layers"] is not None:
-        meta["params"]["sparse_layers"] = [int(v) for v in meta["params"]["sparse_layers"]]
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".slide-ckpt-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                     **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename durable too
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
-def _read_checkpoint(path):
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(path, "no such file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "__meta__" not in z.files:
-                raise CheckpointError(path, "not a slide checkpoint (no metadata entry)")
-            meta = json.loads(z["__meta__"].tobytes().decode())
-            arrays = {k: z[k] for k in z.files if k != "__meta__"}
-    except CheckpointError:
-        raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError,
-            UnicodeDecodeError) as exc:
-        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(path, "not a slide checkpoint (wrong format tag)")
-    if meta.get("version") != FORMAT_VERSION:
-        raise CheckpointError(path, f"format version {meta.get('version')!r} is not supported "
-                                    f"(this slide reads version {FORMAT_VERSION})")
-    return meta, arrays
-
-
-def load(path):
-    """Load a model saved by ``SlideClassifier.save``. Everything is validated before the
-    model is built; any problem raises CheckpointError naming the file."""
-    meta, arrays = _read_checkpoint(path)
-    try:
-        expected = meta["arrays"]
-        for name, (shape, dtype) in expected.items():
-            if name not in arrays:
-                raise CheckpointError(path, f"array {name!r} is missing")
-            a = arrays[name]
-            if list(a.shape) != list(shape) or str(a.dtype) != dtype:
-                raise CheckpointError(path, f"array {name!r} has shape {a.shape} / {a.dtype}, "
-                                            f"expected {tuple(shape)} / {dtype}")
-        extra_names = set(arrays) - set(expected)
-        if extra_names:
-            raise CheckpointError(path, f"unexpected arrays {sorted(extra_names)}")
-        params = dict(meta["params"])
-        params["hidden_sizes"] = tuple(params["hidden_sizes"])
-        if params.get("sparse_layers") is not None:
-            params["sparse_layers"] = tuple(params["sparse_layers"])
-        model = SlideClassifier(**params)
-        hs, sparse = model._validate_params()
-        sizes = [int(s) for s in meta["sizes"]]
-        if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
-            raise CheckpointError(path, "layer sizes in the metadata do not match the "
-                                        "hyperparameters")
-        model.random_state = params["random_state"]
-        saved_rs = model.random_state
-        model.random_state = int(meta["seed"])
-        model._build(sizes[0], sizes[-1], hs, sparse)
-        model.random_state = saved_rs
-        net = model.network_
-        for name, target in (("W", net.W), ("B", net.B)):
-            if arrays[name].shape != target.shape or arrays[name].dtype != target.dtype:
-                raise CheckpointError(path, f"array {name!r} does not fit the network "
-                                            f"{sizes}")
-        opt = model.optimizer_
-        for name, target in opt.state_arrays().items():
-            a = arrays.get(name)
-            if a is None and name in ("opt_TW", "opt_TB"):
-                # written before the step records existed: treat every row as up to date
-                arrays[name] = a = np.full(target.shape, min(int(meta["opt_t"]), 2**31 - 1),
-                                           dtype=target.dtype)
-            if a is None or a.shape != target.shape or a.dtype != target.dtype:
-                raise CheckpointError(path, f"optimizer array {name!r} does not fit")
-        if not all(np.isfinite(arrays[n]).all() for n in ("W", "B")):
-            raise CheckpointError(path, "weights contain non-finite values")
-        net.W[:] = arrays["W"]
-        net.B[:] = arrays["B"]
-        opt.MW[:] = arrays["opt_MW"]
-        opt.VW[:] = arrays["opt_VW"]
-        opt.MB[:] = arrays["opt_MB"]
-        opt.VB[:] = arrays["opt_VB"]
-        opt.TW[:] = arrays["opt_TW"]
-        opt.TB[:] = arrays["opt_TB"]
-        opt.t = int(meta["opt_t"])
-        model.batches_ = int(meta["batches"])
-        model.samples_ = int(meta["samples"])
-        model.epoch_ = int(meta["epoch"])
-        model.batch_in_epoch_ = int(meta["batch_in_epoch"])
-        model.train_seconds_ = float(meta["train_seconds"])
-        model.schedule_.set_state(meta["schedule"])
-        model.history_ = list(meta["history"])
-        model._load_lsh(path, meta.get("lsh", {}), arrays)
-        model.extra_ = meta.get("extra")
-        model.checkpoint_meta_ = meta
-        return model
-    except CheckpointError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
-
-
-def _load_lsh(model, path, lsh_meta, arrays):
-    """Restore the LSH tables exactly (they were built from older weights, so they cannot be
-    recomputed from the saved ones)."""
-    from slide.lsh.index import LSHIndex
-    net = model.network_
-    want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
-        else set()
-    got = set(int(l) for l in lsh_meta)
-    if want != got:
-        raise CheckpointError(path, f"LSH state for layers {sorted(got)}, expected "
-                                    f"{sorted(want)}")
-    for l in sorted(want):
-        d = dict(lsh_meta[str(l)])
-        prefix = f"lsh{l}_"
-        for name, a in arrays.items():
-            if name.startswith(prefix):
-                d[name[len(prefix):]] = a
-        try:
-            idx = LSHIndex.from_state(d)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(path, f"LSH tables of layer {l}: {exc}") from None
-        if idx.dim != int(net.n_in[l]) or idx.n_neurons != int(net.n_out[l]):
-            raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
-        net.indices[l] = idx
-    net._pack_lsh()
-
-
-SlideClassifier._load_lsh = _load_lsh

@@ -133,7 +133,7 @@ def test_save_load_round_trip(tiny, trained, tmp_path):
                                   trained.predict_topk(Xte, k=3, exact=False))
     idx_a, idx_b = m.network_.indices[1], trained.network_.indices[1]
     assert np.array_equal(idx_a.items, idx_b.items) and idx_a.seed == idx_b.seed
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".slide-ckpt-")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.slide"]   # no temporary left
 
 
 def test_corrupt_or_truncated_checkpoints_raise(trained, tmp_path):

@@ -1,0 +1,235 @@
+"""The checkpoint file format of ``SlideClassifier`` (``model.save`` / ``slide.load``).
+
+One file, written atomically through ``slide.fileio.atomic_write``: an ``np.savez`` archive with
+a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed, optimizer step,
+schedule state, epoch position, history, the caller's ``extra``) and the arrays ``W``, ``B``,
+the optimizer's state (``opt_*``) and each LSH index's tables and hash parameters
+(``lsh<layer>_*``). ``load`` validates everything before it builds a model and raises
+:class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt, truncated, mismatched
+or unsupported file.
+
+Format versions: 1 is the only one so far (every file slide has written). A file of another
+version is refused with its version number; files written before the optimizer recorded each
+row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up to date.
+"""
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from slide.fileio import atomic_write
+
+FORMAT = "slide-checkpoint"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupted or does not match what is expected."""
+
+    def __init__(self, path, problem):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+def _model_arrays(model):
+    net = model.network_
+    arrays = {"W": net.W, "B": net.B}
+    arrays.update(model.optimizer_.state_arrays())
+    for l, idx in net.indices.items():
+        for k, v in idx.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"lsh{l}_{k}"] = v
+    return arrays
+
+
+def _metadata(model, arrays, extra):
+    net = model.network_
+    meta = {
+        "format": FORMAT, "version": FORMAT_VERSION,
+        "params": model.get_params(deep=False),
+        "sizes": list(net.layout.sizes),
+        "sparse_layers": list(model.sparse_layers_),
+        "seed": model.seed_,
+        "opt_t": model.optimizer_.t,
+        "batches": model.batches_, "samples": model.samples_,
+        "epoch": model.epoch_, "batch_in_epoch": model.batch_in_epoch_,
+        "train_seconds": model.train_seconds_,
+        "schedule": model.schedule_.state(),
+        "history": model.history_,
+        "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
+                         if not isinstance(v, np.ndarray)}
+                for l, idx in net.indices.items()},
+        "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
+        "extra": extra,
+    }
+    meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
+    if meta["params"]["sparse_layers"] is not None:
+        meta["params"]["sparse_layers"] = [int(v) for v in meta["params"]["sparse_layers"]]
+    return meta
+
+
+def _write_arrays(f, meta, arrays):
+    """The archive itself (a test replaces this to fail half-way through a write)."""
+    np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+
+
+def save(model, path, extra=None):
+    """Write ``model``'s checkpoint to ``path`` atomically (the previous file survives any
+    failure)."""
+    if extra is not None:
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
+    arrays = _model_arrays(model)
+    meta = _metadata(model, arrays, extra)
+    with atomic_write(path, "wb") as f:
+        _write_arrays(f, meta, arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+def read(path):
+    """``(meta, arrays)`` of a checkpoint file of a supported version; nothing is built."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(path, "no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "__meta__" not in z.files:
+                raise CheckpointError(path, "not a slide checkpoint (no metadata entry)")
+            meta = json.loads(z["__meta__"].tobytes().decode())
+            arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError,
+            UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(path, "not a slide checkpoint (wrong format tag)")
+    if meta.get("version") not in SUPPORTED_VERSIONS:
+        raise CheckpointError(path, f"format version {meta.get('version')!r} is not supported "
+                                    f"(this slide reads version "
+                                    f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+    return meta, arrays
+
+
+def _check_listed_arrays(path, meta, arrays):
+    expected = meta["arrays"]
+    for name, (shape, dtype) in expected.items():
+        if name not in arrays:
+            raise CheckpointError(path, f"array {name!r} is missing")
+        a = arrays[name]
+        if list(a.shape) != list(shape) or str(a.dtype) != dtype:
+            raise CheckpointError(path, f"array {name!r} has shape {a.shape} / {a.dtype}, "
+                                        f"expected {tuple(shape)} / {dtype}")
+    extra_names = set(arrays) - set(expected)
+    if extra_names:
+        raise CheckpointError(path, f"unexpected arrays {sorted(extra_names)}")
+
+
+def _build_model(path, meta):
+    """An unfitted-then-built ``SlideClassifier`` of the saved hyperparameters, sizes and seed
+    (its weights still the fresh initialisation)."""
+    from slide.estimator import SlideClassifier
+    params = dict(meta["params"])
+    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if params.get("sparse_layers") is not None:
+        params["sparse_layers"] = tuple(params["sparse_layers"])
+    model = SlideClassifier(**params)
+    hs, sparse = model._validate_params()
+    sizes = [int(s) for s in meta["sizes"]]
+    if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
+        raise CheckpointError(path, "layer sizes in the metadata do not match the "
+                                    "hyperparameters")
+    model._build(sizes[0], sizes[-1], hs, sparse, seed=int(meta["seed"]))
+    return model, sizes
+
+
+def _check_state_arrays(path, meta, arrays, model, sizes):
+    """Every array fits the built network and optimizer (fills in the step records of files
+    written before they existed)."""
+    net = model.network_
+    for name, target in (("W", net.W), ("B", net.B)):
+        if arrays[name].shape != target.shape or arrays[name].dtype != target.dtype:
+            raise CheckpointError(path, f"array {name!r} does not fit the network {sizes}")
+    for name, target in model.optimizer_.state_arrays().items():
+        a = arrays.get(name)
+        if a is None and name in ("opt_TW", "opt_TB"):
+            # written before the step records existed: treat every row as up to date
+            arrays[name] = a = np.full(target.shape, min(int(meta["opt_t"]), 2**31 - 1),
+                                       dtype=target.dtype)
+        if a is None or a.shape != target.shape or a.dtype != target.dtype:
+            raise CheckpointError(path, f"optimizer array {name!r} does not fit")
+    if not all(np.isfinite(arrays[n]).all() for n in ("W", "B")):
+        raise CheckpointError(path, "weights contain non-finite values")
+
+
+def _restore(model, path, meta, arrays):
+    net = model.network_
+    net.W[:] = arrays["W"]
+    net.B[:] = arrays["B"]
+    opt = model.optimizer_
+    for name, target in opt.state_arrays().items():
+        target[:] = arrays[name]
+    opt.t = int(meta["opt_t"])
+    model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
+                        epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
+                        train_seconds=float(meta["train_seconds"]),
+                        history=list(meta["history"]))
+    model.schedule_.set_state(meta["schedule"])
+    _load_lsh(model, path, meta.get("lsh", {}), arrays)
+    model.extra_ = meta.get("extra")
+    model.checkpoint_meta_ = meta
+
+
+def load(path):
+    """Load a model saved by ``SlideClassifier.save``. Everything is validated before the
+    model is built; any problem raises CheckpointError naming the file."""
+    meta, arrays = read(path)
+    try:
+        _check_listed_arrays(path, meta, arrays)
+        model, sizes = _build_model(path, meta)
+        _check_state_arrays(path, meta, arrays, model, sizes)
+        _restore(model, path, meta, arrays)
+        return model
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _load_lsh(model, path, lsh_meta, arrays):
+    """Restore the LSH tables exactly (they were built from older weights, so they cannot be
+    recomputed from the saved ones)."""
+    from slide.lsh.index import LSHIndex
+    net = model.network_
+    want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
+        else set()
+    got = set(int(l) for l in lsh_meta)
+    if want != got:
+        raise CheckpointError(path, f"LSH state for layers {sorted(got)}, expected "
+                                    f"{sorted(want)}")
+    for l in sorted(want):
+        d = dict(lsh_meta[str(l)])
+        prefix = f"lsh{l}_"
+        for name, a in arrays.items():
+            if name.startswith(prefix):
+                d[name[len(prefix):]] = a
+        try:
+            idx = LSHIndex.from_state(d)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(path, f"LSH tables of layer {l}: {exc}") from None
+        if idx.dim != int(net.n_in[l]) or idx.n_neurons != int(net.n_out[l]):
+            raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
+        net.indices[l] = idx
+    # Network has no public setter for restored indices yet: this call packs them into the
+    # flat arrays the kernels read (the engine restructure owns that API)
+    net._pack_lsh()

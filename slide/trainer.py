@@ -1,0 +1,149 @@
+"""The training loop of ``SlideClassifier``: batches and epochs, divergence, rehash timing,
+the per-batch callback and the verbose progress lines.
+
+The functions take the fitted estimator (its ``network_``, ``optimizer_``, ``schedule_`` and
+position attributes ``batches_``, ``samples_``, ``epoch_``, ``batch_in_epoch_``,
+``train_seconds_``, ``lsh_seconds_``, ``history_``) and advance it; one batch is one Numba call
+(``Network.train_batch``, or ``train_batch_dense`` for a network without sparse layers).
+"""
+import contextlib
+import math
+import time
+
+import numpy as np
+
+CALLBACK_INFO_KEYS = ("batch", "epoch", "batch_in_epoch", "samples", "loss", "train_seconds",
+                      "active_mean", "rehashed", "rebuilt")
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite loss."""
+
+    def __init__(self, batch, epoch, loss):
+        self.batch = batch
+        self.epoch = epoch
+        self.loss = loss
+        super().__init__(f"training diverged: non-finite mean loss ({loss}) at batch {batch} "
+                         f"(epoch {epoch}); lower learning_rate")
+
+
+def blas_single_thread():
+    """OpenBLAS threads and Numba's OpenMP threads spin against each other (4x slower measured
+    on 2 cores): BLAS calls made beside Numba kernels run single-threaded."""
+    try:
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(1, user_api="blas")
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+
+
+def ensure_lsh(model):
+    """Build the sparse layers' LSH indices if they do not exist yet."""
+    net = model.network_
+    if net.uses_tables and not net.indices:
+        t0 = time.perf_counter()
+        net.build_indices()
+        model.lsh_seconds_ = getattr(model, "lsh_seconds_", 0.0) + time.perf_counter() - t0
+
+
+def maybe_rehash(model):
+    """Rehash / rebuild the tables when the schedule says so (after the optimizer step of the
+    current batch, so the tables see the updated weights). Returns (rehashed, rebuilt)."""
+    net = model.network_
+    if not net.uses_tables:
+        return False, False
+    rehash, rebuild = model.schedule_.step(model.batches_)
+    if rebuild or rehash:
+        if not net.weights_finite():
+            raise DivergenceError(model.batches_, model.epoch_, "non-finite weights")
+        t0 = time.perf_counter()
+        if rebuild:
+            net.rebuild(model.batches_)
+        else:
+            net.rehash(model.batches_)
+        model.lsh_seconds_ = getattr(model, "lsh_seconds_", 0.0) + time.perf_counter() - t0
+    return rehash, rebuild
+
+
+def end_epoch(model, epoch, t_epoch, eval_set):
+    """Close an epoch: sync the optimizer, evaluate, append to ``history_``."""
+    rec = {"epoch": epoch, "seconds": time.perf_counter() - t_epoch}
+    model.sync()
+    if eval_set is not None:
+        rec["P@1"] = model.score(*eval_set)
+    model.history_.append(rec)
+    if model.verbose >= 1:
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in rec.items()))
+
+
+def _prepare(model, X, Y, n_threads):
+    """Scratch sizes, label counts, the log-prior output biases (first batch only), tables."""
+    net = model.network_
+    n = X.shape[0]
+    max_labels = int(np.diff(Y.indptr).max()) if n else 1
+    net.prepare(int(model.batch_size), n_threads, max(1, max_labels))
+    net.set_label_counts(np.bincount(Y.indices, minlength=Y.shape[1]))
+    if model.batches_ == 0 and model.output_bias_init == "log_prior" and n:
+        # the output biases start at the log label frequencies: a network that has not
+        # learned anything yet already ranks labels by popularity, and labels without a
+        # training point start far below the rest (a dense softmax needs most of an epoch
+        # of Adam steps on every row to learn this prior; a sampled one, much longer)
+        counts = np.bincount(Y.indices, minlength=Y.shape[1]).astype(np.float64)
+        net.layout.bias_view(net.B, net.layout.n_layers - 1)[:] = np.log(
+            (counts + 1.0) / (n + Y.shape[1]))
+    ensure_lsh(model)
+
+
+def _train_one_batch(model, X, Y, rows, serial):
+    """One batch (one Numba call); returns (mean loss, mean active size)."""
+    net = model.network_
+    if net.sparse.any():
+        return net.train_batch(X, Y, rows, model.seed_, serial, model.optimizer_)
+    with blas_single_thread():
+        return net.train_batch_dense(X, Y, rows, serial, model.optimizer_)
+
+
+def train(model, X, Y, end_epoch_index, eval_set, callback):
+    """Train ``model`` from its current position until ``end_epoch_index`` epochs are complete
+    or ``callback`` returns a true value (``model.stopped_`` then says so)."""
+    from slide.data import iterate_minibatches
+    n_threads = model._threads()
+    bs = int(model.batch_size)
+    n = X.shape[0]
+    n_batches = (n + bs - 1) // bs
+    _prepare(model, X, Y, n_threads)
+    model.stopped_ = False
+    while model.epoch_ < end_epoch_index:
+        epoch = model.epoch_
+        t_epoch = time.perf_counter()
+        for rows in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
+            t0 = time.perf_counter()
+            serial = model.batches_ + 1
+            loss, act = _train_one_batch(model, X, Y, rows, serial)
+            if not math.isfinite(loss):
+                raise DivergenceError(serial, epoch, loss)
+            model.batches_ = serial
+            model.samples_ += rows.shape[0]
+            rehashed, rebuilt = maybe_rehash(model)
+            model.train_seconds_ += time.perf_counter() - t0
+            model.batch_in_epoch_ += 1
+            if model.batch_in_epoch_ >= n_batches:
+                model.epoch_ += 1
+                model.batch_in_epoch_ = 0
+                # the epoch's closing work runs before the callback: a run stopped on an
+                # epoch's last batch (and resumed from its checkpoint) must have synced
+                # there exactly like a run that went on, or the two part bitwise
+                end_epoch(model, epoch, t_epoch, eval_set)
+            if model.verbose >= 2 and serial % 100 == 0:
+                print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
+            if callback is not None:
+                info = dict(batch=serial, epoch=epoch,
+                            batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
+                            if model.batch_in_epoch_ else n_batches - 1,
+                            samples=model.samples_, loss=loss,
+                            train_seconds=model.train_seconds_, active_mean=act,
+                            rehashed=rehashed, rebuilt=rebuilt)
+                if callback(model, info):
+                    model.stopped_ = True
+                    return
