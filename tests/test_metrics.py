@@ -226,17 +226,31 @@ def test_duplicates_of_minus_one_are_allowed():
     assert M.precision_at_k(Y, T, 3) == pytest.approx(1 / 6)
 
 
-def test_large_vectorised_input_is_fast():
+def test_large_vectorised_input_is_fast_and_right():
     # 200k points in one call: a Python loop over points would take seconds; this takes ~0.1 s
     import time
     rng = np.random.default_rng(0)
     n, L = 200_000, 100_000
     Y = sp.csr_matrix((np.ones(n * 4), rng.integers(0, L, size=n * 4), np.arange(0, 4 * n + 1, 4)),
                       shape=(n, L))
-    first = Y.indices[np.minimum(Y.indptr[:-1], Y.nnz - 1)]      # a true label of most rows
+    first = Y.indices[Y.indptr[:-1]]                               # a true label of every row
     step = rng.integers(1, L // 5, size=n)                         # distinct ids within a row
     T = (first[:, None] + np.arange(5)[None, :] * step[:, None]) % L
-    t0 = time.perf_counter()
     r = M.evaluate(Y, T, inv_propensity=M.inverse_propensity(Y))
-    assert time.perf_counter() - t0 < 5.0
-    assert 0 < r["P@1"] <= 1 and 0 < r["PSP@5"] <= 1
+    t0 = time.perf_counter()
+    p5 = M.precision_at_k(Y, T, 5)
+    vectorised_per_row = (time.perf_counter() - t0) / n
+    assert p5 == r["P@5"]
+    assert r["P@1"] == 1.0                     # column 0 is always a true label
+    # P@5 against a plain per-row count (timed too: the vectorised path must be far cheaper
+    # per row than the loop it replaces: measured 4-8x; a ratio, so a slow machine passes too)
+    t0 = time.perf_counter()
+    hits = 0
+    for i in range(n // 20):
+        true = set(Y.indices[Y.indptr[i]:Y.indptr[i + 1]].tolist())
+        hits += sum(int(t) in true for t in T[i])
+    loop_per_row = (time.perf_counter() - t0) / (n // 20)
+    sub = M.evaluate(Y[: n // 20], T[: n // 20], ks=(5,))
+    assert sub["P@5"] == pytest.approx(hits / (5 * (n // 20)), abs=1e-12)
+    assert 0.2 < r["P@5"] < 0.21              # 1 sure hit of 5, plus rare chance hits
+    assert vectorised_per_row * 2 < loop_per_row, (vectorised_per_row, loop_per_row)

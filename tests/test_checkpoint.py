@@ -1,0 +1,100 @@
+"""The checkpoint file format: old files load, other versions are refused, writes are atomic."""
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from slide import checkpoint
+from slide.checkpoint import CheckpointError, load
+from slide.estimator import SlideClassifier
+from slide.synthetic import generate
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+V1 = os.path.join(DATA, "checkpoint_v1.slide")
+# the hyperparameters tests/data/checkpoint_v1.slide was trained with (stopped at batch 30)
+V1_PARAMS = dict(hidden_sizes=(8,), K=3, L=4, range_pow=9, bucket_size=8, sampler_budget=30,
+                 min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
+                 rehash_decay=0.05, batch_size=32, learning_rate=1e-2, epochs=2,
+                 random_state=0, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return generate("tiny", seed=0)
+
+
+def test_a_checkpoint_written_before_the_split_loads_and_resumes_exactly(tiny):
+    Xtr, Ytr, Xte, _ = tiny
+    m = load(V1)
+    assert m.checkpoint_meta_["version"] == 1
+    assert (m.batches_, m.epoch_, m.batch_in_epoch_) == (30, 1, 11)
+    # the predictions the writing code made just before saving
+    np.testing.assert_array_equal(m.predict_topk(Xte[:20], k=3), m.extra_["top3_exact"])
+    np.testing.assert_array_equal(m.predict_topk(Xte[:20], k=3, exact=False, prior_candidates=8),
+                                  m.extra_["top3_sparse_prior8"])
+    # continuing the old file reaches exactly what an uninterrupted run of today's code reaches
+    # (the writer predicted, hence synced the optimizer, at batch 30: so does this run)
+    m.fit(Xtr, Ytr, resume=True)
+
+    def sync_at_30(model, info):
+        if info["batch"] == 30:
+            model.sync()
+        return False
+
+    full = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=sync_at_30)
+    assert m.batches_ == full.batches_
+    np.testing.assert_array_equal(m.network_.W, full.network_.W)
+    np.testing.assert_array_equal(m.network_.B, full.network_.B)
+
+
+def _rewrite_meta(src, dst, **changes):
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes())
+    meta.update(changes)
+    with open(dst, "wb") as f:     # a file object: np.savez would add ".npz" to a name
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+
+
+@pytest.mark.parametrize("version", [2, 0, None])
+def test_other_format_versions_are_refused_naming_both_versions(tmp_path, version):
+    bad = tmp_path / "future.slide"
+    _rewrite_meta(V1, bad, version=version)
+    with pytest.raises(CheckpointError) as e:
+        load(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and f"format version {version!r}" in msg
+    assert f"reads version {checkpoint.FORMAT_VERSION}" in msg
+
+
+def test_a_failure_half_way_through_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                         tiny):
+    Xtr, Ytr, _, _ = tiny
+    path = tmp_path / "ckpt.slide"
+    m = load(V1)
+    m.save(path, extra={"which": "first"})
+    before = path.read_bytes()
+    m.fit(Xtr, Ytr, resume=True)           # the model moves on; its next save must fail
+
+    real_writer = checkpoint._write_arrays
+    written = {}
+
+    def half_then_fail(f, meta, arrays):
+        buf = io.BytesIO()
+        real_writer(buf, meta, arrays)
+        data = buf.getvalue()
+        f.write(data[: len(data) // 2])
+        written["bytes"] = len(data) // 2
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_arrays", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        m.save(path, extra={"which": "second"})
+    assert written["bytes"] > 1000                       # the failure really came mid-write
+    assert path.read_bytes() == before                   # the previous file, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.slide"]   # no temporary left
+    back = load(path)
+    assert back.extra_ == {"which": "first"} and back.batches_ == 30
+
