@@ -1,0 +1,6 @@
+"""``python -m slide.cli`` is the ``slide`` command."""
+import sys
+
+from slide.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""``slide evaluate`` and ``slide predict`` (the input streamed in chunks of lines)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError,
+                              _err, _info)
+from slide.cli.rundir import _resolve_model
+from slide.fileio import atomic_write, write_text
+
+
+def _predict_topk_chunked(model, X, k, exact, chunk=4096):
+    import numpy as np
+    parts = []
+    for start in range(0, X.shape[0], chunk):
+        parts.append(np.asarray(model.predict_topk(X[start:start + chunk], k=k, exact=exact)))
+    if not parts:
+        return np.zeros((0, k), dtype=np.int64)
+    return np.concatenate(parts, axis=0)
+
+
+def _scores(model, X, Y, inv_prop=None, exact=True):
+    from slide import metrics
+    topk = _predict_topk_chunked(model, X, max(KS), exact)
+    return metrics.evaluate(Y, topk, ks=KS, inv_propensity=inv_prop)
+
+
+def _model_dims(model):
+    n_features = getattr(model, "n_features_in_", None)
+    n_labels = getattr(model, "n_labels_", None) or getattr(model, "n_outputs_", None)
+    return n_features, n_labels
+
+
+def _conform(X, n_features, path):
+    """Give ``X`` the model's feature count (a file's header may be narrower or wider; columns
+    beyond the model's are an error, never silently dropped)."""
+    if n_features is None or X.shape[1] == n_features:
+        return X
+    if X.shape[1] > n_features and X.nnz and int(X.indices.max()) >= n_features:
+        raise CliError(f"{path}: feature index {int(X.indices.max())} is outside the model's "
+                       f"{n_features} features", EXIT_DATA)
+    X = X.tocsr(copy=False)
+    X.resize((X.shape[0], n_features))
+    return X
+
+
+def cmd_evaluate(args):
+    import numpy as np
+    from slide import data as data_mod, metrics
+    model, mpath, run_dir = _resolve_model(args.model)
+    X, Y = data_mod.read_xc(args.data)
+    n_features, n_labels = _model_dims(model)
+    X = _conform(X, n_features, args.data)
+    if n_labels is not None and Y.shape[1] != n_labels:
+        if Y.nnz and int(Y.indices.max()) >= n_labels:
+            raise CliError(f"{args.data}: label {int(Y.indices.max())} is outside the model's "
+                           f"{n_labels} labels", EXIT_DATA)
+        Y = Y.tocsr(copy=False)
+        Y.resize((Y.shape[0], n_labels))
+    inv, source = None, None
+    # the run directory's propensities; a dense baseline's model sits one level below its run
+    for d in ([run_dir, os.path.dirname(os.path.abspath(run_dir))] if run_dir else []):
+        path = os.path.join(d, PROPENSITY_FILE)
+        if os.path.exists(path):
+            cand = np.load(path)
+            if cand.shape == (Y.shape[1],):
+                inv, source = cand, f"training labels ({path})"
+                break
+    if inv is None:
+        inv = metrics.inverse_propensity(Y)
+        source = f"labels of {args.data} (no training propensities found beside the model)"
+        _err(f"note: PSP@k uses inverse propensities from the {source}")
+    t0 = time.perf_counter()
+    topk = _predict_topk_chunked(model, X, max(KS), exact=not args.sparse)
+    seconds = time.perf_counter() - t0
+    res = metrics.evaluate(Y, topk, ks=KS, inv_propensity=inv)
+    out = {"model": os.path.abspath(mpath), "data": os.path.abspath(args.data),
+           "points": int(X.shape[0]), "inference": "sparse (LSH)" if args.sparse else "exact",
+           "propensities": source, "predict_seconds": round(seconds, 3),
+           **{k: float(v) for k, v in res.items()}}
+    text = json.dumps(out, indent=2)
+    if args.out:
+        write_text(args.out, text + "\n")
+    if args.json:
+        print(text)
+    else:
+        _info(f"{out['points']:,} points of {args.data}, {out['inference']} inference "
+              f"({seconds:.2f} s)")
+        header = "metric " + " ".join(f"{'@' + str(k):>8s}" for k in KS)
+        _info(header)
+        for name in ("P", "nDCG", "PSP"):
+            vals = " ".join(f"{float(res[f'{name}@{k}']):8.4f}" for k in KS)
+            _info(f"{name:6s} {vals}")
+        if args.out:
+            _info(f"wrote {args.out}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# predict: streams the input in chunks of lines
+
+def _read_xc_header(path, f):
+    from slide.data import DataFormatError
+    raw = f.readline()
+    text = raw.decode("utf-8", errors="replace").strip()
+    fields = text.split()
+    if len(fields) != 3 or not all(x.isdigit() and x.isascii() for x in fields):
+        raise DataFormatError(path, 1, text or "<empty>",
+                              "header must be 'n_points n_features n_labels'")
+    return tuple(int(x) for x in fields)
+
+
+def _iter_xc_chunks(path, chunk_lines, tmpdir):
+    """Yield ``(first_row, X)`` per chunk of at most ``chunk_lines`` data lines, parsed by
+    ``slide.data.read_xc`` (one temporary file per chunk, with a header of its own) so only one
+    chunk is in memory. Errors report the real file and line."""
+    from slide.data import DataFormatError, read_xc
+    tmp = os.path.join(tmpdir, "chunk.txt")
+    with open(path, "rb") as f:
+        n_points, n_features, n_labels = _read_xc_header(path, f)
+        row = 0
+        line_no = 1
+        while True:
+            lines = []
+            while len(lines) < chunk_lines and row + len(lines) < n_points:
+                raw = f.readline()
+                if not raw:
+                    break
+                lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+            if not lines:
+                break
+            # a private scratch file in a TemporaryDirectory (read back at once, then deleted):
+            # not an output of slide, so no atomic rename or fsync per chunk
+            with open(tmp, "wb") as out:
+                out.write(f"{len(lines)} {n_features} {n_labels}\n".encode())
+                out.writelines(lines)
+            try:
+                X, _ = read_xc(tmp)
+            except DataFormatError as e:
+                real = line_no + max(e.line - 1, 1)
+                raise DataFormatError(path, real, e.token, e.reason) from None
+            yield row, X
+            row += len(lines)
+            line_no += len(lines)
+            if len(lines) < chunk_lines:
+                break
+        if row < n_points:
+            raise DataFormatError(path, line_no + 1, "<end of file>",
+                                  f"header announces {n_points} points but the file has {row}")
+        for extra in f:
+            line_no += 1
+            if extra.strip():
+                raise DataFormatError(path, line_no, extra.decode(errors="replace").strip()[:40],
+                                      f"line beyond the {n_points} points of the header")
+
+
+def cmd_predict(args):
+    if args.k < 1:
+        raise CliError(f"--k must be >= 1, got {args.k}", EXIT_USAGE)
+    if args.chunk_size < 1:
+        raise CliError(f"--chunk-size must be >= 1, got {args.chunk_size}", EXIT_USAGE)
+    if not os.path.isfile(args.data):
+        raise CliError(f"data file not found: {args.data}", EXIT_DATA)
+    model, mpath, _ = _resolve_model(args.model)
+    n_features, _ = _model_dims(model)
+    to_stdout = args.out in (None, "-")
+    out_path = None if to_stdout else args.out
+    t0 = time.perf_counter()
+    if to_stdout:
+        written = _write_predictions(sys.stdout, model, args, n_features)
+    else:
+        with atomic_write(out_path, "w") as out:    # a failed run leaves no partial file
+            written = _write_predictions(out, model, args, n_features)
+    if not to_stdout:
+        _err(f"wrote top-{args.k} predictions of {written:,} points to {out_path} "
+             f"({time.perf_counter() - t0:.1f} s)")
+    return EXIT_OK
+
+
+def _write_predictions(out, model, args, n_features):
+    """Stream ``args.data`` chunk by chunk into ``out``; returns the number of lines."""
+    import tempfile
+    written = 0
+    with tempfile.TemporaryDirectory(prefix="slide-predict-") as tmpdir:
+        for _, X in _iter_xc_chunks(args.data, args.chunk_size, tmpdir):
+            X = _conform(X, n_features, args.data)
+            labels, scores = _topk_with_scores(model, X, args.k, not args.sparse)
+            lines = []
+            for lab, sc in zip(labels, scores):
+                lines.append(" ".join(f"{int(a)}:{float(b):.6g}" for a, b in zip(lab, sc)
+                                      if a >= 0))
+            out.write("\n".join(lines) + "\n")
+            written += len(lines)
+    return written
+
+
+def _topk_with_scores(model, X, k, exact):
+    """Top-k label ids (the engine's ``predict_topk``) and their output scores for a chunk.
+    The engine returns no scores with the top-k, so they are read from ``predict_scores`` on
+    slices small enough that the dense score block stays under ~64 MB even at 670K labels."""
+    import numpy as np
+    labels = np.asarray(model.predict_topk(X, k=k, exact=exact))
+    n_labels = max(1, int(getattr(model, "n_labels_", 1)))
+    step = max(1, (16 << 20) // n_labels)
+    scores = np.empty(labels.shape, dtype=np.float32)
+    for a in range(0, X.shape[0], step):
+        S = np.asarray(model.predict_scores(X[a:a + step]))
+        lab = labels[a:a + step]
+        scores[a:a + step] = np.take_along_axis(S, np.where(lab >= 0, lab, 0), axis=1)
+    return labels, scores

@@ -1,0 +1,385 @@
+"""``slide train``: the run configuration, data, the SLIDE phase and the dense baseline,
+resume, checkpoints, evaluation during training and the summary."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+from slide import config as config_mod
+from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA,
+                              EXIT_DIVERGED, EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE,
+                              MODEL_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError, Stopped,
+                              _engine, _err, _fmt_seconds, _info)
+from slide.cli.infer import _scores
+from slide.cli.progress import Progress, StopFlag
+from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
+                              _latest_good_checkpoint, _run_dir_has_run, read_metrics)
+from slide.config import ConfigError
+from slide.fileio import atomic_write, write_text
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+def _load_training_data(cfg, run_dir, stop):
+    """``(X_train, Y_train, X_eval_pool, Y_eval_pool, pool_name)`` for the configuration."""
+    from slide import data as data_mod
+    d = cfg["data"]
+    if d["preset"] is not None:
+        from slide import synthetic
+        _info(f"generating synthetic set {d['preset']!r} (scale {d['scale']:g}, seed {d['seed']}"
+              + "".join(f", {k}={v}" for k, v in d["overrides"].items()) + ")")
+        try:
+            X_tr, Y_tr, X_te, Y_te = synthetic.generate(d["preset"], d["scale"], d["seed"],
+                                                        **d["overrides"])
+        except ValueError as e:
+            raise CliError(f"cannot generate data: {e}", EXIT_USAGE) from None
+        if d["save_generated"]:
+            out = os.path.join(run_dir, "data")
+            if not os.path.isdir(out):
+                # written beside, then renamed: an interrupted write never leaves a partial set
+                # that a later --resume would take for complete
+                import shutil
+                partial = out + ".partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                synthetic.write_dataset(partial, X_tr, Y_tr, X_te, Y_te)
+                os.replace(partial, out)
+                _info(f"wrote the generated set to {out}/train.txt and test.txt")
+        pool = (X_te, Y_te, "test split") if X_te.shape[0] > 0 else (X_tr, Y_tr, "training set")
+        return X_tr, Y_tr, pool[0], pool[1], pool[2]
+    _info(f"reading {d['train']}")
+    t0 = time.perf_counter()
+    X_tr, Y_tr = data_mod.read_xc(d["train"])
+    _info(f"  {X_tr.shape[0]:,} points, {X_tr.shape[1]:,} features, {Y_tr.shape[1]:,} labels "
+          f"({time.perf_counter() - t0:.1f} s)")
+    if stop.signum is not None:
+        return None
+    if d["test"] is not None:
+        _info(f"reading {d['test']}")
+        X_te, Y_te = data_mod.read_xc(d["test"])
+        if X_te.shape[1] != X_tr.shape[1] or Y_te.shape[1] != Y_tr.shape[1]:
+            raise CliError(f"{d['test']}: header says {X_te.shape[1]} features and "
+                           f"{Y_te.shape[1]} labels but {d['train']} has {X_tr.shape[1]} and "
+                           f"{Y_tr.shape[1]}", EXIT_DATA)
+        return X_tr, Y_tr, X_te, Y_te, "test file"
+    return X_tr, Y_tr, X_tr, Y_tr, "training file (no data.test given)"
+
+
+def _eval_sample(X, Y, n, seed):
+    """A fixed shuffled sample of ``n`` rows (never the file's label-sorted head)."""
+    import numpy as np
+    rng = np.random.default_rng([int(seed), 0x5EED_E7A1])
+    rows = np.sort(rng.permutation(X.shape[0])[:n])
+    return X[rows], Y[rows]
+
+
+class _Phase:
+    """One training run into ``run_dir``: the main SLIDE run, or the dense baseline."""
+
+    def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
+                 announce_fresh=True, resume_hint="slide train --config ... --resume"):
+        self.announce_fresh = announce_fresh
+        self.resume_hint = resume_hint
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.phase = phase
+        self.label = "slide" if phase == "slide" else "dense"
+        self.sampler_kind = sampler_kind
+        self.X, self.Y, self.X_eval, self.Y_eval = data
+        self.inv_prop = inv_prop
+        self.stop = stop
+        self.resume = resume
+        t = cfg["train"]
+        self.eval_every = t["eval_every_batches"]
+        self.ckpt_every = t["checkpoint_every_batches"]
+        self.ckpts = Checkpoints(run_dir, t["keep_checkpoints"])
+        self.log = MetricsLog(os.path.join(run_dir, METRICS_FILE))
+        n = self.X.shape[0]
+        self.batches_per_epoch = max(1, math.ceil(n / t["batch_size"]))
+        self.total_batches = self.batches_per_epoch * t["epochs"]
+
+    # -- state carried in every checkpoint's ``extra`` so a resumed run continues its clocks
+    def _extra(self):
+        return {"config": config_mod.strip_private(self.cfg), "phase": self.phase,
+                "run": {"batch": self.batch, "epoch": self.epoch,
+                        "train_seconds": self.train_seconds, "samples": self.samples,
+                        "rehashes": self.rehashes, "rebuilds": self.rebuilds,
+                        "last_p1": self.last_p1, "finished": self.finished,
+                        # the partial averages of the next metrics line, so that a resumed
+                        # run logs exactly what an uninterrupted one would
+                        "window": [self.win_loss, self.win_active, self.win_batches,
+                                   self.win_rehash, self.win_rebuild]}}
+
+    def _evaluate(self, model):
+        s = _scores(model, self.X_eval, self.Y_eval, None, exact=True)
+        return {f"P@{k}": s[f"P@{k}"] for k in KS}
+
+    def _log_eval(self, model, info_epoch):
+        t0 = time.perf_counter()
+        p = self._evaluate(model)
+        eval_s = time.perf_counter() - t0
+        n = max(1, self.win_batches)
+        rec = {"batch": self.batch, "epoch": info_epoch, "samples": self.samples,
+               "train_seconds": round(self.train_seconds, 4),
+               "loss": self.win_loss / n if self.win_batches else None,
+               **{k: round(float(v), 6) for k, v in p.items()},
+               "active_mean": self.win_active / n if self.win_batches else None,
+               "rehashes": self.win_rehash, "rebuilds": self.win_rebuild,
+               "rehashes_total": self.rehashes, "rebuilds_total": self.rebuilds,
+               "eval_seconds": round(eval_s, 3)}
+        self.log.write(rec)
+        self.win_loss = self.win_active = 0.0
+        self.win_batches = self.win_rehash = self.win_rebuild = 0
+        self.last_p1 = float(p["P@1"])
+        self.last_eval_batch = self.batch
+        return rec
+
+    def _checkpoint(self, model):
+        path = self.ckpts.save(model, self.batch, self._extra())
+        self.last_ckpt_batch = self.batch
+        return path
+
+    def run(self):
+        est = _engine()
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.batch = self.epoch = self.samples = self.rehashes = self.rebuilds = 0
+        self.train_seconds = 0.0
+        self.last_p1 = None
+        self.finished = False
+        self.last_eval_batch = self.last_ckpt_batch = -1
+        self.win_loss = self.win_active = 0.0
+        self.win_batches = self.win_rehash = self.win_rebuild = 0
+        resumed = False
+        if self.resume and self.ckpts.list():
+            batch, path, model = _latest_good_checkpoint(self.ckpts, self.label,
+                                                         quarantine=True)
+            extra = getattr(model, "extra_", None)
+            _check_resume_config(extra, self.cfg, self.phase, path)
+            st = extra.get("run", {})
+            self.batch = int(st.get("batch", batch))
+            self.epoch = int(st.get("epoch", 0))
+            self.train_seconds = float(st.get("train_seconds", 0.0))
+            self.samples = int(st.get("samples", 0))
+            self.rehashes = int(st.get("rehashes", 0))
+            self.rebuilds = int(st.get("rebuilds", 0))
+            self.last_p1 = st.get("last_p1")
+            self.last_ckpt_batch = self.last_eval_batch = self.batch
+            win = st.get("window") or [0.0, 0.0, 0, 0, 0]
+            (self.win_loss, self.win_active, self.win_batches, self.win_rehash,
+             self.win_rebuild) = float(win[0]), float(win[1]), int(win[2]), int(win[3]), \
+                int(win[4])
+            # operational settings may change on resume (epochs, threads)
+            model.set_params(epochs=self.cfg["train"]["epochs"],
+                             n_threads=(self.cfg["train"]["threads"] or None))
+            self.log.truncate_after(self.batch)
+            resumed = True
+            _info(f"[{self.label}] resuming from {path} (batch {self.batch}, "
+                  f"{_fmt_seconds(self.train_seconds)} of training so far)")
+        else:
+            if self.resume and self.announce_fresh:
+                _info(f"[{self.label}] no checkpoint yet in {self.ckpts.dir}: starting afresh")
+            if os.path.exists(self.log.path):
+                os.remove(self.log.path)
+            model = est.SlideClassifier(**config_mod.estimator_kwargs(self.cfg,
+                                                                      self.sampler_kind))
+        if self.batch >= self.total_batches:
+            self.finished = True
+
+        progress = Progress(self.label, self.total_batches, self.batch,
+                            self.cfg["train"]["log_every_seconds"])
+        stopped = False
+        last_loss = float("nan")
+
+        def callback(m, info):
+            nonlocal stopped, last_loss
+            # training wall time as the engine measures it: the batches themselves, rehashes and
+            # rebuilds included; evaluation, checkpoints, logging and one-off setup (kernel
+            # compilation) excluded, so time-to-accuracy curves compare training alone. The
+            # engine keeps it in its checkpoints, so a resumed run continues the same clock.
+            self.train_seconds = float(info["train_seconds"])
+            self.batch = int(info["batch"])
+            self.epoch = int(info.get("epoch", 0))
+            self.samples = int(info.get("samples", self.samples))
+            loss = float(info["loss"])
+            last_loss = loss
+            self.win_loss += loss
+            self.win_batches += 1
+            am = info.get("active_mean")
+            if am is not None:
+                self.win_active += float(am)
+            if info.get("rehashed"):
+                self.win_rehash += 1
+                self.rehashes += 1
+            if info.get("rebuilt"):
+                self.win_rebuild += 1
+                self.rebuilds += 1
+            if self.eval_every and self.batch % self.eval_every == 0:
+                self._log_eval(m, self.epoch)
+            if self.ckpt_every and self.batch % self.ckpt_every == 0:
+                self._checkpoint(m)
+            progress.p1 = self.last_p1
+            progress.update(self.batch, self.epoch, loss, self.train_seconds, self.samples)
+            if self.stop.signum is not None:
+                stopped = True
+            return stopped
+
+        if not self.finished:
+            if self.stop.signum is not None:
+                raise Stopped(f"stopped by {self.stop.name} before training started; "
+                              f"no checkpoint written", self.stop.code)
+            if not resumed:
+                _info(f"[{self.label}] training {self.total_batches:,} batches "
+                      f"({self.cfg['train']['epochs']} epoch(s) of {self.batches_per_epoch:,})"
+                      f" into {self.run_dir}")
+            self.stop.immediate = False
+            try:
+                model.fit(self.X, self.Y, callback=callback, resume=resumed)
+            except est.DivergenceError as e:
+                progress.close()
+                good = self.ckpts.list()
+                keep = (f"the last good checkpoint is {good[0][1]}" if good
+                        else "no checkpoint had been written yet")
+                msg = str(e) if str(e).startswith("training diverged") else \
+                    f"training diverged: {e}"
+                raise CliError(f"[{self.label}] {msg}\n{keep}; start a new run with a lower "
+                               f"optimizer.learning_rate (resuming repeats the divergence)",
+                               EXIT_DIVERGED) from None
+            finally:
+                progress.close()
+            if stopped:
+                if self.last_ckpt_batch != self.batch:
+                    self._checkpoint(model)
+                path = self.ckpts.path(self.batch)
+                raise Stopped(f"[{self.label}] stopped by {self.stop.name} after batch "
+                              f"{self.batch}; checkpoint written to {path}\nresume with: "
+                              f"{self.resume_hint}", self.stop.code)
+            if not math.isfinite(last_loss) and self.batch > 0:
+                raise CliError(f"[{self.label}] training diverged: loss {last_loss} at batch "
+                               f"{self.batch}", EXIT_DIVERGED)
+        self.finished = True
+        if self.last_eval_batch != self.batch:
+            rec = self._log_eval(model, self.epoch)
+        else:
+            rec = None
+        if self.last_ckpt_batch != self.batch or not os.path.exists(self.ckpts.path(self.batch)):
+            self._checkpoint(model)
+        model.save(os.path.join(self.run_dir, MODEL_FILE), extra=self._extra())
+        p1 = self.last_p1 if rec is None else rec["P@1"]
+        result = {"phase": self.phase, "sampler": self.sampler_kind, "batches": self.batch,
+                  "epochs": self.cfg["train"]["epochs"], "samples": self.samples,
+                  "train_seconds": round(self.train_seconds, 3), "P@1": p1,
+                  "rehashes": self.rehashes, "rebuilds": self.rebuilds}
+        return model, result
+
+
+def cmd_train(args):
+    cfg = config_mod.load_config(args.config, args.set)   # ConfigError -> exit 2, no data read
+    run_dir = cfg["output_dir"]
+    if args.resume and args.overwrite:
+        raise CliError("--resume and --overwrite exclude each other", EXIT_USAGE)
+    if args.resume:
+        if not os.path.isdir(run_dir) or not _run_dir_has_run(run_dir):
+            raise CliError(f"nothing to resume: {run_dir} holds no run (train without --resume "
+                           f"first)", EXIT_CHECKPOINT)
+    elif os.path.isdir(run_dir) and _run_dir_has_run(run_dir):
+        if not args.overwrite:
+            raise CliError(f"{run_dir} already holds a run: continue it with --resume, start "
+                           f"over with --overwrite, or choose another directory with "
+                           f"--set output_dir=...", EXIT_USAGE)
+        _clean_run_dir(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    cfg_path = os.path.join(run_dir, CONFIG_FILE)
+    if args.resume and os.path.exists(cfg_path):
+        # refuse a changed configuration before reading any data (the checkpoint's own copy
+        # is checked again when it is loaded)
+        try:
+            saved = config_mod.parse_toml_file(cfg_path)
+        except ConfigError:
+            saved = None
+        if saved is not None:
+            _check_resume_config({"config": saved}, cfg, None, cfg_path)
+    # the resolved configuration, with every default spelled out
+    write_text(os.path.join(run_dir, CONFIG_FILE),
+                       "# resolved configuration written by 'slide train'\n"
+                       + config_mod.to_toml(config_mod.strip_private(cfg)))
+
+    with StopFlag() as stop:
+        try:
+            return _train(cfg, run_dir, args, stop)
+        except Stopped as e:
+            _err(str(e))
+            return e.code
+        except KeyboardInterrupt:
+            _err("aborted by a second Ctrl-C; the last checkpoint on disk is kept")
+            return EXIT_SIGINT
+
+
+def _train(cfg, run_dir, args, stop):
+    import numpy as np
+    from slide import metrics
+    loaded = _load_training_data(cfg, run_dir, stop)
+    if loaded is None or stop.signum is not None:
+        raise Stopped(f"stopped by {stop.name} while reading data; nothing trained",
+                      stop.code)
+    X_tr, Y_tr, X_pool, Y_pool, pool_name = loaded
+    n_eval = min(cfg["data"]["eval_points"], X_pool.shape[0])
+    X_ev, Y_ev = _eval_sample(X_pool, Y_pool, n_eval, cfg["train"]["seed"])
+    _info(f"evaluation sample: {n_eval:,} points of the {pool_name}")
+    # inverse propensities of the *training* labels, kept for 'slide evaluate' (PSP@k)
+    inv_prop = metrics.inverse_propensity(Y_tr, cfg["data"]["propensity_a"],
+                                          cfg["data"]["propensity_b"])
+    with atomic_write(os.path.join(run_dir, PROPENSITY_FILE), "wb") as f:
+        np.save(f, np.asarray(inv_prop, dtype=np.float32))
+
+    data = (X_tr, Y_tr, X_ev, Y_ev)
+    import shlex
+    hint = shlex.join(["slide", "train", "--config", args.config]
+                      + [a for kv in args.set for a in ("--set", kv)] + ["--resume"])
+    phases = [("slide", cfg["sampler"]["kind"], run_dir)]
+    if cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense":
+        phases.append(("dense-baseline", "dense", os.path.join(run_dir, BASELINE_DIR)))
+    results = {}
+    for phase, kind, pdir in phases:
+        resume = args.resume or phase != "slide"
+        model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
+                            announce_fresh=args.resume, resume_hint=hint).run()
+        results[phase] = res
+        del model
+
+    summary = {"config": os.path.join(run_dir, CONFIG_FILE),
+               "eval_points": n_eval, "eval_source": pool_name, **results}
+    s, b = results.get("slide"), results.get("dense-baseline")
+    if s and b and s["train_seconds"] > 0:
+        summary["speedup_vs_dense"] = round(b["train_seconds"] / s["train_seconds"], 3)
+        # time to accuracy: where the dense baseline stood after as much training time as the
+        # whole SLIDE run took (its last evaluation within that time)
+        dense_log = read_metrics(os.path.join(run_dir, BASELINE_DIR, METRICS_FILE))
+        within = [r for r in dense_log if r["train_seconds"] <= s["train_seconds"]]
+        summary["dense_P@1_at_slide_time"] = within[-1]["P@1"] if within else None
+    write_text(os.path.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
+
+    _info("")
+    _info(f"P@1 on {n_eval:,} held-out points ({pool_name}), training wall time:")
+    for phase in results:
+        r = results[phase]
+        if phase != "slide":
+            name = "dense baseline (full softmax)"
+        elif r["sampler"] == "dense":
+            name = "dense (full softmax)"
+        else:
+            name = f"slide ({r['sampler']} LSH sampler)" if r["sampler"] != "random" \
+                else "sampled softmax (random)"
+        _info(f"  {name:32s} P@1 {r['P@1']:.4f}   {_fmt_seconds(r['train_seconds'])}"
+              f"   ({r['batches']:,} batches)")
+    if "speedup_vs_dense" in summary:
+        _info(f"  slide trained {summary['speedup_vs_dense']:.2f}x faster than the dense "
+              f"baseline (same network, same epochs)")
+        at = summary["dense_P@1_at_slide_time"]
+        at = "no evaluation yet" if at is None else f"P@1 {at:.4f}"
+        _info(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole run) the "
+              f"dense baseline was at {at}")
+    _info(f"run directory: {run_dir}  (model: {MODEL_FILE}, metrics: {METRICS_FILE}, "
+          f"summary: {SUMMARY_FILE})")
+    return EXIT_OK
