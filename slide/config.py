@@ -303,9 +303,10 @@ def _fmt_bytes(n):
         n /= 1024
 
 
-def _check_cross(cfg: dict, problems: list, check_files=True):
-    """Checks that involve several keys, the file system or other modules."""
-    data, lsh, sampler = cfg["data"], cfg["lsh"], cfg["sampler"]
+def _check_data_source(cfg: dict, problems: list, check_files=True):
+    """The data keys: one source, presets and overrides, files and their headers. Returns the
+    label count when the header or the preset tells it (else None)."""
+    data = cfg["data"]
     n_labels = None
 
     # --- data source: files or a synthetic preset, not both
@@ -369,6 +370,13 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
         problems.append(("data.test", "a synthetic set brings its own test split; "
                                       "remove data.test or use data.train"))
     cfg["output_dir"] = os.path.abspath(os.path.expanduser(cfg["output_dir"]))
+    return n_labels
+
+
+def _check_cross(cfg: dict, problems: list, check_files=True):
+    """Checks that involve several keys, the file system or other modules."""
+    lsh, sampler = cfg["lsh"], cfg["sampler"]
+    n_labels = _check_data_source(cfg, problems, check_files=check_files)
 
     # --- hash configuration: the engine's own rule, so the CLI never disagrees with it
     try:

@@ -34,6 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from slide.fileio import atomic_write
+
 __all__ = [
     "DataFormatError",
     "read_xc",
@@ -902,7 +904,7 @@ def write_xc(path, X, Y, n_features=None, n_labels=None):
     y_ptr = Y.indptr.astype(np.int64, copy=False)
     row_bytes = 11 * np.diff(y_ptr) + 28 * np.diff(x_ptr) + 2
     cum = np.concatenate([[0], np.cumsum(row_bytes)])
-    with open(os.fspath(path), "wb") as f:
+    with atomic_write(path, "wb") as f:     # a failed write leaves no partial data file
         f.write(f"{n} {d} {L}\n".encode())
         r0 = 0
         while r0 < n:

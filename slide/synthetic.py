@@ -371,7 +371,9 @@ def _write_xc_fallback(path, X, Y):
     """XC-format writer used only while ``slide.data.write_xc`` is unavailable."""
     from sklearn.datasets import dump_svmlight_file
 
-    with open(path, "wb") as f:
+    from slide.fileio import atomic_write
+
+    with atomic_write(path, "wb") as f:
         f.write(f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}\n".encode())
         # scikit-learn's Cython writer emits exactly "l1,l2 f:v ..." (an empty label list gives a
         # line starting with a space), i.e. the XC body

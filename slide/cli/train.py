@@ -141,6 +141,43 @@ class _Phase:
         self.last_ckpt_batch = self.batch
         return path
 
+    def _resume(self):
+        """The newest good checkpoint, its run state (clocks, counters, the partial metrics
+        window) restored; the metrics log cut back to it."""
+        batch, path, model = _latest_good_checkpoint(self.ckpts, self.label,
+                                                     quarantine=True)
+        extra = getattr(model, "extra_", None)
+        _check_resume_config(extra, self.cfg, self.phase, path)
+        st = extra.get("run", {})
+        self.batch = int(st.get("batch", batch))
+        self.epoch = int(st.get("epoch", 0))
+        self.train_seconds = float(st.get("train_seconds", 0.0))
+        self.samples = int(st.get("samples", 0))
+        self.rehashes = int(st.get("rehashes", 0))
+        self.rebuilds = int(st.get("rebuilds", 0))
+        self.last_p1 = st.get("last_p1")
+        self.last_ckpt_batch = self.last_eval_batch = self.batch
+        win = st.get("window") or [0.0, 0.0, 0, 0, 0]
+        (self.win_loss, self.win_active, self.win_batches, self.win_rehash,
+         self.win_rebuild) = float(win[0]), float(win[1]), int(win[2]), int(win[3]), \
+            int(win[4])
+        # operational settings may change on resume (epochs, threads)
+        model.set_params(epochs=self.cfg["train"]["epochs"],
+                         n_threads=(self.cfg["train"]["threads"] or None))
+        self.log.truncate_after(self.batch)
+        _info(f"[{self.label}] resuming from {path} (batch {self.batch}, "
+              f"{_fmt_seconds(self.train_seconds)} of training so far)")
+        return model
+
+    def _fresh(self, est):
+        """A new estimator of the configuration; the metrics log starts empty."""
+        if self.resume and self.announce_fresh:
+            _info(f"[{self.label}] no checkpoint yet in {self.ckpts.dir}: starting afresh")
+        if os.path.exists(self.log.path):
+            os.remove(self.log.path)
+        return est.SlideClassifier(**config_mod.estimator_kwargs(self.cfg,
+                                                                 self.sampler_kind))
+
     def run(self):
         est = _engine()
         os.makedirs(self.run_dir, exist_ok=True)
@@ -151,39 +188,10 @@ class _Phase:
         self.last_eval_batch = self.last_ckpt_batch = -1
         self.win_loss = self.win_active = 0.0
         self.win_batches = self.win_rehash = self.win_rebuild = 0
-        resumed = False
         if self.resume and self.ckpts.list():
-            batch, path, model = _latest_good_checkpoint(self.ckpts, self.label,
-                                                         quarantine=True)
-            extra = getattr(model, "extra_", None)
-            _check_resume_config(extra, self.cfg, self.phase, path)
-            st = extra.get("run", {})
-            self.batch = int(st.get("batch", batch))
-            self.epoch = int(st.get("epoch", 0))
-            self.train_seconds = float(st.get("train_seconds", 0.0))
-            self.samples = int(st.get("samples", 0))
-            self.rehashes = int(st.get("rehashes", 0))
-            self.rebuilds = int(st.get("rebuilds", 0))
-            self.last_p1 = st.get("last_p1")
-            self.last_ckpt_batch = self.last_eval_batch = self.batch
-            win = st.get("window") or [0.0, 0.0, 0, 0, 0]
-            (self.win_loss, self.win_active, self.win_batches, self.win_rehash,
-             self.win_rebuild) = float(win[0]), float(win[1]), int(win[2]), int(win[3]), \
-                int(win[4])
-            # operational settings may change on resume (epochs, threads)
-            model.set_params(epochs=self.cfg["train"]["epochs"],
-                             n_threads=(self.cfg["train"]["threads"] or None))
-            self.log.truncate_after(self.batch)
-            resumed = True
-            _info(f"[{self.label}] resuming from {path} (batch {self.batch}, "
-                  f"{_fmt_seconds(self.train_seconds)} of training so far)")
+            model, resumed = self._resume(), True
         else:
-            if self.resume and self.announce_fresh:
-                _info(f"[{self.label}] no checkpoint yet in {self.ckpts.dir}: starting afresh")
-            if os.path.exists(self.log.path):
-                os.remove(self.log.path)
-            model = est.SlideClassifier(**config_mod.estimator_kwargs(self.cfg,
-                                                                      self.sampler_kind))
+            model, resumed = self._fresh(est), False
         if self.batch >= self.total_batches:
             self.finished = True
 
@@ -258,6 +266,10 @@ class _Phase:
             if not math.isfinite(last_loss) and self.batch > 0:
                 raise CliError(f"[{self.label}] training diverged: loss {last_loss} at batch "
                                f"{self.batch}", EXIT_DIVERGED)
+        return self._finish(model)
+
+    def _finish(self, model):
+        """Final evaluation, checkpoint and model file; the phase's result."""
         self.finished = True
         if self.last_eval_batch != self.batch:
             rec = self._log_eval(model, self.epoch)
