@@ -20,7 +20,8 @@ _EXPORTS = {
     "SlideClassifier": "slide.estimator",
     "load": "slide.estimator",
 }
-_SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator", "cli"}
+_SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator", "cli",
+               "params", "trainer", "checkpoint"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -29,6 +29,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     """Extreme multi-label classifier: sparse input -> ReLU hidden layers -> softmax output,
     trained by SLIDE (LSH-selected active neurons, sparse backprop, HOGWILD batches).
 
+    Types, defaults and bounds of every parameter: ``slide.params`` (docs/parameters.md).
+
     Parameters
     ----------
     hidden_sizes : tuple of int
@@ -42,16 +44,18 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         true labels plus random neurons (classic sampled softmax). "dense": every output neuron
         active (exact full softmax; the dense reference network).
     sampler_budget : int
-        Most neurons taken from the LSH buckets per sample (before labels and random fill).
+        Cap on the LSH candidates taken per sample, beyond the true labels and the shared
+        negatives (not the total active size).
     sampler_threshold : int
         "threshold" sampler: minimum number of tables a neuron must appear in.
     min_active : int
         Each sample's active set is padded with its own random neurons up to this size.
     shared_negatives : int
-        Random output neurons drawn once per batch and made active for every sample of the
-        batch (as TensorFlow's sampled softmax shares its negatives). Random negatives keep the
-        sampled softmax's normaliser honest (LSH alone only proposes near neighbours); sharing
-        them keeps the rows a batch touches -- the sparse optimizer's cost -- small.
+        Negatives drawn by label frequency (see ``negative_power``) once per batch and made
+        active for every sample of the batch (as TensorFlow's sampled softmax shares its
+        negatives). They keep the sampled softmax's normaliser honest (LSH alone only proposes
+        near neighbours); sharing them keeps the rows a batch touches -- the sparse
+        optimizer's cost -- small.
     sampling_correction : bool
         Softmax only: add log(U / |R|) to the logits of the |R| uniform random negatives,
         which stand for the U output neurons neither forced nor LSH-selected (the logQ
