@@ -134,8 +134,8 @@ def test_value_parsing_matches_python_float(tmp_path):
 
 def test_small_chunks_and_long_lines(tmp_path, monkeypatch):
     """Chunk boundaries, a line longer than the buffer, and many slow-path values."""
-    monkeypatch.setattr(D, "_CHUNK", 64)
-    monkeypatch.setattr(D, "_HARD_CAP", 300)
+    monkeypatch.setattr(D.xc, "_CHUNK", 64)
+    monkeypatch.setattr(D.xc, "_HARD_CAP", 300)
     rng = np.random.default_rng(3)
     X, Y = _random_xy(rng, n=60, d=400, L=30)
     X = X.tolil()

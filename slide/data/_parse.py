@@ -1,0 +1,405 @@
+"""Byte-level parser kernels for XC / split / libsvm text (used by ``slide.data.xc``).
+
+A kernel call parses one chunk of bytes into CSR pieces and reports where and why it stopped;
+the error message (file, line, token) is built in Python by the caller. Values outside the exact
+fast path (Clinger) are handed back as "hard" tokens for Python's ``float``.
+"""
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+# modes of the line parser
+_MODE_XC = 0  # [labels] features
+_MODE_FEATURES = 1  # idx:val tokens only
+_MODE_LABELS = 2  # idx or idx:val tokens, all labels
+
+# error codes reported by the kernel
+_E_NONE = 0
+_E_MALFORMED = 1
+_E_NONNUMERIC = 2
+_E_NEG_INDEX = 3
+_E_INDEX_RANGE = 4
+_E_LABEL = 5  # label is not a non-negative integer
+_E_LABEL_RANGE = 6
+_E_DUPLICATE = 7
+_E_EXTRA_LINE = 8
+_E_NEG_LABEL = 9
+
+# kernel return status
+_S_DONE = 0
+_S_ERROR = 1
+_S_HARD_FULL = 2
+
+# state slots
+_ST_ROW = 0
+_ST_NNZX = 1
+_ST_NNZY = 2
+_ST_NHARD = 3
+_ST_LINES = 4
+_ST_UNSORTED = 5
+
+_POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _is_space(c):
+    return c == 32 or c == 9 or c == 13 or c == 11 or c == 12
+
+
+@njit(cache=True, nogil=True)
+def _parse_uint(buf, a, b):
+    """Digits-only non-negative integer in buf[a:b]; -1 if malformed/empty, -2 if > int32 max."""
+    if a >= b:
+        return -1
+    v = np.int64(0)
+    for i in range(a, b):
+        c = buf[i]
+        if c < 48 or c > 57:
+            return -1
+        v = v * 10 + (c - 48)
+        if v > 2147483647:
+            # keep scanning so that garbage after the digits is still "malformed"
+            for j in range(i + 1, b):
+                if buf[j] < 48 or buf[j] > 57:
+                    return -1
+            return -2
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _parse_float(buf, a, b, pow10):
+    """Parse buf[a:b] as a decimal number.
+
+    Returns (status, value): status 0 = exact float64 value (fast path), 1 = syntactically valid
+    but outside the exact fast path (caller uses Python's float), 2 = not a number.
+    """
+    i = a
+    neg = False
+    if i < b and (buf[i] == 45 or buf[i] == 43):
+        neg = buf[i] == 45
+        i += 1
+    mant = np.int64(0)
+    nsig = 0
+    exp10 = 0
+    ndigits = 0
+    inexact = False
+    while i < b and buf[i] >= 48 and buf[i] <= 57:
+        d = buf[i] - 48
+        ndigits += 1
+        if nsig < 18:
+            mant = mant * 10 + d
+            if mant > 0:
+                nsig += 1
+        else:
+            exp10 += 1
+            if d != 0:
+                inexact = True
+        i += 1
+    if i < b and buf[i] == 46:
+        i += 1
+        while i < b and buf[i] >= 48 and buf[i] <= 57:
+            d = buf[i] - 48
+            ndigits += 1
+            if nsig < 18:
+                mant = mant * 10 + d
+                exp10 -= 1
+                if mant > 0:
+                    nsig += 1
+            elif d != 0:
+                inexact = True
+            i += 1
+    if ndigits == 0:
+        return 2, 0.0
+    if i < b and (buf[i] == 101 or buf[i] == 69):
+        i += 1
+        eneg = False
+        if i < b and (buf[i] == 45 or buf[i] == 43):
+            eneg = buf[i] == 45
+            i += 1
+        if i >= b:
+            return 2, 0.0
+        ev = 0
+        while i < b and buf[i] >= 48 and buf[i] <= 57:
+            if ev < 100000:
+                ev = ev * 10 + (buf[i] - 48)
+            i += 1
+        if eneg:
+            ev = -ev
+        exp10 += ev
+    if i != b:
+        return 2, 0.0
+    if mant == 0:
+        return 0, (-0.0 if neg else 0.0)
+    if inexact or mant > 9007199254740992:
+        return 1, 0.0
+    if exp10 == 0:
+        v = np.float64(mant)
+    elif 0 < exp10 <= 22:
+        v = np.float64(mant) * pow10[exp10]
+    elif -22 <= exp10 < 0:
+        v = np.float64(mant) / pow10[-exp10]
+    else:
+        return 1, 0.0
+    if neg:
+        v = -v
+    return 0, v
+
+
+@njit(cache=True, nogil=True)
+def _find_colon(buf, a, b):
+    for i in range(a, b):
+        if buf[i] == 58:
+            return i
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _sort_line(ind, dat, a, b, hard, n_hard, line_id):
+    """Sort ind[a:b] (with dat) and move the x-positions of this line's pending hard values."""
+    order = np.argsort(ind[a:b], kind="mergesort")
+    ti = ind[a:b][order]
+    td = dat[a:b][order]
+    ind[a:b] = ti
+    dat[a:b] = td
+    # inverse permutation: old local position -> new local position
+    inv = np.empty(b - a, dtype=np.int64)
+    for k in range(b - a):
+        inv[order[k]] = k
+    for h in range(n_hard - 1, -1, -1):
+        if hard[h, 5] != line_id:
+            break
+        if hard[h, 0] >= a:
+            hard[h, 0] = a + inv[hard[h, 0] - a]
+
+
+@njit(cache=True, nogil=True)
+def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y,
+                 x_ind, x_dat, y_ind, x_ptr, y_ptr, state, hard, err, pow10):
+    """Parse whole lines of buf[start:end] (end is a line end or EOF).
+
+    Returns (status, position reached). On error, ``err`` holds (code, line id, token start,
+    token end, extra); line id counts all lines after the header from 0.
+    """
+    row = state[_ST_ROW]
+    nx = state[_ST_NNZX]
+    ny = state[_ST_NNZY]
+    n_hard = state[_ST_NHARD]
+    lines = state[_ST_LINES]
+    hard_cap = hard.shape[0]
+    pos = start
+    status = _S_DONE
+    code = _E_NONE
+    while pos < end:
+        if n_hard + 256 > hard_cap:
+            status = _S_HARD_FULL
+            break
+        le = pos
+        while le < end and buf[le] != 10:
+            le += 1
+        # blank line?
+        p = pos
+        while p < le and _is_space(buf[p]):
+            p += 1
+        blank = p == le
+        if blank and skip_blank:
+            lines += 1
+            pos = le + 1
+            continue
+        if row >= max_rows:
+            if blank:
+                lines += 1
+                pos = le + 1
+                continue
+            q = p
+            while q < le and not _is_space(buf[q]):
+                q += 1
+            code = _E_EXTRA_LINE
+            err[2] = p
+            err[3] = q
+            break
+        x0 = nx
+        y0 = ny
+        x_sorted = True
+        y_sorted = True
+        first = True
+        p = pos
+        while True:
+            while p < le and _is_space(buf[p]):
+                p += 1
+            if p >= le:
+                break
+            q = p
+            while q < le and not _is_space(buf[q]):
+                q += 1
+            # token buf[p:q]
+            err[2] = p
+            err[3] = q
+            colon = _find_colon(buf, p, q)
+            if mode == _MODE_LABELS or (mode == _MODE_XC and first and p == pos and colon < 0):
+                # label token: comma separated (XC) or idx[:val] (split label file)
+                if mode == _MODE_LABELS:
+                    lb = q
+                    if colon >= 0:
+                        lb = colon
+                        if _find_colon(buf, colon + 1, q) >= 0 or colon + 1 == q:
+                            code = _E_MALFORMED
+                            break
+                        st, _v = _parse_float(buf, colon + 1, q, pow10)
+                        if st == 2:
+                            code = _E_NONNUMERIC
+                            break
+                    items_end = lb
+                else:
+                    items_end = q
+                a = p
+                while a <= items_end:
+                    c = a
+                    while c < items_end and buf[c] != 44:
+                        c += 1
+                    if mode == _MODE_LABELS and c < items_end:
+                        code = _E_MALFORMED
+                        break
+                    if c == a:
+                        code = _E_MALFORMED
+                        break
+                    v = _parse_uint(buf, a, c)
+                    if v == -1:
+                        if buf[a] == 45 and _parse_uint(buf, a + 1, c) != -1:
+                            code = _E_NEG_LABEL
+                        else:
+                            code = _E_LABEL
+                        break
+                    if v == -2 or v >= n_cols_y:
+                        code = _E_LABEL_RANGE
+                        err[4] = v
+                        break
+                    if ny > y0 and v <= y_ind[ny - 1]:
+                        y_sorted = False
+                    y_ind[ny] = v
+                    ny += 1
+                    a = c + 1
+                if code != _E_NONE:
+                    break
+            else:
+                if colon < 0 or colon == p or colon + 1 == q:
+                    code = _E_MALFORMED
+                    break
+                if _find_colon(buf, colon + 1, q) >= 0:
+                    code = _E_MALFORMED
+                    break
+                v = _parse_uint(buf, p, colon)
+                if v == -1:
+                    if buf[p] == 45 and _parse_uint(buf, p + 1, colon) != -1:
+                        code = _E_NEG_INDEX
+                    else:
+                        code = _E_MALFORMED
+                    break
+                if v == -2 or v >= n_cols_x:
+                    code = _E_INDEX_RANGE
+                    err[4] = v
+                    break
+                st, val = _parse_float(buf, colon + 1, q, pow10)
+                if st == 2:
+                    code = _E_NONNUMERIC
+                    break
+                if nx > x0 and v <= x_ind[nx - 1]:
+                    x_sorted = False
+                x_ind[nx] = v
+                if st == 1:
+                    hard[n_hard, 0] = nx
+                    hard[n_hard, 1] = colon + 1
+                    hard[n_hard, 2] = q
+                    hard[n_hard, 3] = p
+                    hard[n_hard, 4] = q
+                    hard[n_hard, 5] = lines
+                    n_hard += 1
+                    x_dat[nx] = 0.0
+                else:
+                    x_dat[nx] = np.float32(val)
+                nx += 1
+                if n_hard >= hard_cap:
+                    # absurdly many hard values on one line: let Python handle the rest
+                    code = _E_NONE
+                    status = _S_HARD_FULL
+                    break
+            first = False
+            p = q
+        if status == _S_HARD_FULL and code == _E_NONE:
+            # roll back this line and hand the hard values to Python first
+            while n_hard > 0 and hard[n_hard - 1, 5] == lines:
+                n_hard -= 1
+            nx = x0
+            ny = y0
+            break  # if pos == start, one line has more hard values than fit: caller grows `hard`
+        if code != _E_NONE:
+            break
+        if not x_sorted:
+            _sort_line(x_ind, x_dat, x0, nx, hard, n_hard, lines)
+            state[_ST_UNSORTED] = 1
+            for k in range(x0 + 1, nx):
+                if x_ind[k] == x_ind[k - 1]:
+                    code = _E_DUPLICATE
+                    err[4] = x_ind[k]
+                    break
+            if code != _E_NONE:
+                err[2] = pos
+                err[3] = le
+                break
+        if not y_sorted:
+            tmp = np.sort(y_ind[y0:ny])
+            m = 0
+            for k in range(tmp.shape[0]):
+                if m == 0 or tmp[k] != y_ind[y0 + m - 1]:
+                    y_ind[y0 + m] = tmp[k]
+                    m += 1
+            ny = y0 + m
+        row += 1
+        x_ptr[row] = nx
+        y_ptr[row] = ny
+        lines += 1
+        pos = le + 1
+    if code != _E_NONE:
+        status = _S_ERROR
+        err[0] = code
+        err[1] = lines
+    state[_ST_ROW] = row
+    state[_ST_NNZX] = nx
+    state[_ST_NNZY] = ny
+    state[_ST_NHARD] = n_hard
+    state[_ST_LINES] = lines
+    return status, pos
+
+
+@njit(cache=True, nogil=True)
+def _count_bytes(buf, n, counts, prev):
+    """Accumulate newlines, colons, commas and token starts of buf[:n]; returns the last byte."""
+    nl = 0
+    co = 0
+    cm = 0
+    ts = 0
+    for i in range(n):
+        c = buf[i]
+        if c == 10:
+            nl += 1
+        elif c == 58:
+            co += 1
+        elif c == 44:
+            cm += 1
+        if not (c == 10 or _is_space(c)) and (prev == 10 or _is_space(prev)):
+            ts += 1
+        prev = c
+    counts[0] += nl
+    counts[1] += co
+    counts[2] += cm
+    counts[3] += ts
+    return prev
+
+
+@njit(cache=True, nogil=True)
+def _last_newline(buf, n):
+    for i in range(n - 1, -1, -1):
+        if buf[i] == 10:
+            return i
+    return -1

@@ -1,0 +1,175 @@
+"""Validation of user-supplied matrices and the seeded minibatch order.
+
+``as_feature_matrix`` / ``as_label_matrix`` turn what a user passes (scipy sparse, dense 2-D, a
+list of label lists) into the canonical CSR the kernels expect, with a ValueError naming the
+argument otherwise; ``iterate_minibatches`` yields row ids of a permutation derived from
+``(seed, epoch)`` (XC files are label-sorted: never train or evaluate in file order).
+"""
+import numpy as np
+import scipy.sparse as sp
+
+_INT32_MAX = 2**31 - 1
+
+# ---------------------------------------------------------------------------------------------
+# validation of user input
+
+
+def _index_dtype_ok(m):
+    m.indices = m.indices.astype(np.int32, copy=False)
+    if m.nnz <= _INT32_MAX:
+        m.indptr = m.indptr.astype(np.int32, copy=False)
+    return m
+
+
+def as_feature_matrix(X, n_features=None, name="X"):
+    """Validate ``X`` (scipy sparse or dense 2-D) and return canonical CSR.
+
+    Canonical: float32 data, int32 sorted indices, duplicates summed. Raises ``ValueError``
+    naming ``name`` for a wrong dimensionality, non-numeric or non-finite values, values outside
+    the float32 range, or a column count different from ``n_features``.
+    """
+    if sp.issparse(X):
+        if X.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got a {X.ndim}-D sparse array")
+        if X.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must have a real numeric dtype, got {X.dtype}")
+        M = sp.csr_matrix(X, copy=True)
+    else:
+        try:
+            arr = np.asarray(X)
+        except Exception as exc:  # ragged input and the like
+            raise ValueError(f"{name} must be a 2-D array or a scipy sparse matrix: "
+                             f"{exc}") from None
+        if arr.ndim != 2:
+            raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {arr.shape}")
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must have a real numeric dtype, got {arr.dtype}")
+        M = sp.csr_matrix(arr)
+    if M.shape[1] > _INT32_MAX:
+        raise ValueError(f"{name} has {M.shape[1]} columns, more than int32 indices allow")
+    data = M.data
+    if data.dtype.kind == "f" and not np.isfinite(data).all():
+        bad = int(np.flatnonzero(~np.isfinite(data))[0])
+        row = int(np.searchsorted(M.indptr, bad, side="right") - 1)
+        raise ValueError(f"{name} contains a non-finite value ({data[bad]!r} at row {row}, "
+                         f"column {int(M.indices[bad])})")
+    M.sum_duplicates()  # sorts indices too
+    with np.errstate(over="ignore"):
+        M.data = M.data.astype(np.float32, copy=False)
+    if M.data.size and not np.isfinite(M.data).all():
+        raise ValueError(f"{name} contains values outside the float32 range (or duplicate "
+                         "entries whose sum is)")
+    M = _index_dtype_ok(M)
+    M.sort_indices()
+    if n_features is not None and M.shape[1] != n_features:
+        raise ValueError(f"{name} has {M.shape[1]} features (columns), expected {n_features}")
+    return M
+
+
+def _labels_from_lists(Y, n_labels, name):
+    lens = np.empty(len(Y), dtype=np.int64)
+    parts = []
+    for i, row in enumerate(Y):
+        if isinstance(row, (str, bytes)) or np.ndim(row) > 1:
+            raise ValueError(f"{name}[{i}] must be a list of integer labels, got {row!r}")
+        try:
+            a = np.asarray(list(row) if isinstance(row, (set, frozenset)) else row).ravel()
+        except Exception:
+            raise ValueError(f"{name}[{i}] must be a list of integer labels, got {row!r}") from None
+        if a.size and a.dtype.kind not in "iuf":
+            if a.dtype.kind == "b":
+                raise ValueError(f"{name}[{i}] contains booleans, expected integer labels")
+            try:
+                a = a.astype(np.float64)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}[{i}] contains non-integer labels: {row!r}") from None
+        if a.dtype.kind == "f":
+            if not (np.isfinite(a).all() and (a == np.round(a)).all()):
+                raise ValueError(f"{name}[{i}] contains non-integer labels: {row!r}")
+        a = a.astype(np.int64)
+        if a.size and a.min() < 0:
+            raise ValueError(f"{name}[{i}] contains a negative label ({int(a.min())})")
+        lens[i] = a.size
+        parts.append(a)
+    ind = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    top = int(ind.max()) + 1 if ind.size else 0
+    if n_labels is None:
+        n_labels = top
+    elif top > n_labels:
+        row = next(i for i, a in enumerate(parts) if a.size and a.max() >= n_labels)
+        raise ValueError(f"{name}[{row}] contains label {int(parts[row].max())} >= n_labels = "
+                         f"{n_labels}")
+    ptr = np.zeros(len(Y) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    M = sp.csr_matrix((np.ones(ind.size, dtype=np.float32), ind, ptr), shape=(len(Y), n_labels))
+    return M
+
+
+def as_label_matrix(Y, n_labels=None, n_rows=None, name="Y"):
+    """Validate labels and return canonical CSR (float32 ones, int32 sorted indices).
+
+    Accepts a scipy sparse 0/1 matrix, a dense 0/1 NumPy array, or a Python list (or tuple) of
+    label lists (a Python list is always read as label lists, never as a dense matrix). Repeated
+    labels count once. Raises ``ValueError`` naming ``name`` for negative, non-integer or
+    out-of-range labels, values other than 0/1, or a row count different from ``n_rows``.
+    """
+    if n_labels is not None and (not isinstance(n_labels, (int, np.integer)) or n_labels < 0):
+        raise ValueError(f"n_labels must be a non-negative integer, got {n_labels!r}")
+    if isinstance(Y, (list, tuple)):
+        M = _labels_from_lists(Y, n_labels, name)
+    else:
+        if sp.issparse(Y):
+            if Y.ndim != 2:
+                raise ValueError(f"{name} must be 2-D, got a {Y.ndim}-D sparse array")
+            M = sp.csr_matrix(Y, copy=True)
+        else:
+            arr = np.asarray(Y)
+            if arr.ndim != 2:
+                raise ValueError(f"{name} must be a 2-D 0/1 array, a sparse matrix or a list of "
+                                 f"label lists, got shape {arr.shape}")
+            if arr.dtype.kind not in "biuf":
+                raise ValueError(f"{name} must be numeric 0/1, got dtype {arr.dtype}")
+            M = sp.csr_matrix(arr)
+        if M.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must be numeric 0/1, got dtype {M.dtype}")
+        d = M.data
+        bad = ~((d == 0) | (d == 1))
+        if bad.any():
+            raise ValueError(f"{name} must contain only 0/1 values, found {d[bad][0]!r}")
+        M.eliminate_zeros()
+        if n_labels is not None and M.shape[1] != n_labels:
+            raise ValueError(f"{name} has {M.shape[1]} label columns, expected n_labels = "
+                             f"{n_labels}")
+    if M.shape[1] > _INT32_MAX:
+        raise ValueError(f"{name} has too many label columns for int32 indices")
+    M.sum_duplicates()
+    M.data = np.ones(M.nnz, dtype=np.float32)
+    M = _index_dtype_ok(M)
+    M.sort_indices()
+    if n_rows is not None and M.shape[0] != n_rows:
+        raise ValueError(f"{name} has {M.shape[0]} rows, expected {n_rows}")
+    return M
+
+
+# ---------------------------------------------------------------------------------------------
+# batching
+
+
+def iterate_minibatches(n_rows, batch_size, seed, epoch=0, start_batch=0):
+    """Yield int64 arrays of row ids: a permutation of ``range(n_rows)`` cut into batches.
+
+    The permutation is ``np.random.default_rng([seed, epoch]).permutation(n_rows)``, so it is
+    deterministic for ``(seed, epoch)`` and differs between epochs. The last batch may be
+    smaller. ``start_batch`` skips the first batches (exact resume). Never train or evaluate on
+    XC repository files in file order: they are sorted by label.
+    """
+    for name, v in (("n_rows", n_rows), ("batch_size", batch_size), ("seed", seed),
+                    ("epoch", epoch), ("start_batch", start_batch)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(int(n_rows))
+    perm = perm.astype(np.int64, copy=False)
+    for i in range(int(start_batch) * int(batch_size), int(n_rows), int(batch_size)):
+        yield perm[i:i + batch_size]
