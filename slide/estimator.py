@@ -229,6 +229,21 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         epoch's closing sync when the batch ends an epoch); a true return value stops training
         after that batch.
         """
+        self._validate_params()
+        compile_seconds = self._warm_up()
+        self._fit_core(X, Y, eval_set, callback, resume)
+        self.compile_seconds_ = compile_seconds
+        return self
+
+    def _warm_up(self):
+        """Compile the run's kernels before its clock starts (``slide.warmup``): the seconds
+        go to ``compile_seconds_``, never to ``train_seconds_``."""
+        from slide import warmup
+        self._threads()
+        return warmup.warm_up(self)
+
+    def _fit_core(self, X, Y, eval_set, callback, resume):
+        """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""
         hs, sparse = self._validate_params()
         fitted = resume and hasattr(self, "network_")
         X, Y = self._check_data(X, Y, fitted=fitted)
@@ -237,16 +252,17 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
         self._train(X, Y, self.epochs, eval_set, callback)
-        return self
 
     def partial_fit(self, X, Y):
         """One more epoch over (X, Y), continuing the current state (initialised on first
         call)."""
         hs, sparse = self._validate_params()
+        compile_seconds = self._warm_up()
         fitted = hasattr(self, "network_")
         X, Y = self._check_data(X, Y, fitted=fitted)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
+        self.compile_seconds_ = compile_seconds
         self.batch_in_epoch_ = 0
         self._train(X, Y, self.epoch_ + 1, None, None)
         return self

@@ -1,0 +1,190 @@
+"""Kernel compilation apart from training (``slide.warmup``): the warm-up compiles every kernel
+a fit calls, its seconds go to ``compile_seconds_`` and never to ``train_seconds_``, it runs
+once per process and configuration, and the CLI reports it and writes the time-to-accuracy
+plot."""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import slide
+from slide import warmup
+from slide.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SMALL = dict(hidden_sizes=(24,), hash_family="simhash", K=4, L=6, range_pow=6, bucket_size=32,
+             sampler_budget=40, min_active=50, shared_negatives=30, learning_rate=2e-3,
+             batch_size=32, epochs=1, n_threads=1, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return slide.generate("tiny", seed=1)
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """As in a new process: no configuration warmed yet (compiled kernels stay compiled)."""
+    monkeypatch.setattr(warmup, "_WARMED", {})
+
+
+def test_warm_up_time_goes_to_compile_seconds_not_training(data, fresh_process, monkeypatch):
+    X, Y, _, _ = data
+    real_tiny_data = warmup.tiny_data
+
+    def slow_tiny_data(seed=0):
+        time.sleep(0.6)            # stands for a slow compilation
+        return real_tiny_data(seed)
+
+    monkeypatch.setattr(warmup, "tiny_data", slow_tiny_data)
+    seen = []
+    model = slide.SlideClassifier(**SMALL).fit(
+        X, Y, callback=lambda m, info: seen.append(info["train_seconds"]))
+    assert model.compile_seconds_ >= 0.6
+    assert model.train_seconds_ < 0.6 and model.train_seconds_ == pytest.approx(seen[-1])
+    # the same configuration again in this process: nothing to compile
+    again = slide.SlideClassifier(**dict(SMALL, random_state=5, hidden_sizes=(32,))).fit(X, Y)
+    assert again.compile_seconds_ == 0.0
+    assert again.batches_ == model.batches_
+    # another code path (the dense network) warms up on its own
+    dense = slide.SlideClassifier(**dict(SMALL, sampler="dense")).fit(X, Y)
+    assert dense.compile_seconds_ >= 0.6
+
+
+def test_config_key_follows_code_paths_not_sizes():
+    a = slide.SlideClassifier(**SMALL)
+    same_paths = slide.SlideClassifier(**dict(SMALL, hidden_sizes=(512,), L=50, K=2,
+                                              batch_size=7, learning_rate=1.0, random_state=9))
+    assert warmup.config_key(a) == warmup.config_key(same_paths)
+    for change in (dict(sampler="dense"), dict(sampler="topk"), dict(hash_family="dwta", K=2),
+                   dict(loss="sigmoid"), dict(optimizer="sgd"), dict(hidden_sizes=(8, 8)),
+                   dict(min_active=0), dict(negative_power=0.0), dict(sparse_layers=(0, 1))):
+        other = slide.SlideClassifier(**dict(SMALL, **change))
+        assert warmup.config_key(other) != warmup.config_key(a), change
+
+
+def test_tiny_copy_keeps_the_code_paths():
+    model = slide.SlideClassifier(**dict(SMALL, hidden_sizes=(300, 200), sampler="topk",
+                                         sparse_layers=(1, 2), loss="sigmoid"))
+    copy = warmup.tiny_copy(model)
+    assert warmup.config_key(copy) == warmup.config_key(model)
+    assert copy.hidden_sizes == (16, 16)
+    X, Y = warmup.tiny_data()
+    assert X.dtype == np.float32 and X.indices.dtype == np.int32 and Y.shape[1] >= 64
+    assert np.diff(X.indptr).min() >= 1 and np.diff(Y.indptr).max() >= 2
+
+
+@pytest.mark.parametrize("change", [{}, dict(sampler="dense"),
+                                    dict(sampler="topk", hash_family="dwta", K=2, L=4,
+                                         loss="sigmoid", optimizer="lazy_adam",
+                                         hidden_sizes=(16, 16))])
+def test_fit_after_the_warm_up_compiles_nothing(data, fresh_process, change):
+    """Numba specialises on types, not sizes: after the tiny warm-up, a real fit (other sizes,
+    a partial last batch, evaluation at each epoch end, prediction) adds no signature to any
+    kernel of slide."""
+    X, Y, Xt, Yt = data
+    model = slide.SlideClassifier(**dict(SMALL, epochs=2, batch_size=48, **change))
+    model._validate_params()
+    assert model._warm_up() > 0.0
+    before = warmup.kernel_signatures()
+    assert sum(before.values()) > 0
+    model.fit(X, Y, eval_set=(Xt, Yt))
+    model.predict_topk(Xt, k=5)
+    assert model.compile_seconds_ == 0.0
+    assert warmup.kernel_signatures() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+
+TINY_RUN = """
+output_dir = "{out}"
+[data]
+preset = "tiny"
+eval_points = 100
+[model]
+hidden_sizes = [16]
+[lsh]
+family = "simhash"
+K = 4
+L = 6
+range_pow = 6
+[sampler]
+budget = 40
+min_active = 50
+[optimizer]
+learning_rate = 2e-3
+[train]
+epochs = 2
+batch_size = 32
+threads = 1
+eval_every_batches = 6
+checkpoint_every_batches = 0
+baseline = "dense"
+"""
+
+
+def test_train_reports_compilation_apart_and_writes_the_plot(tmp_path, capsys, fresh_process):
+    run = tmp_path / "run"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY_RUN.format(out=run))
+    assert main(["train", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "[slide] compiling kernels (first run only" in out
+    assert "[dense] compiling kernels (first run only" in out
+    summary = json.loads((run / "summary.json").read_text())
+    for phase in ("slide", "dense-baseline"):
+        assert summary[phase]["compile_seconds"] > 0
+        assert summary[phase]["train_seconds"] > 0
+    assert "per epoch" in out and "dense baseline's final P@1" in out
+    if "slide_seconds_to_dense_final_P@1" in summary:
+        assert summary["time_to_dense_final_P@1_speedup"] == pytest.approx(
+            summary["dense-baseline"]["train_seconds"]
+            / summary["slide_seconds_to_dense_final_P@1"], rel=1e-2)
+    png = run / "time_to_accuracy.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a second run in the same process has nothing to compile and says nothing about it
+    assert main(["train", "--config", str(cfg), "--set", f"output_dir={tmp_path / 'b'}"]) == 0
+    assert "compiling kernels" not in capsys.readouterr().out
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["slide"]["compile_seconds"] == 0.0
+
+
+def test_config_with_only_data_trains_with_the_api_defaults(tmp_path, capsys, monkeypatch):
+    from slide import config as config_mod
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'output_dir = "{tmp_path / "run"}"\n[data]\npreset = "tiny"\n')
+    resolved = config_mod.load_config(str(cfg))
+    kw = config_mod.estimator_kwargs(resolved)
+    defaults = slide.SlideClassifier().get_params(deep=False)
+    for name, value in kw.items():
+        if name not in ("n_threads", "random_state"):     # train.threads 0 / train.seed
+            assert value == defaults[name], name
+    fitted = []
+    real_fit = slide.SlideClassifier.fit
+
+    def spy(self, *a, **k):
+        fitted.append(self.get_params(deep=False))
+        return real_fit(self, *a, **k)
+
+    monkeypatch.setattr(slide.SlideClassifier, "fit", spy)
+    assert main(["train", "--config", str(cfg)]) == 0
+    assert len(fitted) == 1
+    for name, value in fitted[0].items():
+        if name not in ("n_threads", "random_state"):
+            assert value == defaults[name], name
+    assert (tmp_path / "run" / "model.slide").exists()
+
+
+def test_quickstart_config_shows_the_point_of_the_project():
+    from slide import config as config_mod
+    cfg = config_mod.load_config(os.path.join(ROOT, "configs", "quickstart.toml"),
+                                 check_files=False)
+    shape = config_mod.synthetic_shape(cfg["data"]["preset"], cfg["data"]["scale"],
+                                       cfg["data"]["overrides"])
+    assert shape["n_labels"] >= 100_000
+    assert cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense"
+    assert cfg["train"]["eval_every_batches"] > 0
