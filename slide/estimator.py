@@ -227,7 +227,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         its callback (or loaded from a checkpoint) exactly where it stopped, until ``epochs``
         epochs are complete. ``callback(model, info)`` runs after every batch (after the
         epoch's closing sync when the batch ends an epoch); a true return value stops training
-        after that batch.
+        after that batch. Before training, the kernels the run uses are compiled (once per
+        process and configuration, ``slide.warmup``): ``compile_seconds_`` holds that time,
+        ``train_seconds_`` never includes it.
         """
         self._validate_params()
         compile_seconds = self._warm_up()

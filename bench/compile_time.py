@@ -1,0 +1,129 @@
+"""Kernel compilation time of a fit, cold (empty Numba cache) and warm (loaded from the cache).
+
+Each measurement is a fresh interpreter with ``NUMBA_CACHE_DIR`` pointing at one temporary
+directory: the first run of a configuration finds it empty and compiles (cold), the next run
+loads the cached machine code (warm). A measurement is ``slide.warmup.warm_up`` of the
+configuration -- what ``SlideClassifier.fit`` reports as ``compile_seconds_`` -- followed by a
+short real fit whose first batch is timed against the later ones and whose kernels must gain
+no new type signature (the warm-up compiled everything the fit uses).
+
+    flock /tmp/slide-bench.lock python bench/compile_time.py --out bench/results/compile_time.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the quickstart's two phases: slide (default engine: DWTA LSH, vanilla sampler, softmax, Adam)
+# and the dense baseline (sampler "dense": BLAS output layer, the other kernels)
+CONFIGS = {"slide (vanilla, dwta, softmax, adam)": {},
+           "dense baseline (sampler dense)": {"sampler": "dense"}}
+
+CHILD = r"""
+import json, sys, time
+t_start = time.perf_counter()
+import numpy as np
+import slide
+from slide import warmup
+from numba.core import event
+t_import = time.perf_counter() - t_start
+params = json.loads(sys.argv[1])
+X, Y, Xt, Yt = slide.generate("xc200k", scale=0.05, n_train=3000, n_test=300, seed=0)
+model = slide.SlideClassifier(**dict(dict(random_state=0, n_threads=2, learning_rate=1e-3),
+                                     **params))
+model._validate_params()
+with event.install_recorder("numba:compile") as rec:
+    compile_s = model._warm_up()
+compiled = sorted({e.data["dispatcher"].py_func.__module__ + "."
+                   + e.data["dispatcher"].py_func.__name__ for _, e in rec.buffer if e.is_start})
+before = warmup.kernel_signatures()
+marks = []
+model.fit(X, Y, eval_set=(Xt, Yt), callback=lambda m, info: marks.append(info["train_seconds"]))
+per_batch = np.diff([0.0] + marks)
+print(json.dumps({"import_s": t_import, "compile_s": compile_s,
+                  "compiled_kernels": compiled, "n_compiled": len(compiled),
+                  "new_signatures": {k: v for k, v in warmup.kernel_signatures().items()
+                                     if v != before.get(k, 0)},
+                  "first_batch_s": float(per_batch[0]),
+                  "median_batch_s": float(np.median(per_batch[1:])),
+                  "fit_compile_s": model.compile_seconds_}))
+"""
+
+
+def measure(params, cache_dir):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=ROOT)
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"measurement failed:\n{r.stderr}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["process_s"] = time.perf_counter() - t0
+    return out
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compile_time.md"))
+    args = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
+        # cold: slide then the dense baseline in one empty cache (as the quickstart runs them;
+        # the dense run reuses the kernels they share, e.g. the optimizer's); then both warm
+        for state in ("cold", "warm"):
+            for name, params in CONFIGS.items():
+                m = measure(params, cache)
+                rows.append((state, name, m))
+                print(f"{state:5s} {name:40s} compile {m['compile_s']:6.1f} s  "
+                      f"({m['n_compiled']} kernels compiled)  first batch "
+                      f"{m['first_batch_s']:.3f} s, median {m['median_batch_s']:.3f} s, new "
+                      f"signatures in the fit: {m['new_signatures'] or 'none'}", flush=True)
+    lines = ["# Kernel compilation time", "",
+             f"`python bench/compile_time.py` at commit `{commit()}`, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
+             f"({platform.processor() or platform.machine()}), under "
+             f"`flock /tmp/slide-bench.lock`.", "",
+             "Each row is a fresh interpreter with `NUMBA_CACHE_DIR` at one temporary directory: "
+             "*cold* = empty cache (first run after install: Numba compiles), *warm* = the "
+             "machine code loaded from that cache (every later run). *compile* is "
+             "`slide.warmup.warm_up` (the tiny throw-away fit that `SlideClassifier.fit` runs "
+             "before its clock starts; `compile_seconds_`). Then a real fit (xc200k shape at "
+             "scale 0.05: 10,000 labels, 3,000 points, batch 128, 2 threads) is timed: its "
+             "first batch against the median batch, and the kernels' type signatures before "
+             "and after it (none new = the warm-up compiled everything the fit used).", "",
+             "| cache | configuration | compile (s) | kernels compiled | first batch (s) | "
+             "median batch (s) | new signatures in the fit | interpreter start + import (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for state, name, m in rows:
+        lines.append(f"| {state} | {name} | {m['compile_s']:.1f} | {m['n_compiled']} | "
+                     f"{m['first_batch_s']:.3f} | {m['median_batch_s']:.3f} | "
+                     f"{len(m['new_signatures']) or 'none'} | {m['import_s']:.1f} |")
+    cold = {name: m for state, name, m in rows if state == "cold"}
+    lines += ["", "Kernels compiled cold, per configuration (the dense baseline's list omits "
+              "those the slide run had already compiled into the cache):", ""]
+    for name, m in cold.items():
+        lines.append(f"- {name}: " + ", ".join(f"`{k}`" for k in m["compiled_kernels"]))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
