@@ -435,9 +435,9 @@ def _print_summary(summary, results, n_eval, pool_name):
         _info(f"  slide did not reach the dense baseline's final P@1 ({b['P@1']:.3f}); per "
               f"epoch {summary['speedup_vs_dense']:.1f}x faster")
     at = summary["dense_P@1_at_slide_time"]
-    at = "no evaluation yet" if at is None else f"P@1 {at:.4f}"
+    at = "not evaluated yet" if at is None else f"at P@1 {at:.4f}"
     _info(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole run) the "
-          f"dense baseline was at {at}")
+          f"dense baseline was {at}")
 
 
 def _write_plot(run_dir):
