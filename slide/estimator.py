@@ -1,7 +1,7 @@
 """``SlideClassifier``: the scikit-learn style front end of the engine.
 
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
-data before any kernel runs, builds the network (``slide.network.Network``), the sparse
+data before any kernel runs, builds the network (``slide.engine.Network``), the sparse
 optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``) and the rehash
 schedule, then trains one Numba call per batch.
 """
@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
-from slide.network import LOSSES, Network, RehashSchedule
+from slide.engine import LOSSES, Network
+from slide.schedule import RehashSchedule
 from slide.optim import OPTIMIZERS, SparseOptimizer
 
 FORMAT = "slide-checkpoint"
