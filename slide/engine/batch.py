@@ -60,13 +60,21 @@ def forward_backward(net, X, Y, rows, seed, serial):
     return net.losses[:nb]
 
 
+def touched(net, X, rows, serial):
+    """List the rows of the buffered layers that batch ``rows`` touched into
+    ``net.touched_rows``; returns (n_rows, n_bias)."""
+    nb = rows.shape[0]
+    sc = net.sc
+    return collect_touched(net.spec, net.row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb],
+                           csr(X), rows, net.touched_rows, np.int64(serial), net.row_path)
+
+
 def update(net, X, rows, serial, optimizer):
     """The optimizer step after ``forward_backward`` of the batch ``rows``: touched rows of
     the buffered layers, then the output layer's per-row path."""
     nb = rows.shape[0]
     sc = net.sc
-    nr, nbias = collect_touched(net.spec, net.row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb],
-                                csr(X), rows, net.touched_rows, np.int64(serial), net.row_path)
+    nr, nbias = touched(net, X, rows, serial)
     optimizer.step(net.params, net.touched_rows, nr, nbias)
     if net.row_path:
         last = net.layout.n_layers - 1

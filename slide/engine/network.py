@@ -182,6 +182,10 @@ class Network:
     def forward_backward(self, X, Y, rows, seed, serial):
         return _batch.forward_backward(self, X, Y, rows, seed, serial)
 
+    def touched(self, X, rows, serial):
+        """List the touched rows of batch ``rows`` into ``touched_rows``: (n_rows, n_bias)."""
+        return _batch.touched(self, X, rows, serial)
+
     def update(self, X, rows, serial, optimizer):
         _batch.update(self, X, rows, serial, optimizer)
 
