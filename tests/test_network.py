@@ -234,6 +234,32 @@ def test_sparse_predict_returns_active_neurons_best_first():
         assert len(set(top[i].tolist())) == 4
 
 
+def test_sparse_predict_finds_the_neuron_lsh_must_find():
+    """Recall: plant, for each row, an output neuron whose weights are the row's unit hidden
+    vector times 3 (DWTA is rank-based: same buckets in every table, and the best score by far).
+    Sparse serving must return it first for every row; without prior candidates, so only the
+    LSH retrieval can bring it in."""
+    rng = np.random.default_rng(9)
+    X, Y = _data(rng, 20, 50, 200)
+    net = Network((50, 16, 200), [False, True], [0, 10], seed=9,
+                  lsh=dict(LSH, sampler="topk", budget=40, bucket_size=64))
+    lay = net.layout
+    lay.weight_view(net.W, 1)[:] *= 0.1
+    H = net.hidden(X)
+    keep = np.flatnonzero((H > 0).sum(1) >= 4)          # rows with an informative hidden layer
+    assert len(keep) >= 10
+    planted = rng.choice(200, len(keep), replace=False)
+    for i, j in zip(keep, planted):
+        lay.weight_view(net.W, 1)[j] = 3.0 * H[i] / np.linalg.norm(H[i])   # cos 1 beats all
+    net.build_indices()
+    top = net.predict_topk_sparse(X[keep], 3)
+    np.testing.assert_array_equal(net.predict_topk_exact(X[keep], 1)[:, 0], planted)
+    np.testing.assert_array_equal(top[:, 0], planted)
+    # and LSH does not return everything: the candidate sets are a small part of the layer
+    cands = [len(net.indices[1].candidates(H[i])) for i in keep]
+    assert np.mean(cands) < 100
+
+
 def test_sparse_predict_prior_candidates_join_every_row():
     rng = np.random.default_rng(8)
     X, Y = _data(rng, 25, 50, 200)
