@@ -358,17 +358,20 @@ class SparseOptimizer:
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self):
-        """(arrays, meta): the moments and step records (copies), and a JSON-able dict of the
-        settings and step count. ``SparseOptimizer.from_state(layout, arrays, meta)`` rebuilds
-        an optimizer that continues exactly."""
+        """{"meta": JSON-able settings and step count, "arrays": the moments and step records
+        (copies)}. ``SparseOptimizer.from_state(layout, state)`` rebuilds an optimizer that
+        continues exactly."""
         meta = {"kind": self.kind, "learning_rate": self.learning_rate, "beta1": self.beta1,
                 "beta2": self.beta2, "epsilon": self.epsilon, "t": int(self.t)}
-        return {k: v.copy() for k, v in self.state_arrays().items()}, meta
+        return {"meta": meta, "arrays": {k: v.copy() for k, v in self.state_arrays().items()}}
 
     @classmethod
-    def from_state(cls, layout, arrays, meta):
+    def from_state(cls, layout, state):
         """The optimizer of :meth:`state_dict`'s output; raises ValueError naming the first
         entry that is missing or does not fit ``layout``."""
+        if not isinstance(state, dict) or "meta" not in state or "arrays" not in state:
+            raise ValueError("optimizer state must be a dict with 'meta' and 'arrays'")
+        meta, arrays = state["meta"], state["arrays"]
         need = ("kind", "learning_rate", "beta1", "beta2", "epsilon", "t")
         missing = [k for k in need if k not in meta]
         if missing:
