@@ -60,34 +60,20 @@ def _rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _reference_refill(self, l, full, serial=0):
-    """Network._refill as it was before the in-place hashing / column-local build (same
-    tables; used by ``refill670k`` as the 'before' side)."""
+def _reference_refill(self, W, dirty_rows):
+    """LSHIndex._hash_and_fill as the engine's refill was before the in-place hashing (rows
+    copied out and hashed by hash_dense_batch; same tables; used by ``refill670k`` as the
+    'before' side)."""
     from slide.lsh.hashes import hash_dense_batch
     from slide.lsh.index import build_tables_into
-    idx = self.indices[l]
-    rows = self.weight_rows(l)
-    cache = self._codes.get(l)
-    incremental = self.row_path and l == self.layout.n_layers - 1
-    if full or cache is None or not incremental:
-        codes = hash_dense_batch(idx.hf, rows)
-    else:
-        dirty = np.flatnonzero(self.out_stamp > self._hashed_at.get(l, 0))
-        codes = cache
-        if dirty.size:
-            codes[dirty] = hash_dense_batch(idx.hf, rows[dirty])
-        self.last_dirty = int(dirty.size)
-    if incremental:
-        self._codes[l] = codes
-        self._hashed_at[l] = int(serial)
-    n = rows.shape[0]
-    nb = 1 << idx.range_pow
-    if idx.offsets is None or idx.items.shape[1] != n:
-        idx.offsets = np.empty((idx.L, nb + 1), dtype=np.int32)
-        idx.items = np.empty((idx.L, n), dtype=np.int32)
-    idx.n_neurons = n
-    build_tables_into(codes, idx.bucket_size, idx.policy_code, idx.table_seed(),
-                      idx.offsets, idx.items)
+    shape = (W.shape[0], self.hf.L)
+    if dirty_rows is None or self.codes is None or self.codes.shape != shape:
+        self.codes = hash_dense_batch(self.hf, W)
+    elif dirty_rows.size:
+        self.codes[dirty_rows] = hash_dense_batch(self.hf, W[dirty_rows])
+    self.ensure_tables(W.shape[0])
+    build_tables_into(self.codes, self.bucket_size, self.policy_code, self.table_seed(),
+                      self.offsets, self.items)
 
 
 def child(args):
@@ -95,8 +81,8 @@ def child(args):
     import numba
     from slide.estimator import SlideClassifier
     if args.reference_refill:
-        import slide.network
-        slide.network.Network._refill = _reference_refill
+        import slide.lsh.index
+        slide.lsh.index.LSHIndex._hash_and_fill = _reference_refill
     X, Y, Xt, Yt = _load_data(args.data)
     rss_data = _rss_mb()
     params = json.loads(args.params)
@@ -141,7 +127,7 @@ def profile_child(args):
     """Time per phase of the sampled training batch (one fit to warm up, then N batches)."""
     import numba
     from slide.estimator import SlideClassifier
-    from slide.network import output_entries
+    from slide.engine.touched import output_entries
     X, Y, Xt, Yt = _load_data(args.data)
     params = json.loads(args.params)
     m = SlideClassifier(**params)
@@ -162,14 +148,11 @@ def profile_child(args):
         net.forward_backward(X, Y, rows, m.seed_, serial)
         t1 = time.perf_counter()
         nr, nbias = net.touched(X, rows, serial)
-        opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nbias)
+        opt.step(net.params, net.touched_rows, nr, nbias)
         t2 = time.perf_counter()
-        nu = output_entries(sc["ids"][:bs], sc["n_act"][:bs], sc["s_off"][last],
-                            sc["d_store"].shape[1], sc["stamp_out"], sc["slot_out"],
-                            np.int64(serial), sc["uniq"], sc["row_ptr"], sc["ent"])
-        opt.step_output(net.W, net.B, net.w_off[last], net.b_off[last], net.n_in[last],
-                        sc["uniq"], nu, sc["row_ptr"], sc["ent"], sc["d_store"], sc["h_store"],
-                        sc["g_out"])
+        nu = output_entries(sc.ids[:bs], sc.n_act[:bs], sc.s_off[last],
+                            net.store.d_store.shape[1], net.out_rows, np.int64(serial))
+        opt.step_output(net.W, net.B, net.out_rows, nu, net.store)
         t3 = time.perf_counter()
         T["kernel"] += t1 - t0
         T["buffered_update"] += t2 - t1
@@ -182,7 +165,7 @@ def profile_child(args):
     t_rebuild = time.perf_counter() - t0
     rec = {k + "_ms_per_batch": round(v / n * 1000, 2) for k, v in T.items()}
     rec.update(rehash_s=round(t_rehash, 2), rebuild_s=round(t_rebuild, 2),
-               active_mean=float(sc["n_act"][:bs, last].mean()), unique_output_rows=int(nu),
+               active_mean=float(sc.n_act[:bs, last].mean()), unique_output_rows=int(nu),
                buffered_rows=int(nr), threads=numba.get_num_threads(), params=params,
                n_labels=Y.shape[1])
     print("RESULT " + json.dumps(rec), flush=True)
@@ -239,7 +222,7 @@ def accsweep(args, base):
                    n_train=X.shape[0], n_test=Xt.shape[0], n_labels=Y.shape[1],
                    p1_per_epoch=[round(h["P@1"], 4) for h in m.history_],
                    train_s=round(m.train_seconds_, 1), fit_wall_s=round(time.perf_counter() - t0, 1),
-                   active_mean=(round(float(net.sc["n_act"][:, -1].mean()), 1)
+                   active_mean=(round(float(net.sc.n_act[:, -1].mean()), 1)
                                 if net.uses_tables else None),
                    when=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
         print(json.dumps(rec), flush=True)

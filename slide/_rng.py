@@ -1,4 +1,4 @@
-"""Counter-based random numbers for Numba kernels.
+"""Counter-based random numbers for Numba kernels, and the one table of stream ids.
 
 Every random draw inside a kernel comes from ``splitmix64`` applied to a 64-bit counter that the
 caller derives from (seed, stream, index) -- for example (estimator seed, batch serial, sample
@@ -12,6 +12,27 @@ from numba import njit
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+
+# ----------------------------------------------------------------------------------------------
+# Stream ids: what a draw is for. Every ``stream_seed`` call in slide names one of these, so two
+# purposes never share a sequence by accident. The values are fixed by the trained models and
+# checkpoints they reproduce (tests/test_golden.py): never renumber one.
+# ----------------------------------------------------------------------------------------------
+STREAM_SAMPLE = 7            # engine, per (batch serial, sample position): sampler, random fill;
+STREAM_PREDICT = 11          # engine, per (call, sample) at sparse inference; both are offset
+STREAM_SERIAL_STRIDE = 16    # by serial * 16 (call * 16), so each batch has its own stream
+STREAM_SIMHASH = 101         # lsh.hashes: SimHash projection keys
+STREAM_DWTA = 102            # lsh.hashes: DWTA probe key
+STREAM_DOPH = 103            # lsh.hashes: DOPH per-table keys
+STREAM_ORDER = 201           # lsh.index: insertion order of a table
+STREAM_RESERVOIR = 202       # lsh.index: reservoir draws of a table
+STREAM_TABLE_SEED = 203      # lsh.index: table seed of a build generation
+STREAM_SAMPLE_BATCH = 301    # lsh.samplers.sample_batch: per query row
+STREAM_LAYER_SEED = 500      # engine: hash-function seed of a sparse layer's index
+STREAM_REBUILD = 501         # lsh.index: seed of the next hash functions at a rebuild
+STREAM_INIT = 1000           # layers.init_params: weights of layer l use STREAM_INIT + l
+SHARED_NEGATIVES_KEY = 0x5EED  # engine: numpy Generator key (seed, serial, key) of a batch's
+                               # shared negatives (drawn in Python, not by the counter RNG)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -32,6 +53,12 @@ def stream_seed(seed, stream, index):
     s, a = splitmix64(s ^ (np.uint64(stream) * _MIX1))
     s, b = splitmix64(a ^ (np.uint64(index) * _MIX2))
     return b
+
+
+def derived_seed(seed, stream, index=0):
+    """A non-negative Python int seed (63 bits) derived from ``seed`` for ``stream``/``index``:
+    the seed of a layer's hash functions, or of the next ones at a rebuild."""
+    return int(stream_seed(np.uint64(seed), stream, index)) >> 1
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -217,6 +217,7 @@ def _load_lsh(model, path, lsh_meta, arrays):
     if want != got:
         raise CheckpointError(path, f"LSH state for layers {sorted(got)}, expected "
                                     f"{sorted(want)}")
+    restored = {}
     for l in sorted(want):
         d = dict(lsh_meta[str(l)])
         prefix = f"lsh{l}_"
@@ -229,7 +230,5 @@ def _load_lsh(model, path, lsh_meta, arrays):
             raise CheckpointError(path, f"LSH tables of layer {l}: {exc}") from None
         if idx.dim != int(net.n_in[l]) or idx.n_neurons != int(net.n_out[l]):
             raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
-        net.indices[l] = idx
-    # Network has no public setter for restored indices yet: this call packs them into the
-    # flat arrays the kernels read (the engine restructure owns that API)
-    net._pack_lsh()
+        restored[l] = idx
+    net.set_indices(restored)

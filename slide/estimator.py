@@ -1,7 +1,7 @@
 """``SlideClassifier``: the scikit-learn style front end of the engine.
 
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
-data before any kernel runs, builds the network (``slide.network.Network``), the sparse
+data before any kernel runs, builds the network (``slide.engine.Network``), the sparse
 optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``) and the rehash
 schedule, then trains one Numba call per batch. The training loop is ``slide.trainer``, the
 file format ``slide.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
@@ -19,9 +19,10 @@ from slide import trainer
 from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
                               load)
 from slide.checkpoint import save as save_checkpoint
-from slide.network import Network, RehashSchedule
+from slide.engine import Network
 from slide.optim import SparseOptimizer
 from slide.params import is_int
+from slide.schedule import RehashSchedule
 from slide.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
 
 

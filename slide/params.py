@@ -30,7 +30,7 @@ HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.lsh.hashes.
 BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.lsh.index.POLICIES
 LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.lsh.samplers.SAMPLERS
 SAMPLERS = LSH_SAMPLERS + ("random", "dense")
-LOSSES = ("softmax", "sigmoid")                               # slide.network.LOSSES
+LOSSES = ("softmax", "sigmoid")                               # slide.engine.LOSSES
 OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.optim.OPTIMIZERS
 BIAS_INITS = ("log_prior", "zero")
 

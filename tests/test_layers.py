@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slide.layers import Layout, init_params
-from slide.network import Network
+from slide.engine import Network
 
 
 def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None, offset=None):
@@ -211,6 +211,12 @@ def test_layout_offsets_and_views():
     W2, B2 = init_params(lay, 5)
     assert np.array_equal(W1, W2) and not B1.any()
     assert not np.array_equal(W1, init_params(lay, 6)[0])
-    # Glorot-normal scale of the output layer
-    std = lay.weight_view(W1, 2).std()
-    assert 0.5 * np.sqrt(2 / 10) < std < 1.5 * np.sqrt(2 / 10)
+    # Glorot-normal scale of every layer, std = sqrt(2 / (fan_in + fan_out)): on layers large
+    # enough that the sample std is within ~1% of the true one (a swapped or wrong fan fails)
+    big = Layout((300, 200, 100, 50))
+    Wb = init_params(big, 7)[0]
+    for l in range(big.n_layers):
+        w = big.weight_view(Wb, l)
+        want = np.sqrt(2.0 / (big.sizes[l] + big.sizes[l + 1]))
+        assert w.std() == pytest.approx(want, rel=0.03), f"layer {l}"
+        assert abs(w.mean()) < 0.05 * want

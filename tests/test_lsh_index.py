@@ -177,12 +177,18 @@ def test_state_dict_roundtrip_and_validation():
 
 
 def test_memory_is_linear_in_neurons_plus_buckets():
-    W = np.random.default_rng(6).standard_normal((1000, 16)).astype(np.float32)
-    idx = LSHIndex("wta", 16, 2, 7, 9, seed=0).build(W)
-    tables = 7 * (2**9 + 1) * 4 + 7 * 1000 * 4
-    assert idx.memory_bytes() == tables + idx.hf.int_params.nbytes + idx.hf.float_params.nbytes
-    # Amazon-670K shape, computed the same way: ~0.19 GB
-    est = 50 * (2**18 + 1) * 4 + 50 * 670_091 * 4
+    def table_bytes(N, L, range_pow):         # int32 offsets [L, 2**rp + 1] + items [L, N]
+        return L * (2**range_pow + 1) * 4 + L * N * 4
+
+    rng = np.random.default_rng(6)
+    for N, L, rp in ((1000, 7, 9), (3000, 3, 12), (200, 11, 6)):
+        W = rng.standard_normal((N, 16)).astype(np.float32)
+        idx = LSHIndex("wta", 16, 2, L, rp, seed=0).build(W)
+        params = idx.hf.int_params.nbytes + idx.hf.float_params.nbytes
+        assert idx.memory_bytes() == table_bytes(N, L, rp) + params
+        assert idx.offsets.nbytes + idx.items.nbytes == table_bytes(N, L, rp)
+    # Amazon-670K shape, by the formula the real indices above obey: ~0.19 GB
+    est = table_bytes(670_091, 50, 18)
     print(f"index tables at N=670091, L=50, range_pow=18: {est / 1e9:.3f} GB")
     assert est < 0.2e9
 

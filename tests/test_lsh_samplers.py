@@ -153,7 +153,10 @@ def test_padding_and_capacity():
         got, _ = one("vanilla", idx, Q[1], budget=0, min_active=20, state=s)
         seen[got] += 1
     print(f"padding: each neuron drawn {seen.min()}..{seen.max()} times (expect 10)")
-    assert seen.min() >= 1 and seen.max() <= 30
+    # uniform: Pearson's chi-square against 10 per neuron stays below its 99.99% quantile
+    # (399 degrees of freedom: ~505); a padding that favours half of the ids by 2:1 gives ~1100
+    chi2 = float(((seen - 10.0) ** 2 / 10.0).sum())
+    assert chi2 < 505, chi2
     s = scratch_sizes("topk", L=8, bucket_size=12, budget=50, max_forced=3, min_active=100)
     assert s["capacity"] == 100 and s["set_size"] >= 2 * (3 + 8 * 12 + 100)
     assert s["set_size"] & (s["set_size"] - 1) == 0

@@ -6,7 +6,8 @@ import pytest
 import scipy.sparse as sp
 
 from slide.lsh.hashes import hash_dense_batch
-from slide.network import Network, RehashSchedule
+from slide.engine import Network
+from slide.schedule import RehashSchedule
 from slide.optim import SparseOptimizer, adam_lr
 
 
@@ -54,21 +55,31 @@ def test_sparse_adam_touches_only_active_rows():
     G1 = lay.weight_view(G, 1)
     GB1 = lay.bias_view(GB, 1)
     active = set()
-    a = int(net.sc["s_off"][1])
+    a = int(net.sc.s_off[1])
     for s in range(16):
-        for k in range(net.sc["n_act"][s, 1]):
-            j = net.sc["ids"][s, a + k]
+        for k in range(net.sc.n_act[s, 1]):
+            j = net.sc.ids[s, a + k]
             active.add(int(j))
-            G1[j] += net.sc["d_store"][s, k] * net.sc["h_store"][s]
-            GB1[j] += net.sc["d_store"][s, k]
+            G1[j] += net.store.d_store[s, k] * net.store.h_store[s]
+            GB1[j] += net.store.d_store[s, k]
+    # moments as after earlier steps (no step record: nothing to catch up), so the update
+    # depends on the gradient's magnitude and not only on its sign as a first step would
+    mom_rng = np.random.default_rng(10)
+    M0 = (mom_rng.standard_normal(lay.n_weights) * 1e-2).astype(np.float32)
+    V0 = (mom_rng.random(lay.n_weights) * 1e-3).astype(np.float32)
+    MB0 = (mom_rng.standard_normal(lay.n_biases) * 1e-2).astype(np.float32)
+    VB0 = (mom_rng.random(lay.n_biases) * 1e-3).astype(np.float32)
+    opt.MW[:], opt.VW[:], opt.MB[:], opt.VB[:] = M0, V0, MB0, VB0
+    opt.t = 3
     net.update(X, rows, 1, opt)
-    nr = int(np.count_nonzero(net.t_lens[:lay.n_rows.sum()]))
+    nr = int(np.count_nonzero(net.touched_rows.lens[:lay.n_rows.sum()]))
     assert set(Y.indices.tolist()) <= active
     changed = np.flatnonzero((lay.weight_view(net.W, 1) != lay.weight_view(W0, 1)).any(1))
     assert set(changed.tolist()) <= active and len(changed) > 0.8 * len(active)
     untouched = np.setdiff1d(np.arange(400), list(active))
     assert len(untouched) > 100
-    assert not lay.weight_view(opt.MW, 1)[untouched].any()
+    assert np.array_equal(lay.weight_view(opt.MW, 1)[untouched],
+                          lay.weight_view(M0, 1)[untouched])
     assert np.array_equal(lay.weight_view(net.W, 1)[untouched],
                           lay.weight_view(W0, 1)[untouched])
     # first layer: only the batch's input features move
@@ -77,19 +88,28 @@ def test_sparse_adam_touches_only_active_rows():
     assert np.array_equal(lay.weight_view(net.W, 0)[other], lay.weight_view(W0, 0)[other])
     # gradient buffers are all-zero again after the step
     assert not net.GW.any() and not net.GB.any()
-    # the step equals one bias-corrected Adam step from zero moments: -lr * g/(|g| + eps')
-    lr1 = adam_lr(1e-2, 0.9, 0.999, 1)
-    m = 0.1 * G
-    v = 0.001 * G * G
-    expect = W0 - lr1 * m / (np.sqrt(v) + 1e-8)
+    # the touched rows took one bias-corrected Adam step (step 4) from those moments
+    lr4 = adam_lr(1e-2, 0.9, 0.999, 4)
+    m = 0.9 * M0 + 0.1 * G
+    v = 0.999 * V0 + 0.001 * G * G
+    expect = W0 - lr4 * m / (np.sqrt(v) + 1e-8)
     sel = np.zeros(lay.n_weights, bool)
-    sel[lay.w_off[1]:] = True               # output layer: every weight (untouched: g = 0)
+    for j in active:                         # output layer: the active rows
+        sel[lay.w_off[1] + j * 8:lay.w_off[1] + (j + 1) * 8] = True
     for f in feats:                          # layer 0: the batch's feature rows
         sel[lay.w_off[0] + f * 8:lay.w_off[0] + (f + 1) * 8] = True
     assert nr >= len(feats)
-    np.testing.assert_allclose(net.W[sel], expect[sel], rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(net.B, B0 - lr1 * 0.1 * GB / (np.sqrt(0.001 * GB * GB) + 1e-8),
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(net.W[sel], expect[sel], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(opt.MW[sel], m[sel], rtol=1e-4, atol=1e-9)
+    mb = 0.9 * MB0 + 0.1 * GB
+    vb = 0.999 * VB0 + 0.001 * GB * GB
+    bsel = np.zeros(lay.n_biases, bool)
+    bsel[:8] = True
+    bsel[8 + np.array(sorted(active))] = True
+    np.testing.assert_allclose(net.B[bsel], (B0 - lr4 * mb / (np.sqrt(vb) + 1e-8))[bsel],
+                               rtol=1e-4, atol=1e-7)
+    # the gradient's magnitude matters here: a sign-only step would be far off
+    assert np.abs(expect[sel] - (W0 - lr4 * np.sign(G))[sel]).max() > 1e-3
 
 
 def test_touched_rows_are_unique():
@@ -101,9 +121,9 @@ def test_touched_rows_are_unique():
     for serial in (1, 2):
         net.forward_backward(X, Y, rows, 1, serial)
         nr, nb = net.touched(X, rows, serial)
-        starts = net.t_starts[:nr]
+        starts = net.touched_rows.starts[:nr]
         assert len(np.unique(starts)) == nr
-        assert len(np.unique(net.t_bias[:nb])) == nb
+        assert len(np.unique(net.touched_rows.bias_ids[:nb])) == nb
         # every hidden-layer row (dense layer 1) is listed, plus the features in the batch
         assert nr >= len(np.unique(X.indices)) + 3
         net.GW[:] = 0
@@ -121,8 +141,7 @@ def test_sgd_step():
     net.forward_backward(X, Y, rows, 1, 1)
     G = net.GW.copy()
     nr, nb = net.touched(X, rows, 1)
-    opt.step(net.W, net.B, net.GW, net.GB, net.t_starts, net.t_lens, nr, net.t_bias, nb,
-             net.t_rowids)
+    opt.step(net.params, net.touched_rows, nr, nb)
     np.testing.assert_allclose(net.W, W0 - 0.5 * G, rtol=1e-6, atol=1e-8)
 
 
@@ -215,6 +234,32 @@ def test_sparse_predict_returns_active_neurons_best_first():
         assert len(set(top[i].tolist())) == 4
 
 
+def test_sparse_predict_finds_the_neuron_lsh_must_find():
+    """Recall: plant, for each row, an output neuron whose weights are the row's unit hidden
+    vector times 3 (DWTA is rank-based: same buckets in every table, and the best score by far).
+    Sparse serving must return it first for every row; without prior candidates, so only the
+    LSH retrieval can bring it in."""
+    rng = np.random.default_rng(9)
+    X, Y = _data(rng, 20, 50, 200)
+    net = Network((50, 16, 200), [False, True], [0, 10], seed=9,
+                  lsh=dict(LSH, sampler="topk", budget=40, bucket_size=64))
+    lay = net.layout
+    lay.weight_view(net.W, 1)[:] *= 0.1
+    H = net.hidden(X)
+    keep = np.flatnonzero((H > 0).sum(1) >= 4)          # rows with an informative hidden layer
+    assert len(keep) >= 10
+    planted = rng.choice(200, len(keep), replace=False)
+    for i, j in zip(keep, planted):
+        lay.weight_view(net.W, 1)[j] = 3.0 * H[i] / np.linalg.norm(H[i])   # cos 1 beats all
+    net.build_indices()
+    top = net.predict_topk_sparse(X[keep], 3)
+    np.testing.assert_array_equal(net.predict_topk_exact(X[keep], 1)[:, 0], planted)
+    np.testing.assert_array_equal(top[:, 0], planted)
+    # and LSH does not return everything: the candidate sets are a small part of the layer
+    cands = [len(net.indices[1].candidates(H[i])) for i in keep]
+    assert np.mean(cands) < 100
+
+
 def test_sparse_predict_prior_candidates_join_every_row():
     rng = np.random.default_rng(8)
     X, Y = _data(rng, 25, 50, 200)
@@ -299,7 +344,8 @@ def _reference_tables(codes, cap, policy, seed, n_buckets):
     order; FIFO keeps each bucket's last `cap` arrivals in arrival order, reservoir runs
     Algorithm R with the index's own random stream."""
     from slide._rng import randint, stream_seed
-    from slide.lsh.index import _STREAM_RESERVOIR, insertion_order
+    from slide._rng import STREAM_RESERVOIR as _STREAM_RESERVOIR
+    from slide.lsh.index import insertion_order
     N, L = codes.shape
     offsets = np.zeros((L, n_buckets + 1), np.int32)
     items = np.full((L, N), -1, np.int32)
@@ -331,7 +377,7 @@ def test_table_build_equals_slow_reference_and_row_hashing_equals_batch_hashing(
     exactly hash_dense_batch's bucket ids."""
     from slide.lsh.hashes import draw_hash_functions, hash_dense_batch
     from slide.lsh.index import build_tables_into
-    from slide.network import hash_rows_into
+    from slide.lsh.index import hash_rows_into
     rng = np.random.default_rng(3)
     W = rng.standard_normal((3000, 16)).astype(np.float32)
     hf = draw_hash_functions("dwta", 16, 2, 6, 6, 11)

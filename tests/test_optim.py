@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from slide import SlideClassifier
-from slide.network import Network
-from slide.optim import adam_flush_rows, adam_lr, adam_rows
+from slide.engine import Network
+from slide.optim import Hyper, adam_flush_rows, adam_lr, adam_rows
 from slide.synthetic import generate
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
@@ -50,17 +50,17 @@ def test_catch_up_follows_dense_adam(touch_steps):
                 continue
             t = t0 + i + 1
             G[:] = g
-            adam_rows(W, M, V, G, one, lens, 1, adam_lr(lr, B1, B2, t), B1, B2, EPS, one, T,
-                      t - t0)
+            adam_rows(W, M, V, G, T, one, lens, one, 1,
+                      Hyper(adam_lr(lr, B1, B2, t), B1, B2, EPS, t - t0))
             assert not G.any()             # the gradient buffer is zeroed
         if catch_up:
             t_end = t0 + n_steps
-            adam_flush_rows(W, M, V, T, 0, 1, n, n_steps, adam_lr(lr, B1, B2, t_end), B1, B2,
-                            EPS)
+            adam_flush_rows(W, M, V, T, 0, 1, n, Hyper(adam_lr(lr, B1, B2, t_end), B1, B2, EPS,
+                                                       n_steps))
             assert T[0] == n_steps
             again = W.copy()
-            adam_flush_rows(W, M, V, T, 0, 1, n, n_steps, adam_lr(lr, B1, B2, t_end), B1, B2,
-                            EPS)
+            adam_flush_rows(W, M, V, T, 0, 1, n, Hyper(adam_lr(lr, B1, B2, t_end), B1, B2, EPS,
+                                                       n_steps))
             assert np.array_equal(W, again)    # flushing twice changes nothing
         results[catch_up] = W
     np.testing.assert_allclose(results[True], ref, rtol=1e-4, atol=1e-5)
@@ -76,16 +76,16 @@ def test_frequency_negatives_weights():
     counts = np.zeros(C)
     counts[7] = 1e7                      # one label holds nearly all the mass
     net.set_label_counts(counts)
-    ids = net.shared_negatives(1, 1)
+    ids = net.negatives.draw(1, 1)
     assert 7 in ids and len(ids) < n     # drawn every time; the rest are near-uniform repeats
-    assert abs(net.shared_corr[7]) < 1e-6  # P(drawn) ~ 1: no up-weighting
+    assert abs(net.negatives.corr[7]) < 1e-6  # P(drawn) ~ 1: no up-weighting
     # uniform counts: the weight is -log P(drawn) ~ log(C / n), the uniform logQ correction
     net.set_label_counts(np.zeros(C))
-    ids = net.shared_negatives(1, 2)
+    ids = net.negatives.draw(1, 2)
     p_in = 1.0 - (1.0 - 1.0 / C) ** n
-    np.testing.assert_allclose(net.shared_corr[ids], -np.log(p_in), rtol=1e-5)
+    np.testing.assert_allclose(net.negatives.corr[ids], -np.log(p_in), rtol=1e-5)
     # deterministic in (seed, serial)
-    assert np.array_equal(ids, net.shared_negatives(1, 2))
+    assert np.array_equal(ids, net.negatives.draw(1, 2))
 
 
 @pytest.fixture(scope="module")

@@ -65,7 +65,7 @@ def test_choices_are_the_engines_own():
     from slide.lsh.hashes import FAMILIES
     from slide.lsh.index import POLICIES
     from slide.lsh.samplers import SAMPLERS
-    from slide.network import LOSSES
+    from slide.engine import LOSSES
     from slide.optim import OPTIMIZERS
     assert set(P.HASH_FAMILIES) == set(FAMILIES)
     assert set(P.BUCKET_POLICIES) == set(POLICIES)

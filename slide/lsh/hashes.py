@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from slide._rng import splitmix64, stream_seed
+from slide._rng import STREAM_DOPH, STREAM_DWTA, STREAM_SIMHASH, splitmix64, stream_seed
 
 FAMILIES = {"simhash": 0, "wta": 1, "dwta": 2, "doph": 3}
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
@@ -61,11 +61,6 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MASK32 = np.uint64(0xFFFFFFFF)
 _EMPTY_BIN = np.uint64(0xFFFFFFFFFFFFFFFF)  # "no element in this bin" (a hash equals it w.p. 2**-64)
-
-# stream ids for stream_seed, so each family's keys are independent of the others'
-_STREAM_SIMHASH = 101
-_STREAM_DWTA = 102
-_STREAM_DOPH = 103
 
 
 class HashFunctions(NamedTuple):
@@ -506,7 +501,7 @@ def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAUL
     KL = K * L
     float_params = np.zeros((1, 1), dtype=np.float32)
     if code == SIMHASH:
-        keys = np.array([stream_seed(seed, _STREAM_SIMHASH, j) for j in range(KL)], dtype=np.uint64)
+        keys = np.array([stream_seed(seed, STREAM_SIMHASH, j) for j in range(KL)], dtype=np.uint64)
         int_params = np.zeros((KL, 3), dtype=np.int32)
         if KL * dim <= SIMHASH_MATRIX_LIMIT:
             float_params = np.empty((KL, dim), dtype=np.float32)
@@ -523,13 +518,13 @@ def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAUL
         bins = np.concatenate([rng.permutation(dim)[: per_perm * BIN_SIZE] for _ in range(n_perm)])
         int_params = np.zeros((KL + 1, BIN_SIZE), dtype=np.int32)
         int_params[:KL] = bins[: KL * BIN_SIZE].reshape(KL, BIN_SIZE)
-        int_params[KL, 0], int_params[KL, 1] = _split_key(stream_seed(seed, _STREAM_DWTA, code))
+        int_params[KL, 0], int_params[KL, 1] = _split_key(stream_seed(seed, STREAM_DWTA, code))
     else:
         if int(doph_top) != doph_top or int(doph_top) < 1:
             raise ValueError(f"doph_top must be a positive integer, got {doph_top!r}")
         int_params = np.zeros((L + 1, 2), dtype=np.int32)
         for l in range(L):
-            int_params[l, 0], int_params[l, 1] = _split_key(stream_seed(seed, _STREAM_DOPH, l))
+            int_params[l, 0], int_params[l, 1] = _split_key(stream_seed(seed, STREAM_DOPH, l))
         int_params[L, 0] = int(doph_top)
     return HashFunctions(code, dim, K, L, range_pow, bits, seed, int_params, float_params)
 

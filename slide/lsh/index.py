@@ -19,18 +19,28 @@ Unused tail entries of ``items[l]`` (beyond ``offsets[l, -1]``) are -1.
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import randint, stream_seed
+from slide._rng import (STREAM_ORDER, STREAM_REBUILD, STREAM_RESERVOIR, STREAM_TABLE_SEED,
+                        derived_seed, randint, stream_seed)
 from slide.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, _family_code, as_csr_arrays,
-                              draw_hash_functions, hash_dense_batch, hash_dense_into, hash_sparse_into)
+                              draw_hash_functions, hash_dense_into, hash_sparse_into)
 
 POLICIES = {"fifo": 0, "reservoir": 1}
 FIFO, RESERVOIR = 0, 1
-
-_STREAM_ORDER = 201
-_STREAM_RESERVOIR = 202
-_STREAM_TABLE_SEED = 203
-_STREAM_REBUILD = 204
 STATE_FORMAT = 1
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def hash_rows_into(family_code, K, L, bits, int_params, float_params, W, all_rows, rows, codes):
+    """codes[r] = bucket ids of W[r] for r in ``rows`` (every row when ``all_rows``), in
+    place: the same values as ``hash_dense_batch`` without copying the rows out of W or a
+    scatter back."""
+    if all_rows:
+        for r in prange(W.shape[0]):
+            hash_dense_into(family_code, K, L, bits, int_params, float_params, W[r], codes[r])
+    else:
+        for q in prange(rows.shape[0]):
+            r = rows[q]
+            hash_dense_into(family_code, K, L, bits, int_params, float_params, W[r], codes[r])
 
 
 @njit(cache=True, nogil=True)
@@ -40,7 +50,7 @@ def insertion_order_into(seed, table, out):
     n = out.shape[0]
     for i in range(n):
         out[i] = i
-    state = stream_seed(seed, _STREAM_ORDER, table)
+    state = stream_seed(seed, STREAM_ORDER, table)
     for i in range(n - 1, 0, -1):
         state, r = randint(state, i + 1)
         tmp = out[i]
@@ -94,7 +104,7 @@ def build_tables_into(codes, bucket_size, policy_code, seed, offsets, items):
                 if s >= drop:
                     row[off[b] + s - max(drop, 0)] = i
         else:                       # reservoir (Algorithm R), the same draws as the reference
-            state = stream_seed(seed, _STREAM_RESERVOIR, l)
+            state = stream_seed(seed, STREAM_RESERVOIR, l)
             for r in range(N):
                 i = order[r]
                 b = col[i]
@@ -111,7 +121,7 @@ def build_tables_into(codes, bucket_size, policy_code, seed, offsets, items):
 
 
 def _table_seed(seed, generation):
-    return np.uint64(stream_seed(np.uint64(seed), _STREAM_TABLE_SEED, int(generation)))
+    return np.uint64(stream_seed(np.uint64(seed), STREAM_TABLE_SEED, int(generation)))
 
 
 def _check_int(name, v, lo=None, hi=None):
@@ -149,6 +159,7 @@ class LSHIndex:
         self.n_neurons = 0
         self.offsets = None
         self.items = None
+        self.codes = None        # cached bucket ids [n_neurons, L] of the last (re)hash
 
     # -- properties -----------------------------------------------------------------------
     family = property(lambda self: {v: k for k, v in FAMILIES.items()}[self.hf.family_code])
@@ -168,12 +179,15 @@ class LSHIndex:
                 f"seed={self.seed}, n_neurons={self.n_neurons})")
 
     # -- building -----------------------------------------------------------------------------
-    def _check_weights(self, W):
+    def _check_weights(self, W, check_finite=True):
         W = np.asarray(W)
         if W.ndim != 2 or W.shape[1] != self.dim:
             raise ValueError(f"W must have shape (n_neurons, {self.dim}), got {W.shape}")
         if W.shape[0] < 1 or W.shape[0] >= 2**31 - 1:
             raise ValueError(f"W must have between 1 and 2**31 - 2 rows, got {W.shape[0]}")
+        W = np.ascontiguousarray(W, dtype=np.float32)
+        if check_finite and not np.all(np.isfinite(W)):
+            raise ValueError("W contains non-finite values")
         return W
 
     def table_seed(self):
@@ -181,44 +195,66 @@ class LSHIndex:
         return _table_seed(self.seed, self.generation)
 
     def ensure_tables(self, n):
-        """Allocate (or keep, if the size matches) the CSR arrays for ``n`` neurons; the
-        engine's incremental refill fills them with its own kernel."""
+        """Allocate (or keep, if the size matches) the CSR arrays for ``n`` neurons."""
         nb = 1 << self.range_pow
         if self.offsets is None or self.items.shape[1] != n:
             self.offsets = np.empty((self.L, nb + 1), dtype=np.int32)
             self.items = np.empty((self.L, n), dtype=np.int32)
         self.n_neurons = n
 
-    def _fill(self, codes):
-        self.ensure_tables(codes.shape[0])
-        build_tables_into(codes, self.bucket_size, self.policy_code, self.table_seed(),
+    def _hash_and_fill(self, W, dirty_rows):
+        """Bucket ids of the rows of W into the cache (only ``dirty_rows`` when the cache holds
+        the others; every row when None), then fill every table from the cache."""
+        hf = self.hf
+        shape = (W.shape[0], hf.L)
+        if dirty_rows is None or self.codes is None or self.codes.shape != shape:
+            if self.codes is None or self.codes.shape != shape:
+                self.codes = np.empty(shape, np.int32)
+            hash_rows_into(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params,
+                           W, True, np.zeros(0, np.int64), self.codes)
+        elif dirty_rows.shape[0]:
+            hash_rows_into(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params,
+                           W, False, np.ascontiguousarray(dirty_rows, np.int64), self.codes)
+        self.ensure_tables(W.shape[0])
+        build_tables_into(self.codes, self.bucket_size, self.policy_code, self.table_seed(),
                           self.offsets, self.items)
 
     def build(self, W):
         """Hash every row of ``W`` (float32[N, dim]) and fill every table. Returns self."""
         W = self._check_weights(W)
         self.generation = 0
-        self._fill(hash_dense_batch(self.hf, W))
+        self._hash_and_fill(W, None)
         return self
 
     def rehash(self, W):
         """Reinsert every neuron with the same hash functions (after the weights moved)."""
-        W = self._check_weights(W)
+        return self.refresh(self._check_weights(W), None)
+
+    def refresh(self, W, dirty_rows=None):
+        """Rehash: reinsert every neuron with the same hash functions, in the next
+        generation's insertion order. Only the rows listed in ``dirty_rows`` (int array) are
+        hashed again; the others reuse their cached bucket ids -- a neuron's ids are a function
+        of its weights alone, so the tables are exactly those of a full rehash, provided the
+        rows not listed did not change since the previous build/refresh. ``dirty_rows=None``
+        (or no cache yet): every row. W is not scanned for non-finite values here (the engine
+        never applies a non-finite update); ``rehash`` does scan. Returns self."""
+        W = self._check_weights(W, check_finite=False)
         self.generation += 1
-        self._fill(hash_dense_batch(self.hf, W))
+        self._hash_and_fill(W, dirty_rows)
         return self
 
-    def rebuild(self, W, seed=None):
-        """Draw new hash functions (from ``seed``, or a seed derived from the current one) and
-        reinsert every neuron."""
-        W = self._check_weights(W)
+    def rebuild(self, W, seed=None, check_finite=True):
+        """Draw new hash functions and reinsert every neuron. The new seed is ``seed`` or, by
+        default, derived from the current one (stream ``STREAM_REBUILD``): the seed travels in
+        the checkpoint, so a resumed run draws the same functions. Returns self."""
+        W = self._check_weights(W, check_finite)
         if seed is None:
-            seed = int(stream_seed(np.uint64(self.seed), _STREAM_REBUILD, 0)) >> 1
+            seed = derived_seed(self.seed, STREAM_REBUILD)
         self.seed = _check_int("seed", seed, 0)
         self.hf = draw_hash_functions(self.hf.family_code, self.dim, self.K, self.L, self.range_pow,
                                       self.seed, doph_top=self.doph_top)
         self.generation = 0
-        self._fill(hash_dense_batch(self.hf, W))
+        self._hash_and_fill(W, None)
         return self
 
     # -- querying -----------------------------------------------------------------------------

@@ -23,11 +23,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import randint, stream_seed
+from slide._rng import STREAM_SAMPLE_BATCH, randint, stream_seed
 
 SAMPLERS = {"vanilla": 0, "topk": 1, "threshold": 2}
 VANILLA, TOPK, THRESHOLD = 0, 1, 2
-_STREAM_SAMPLE_BATCH = 301
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # counts < 0 mark ids already in the active set (forced, selected or padded); occurrence counts
 # added to them stay negative, so they never rank as candidates nor get padded in twice
@@ -305,7 +304,7 @@ def _sample_batch_kernel(sampler_code, codes, offsets, items, n_neurons, budget,
                          out, counts):
     for i in prange(codes.shape[0]):
         tid = numba.get_thread_id()
-        state = stream_seed(seed, _STREAM_SAMPLE_BATCH, i)  # a row's draws never depend on its thread
+        state = stream_seed(seed, STREAM_SAMPLE_BATCH, i)  # a row's draws never depend on its thread
         n, state = sample_into(sampler_code, codes[i], offsets, items, n_neurons, budget, threshold,
                                f_indices[f_indptr[i]:f_indptr[i + 1]], min_active, state,
                                set_keys[tid], set_counts[tid], order[tid], out[i])

@@ -1,0 +1,165 @@
+"""Inference: exact top-k (every output neuron, BLAS) and sparse top-k (the LSH-selected
+neurons plus the highest-bias ones, one Numba call)."""
+import numpy as np
+from numba import njit, prange
+
+from slide._rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
+from slide.engine.arrays import csr
+from slide.engine.dense import hidden_forward
+from slide.engine.sample import forward, gather_forced
+from slide.layers import FASTMATH
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
+def hidden_batch_kernel(params, spec, h_off, X, lo, hi, out, scratch):
+    """Last hidden layer of rows lo..hi-1 with EVERY neuron active (the exact network).
+    ``out`` [hi-lo, n_in[last]]; ``scratch`` [n_chunks, sum of hidden sizes]."""
+    n = hi - lo
+    last = spec.n_layers - 1
+    n_chunks = scratch.shape[0]
+    for c in prange(n_chunks):
+        buf = scratch[c]
+        for s in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            r = lo + s
+            hidden_forward(params.W, params.B, spec, X.ind[X.ptr[r]:X.ptr[r + 1]],
+                           X.dat[X.ptr[r]:X.ptr[r + 1]], h_off, buf)
+            for i in range(spec.n_in[last]):
+                out[s, i] = buf[h_off[last - 1] + i]
+
+
+@njit(cache=True, nogil=True)
+def _insert_topk(z, m, ids, dense, k, out_ids, out_scores):
+    """out_ids/out_scores (length k, best first) = the k best of the m active logits z
+    (insertion sort: k is small); -1 / -inf where fewer than k."""
+    for q in range(k):
+        out_ids[q] = -1
+        out_scores[q] = -np.inf
+    for t in range(m):
+        v = z[t]
+        if v <= out_scores[k - 1]:
+            continue
+        q = k - 1
+        while q > 0 and out_scores[q - 1] < v:
+            out_scores[q] = out_scores[q - 1]
+            out_ids[q] = out_ids[q - 1]
+            q -= 1
+        out_scores[q] = v
+        out_ids[q] = t if dense else ids[t]
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
+def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out_ids,
+                          out_scores):
+    """Top-k over the LSH-selected output neurons plus the ``prior`` ids (the same for every
+    row; may be empty): the fast serving path. Rows with fewer than k active neurons are padded
+    with id -1 / score -inf. ``sc`` has one sample slot per thread chunk."""
+    n = X.ptr.shape[0] - 1
+    n_chunks = sc.acts.shape[0]
+    last = spec.n_layers - 1
+    empty_lab = np.zeros(0, dtype=np.int32)
+    for c in prange(n_chunks):
+        ids = sc.ids[c]
+        n_act = sc.n_act[c]
+        for s in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            x_idx = X.ind[X.ptr[s]:X.ptr[s + 1]]
+            x_val = X.dat[X.ptr[s]:X.ptr[s + 1]]
+            rng = stream_seed(seed, STREAM_PREDICT + call * STREAM_SERIAL_STRIDE, s)
+            forced = gather_forced(sc.forced_buf[c], empty_lab, prior)
+            forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced, rng,
+                    (call * 1048576 + s + 1) * 2)
+            _insert_topk(sc.acts[c, sc.a_off[last]:sc.a_off[last + 1]], n_act[last],
+                         ids[sc.s_off[last]:sc.s_off[last + 1]], not spec.sparse[last], k,
+                         out_ids[s], out_scores[s])
+
+
+def topk_merge(best_s, best_i, scores, base, k):
+    """Running top-k: merge the top-k of ``scores`` (columns offset by ``base``) into
+    (best_s, best_i), both [n, k], best first."""
+    kk = min(k, scores.shape[1])
+    part = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+    cand_s = np.concatenate([best_s, np.take_along_axis(scores, part, axis=1)], axis=1)
+    cand_i = np.concatenate([best_i, part.astype(np.int64) + base], axis=1)
+    order = np.argsort(-cand_s, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(cand_s, order, axis=1), np.take_along_axis(cand_i, order, axis=1)
+
+
+def hidden(net, X, lo=0, hi=None, n_chunks=None):
+    """Last hidden layer (every neuron active) of rows lo..hi-1: float32 [n, h_last]."""
+    import numba
+    hi = X.shape[0] if hi is None else hi
+    lay = net.layout
+    n_chunks = n_chunks or numba.get_num_threads()
+    h_off = np.concatenate([[0], np.cumsum(lay.sizes[1:-1])]).astype(np.int64)
+    out = np.zeros((hi - lo, int(lay.n_in[-1])), np.float32)
+    scratch = np.zeros((n_chunks, int(h_off[-1])), np.float32)
+    hidden_batch_kernel(net.params, net.spec, h_off, csr(X), lo, hi, out, scratch)
+    return out
+
+
+def topk_exact(net, X, k, block=1024, chunk=32768):
+    """Exact top-k over ALL output neurons: hidden layer of every row (one parallel kernel),
+    then BLAS scores of blocks of rows against chunks of the output rows with a running top-k
+    (only BLAS after the kernel: alternating Numba's OpenMP pool and OpenBLAS's threads makes
+    each spin against the other)."""
+    Wo, bo = net.output_view()
+    n = X.shape[0]
+    n_lab = Wo.shape[0]
+    k_eff = min(k, n_lab)
+    out = np.zeros((n, k_eff), np.int64)
+    H_all = hidden(net, X)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        H = H_all[lo:hi]
+        best_s = np.full((hi - lo, 0), -np.inf, np.float32)
+        best_i = np.zeros((hi - lo, 0), np.int64)
+        for c0 in range(0, n_lab, chunk):
+            c1 = min(n_lab, c0 + chunk)
+            S = H @ Wo[c0:c1].T
+            S += bo[c0:c1]
+            best_s, best_i = topk_merge(best_s, best_i, S, c0, k_eff)
+        out[lo:hi] = best_i
+    return out
+
+
+def prior_ids(net, n):
+    """The ``n`` output neurons with the highest bias (the most probable labels a priori),
+    as int32; empty for n = 0 or a dense output layer."""
+    _, bo = net.output_view()
+    n = min(int(n), bo.shape[0])
+    if n <= 0 or not net.sparse[-1]:
+        return np.zeros(0, np.int32)
+    if n == bo.shape[0]:
+        return np.arange(n, dtype=np.int32)
+    return np.argpartition(-bo, n - 1)[:n].astype(np.int32)
+
+
+def topk_sparse(net, X, k, call=0, prior_candidates=0):
+    """Top-k over the neurons the samplers select (no labels forced) plus the
+    ``prior_candidates`` highest-bias output neurons, parallel over rows. Padded with -1
+    where fewer than k neurons are active."""
+    import numba
+    from slide.engine.arrays import make_scratch
+    n_chunks = numba.get_num_threads()
+    mins = net.min_active.copy()
+    mins[-1] = int(k)      # serving: random fill only to guarantee k candidates
+    prior = prior_ids(net, prior_candidates)
+    spec = net.spec._replace(min_active=mins, loss_code=0)
+    sc = make_scratch(spec, net.lsh, net.uses_tables, n_chunks, n_chunks, prior.shape[0], mins)
+    n = X.shape[0]
+    out_ids = np.full((n, k), -1, np.int64)
+    out_scores = np.full((n, k), -np.inf, np.float32)
+    predict_sparse_kernel(net.params, spec, net.tables, sc, csr(X), np.uint64(net.seed),
+                          np.int64(call), int(k), prior, out_ids, out_scores)
+    return out_ids
+
+
+def scores(net, X, block=1024):
+    """Dense output scores (logits) [n, n_labels] of the exact network."""
+    Wo, bo = net.output_view()
+    n = X.shape[0]
+    out = np.empty((n, Wo.shape[0]), np.float32)
+    H_all = hidden(net, X)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        out[lo:hi] = H_all[lo:hi] @ Wo.T + bo
+    return out

@@ -1,0 +1,323 @@
+"""One sample through the network: active-set selection, forward, loss, backward.
+
+Per sample, in its thread's scratch (``Scratch`` row ``c``):
+
+    h0 = relu(b0 + sum_j x_j W0T[j])                 layer 0: only x's nonzero features
+    for each later layer: active = all neurons, or LSH sampler(h_in) (+ forced ids on the
+                          output layer) padded with random neurons to min_active;
+                          z = W[active] h_in + b[active]   (only the active rows)
+    softmax (or sigmoid) over the active logits; delta = p - y/|y|
+    backward by message passing: g[active] += outer(delta, h_in); d_in = W[active]^T delta
+    g0T[x.indices] += outer(x.data, d0)
+
+``ids``/``n_act`` are the sample's own rows of ``Scratch.ids``/``Scratch.n_act`` (they outlive
+the batch kernel: they list the touched rows).
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from slide._rng import randint
+from slide.engine.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
+                                 CFG_THRESHOLD, SAMPLER_RANDOM)
+from slide.engine.negatives import correction, is_label
+from slide.layers import (FASTMATH, first_backward, first_forward_dense, first_forward_sparse,
+                          rows_backward, rows_forward)
+from slide.lsh.hashes import hash_dense_into, hash_sparse_into
+from slide.lsh.samplers import sample_into
+
+
+# ----------------------------------------------------------------------------------------------
+# Active sets
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def _pad_random(ids, n, target, n_neurons, rng, mark, serial):
+    """Append uniformly random neurons not yet in ``ids[:n]`` until ``target`` are present
+    (``target`` <= n_neurons). ``mark`` is a per-thread stamp array that is never cleared:
+    mark[j] == serial means j is already in the set, so no O(n_neurons) clearing per sample."""
+    while n < target:
+        rng, j = randint(rng, n_neurons)
+        if mark[j] != serial:
+            mark[j] = serial
+            ids[n] = j
+            n += 1
+    return n, rng
+
+
+@njit(cache=True, nogil=True)
+def _fill_active(n_out, forced, min_active, rng, ids, mark, serial):
+    """Active set without LSH: the forced ids plus random neurons up to ``min_active``."""
+    n = 0
+    for i in range(forced.shape[0]):
+        j = forced[i]
+        if mark[j] != serial:
+            mark[j] = serial
+            ids[n] = j
+            n += 1
+    n_kept = n
+    n, rng = _pad_random(ids, n, min(min_active, n_out), n_out, rng, mark, serial)
+    return n, rng, n_kept
+
+
+@njit(cache=True, nogil=True)
+def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, forced, rng,
+                  serial, out):
+    """Active neurons of sparse layer ``l`` for one input vector; returns (count, rng, n1).
+
+    The input is hashed with the layer's functions (a sparse input -- the network input or a
+    sparse previous layer -- is scattered into the thread's ``xbuf`` and hashed densely, so
+    unsorted active ids work too; ``xbuf`` is all-zero between calls), then the sampler picks
+    from the L buckets; forced ids come first, random neurons pad to min_active. out[n1:count]
+    are the random fill (for the random sampler n1 = number of distinct forced ids)."""
+    cfg = spec.cfg
+    n_neurons = spec.n_out[l]
+    min_act = spec.min_active[l]
+    mark = sc.marks[c, l]
+    code = cfg[CFG_SAMPLER]
+    if code == SAMPLER_RANDOM:
+        return _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
+    fam, K, Lh, bits = cfg[CFG_FAMILY], cfg[CFG_K], cfg[CFG_L], cfg[CFG_BITS]
+    codes = sc.codes[c]
+    intp = tables.intp[l]
+    floatp = tables.floatp[l]
+    if l == 0:
+        # the network input: sorted CSR indices, hash it sparsely
+        hash_sparse_into(fam, K, Lh, bits, intp, floatp, in_ids, in_vals, codes)
+    elif in_sparse:
+        xbuf = sc.xbuf[c]
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = in_vals[m]
+        hash_dense_into(fam, K, Lh, bits, intp, floatp, xbuf[:spec.n_in[l]], codes)
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = 0.0
+    else:
+        hash_dense_into(fam, K, Lh, bits, intp, floatp, in_vals[:spec.n_in[l]], codes)
+    n1, rng = sample_into(code, codes, tables.toff[l], tables.titems[l], n_neurons,
+                          cfg[CFG_BUDGET], cfg[CFG_THRESHOLD], forced, 0, rng, sc.set_keys[c],
+                          sc.set_counts[c], sc.order[c], out)
+    # random fill up to min_act done here (not by the sampler) so that the caller knows which
+    # positions are uniform random negatives: out[n1:n]
+    target = min(min_act, n_neurons, out.shape[0])
+    n = n1
+    if n < target:
+        for k in range(n1):
+            mark[out[k]] = serial
+        n, rng = _pad_random(out, n1, target, n_neurons, rng, mark, serial)
+    return n, rng, n1
+
+
+@njit(cache=True, nogil=True)
+def gather_forced(buf, labels, extra):
+    """buf[:n] = labels followed by ``extra`` (the batch's shared negatives, or the prior
+    candidates at inference); returns that view: the ids forced into the output layer."""
+    ny = labels.shape[0]
+    for i in range(ny):
+        buf[i] = labels[i]
+    for i in range(extra.shape[0]):
+        buf[ny + i] = extra[i]
+    return buf[:ny + extra.shape[0]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced, rng, serial):
+    """Forward pass of one sample into the thread's ``sc.acts[c]``; ``forced`` ids enter the
+    output layer's active set. Returns (finite, n1): ``finite`` is False when a hidden layer
+    came out non-finite (a diverging run: it must not reach the hash functions; the caller
+    reports NaN and nothing is updated); out[n1:] of the last sparse layer is random fill."""
+    W, B = params.W, params.B
+    n_layers = spec.n_layers
+    last = n_layers - 1
+    no_force = forced[:0]
+    a_off, s_off = sc.a_off, sc.s_off
+    acts = sc.acts[c]
+    n1 = 0
+    n0 = spec.n_out[0]
+    a0 = acts[a_off[0]:a_off[1]]
+    if spec.sparse[0]:
+        id0 = ids[s_off[0]:s_off[1]]
+        cnt, rng, n1 = select_active(0, spec, tables, sc, c, True, x_idx, x_val,
+                                     x_idx.shape[0], forced if last == 0 else no_force, rng,
+                                     serial, id0)
+        n_act[0] = cnt
+        first_forward_sparse(W, B, spec.w_off[0], spec.b_off[0], n0, x_idx, x_val, id0, cnt,
+                             a0)
+    else:
+        n_act[0] = n0
+        first_forward_dense(W, B, spec.w_off[0], spec.b_off[0], n0, x_idx, x_val, a0)
+    for l in range(1, n_layers):
+        a_in = acts[a_off[l - 1]:a_off[l]]
+        a_l = acts[a_off[l]:a_off[l + 1]]
+        chk = np.float32(0.0)
+        for m in range(n_act[l - 1]):
+            chk += a_in[m] * np.float32(0.0)
+        if chk != 0.0 or not np.isfinite(chk):
+            for q in range(l, n_layers):
+                n_act[q] = 0
+            return False, n1
+        id_in = ids[s_off[l - 1]:s_off[l]]
+        id_l = ids[s_off[l]:s_off[l + 1]]
+        if spec.sparse[l]:
+            cnt, rng, n1 = select_active(l, spec, tables, sc, c, spec.sparse[l - 1], id_in,
+                                         a_in, n_act[l - 1],
+                                         forced if l == last else no_force, rng, serial, id_l)
+            n_act[l] = cnt
+        else:
+            n_act[l] = spec.n_out[l]
+        rows_forward(W, B, spec.w_off[l], spec.b_off[l], spec.n_in[l], not spec.sparse[l - 1],
+                     id_in, a_in, n_act[l - 1], not spec.sparse[l], id_l, n_act[l], l != last,
+                     a_l)
+    return True, n1
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_ranges, corr):
+    """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
+
+    softmax: cross-entropy against the target distribution 1/|y| on each true label (the SLIDE
+    paper / TF baseline); sigmoid: binary cross-entropy summed over the active outputs.
+    ``corr_ranges`` = (lo1, hi1, lo2, hi2, log_w1, log_w2): logits at positions [lo1, hi1)
+    are offset by log_w1 (+ corr[neuron] when ``corr`` is not empty), those at [lo2, hi2) by
+    log_w2 (softmax only; see ``slide.engine.negatives.correction``).
+    """
+    ny = labels.shape[0]
+    if loss_code != 0:
+        return _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta)
+    if ny == 0:
+        # no target distribution: the sample contributes nothing
+        for k in range(n_act):
+            delta[k] = 0.0
+        return 0.0
+    lo1, hi1, lo2, hi2, log_w1, log_w2 = corr_ranges
+    use_corr = corr.shape[0] > 0
+    zmax = -np.inf
+    for k in range(n_act):
+        zk = z[k]
+        if lo1 <= k < hi1:
+            zk += log_w1
+            if use_corr:
+                zk += corr[ids[k]]
+        elif lo2 <= k < hi2:
+            zk += log_w2
+        if zk > zmax:
+            zmax = zk
+    if not np.isfinite(zmax):
+        # overflowed logits (a diverging run): report NaN, the engine stops before updating
+        for k in range(n_act):
+            delta[k] = 0.0
+        return np.nan
+    # one pass reads z (delta may alias z: the dense path computes in place)
+    ssum = 0.0
+    lz = 0.0
+    n_found = 0
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        zk = z[k] - zmax
+        if lo1 <= k < hi1:
+            zk += log_w1
+            if use_corr:
+                zk += corr[ids[k]]
+        elif lo2 <= k < hi2:
+            zk += log_w2
+        if is_label(labels, j):
+            lz += zk
+            n_found += 1
+        e = math.exp(zk)
+        delta[k] = e
+        ssum += e
+    inv = 1.0 / ssum
+    logs = math.log(ssum)
+    w = 1.0 / ny
+    loss = -w * lz + w * n_found * logs
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        d = delta[k] * inv
+        if is_label(labels, j):
+            d -= w
+        delta[k] = d * scale
+    return loss
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta):
+    """Binary cross-entropy summed over the active outputs; delta = scale * (p - y)."""
+    loss = 0.0
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        zk = z[k]
+        y = 1.0 if is_label(labels, j) else 0.0
+        # stable BCE: max(z,0) - z*y + log(1 + exp(-|z|))
+        loss += max(zk, 0.0) - zk * y + math.log1p(math.exp(-abs(zk)))
+        if zk >= 0:
+            p = 1.0 / (1.0 + math.exp(-zk))
+        else:
+            ez = math.exp(zk)
+            p = ez / (1.0 + ez)
+        delta[k] = (p - y) * scale
+    return loss
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def sample_loss(spec, sc, c, ids, n_act, labels, shared, shared_corr, n1, scale, correct):
+    """Training loss of one forwarded sample; writes its output deltas to ``sc.dels[c]``.
+    ``shared``/``shared_corr``: the batch's shared negatives and their log importance
+    weights (see ``slide.engine.negatives``); ``correct``: apply the sampling correction."""
+    last = spec.n_layers - 1
+    a0, a1 = sc.a_off[last], sc.a_off[last + 1]
+    ranges, corr = correction(spec, n_act[last], labels, shared, shared_corr, n1,
+                              correct and spec.sparse[last] and spec.loss_code == 0)
+    return output_loss(sc.acts[c, a0:a1], n_act[last], not spec.sparse[last],
+                       ids[sc.s_off[last]:sc.s_off[last + 1]], labels, spec.loss_code, scale,
+                       sc.dels[c, a0:a1], ranges, corr)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d_store):
+    """Back-propagate the output deltas of one sample, adding its gradients into GW/GB (racy,
+    HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
+    (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
+    the batch (``slide.optim.output_step``)."""
+    W, GW, GB = params.W, params.GW, params.GB
+    last = spec.n_layers - 1
+    a_off, s_off = sc.a_off, sc.s_off
+    acts = sc.acts[c]
+    dels = sc.dels[c]
+    sparse = spec.sparse
+    if row_path:
+        d_last = dels[a_off[last]:a_off[last + 1]]
+        for k in range(n_act[last]):
+            d_store[k] = d_last[k]
+        a_in = acts[a_off[last - 1]:a_off[last]]
+        if sparse[last - 1]:
+            for i in range(spec.n_in[last]):
+                h_store[i] = 0.0
+            for m in range(n_act[last - 1]):
+                h_store[ids[s_off[last - 1] + m]] = a_in[m]
+        else:
+            for i in range(spec.n_in[last]):
+                h_store[i] = a_in[i]
+    for l in range(last, 0, -1):
+        a_in = acts[a_off[l - 1]:a_off[l]]
+        d_in = dels[a_off[l - 1]:a_off[l]]
+        rows_backward(W, GW, GB, spec.w_off[l], spec.b_off[l], spec.n_in[l], not sparse[l - 1],
+                      ids[s_off[l - 1]:s_off[l]], a_in, n_act[l - 1], not sparse[l],
+                      ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in,
+                      not (row_path and l == last))
+        for m in range(n_act[l - 1]):
+            if a_in[m] <= 0.0:       # ReLU mask (a_in is the post-ReLU activation)
+                d_in[m] = 0.0
+    first_backward(GW, GB, spec.w_off[0], spec.b_off[0], spec.n_out[0], x_idx, x_val,
+                   not sparse[0], ids[s_off[0]:s_off[1]], n_act[0], dels[a_off[0]:a_off[1]])

@@ -1,0 +1,110 @@
+"""Write the golden fixture of the training engine: tests/data/golden.json + golden_ckpt.npz.
+
+Run from the repository root with the code whose behaviour is to be pinned:
+
+    PYTHONPATH=$PWD python tests/make_golden.py
+
+Each case trains a small model through ``SlideClassifier`` (one thread, fixed seed, short
+rehash/rebuild periods so both happen during the run) and records sha256 + float sums of the
+final W and B, the optimizer's moments, and the top-5 predictions (exact and sparse) of a few
+test rows. ``tests/test_golden.py`` retrains every case and asserts equality, so a refactor of
+the engine that changes any float is caught. The checkpoint file pins the on-disk format: the
+current code must still load it and predict what it predicted when it was written.
+"""
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+GOLDEN_JSON = os.path.join(DATA, "golden.json")
+GOLDEN_CKPT = os.path.join(DATA, "golden_ckpt.npz")
+
+# a small shape: 400 features, 200 labels, 600 training points -> 10 batches of 64 per epoch
+SHAPE = dict(n_features=400, n_train=600, n_test=40)
+N_ROWS = 8          # test rows whose predictions are pinned
+BASE = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=48,
+            shared_negatives=24, min_active=40, batch_size=64, epochs=2, rehash_period=3,
+            rebuild_period=7, rehash_decay=0.0, learning_rate=3e-3, n_threads=1,
+            random_state=0)
+CASES = {
+    "default": {},
+    "random": dict(sampler="random"),
+    "dense": dict(sampler="dense"),
+    "sigmoid": dict(loss="sigmoid"),
+    "sigmoid_random": dict(loss="sigmoid", sampler="random"),
+    "simhash": dict(hash_family="simhash"),
+    "wta": dict(hash_family="wta"),
+    "dwta_reservoir": dict(hash_family="dwta", bucket_policy="reservoir", bucket_size=3),
+    "doph": dict(hash_family="doph"),
+    "topk": dict(sampler="topk"),
+    "threshold": dict(sampler="threshold"),
+    "uniform_negatives": dict(negative_power=0.0),
+    "no_correction": dict(sampling_correction=False),
+    "lazy_adam": dict(optimizer="lazy_adam"),
+    "sgd": dict(optimizer="sgd", learning_rate=0.05),
+    "two_sparse_layers": dict(hidden_sizes=(16, 24), sparse_layers=(1, 2)),
+}
+
+
+def data():
+    from slide import generate
+    return generate("tiny", seed=3, **SHAPE)
+
+
+def digest(a):
+    a = np.ascontiguousarray(a)
+    return {"sha256": hashlib.sha256(a.tobytes()).hexdigest(), "sum": float(a.astype(np.float64).sum())}
+
+
+def fingerprint(model, X_test):
+    """What a case pins: parameters, optimizer moments and predictions."""
+    Xq = X_test[:N_ROWS]
+    exact = model.predict_topk(Xq, k=5, exact=True)
+    sparse = model.predict_topk(Xq, k=5, exact=False)
+    net, opt = model.network_, model.optimizer_
+    return {"W": digest(net.W), "B": digest(net.B), "MW": digest(opt.MW), "VW": digest(opt.VW),
+            "MB": digest(opt.MB), "VB": digest(opt.VB), "t": int(opt.t),
+            "schedule": [int(v) for v in model.schedule_.state()],
+            "top5_exact": exact.tolist(), "top5_sparse": sparse.tolist()}
+
+
+def train_case(name, X, Y):
+    from slide import SlideClassifier
+    params = dict(BASE, **CASES[name])
+    return SlideClassifier(**params).fit(X, Y)
+
+
+def resumed_digest(X, Y):
+    """W after one more epoch trained from the checkpoint file (pins how a load resumes)."""
+    import slide
+    model = slide.load(GOLDEN_CKPT)
+    model.partial_fit(X, Y)
+    model.sync()
+    return digest(model.network_.W)
+
+
+def main():
+    os.makedirs(DATA, exist_ok=True)
+    X, Y, X_test, _ = data()
+    out = {"shape": SHAPE, "base": {k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in BASE.items()}, "cases": {}}
+    for name in CASES:
+        model = train_case(name, X, Y)
+        out["cases"][name] = fingerprint(model, X_test)
+        if name == "default":
+            model.save(GOLDEN_CKPT)
+            out["checkpoint"] = {"top5_exact": out["cases"][name]["top5_exact"],
+                                 "top5_sparse": out["cases"][name]["top5_sparse"],
+                                 "resumed_W": resumed_digest(X, Y)}
+        print(name, out["cases"][name]["W"]["sum"], file=sys.stderr)
+    with open(GOLDEN_JSON, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
