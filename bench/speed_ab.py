@@ -1,0 +1,121 @@
+"""Same-run speed comparison of two commits of the engine (A/B), e.g. before and after a
+restructure:
+
+    python bench/speed_ab.py --base 3adfde3 --head HEAD --shapes xc200k,amazon670k --repeat 3
+
+Each commit is checked out into a temporary git worktree; the data of each shape are generated
+once by this process and handed to every child through a temporary .npz file. The children run
+alternately (A B A B ...), each in a fresh process with the commit's tree first on
+``sys.path``: a throw-away fit on a small slice compiles (or loads) the kernels first, then one
+timed ``fit`` of ``--n-train`` points with engine defaults (learning rate 1e-3, 2 threads).
+Reported: the fastest and the median training seconds per commit and the ratio head / base
+(< 1: head is faster). Results go to ``bench/results/speed_ab.md`` and ``.json``.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import scipy.sparse as sp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np, scipy.sparse as sp
+import slide
+z = np.load(sys.argv[2])
+def csr(n):
+    return sp.csr_matrix((z[n + "_data"], z[n + "_indices"], z[n + "_indptr"]),
+                         shape=tuple(z[n + "_shape"]))
+X, Y = csr("X"), csr("Y")
+kw = dict(learning_rate=1e-3, batch_size=128, epochs=1, n_threads=2, random_state=0)
+warm = slide.SlideClassifier(**kw)
+warm.fit(X[:2048], Y[:2048])                   # compile / load the kernels: not timed
+m = slide.SlideClassifier(**kw)
+t0 = time.perf_counter()
+m.fit(X, Y)
+wall = time.perf_counter() - t0
+print(json.dumps({"file": slide.__file__, "train_seconds": m.train_seconds_,
+                  "fit_wall_seconds": wall}))
+"""
+
+
+def _save(path, X, Y):
+    np.savez(path, **{f"{n}_{k}": getattr(M, k) for n, M in (("X", X), ("Y", Y))
+                      for k in ("data", "indices", "indptr")},
+             X_shape=np.array(X.shape), Y_shape=np.array(Y.shape))
+
+
+def _worktree(ref, tmp):
+    sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "--short", ref],
+                                  text=True).strip()
+    path = os.path.join(tmp, sha)
+    subprocess.check_call(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", path, sha])
+    return sha, path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--head", default="HEAD")
+    ap.add_argument("--shapes", default="xc200k,amazon670k")
+    ap.add_argument("--n-train", type=int, default=25_600)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "speed_ab"))
+    args = ap.parse_args()
+    import slide
+    tmp = tempfile.mkdtemp(prefix="slide-ab-")
+    trees = [_worktree(args.base, tmp), _worktree(args.head, tmp)]
+    rows = []
+    try:
+        for shape in args.shapes.split(","):
+            X, Y, _, _ = slide.generate(shape, seed=0, n_train=args.n_train, n_test=10)
+            data = os.path.join(tmp, f"{shape}.npz")
+            _save(data, X, Y)
+            times = {sha: [] for sha, _ in trees}
+            for r in range(args.repeat):
+                for sha, path in (trees if r % 2 == 0 else trees[::-1]):
+                    out = subprocess.run([sys.executable, "-c", CHILD, path, data],
+                                         capture_output=True, text=True, check=True)
+                    rec = json.loads(out.stdout.strip().splitlines()[-1])
+                    assert rec["file"].startswith(path), rec["file"]
+                    times[sha].append(rec["train_seconds"])
+                    print(shape, sha, f"{rec['train_seconds']:.2f} s", flush=True)
+            (a, _), (b, _) = trees
+            rows.append({"shape": shape, "labels": Y.shape[1], "n_train": X.shape[0],
+                         "base": a, "head": b, "base_seconds": times[a],
+                         "head_seconds": times[b],
+                         "ratio_min": min(times[b]) / min(times[a]),
+                         "ratio_median": statistics.median(times[b])
+                         / statistics.median(times[a])})
+    finally:
+        for _, path in trees:
+            subprocess.call(["git", "-C", ROOT, "worktree", "remove", "--force", path])
+    with open(args.out + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"# Engine speed, {trees[0][0]} (base) against {trees[1][0]} (head)", "",
+             f"`python bench/speed_ab.py --base {args.base} --head {args.head} --shapes "
+             f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat}`; one epoch of "
+             f"engine defaults (lr 1e-3, batch 128, 2 threads), kernels compiled before the "
+             f"clock, runs alternated A/B in fresh processes on one machine.", "",
+             "| shape | labels | points | base s (all runs) | head s (all runs) | head / base "
+             "(fastest) | head / base (median) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['labels']:,} | {r['n_train']:,} | "
+                     f"{', '.join(f'{t:.2f}' for t in r['base_seconds'])} | "
+                     f"{', '.join(f'{t:.2f}' for t in r['head_seconds'])} | "
+                     f"{r['ratio_min']:.3f} | {r['ratio_median']:.3f} |")
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
