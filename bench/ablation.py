@@ -103,7 +103,7 @@ def summarise(results, names, ref):
                 diff = v.mean() - w.mean()
                 sd = math.sqrt(v.var(ddof=1) / v.size + w.var(ddof=1) / w.size) \
                     if v.size > 1 and w.size > 1 else float("nan")
-                note = "noise" if (sd == sd and abs(diff) < 2 * sd) else \
+                note = "noise" if (sd == sd and abs(diff) <= 2 * sd) else \
                     ("n/a" if sd != sd else f"{diff:+.4g}")
             row[k] = (float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0, note)
         table.append((name, row))
