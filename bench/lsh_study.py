@@ -27,6 +27,7 @@ import math
 import time
 
 import numpy as np
+from numba import njit, prange
 
 import slide
 from slide import diagnostics as dg
@@ -36,8 +37,64 @@ from slide.lsh.index import LSHIndex
 from slide.lsh.samplers import sample_batch
 
 
-def train(args):
-    X, Y, Xt, Yt = slide.generate("xc200k", scale=args.scale, seed=args.seed)
+@njit(cache=True, nogil=True, parallel=True)
+def collide_rerank(codes, offsets, items, W, b, H, n_cand, n_keep, allowed):
+    """Per row: count each neuron's collisions with the query over the L tables, keep the
+    ``n_cand`` most-colliding neurons (``allowed`` ones only), score those exactly (w.h + b)
+    and return the ``n_keep`` best (ids, -1 padded; their scores) and the distinct candidates seen."""
+    n_rows, L = codes.shape
+    out = np.full((n_rows, n_keep), -1, np.int64)
+    out_s = np.full((n_rows, n_keep), -np.inf, np.float32)
+    seen_n = np.zeros(n_rows, np.int64)
+    for i in prange(n_rows):
+        count = np.zeros(W.shape[0], np.int32)
+        touched = np.empty(W.shape[0], np.int64)
+        nt = 0
+        for t in range(L):
+            c = codes[i, t]
+            for p in range(offsets[t, c], offsets[t, c + 1]):
+                j = items[t, p]
+                if not allowed[j]:
+                    continue
+                if count[j] == 0:
+                    touched[nt] = j
+                    nt += 1
+                count[j] += 1
+        seen_n[i] = nt
+        cand = touched[:nt]
+        if nt > n_cand:
+            cnt = np.empty(nt, np.int32)
+            for a in range(nt):
+                cnt[a] = -count[cand[a]]
+            cand = cand[np.argsort(cnt, kind="mergesort")[:n_cand]]
+        s = np.empty(cand.shape[0], np.float32)
+        for a in range(cand.shape[0]):
+            j = cand[a]
+            acc = b[j]
+            for d in range(H.shape[1]):
+                acc += W[j, d] * H[i, d]
+            s[a] = acc
+        top = np.argsort(-s)[:n_keep]
+        for a in range(top.shape[0]):
+            out[i, a] = cand[top[a]]
+            out_s[i, a] = s[top[a]]
+    return out, out_s, seen_n
+
+
+def load(args):
+    """(X, Y, Xt, Yt, description): an XC file pair, or a generated preset (--n-train rows)."""
+    if args.train:
+        from slide.data import read_xc
+        X, Y = read_xc(args.train)
+        Xt, Yt = read_xc(args.test)
+        return X, Y, Xt, Yt, args.train
+    over = {"n_train": args.n_train} if args.n_train else {}
+    X, Y, Xt, Yt = slide.generate(args.preset, scale=args.scale, seed=args.seed, **over)
+    return X, Y, Xt, Yt, f"{args.preset} scale {args.scale}" + (
+        f" n_train {args.n_train}" if args.n_train else "")
+
+
+def train(args, X, Y):
     snaps = {}
 
     def cb(model, info):
@@ -45,12 +102,12 @@ def train(args):
             snaps[info["batch"]] = dg.current_codes(model)
         return info["batch"] >= args.max_batches
 
-    model = SlideClassifier(hidden_sizes=(128,), learning_rate=1e-3, epochs=args.epochs,
-                            random_state=args.seed, n_threads=args.threads)
+    model = SlideClassifier(hidden_sizes=(args.hidden,), learning_rate=args.lr,
+                            epochs=args.epochs, random_state=args.seed, n_threads=args.threads)
     t0 = time.perf_counter()
     model.fit(X, Y, callback=cb)
     secs = time.perf_counter() - t0
-    return model, X, Y, Xt, Yt, snaps, secs
+    return model, snaps, secs
 
 
 def freq_negatives(q, m, exclude, rng):
@@ -90,6 +147,19 @@ def lsh_select(index, Q, budget, sampler, labels_list, seed=0):
     cand = [len(np.unique(np.concatenate([index.bucket(t, codes[i, t]) for t in range(index.L)])))
             for i in range(min(Q.shape[0], 64))]
     return sel, float(np.mean(cand)), us
+
+
+def rerank_select(index, Q, Wo, bo, H, n_cand, n_keep, allowed, labels_list):
+    """collide_rerank picks per row (labels dropped), mean distinct candidates, us/row."""
+    args = (index.offsets, index.items, Wo, bo)
+    collide_rerank(hash_dense_batch(index.hf, Q[:2]), *args, H[:2], n_cand, n_keep, allowed)
+    t0 = time.perf_counter()
+    codes = hash_dense_batch(index.hf, Q)
+    out, _, seen = collide_rerank(codes, *args, H, n_cand, n_keep + 8, allowed)
+    us = (time.perf_counter() - t0) / Q.shape[0] * 1e6
+    sel = [o[(o >= 0) & ~np.isin(o, lab)][:n_keep]
+           for o, lab in zip(out, labels_list)]
+    return sel, float(seen.mean()), us
 
 
 def evaluate(Z, labels_list, picks):
@@ -148,6 +218,21 @@ def compare(model, Xs, labels_list, sizes, q, seed):
             r = _mixed(name, m, sel, cand, us, Z, labels_list, q, rng)
             r.update(K=k, L=ix.L)
             rows.append(r)
+        # candidates by collision count over L tables of small K (large buckets), re-ranked
+        # by the exact logit w.h + b: the m/2 best of the 2m most-colliding neurons (rerank:
+        # all labels; tail-rerank: only labels outside the m most frequent, which the
+        # frequency draw cannot reach)
+        k_rr = max(2, K - 2)
+        ix = LSHIndex("simhash", WM.shape[1], k_rr, 16, k_rr, bucket_size=n, seed=seed + 2)
+        ix.build(np.ascontiguousarray(WM))
+        head = np.argsort(-q, kind="stable")[:m]
+        tail_ok = np.ones(n, np.bool_)
+        tail_ok[head] = False
+        for name, allowed in (("rerank", np.ones(n, np.bool_)), ("tail-rerank", tail_ok)):
+            sel, cand, us = rerank_select(ix, HM, Wo, bo, H, 2 * m, half, allowed, labels_list)
+            r = _mixed(name, m, sel, cand, us, Z, labels_list, q, rng)
+            r.update(K=k_rr, L=16)
+            rows.append(r)
         orc = []
         for i, lab in enumerate(labels_list):
             z = Z[i].copy()
@@ -199,9 +284,82 @@ def normaliser_study(model, Xs, labels_list, Z, n_serials=5):
     return dict(engine=f(eng), fixed=f(fix), lsh_mass=float(np.mean(lsh_share)))
 
 
+def _recall5(approx, exact):
+    return float(np.mean([len(np.intersect1d(a[a >= 0], e)) / e.shape[0]
+                          for a, e in zip(approx, exact)]))
+
+
+def serving(model, Xt, Yt, n_cand_list, seed, k=5):
+    """Sparse serving vs exact top-k on test rows: recall of the exact top-k and the speed
+    ratio (exact seconds / method seconds, same run, each timed after a warm-up call).
+    Methods: the engine's predict_topk(exact=False) with prior_candidates 0 and 256, and the
+    collision-count + exact re-rank prototype (SimHash over the MIPS-augmented [w; b], K
+    small, L 16; the C most-colliding neurons plus the 256 highest-bias labels scored
+    exactly)."""
+    from slide.metrics import evaluate as ev
+    net = model.network_
+    Xt = Xt.copy()
+    Xt.indptr = Xt.indptr.astype(np.int64)
+
+    def timed(f):
+        f(Xt[:64])
+        t0 = time.perf_counter()
+        out = f(Xt)
+        return out, time.perf_counter() - t0
+
+    exact, t_exact = timed(lambda X: model.predict_topk(X, k=k))
+    res = [dict(method="exact", recall=1.0, speedup=1.0, seconds=t_exact,
+                P1=ev(Yt, exact, ks=(1,))["P@1"])]
+    for prior in (0, 256):
+        top, t = timed(lambda X: model.predict_topk(X, k=k, exact=False,
+                                                    prior_candidates=prior))
+        res.append(dict(method=f"engine sparse, prior {prior}", recall=_recall5(top, exact),
+                        speedup=t_exact / t, seconds=t, P1=ev(Yt, top, ks=(1,))["P@1"]))
+    Wo, bo = net.output_view()
+    n = Wo.shape[0]
+    WB = np.hstack([Wo, bo[:, None]]).astype(np.float32)
+    norms = np.linalg.norm(WB, axis=1)
+    WM = np.hstack([WB / norms.max(), np.sqrt(np.maximum(0, 1 - (norms / norms.max()) ** 2))
+                    [:, None]]).astype(np.float32)
+    prior = net.prior_ids(256).astype(np.int64)
+    allowed = np.ones(n, np.bool_)
+    allowed[prior] = False
+    Wp, bp = np.ascontiguousarray(Wo[prior]), bo[prior]
+    for K in (4, 6, 8):
+        ix = LSHIndex("simhash", WM.shape[1], K, 16, K, bucket_size=n, seed=seed + 3)
+        ix.build(np.ascontiguousarray(WM))
+        for C in n_cand_list:
+            def proto(X):
+                H = net.hidden(X)
+                HM = np.hstack([H, np.ones((H.shape[0], 1), np.float32)])
+                HM /= np.linalg.norm(HM, axis=1, keepdims=True)
+                HM = np.hstack([HM, np.zeros((H.shape[0], 1), np.float32)])
+                ids, sc, _ = collide_rerank(hash_dense_batch(ix.hf, HM), ix.offsets, ix.items,
+                                            Wo, bo, H, C, k, allowed)
+                ps = H @ Wp.T + bp
+                all_ids = np.hstack([ids, np.broadcast_to(prior, (H.shape[0], prior.shape[0]))])
+                all_s = np.hstack([sc, ps])
+                o = np.argsort(-all_s, axis=1)[:, :k]
+                return np.take_along_axis(all_ids, o, 1)
+            top, t = timed(proto)
+            res.append(dict(method=f"collide-rerank K {K} C {C} + prior 256",
+                            recall=_recall5(top, exact), speedup=t_exact / t, seconds=t,
+                            P1=ev(Yt, top, ks=(1,))["P@1"]))
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="xc200k")
     ap.add_argument("--scale", type=float, default=0.25)
+    ap.add_argument("--n-train", type=int, default=None, help="override the preset's points")
+    ap.add_argument("--train", default=None, help="XC train file (with --test)")
+    ap.add_argument("--test", default=None)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--test-rows", type=int, default=2000)
+    ap.add_argument("--serve-cands", type=int, nargs="*", default=[1024, 4096],
+                    help="candidates C of the re-rank serving prototype (none: skip serving)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--max-batches", type=int, default=10**9)
     ap.add_argument("--rows", type=int, default=200)
@@ -213,11 +371,15 @@ def main(argv=None):
                     help="shared-negative draws per row in the normaliser check")
     ap.add_argument("--out", default="bench/results/lsh_study.json")
     args = ap.parse_args(argv)
-    model, X, Y, Xt, Yt, snaps, secs = train(args)
-    net = model.network_
-    res = dict(scale=args.scale, n_labels=int(Y.shape[1]), n_train=int(X.shape[0]),
-               n_features=int(X.shape[1]), batches=model.batches_, train_seconds=secs,
-               p_at_1=float(model.score(Xt[:2000], Yt[:2000])))
+    if bool(args.train) != bool(args.test):
+        ap.error("--train and --test go together")
+    X, Y, Xt, Yt, data = load(args)
+    Xt, Yt = Xt[:args.test_rows], Yt[:args.test_rows]
+    model, snaps, secs = train(args, X, Y)
+    res = dict(data=data, scale=args.scale, n_labels=int(Y.shape[1]), n_train=int(X.shape[0]),
+               n_features=int(X.shape[1]), epochs=args.epochs, lr=args.lr, hidden=args.hidden,
+               batches=model.batches_, train_seconds=secs,
+               p_at_1=float(model.score(Xt, Yt)))
     print(f"trained {res['n_labels']} labels, {res['n_train']} rows, {model.batches_} batches"
           f" in {secs:.0f} s; P@1 {res['p_at_1']:.3f}", flush=True)
     rows = np.sort(np.random.default_rng(args.seed).permutation(X.shape[0])[:args.rows])
@@ -242,6 +404,11 @@ def main(argv=None):
                     for a, b in zip(keys, keys[1:])]
     res["drift_since_rehash"] = dg.code_drift(model)
     print("drift:", res["drift"], "since last rehash:", res["drift_since_rehash"], flush=True)
+    if args.serve_cands:
+        res["serving"] = serving(model, Xt, Yt, args.serve_cands, args.seed)
+        for r in res["serving"]:
+            print(f"serve {r['method']:40s} recall@5 {r['recall']:.3f} P@1 {r['P1']:.3f} "
+                  f"speedup {r['speedup']:6.1f}x", flush=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
