@@ -1,6 +1,7 @@
 """bench/ablation.py end to end at a tiny shape: every configuration, two seeds."""
 import json
 
+import numpy as np
 import pytest
 
 from bench import ablation
@@ -20,9 +21,19 @@ def test_ablation_writes_table_json_and_plot(tmp_path):
             assert 0 <= r["P@1"] <= 1 and 0 <= r["P@5"] <= 1
             assert r["seconds_per_epoch"] > 0
             assert 0 < r["mass"] <= 1 and 0 < r["recall32"] <= 1
+            assert 0 <= r["PSP@5"] <= 1
+            assert len(r["curve"]) == 1 and 0 <= r["curve"][0]["P1"] <= 1
+    # equal MEASURED size: calibrated draw counts bring every configuration's mean training
+    # active size to the target (labels included), not equal draw counts
+    for name in names:
+        act = np.mean([r["active_train"] for r in results[name]])
+        assert abs(act - 32) <= 0.2 * 32, (name, act)
     # equal size: every configuration's active set is about labels + 32 non-label neurons
     for name in ("freq", "uniform", "lsh-only"):
         assert all(r["active"] <= 32 + 8 for r in results[name])
+    cal = json.loads((tmp_path / "abl.json").read_text())["meta"]["configs"]
+    # the LSH ids take part of the budget, so fewer draws are left to the frequency sampler
+    assert cal["lsh+freq"]["shared_negatives"] < cal["freq"]["shared_negatives"]
     assert all(r["lsh"] == 0 for r in results["freq"] + results["uniform"])
     meta = json.loads((tmp_path / "abl.json").read_text())["meta"]
     assert meta["ref"] == "freq" and meta["seeds"] == 2
@@ -48,3 +59,14 @@ def test_summary_calls_small_differences_noise():
 def test_unknown_configuration_is_rejected():
     with pytest.raises(SystemExit):
         ablation.main(["--configs", "nope"])
+
+
+def test_draws_for_inverts_the_expected_distinct_count():
+    rng = np.random.default_rng(0)
+    q = rng.pareto(1.0, 500) + 1e-3
+    q /= q.sum()
+    n = ablation.draws_for(q, 120)
+    assert ablation.expected_distinct(q, n - 1) < 120 <= ablation.expected_distinct(q, n)
+    # the analytic count matches simulated draws
+    sim = np.mean([np.unique(rng.choice(500, n, p=q)).size for _ in range(300)])
+    assert abs(sim - 120) < 3
