@@ -88,7 +88,7 @@ def load(args):
         X, Y = read_xc(args.train)
         Xt, Yt = read_xc(args.test)
         return X, Y, Xt, Yt, args.train
-    over = {"n_train": args.n_train} if args.n_train else {}
+    over = {k: v for k, v in (("n_train", args.n_train), ("n_test", args.test_rows)) if v}
     X, Y, Xt, Yt = slide.generate(args.preset, scale=args.scale, seed=args.seed, **over)
     return X, Y, Xt, Yt, f"{args.preset} scale {args.scale}" + (
         f" n_train {args.n_train}" if args.n_train else "")
@@ -289,7 +289,7 @@ def _recall5(approx, exact):
                           for a, e in zip(approx, exact)]))
 
 
-def serving(model, Xt, Yt, n_cand_list, seed, k=5):
+def serving(model, Xt, Yt, n_cand_list, seed, Ks=(4, 6, 8), k=5):
     """Sparse serving vs exact top-k on test rows: recall of the exact top-k and the speed
     ratio (exact seconds / method seconds, same run, each timed after a warm-up call).
     Methods: the engine's predict_topk(exact=False) with prior_candidates 0 and 256, and the
@@ -325,7 +325,7 @@ def serving(model, Xt, Yt, n_cand_list, seed, k=5):
     allowed = np.ones(n, np.bool_)
     allowed[prior] = False
     Wp, bp = np.ascontiguousarray(Wo[prior]), bo[prior]
-    for K in (4, 6, 8):
+    for K in Ks:
         ix = LSHIndex("simhash", WM.shape[1], K, 16, K, bucket_size=n, seed=seed + 3)
         ix.build(np.ascontiguousarray(WM))
         for C in n_cand_list:
@@ -360,6 +360,7 @@ def main(argv=None):
     ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--serve-cands", type=int, nargs="*", default=[1024, 4096],
                     help="candidates C of the re-rank serving prototype (none: skip serving)")
+    ap.add_argument("--serve-K", type=int, nargs="+", default=[4, 6, 8])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--max-batches", type=int, default=10**9)
     ap.add_argument("--rows", type=int, default=200)
@@ -405,7 +406,7 @@ def main(argv=None):
     res["drift_since_rehash"] = dg.code_drift(model)
     print("drift:", res["drift"], "since last rehash:", res["drift_since_rehash"], flush=True)
     if args.serve_cands:
-        res["serving"] = serving(model, Xt, Yt, args.serve_cands, args.seed)
+        res["serving"] = serving(model, Xt, Yt, args.serve_cands, args.seed, args.serve_K)
         for r in res["serving"]:
             print(f"serve {r['method']:40s} recall@5 {r['recall']:.3f} P@1 {r['P1']:.3f} "
                   f"speedup {r['speedup']:6.1f}x", flush=True)
