@@ -1,0 +1,338 @@
+"""How well the output layer's active set stands in for the full softmax (issue 14).
+
+For a sample of rows, the full logits are computed once (BLAS over every output neuron) and
+compared with the active set that training builds for each row:
+
+(a) ``mass``    -- share of the full softmax mass exp(z_j) / sum_k exp(z_k) held by the active set;
+(b) ``recall``  -- share of the row's true top-``k`` logits (k = 32) that are in the active set;
+(c) ``sources`` -- how many active neurons are true labels / shared negatives / LSH candidates /
+                   random padding;
+(d) ``drift``   -- the share of the output neurons whose LSH bucket ids (in any table) changed
+                   since the tables were last (re)built: a measure of how stale the tables are.
+
+The active set is reproduced exactly as ``slide.network._sample_pass`` builds it (same hash
+functions, same ``sample_into`` call, same random streams), from public arrays of the network;
+``tests/test_diagnostics.py`` checks it against ``sample_loss_and_grads(return_active=True)``.
+Only an output layer after dense hidden layers is supported (the default ``sparse_layers``).
+
+Everything here runs outside the training kernels: switching it on costs one dense forward
+pass of the sampled rows, nothing per batch.
+"""
+import numpy as np
+
+from slide._rng import randint, stream_seed
+
+SOURCE_LABEL, SOURCE_SHARED, SOURCE_LSH, SOURCE_PAD = 0, 1, 2, 3
+SOURCE_NAMES = ("labels", "shared", "lsh", "padding")
+
+# must match slide.network (the training kernel's random stream of one sample)
+_STREAM_SAMPLE = 7
+_SERIAL_STRIDE = 16
+
+
+def _network(model):
+    """The Network of a fitted SlideClassifier (or a Network itself), checked to have the
+    supported shape: every layer dense except, possibly, the output layer."""
+    net = getattr(model, "network_", model)
+    if not hasattr(net, "layout") or not hasattr(net, "sparse"):
+        raise ValueError("model must be a fitted SlideClassifier or a slide Network")
+    if np.asarray(net.sparse)[:-1].any():
+        raise ValueError("diagnostics support a sparse output layer only "
+                         "(sparse_layers=None); this network samples a hidden layer")
+    if net.uses_tables and not net.indices:
+        raise ValueError("the network's LSH tables are not built yet (fit the model first)")
+    return net
+
+
+def _output_index(net):
+    return net.indices.get(net.layout.n_layers - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the active set of one sample
+# ---------------------------------------------------------------------------------------------
+
+def _u64(v):
+    """A random state as np.uint64 (numba may return it as a signed Python int)."""
+    return np.uint64(int(v) & 0xFFFFFFFFFFFFFFFF)
+
+
+def _pad(ids, n_out, target, rng, taken):
+    """Uniform random fill as slide.network._pad_random: draws until ``target`` ids."""
+    while len(ids) < target:
+        # numba hands the state back as a Python int: keep it uint64, or the next call
+        # would be compiled for int64 arithmetic and draw a different stream
+        rng, j = randint(_u64(rng), np.int64(n_out))
+        j = int(j)
+        if j not in taken:
+            taken.add(j)
+            ids.append(j)
+    return _u64(rng)
+
+
+def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
+    """The output-layer active set of one training sample, as the kernel builds it.
+
+    h: the sample's last hidden layer (float32 [n_in]); labels: its sorted true labels;
+    shared: the batch's shared negatives (``network.shared_negatives(seed, serial)``);
+    serial / position: the batch serial and the sample's position in the batch (they seed
+    the sampler's random draws); max_labels: the most labels of any row of the training set
+    (sizes the kernel's output buffer; only matters when it binds, i.e. tiny output layers).
+
+    Returns (ids int32[n], sources int8[n]) with the kernel's layout: labels, then the shared
+    negatives that are not labels, then LSH candidates, then random padding.
+    """
+    from slide.lsh.samplers import make_scratch, sample_into
+    net = _network(model)
+    last = net.layout.n_layers - 1
+    n_out = int(net.n_out[last])
+    labels = np.asarray(labels, np.int32)
+    shared = np.asarray(shared, np.int32)
+    forced = np.concatenate([labels, shared]).astype(np.int32)
+    rng = _u64(stream_seed(np.uint64(net.seed),
+                           np.int64(_STREAM_SAMPLE + serial * _SERIAL_STRIDE),
+                           np.int64(position)))
+    min_act = int(net.min_active[last])
+    if not net.sparse[last]:
+        ids = np.arange(n_out, dtype=np.int32)
+        return ids, np.full(n_out, SOURCE_PAD, np.int8)
+    n_lab = len(set(labels.tolist()))
+    if not net.uses_tables:
+        # slide.network._fill_active: the forced ids deduplicated, then uniform padding
+        ids, taken = [], set()
+        for j in forced.tolist():
+            if j not in taken:
+                taken.add(j)
+                ids.append(j)
+        n1 = len(ids)
+        rng = _pad(ids, n_out, min(min_act, n_out), rng, taken)
+    else:
+        idx = _output_index(net)
+        c = net.lsh
+        ml = len(labels) if max_labels is None else int(max_labels)
+        n_forced_max = max(1, ml) + net.n_shared
+        cap = net.capacity(last, n_forced_max, min_act)
+        set_keys, set_counts, order, _ = make_scratch(c["sampler"], c["L"], c["bucket_size"],
+                                                      c["budget"], n_forced_max, min_act)
+        out = np.zeros(cap, np.int32)
+        codes = idx.query(np.ascontiguousarray(h, np.float32))
+        n1, rng = sample_into(int(net.cfg[0]), codes, idx.offsets, idx.items, n_out,
+                              int(c["budget"]), int(c["threshold"]), forced, 0, rng, set_keys,
+                              set_counts, order, out)
+        rng = _u64(rng)
+        ids = out[:n1].tolist()
+        taken = set(ids)
+        rng = _pad(ids, n_out, min(min_act, n_out, cap), rng, taken)
+    ids = np.asarray(ids, np.int32)
+    src = np.full(len(ids), SOURCE_PAD, np.int8)
+    src[:n_lab] = SOURCE_LABEL
+    n_fk = n_lab + int(np.count_nonzero(~np.isin(np.unique(shared), labels)))
+    src[n_lab:n_fk] = SOURCE_SHARED
+    src[n_fk:n1] = SOURCE_LSH
+    return ids, src
+
+
+# ---------------------------------------------------------------------------------------------
+# per-row measures (brute force against the full logits)
+# ---------------------------------------------------------------------------------------------
+
+def full_logits(model, X):
+    """Logits of every output neuron for the rows of X (float64 [n, n_labels])."""
+    net = _network(model)
+    Wo, bo = net.output_view()
+    H = net.hidden(X)
+    return H.astype(np.float64) @ Wo.T.astype(np.float64) + bo
+
+
+def captured_mass(z, active):
+    """Share of the softmax mass of the logits ``z`` (one row) held by the ids ``active``."""
+    z = np.asarray(z, np.float64)
+    e = np.exp(z - z.max())
+    return float(e[np.unique(active)].sum() / e.sum())
+
+
+def topk_recall(z, active, k=32):
+    """Share of the ``k`` largest logits of ``z`` whose neuron is in ``active``."""
+    z = np.asarray(z)
+    k = min(int(k), z.shape[0])
+    top = np.argpartition(-z, k - 1)[:k]
+    return float(np.isin(top, active).mean())
+
+
+def source_counts(sources):
+    """{"labels": n, "shared": n, "lsh": n, "padding": n} of a ``sources`` array."""
+    cnt = np.bincount(np.asarray(sources, np.int64), minlength=len(SOURCE_NAMES))
+    return {name: int(cnt[i]) for i, name in enumerate(SOURCE_NAMES)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the sampled softmax's normaliser
+# ---------------------------------------------------------------------------------------------
+
+def engine_log_offsets(net, ids, sources, log_inclusion):
+    """The offsets the training kernel adds to the active logits (``sampling_correction``), as
+    in ``slide.network._sample_pass``: each shared negative j gets -log P(j drawn) (frequency
+    negatives) or log(U/|R|) (uniform ones), the random padding log(U/|fill|); with both
+    present each gets half its weight. ``log_inclusion[j]`` = log P(j in the shared set)."""
+    off = np.zeros(len(ids), np.float64)
+    if not net.correct:
+        return off
+    n_out = int(net.n_out[-1])
+    n_a = len(ids)
+    shared = sources == SOURCE_SHARED
+    fill = sources == SOURCE_PAD
+    n_sh, n_fill = int(shared.sum()), int(fill.sum())
+    if net.negative_power > 0 and n_sh > 0:
+        off[shared] = -log_inclusion[ids[shared]]
+        if n_fill > 0:
+            off[shared] += np.log(0.5)
+            off[fill] = np.log(max(n_out - (n_a - n_fill), 1) / n_fill) + np.log(0.5)
+    elif n_sh + n_fill > 0:
+        rand = shared | fill
+        off[rand] = np.log(max(n_out - (n_a - n_sh - n_fill), 1) / (n_sh + n_fill))
+    return off
+
+
+def shared_log_inclusion(net, n_draws=None):
+    """log P(j in the shared set) for every output neuron: 1 - (1 - q_j)^n for n draws with
+    probability q_j (``negative_power`` > 0), as ``Network.shared_negatives`` weights them."""
+    n = int(net.n_shared if n_draws is None else n_draws)
+    q = getattr(net, "_neg_q", None)
+    if q is None:
+        n_out = int(net.n_out[-1])
+        q = np.full(n_out, 1.0 / n_out)
+    return np.log(np.maximum(-np.expm1(n * np.log1p(-np.minimum(q, 1 - 1e-12))), 1e-300))
+
+
+def normaliser_engine(z, ids, offsets):
+    """The engine's estimate of sum_j exp(z_j): sum over the active set of exp(z + offset)."""
+    z = np.asarray(z, np.float64)
+    return float(np.exp(z[ids] + offsets).sum())
+
+
+def normaliser_fixed(z, exact_ids, shared_ids, log_inclusion):
+    """The unbiased estimate: exp(z_j) for every neuron of C = ``exact_ids`` (labels and LSH
+    candidates, chosen without looking at the shared draw), plus Horvitz-Thompson
+    exp(z_j) / P(j in S) for each shared negative j NOT in C. E over the draw of S equals
+    sum_j exp(z_j) exactly, because each j outside C enters with probability P(j in S)."""
+    z = np.asarray(z, np.float64)
+    c = np.unique(np.asarray(exact_ids, np.int64))
+    s = np.setdiff1d(np.unique(np.asarray(shared_ids, np.int64)), c)
+    return float(np.exp(z[c]).sum() + np.exp(z[s] - log_inclusion[s]).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# LSH code drift
+# ---------------------------------------------------------------------------------------------
+
+def stored_codes(index):
+    """Bucket id of each neuron in each table as the tables hold it (int32 [N, L]; -1 where a
+    capped bucket dropped the neuron)."""
+    n = int(index.n_neurons)
+    out = np.full((n, index.L), -1, np.int32)
+    nb = index.offsets.shape[1] - 1
+    for t in range(index.L):
+        off = index.offsets[t]
+        bucket = np.repeat(np.arange(nb, dtype=np.int32), np.diff(off))
+        out[index.items[t, :off[-1]], t] = bucket
+    return out
+
+
+def current_codes(model):
+    """Bucket ids [N, L] of the output neurons' current weights under the current functions."""
+    from slide.lsh.hashes import hash_dense_batch
+    net = _network(model)
+    idx = _output_index(net)
+    if idx is None:
+        raise ValueError("the output layer has no LSH tables (sampler='random' or 'dense')")
+    Wo, _ = net.output_view()
+    return hash_dense_batch(idx.hf, np.ascontiguousarray(Wo))
+
+
+def codes_drift(before, after):
+    """Drift between two code arrays [N, L] (-1 = unknown, skipped): dict(neurons = share of
+    neurons with any known code changed, codes = share of known (neuron, table) codes
+    changed)."""
+    before = np.asarray(before)
+    after = np.asarray(after)
+    if before.shape != after.shape:
+        raise ValueError(f"code arrays differ in shape: {before.shape} vs {after.shape}")
+    known = (before >= 0) & (after >= 0)
+    changed = (before != after) & known
+    n_known = int(known.sum())
+    neurons = known.any(axis=1)
+    return {"neurons": float(changed.any(axis=1)[neurons].mean()) if neurons.any() else 0.0,
+            "codes": float(changed.sum() / n_known) if n_known else 0.0}
+
+
+def code_drift(model):
+    """(d): drift of the output neurons' codes since the tables were last (re)built."""
+    net = _network(model)
+    return codes_drift(stored_codes(_output_index(net)), current_codes(net))
+
+
+# ---------------------------------------------------------------------------------------------
+# everything at once
+# ---------------------------------------------------------------------------------------------
+
+def diagnose(model, X, Y, n_rows=256, k=32, serial=None, seed=0, max_labels=None):
+    """Diagnostics (a)-(d) on ``n_rows`` rows of (X, Y) drawn with ``seed``, treated as one
+    batch with serial ``serial`` (default: the next batch of a fitted model).
+
+    Returns dict(rows, mass, recall, active, sources (mean counts), normaliser_ratio (engine
+    estimate / exact, mean over rows), drift (None without tables))."""
+    import scipy.sparse as sp
+    net = _network(model)
+    if not net.sparse[-1]:
+        raise ValueError("the output layer is dense: every neuron is active")
+    X = sp.csr_matrix(X)
+    Y = sp.csr_matrix(Y)
+    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
+        raise ValueError(f"X and Y must have the same, non-zero number of rows; got "
+                         f"{X.shape[0]} and {Y.shape[0]}")
+    n_rows = int(n_rows)
+    if n_rows < 1:
+        raise ValueError(f"n_rows must be >= 1, got {n_rows}")
+    rows = np.sort(np.random.default_rng(seed).permutation(X.shape[0])[:n_rows])
+    Xs = X[rows]
+    Xs.indptr = Xs.indptr.astype(np.int64)
+    Ys = Y[rows]
+    if serial is None:
+        serial = int(getattr(model, "batches_", 0)) + 1
+    if max_labels is None:
+        max_labels = int(np.diff(Y.indptr).max())
+    shared = net.shared_negatives(getattr(model, "seed_", net.seed), serial)
+    log_inc = shared_log_inclusion(net)
+    H = net.hidden(Xs)
+    Z = full_logits(net, Xs)
+    mass, rec, ratio = [], [], []
+    srcs = np.zeros(len(SOURCE_NAMES))
+    for i in range(len(rows)):
+        lab = np.sort(Ys.indices[Ys.indptr[i]:Ys.indptr[i + 1]]).astype(np.int32)
+        ids, src = active_set(net, H[i], lab, shared, serial, i, max_labels)
+        mass.append(captured_mass(Z[i], ids))
+        rec.append(topk_recall(Z[i], ids, k))
+        srcs += np.bincount(src.astype(np.int64), minlength=len(SOURCE_NAMES))
+        zmax = Z[i].max()
+        exact = np.exp(Z[i] - zmax).sum()
+        off = engine_log_offsets(net, ids, src, log_inc)
+        ratio.append(normaliser_engine(Z[i] - zmax, ids, off) / exact)
+    n = len(rows)
+    out = {"rows": n, "mass": float(np.mean(mass)), "recall": float(np.mean(rec)),
+           "active": float(srcs.sum() / n),
+           "sources": {name: float(srcs[j] / n) for j, name in enumerate(SOURCE_NAMES)},
+           "normaliser_ratio": float(np.mean(ratio)), "drift": None}
+    if net.uses_tables:
+        out["drift"] = code_drift(net)
+    return out
+
+
+def format_diagnostics(d):
+    """One log line of :func:`diagnose`'s result."""
+    s = d["sources"]
+    line = (f"diag rows={d['rows']} mass={d['mass']:.3f} recall@32={d['recall']:.3f} "
+            f"active={d['active']:.0f} (labels {s['labels']:.1f}, shared {s['shared']:.0f}, "
+            f"lsh {s['lsh']:.0f}, pad {s['padding']:.0f}) Zhat/Z={d['normaliser_ratio']:.3f}")
+    if d["drift"] is not None:
+        line += f" drift={d['drift']['neurons']:.3f}"
+    return line

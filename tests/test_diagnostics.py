@@ -1,0 +1,223 @@
+"""slide.diagnostics against the training kernel and against brute-force computations."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import slide
+from slide import diagnostics as dg
+from slide.estimator import SlideClassifier
+
+
+def _fit(**kw):
+    X, Y, Xt, Yt = slide.generate("tiny", seed=3)
+    params = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=24,
+                  shared_negatives=20, batch_size=64, epochs=1, learning_rate=1e-2,
+                  random_state=5, n_threads=1)
+    params.update(kw)
+    return SlideClassifier(**params).fit(X, Y), X, Y
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),                                                    # vanilla + frequency negatives
+    dict(sampler="topk", min_active=70),                       # top-k, random padding
+    dict(sampler="threshold", sampler_threshold=2, negative_power=0.0),
+    dict(sampler="random", min_active=60),                     # no LSH: labels + shared + fill
+    dict(shared_negatives=0, min_active=40),                   # LSH only (SLIDE as published)
+])
+def test_active_set_matches_the_training_kernel(kw):
+    model, X, Y = _fit(**kw)
+    net = model.network_
+    for r in (0, 7, 31):
+        xi = X.indices[X.indptr[r]:X.indptr[r + 1]]
+        xv = X.data[X.indptr[r]:X.indptr[r + 1]]
+        lab = np.sort(Y.indices[Y.indptr[r]:Y.indptr[r + 1]])
+        _, _, _, act = model.sample_loss_and_grads(xi, xv, lab, return_active=True)
+        want = act[-1]
+        row = sp.csr_matrix(X[r])
+        row.indptr = row.indptr.astype(np.int64)
+        h = net.hidden(row)[0]
+        shared = net.shared_negatives(model.seed_, 1)
+        ids, src = dg.active_set(model, h, lab, shared, serial=1, position=0)
+        np.testing.assert_array_equal(ids, want)
+        # the source layout: labels, shared negatives that are not labels, LSH, padding
+        assert (src[:len(lab)] == dg.SOURCE_LABEL).all()
+        assert np.all(np.diff(src) >= 0)
+        n_sh = np.count_nonzero(~np.isin(shared, lab)) if len(shared) else 0
+        assert (src == dg.SOURCE_SHARED).sum() == n_sh
+        if model.sampler == "random" or model.shared_negatives == 0:
+            assert (src == dg.SOURCE_SHARED).sum() == n_sh
+        if model.sampler == "random":
+            assert (src == dg.SOURCE_LSH).sum() == 0
+        if kw.get("min_active"):
+            assert len(ids) >= min(kw["min_active"], model.n_labels_)
+
+
+def test_active_set_sources_are_what_they_claim():
+    model, X, Y = _fit(min_active=90)
+    net = model.network_
+    row = sp.csr_matrix(X[4])
+    row.indptr = row.indptr.astype(np.int64)
+    h = net.hidden(row)[0]
+    lab = np.sort(Y.indices[Y.indptr[4]:Y.indptr[5]])
+    shared = net.shared_negatives(model.seed_, 3)
+    ids, src = dg.active_set(model, h, lab, shared, serial=3, position=2)
+    assert len(np.unique(ids)) == len(ids)
+    np.testing.assert_array_equal(np.sort(ids[src == dg.SOURCE_LABEL]), lab)
+    assert set(ids[src == dg.SOURCE_SHARED]) == set(shared) - set(lab)
+    # every LSH id lies in one of the query's buckets
+    cand = set(net.indices[1].candidates(h).tolist())
+    assert set(ids[src == dg.SOURCE_LSH].tolist()) <= cand
+    assert (src == dg.SOURCE_LSH).sum() <= model.sampler_budget
+    assert len(ids) == 90
+
+
+def test_mass_and_recall_against_brute_force():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=300) * 3
+    active = rng.choice(300, 40, replace=False)
+    p = np.exp(z) / np.exp(z).sum()
+    assert dg.captured_mass(z, active) == pytest.approx(p[active].sum(), rel=1e-12)
+    assert dg.captured_mass(z, np.arange(300)) == pytest.approx(1.0)
+    top = np.argsort(-z)[:32]
+    want = np.mean([t in set(active.tolist()) for t in top])
+    assert dg.topk_recall(z, active, 32) == pytest.approx(want)
+    assert dg.topk_recall(z, top[:16], 32) == pytest.approx(0.5)
+    assert dg.source_counts(np.array([0, 0, 1, 2, 2, 2, 3], np.int8)) == \
+        {"labels": 2, "shared": 1, "lsh": 3, "padding": 1}
+
+
+def test_full_logits_are_the_exact_network():
+    model, X, Y = _fit()
+    Xs = X[:10]
+    Z = dg.full_logits(model, Xs)
+    np.testing.assert_allclose(Z, model.predict_scores(Xs), rtol=1e-4, atol=1e-4)
+
+
+def test_code_drift_counts_changed_neurons():
+    model, X, Y = _fit()
+    net = model.network_
+    net.rebuild(model.batches_)      # tables now hold the current codes: no drift
+    d0 = dg.code_drift(model)
+    assert d0 == {"neurons": 0.0, "codes": 0.0}
+    before = dg.current_codes(model)
+    stored = dg.stored_codes(net.indices[1])
+    known = stored >= 0
+    np.testing.assert_array_equal(stored[known], before[known])
+    # move 25 neurons far away: at least those may change, no other one can
+    Wo, _ = net.output_view()
+    moved = np.arange(0, 200, 8)
+    Wo[moved] = np.random.default_rng(1).normal(size=(len(moved), Wo.shape[1])) * 5
+    after = dg.current_codes(model)
+    changed = (after != before).any(axis=1)
+    assert not changed[np.setdiff1d(np.arange(200), moved)].any()
+    d = dg.code_drift(model)
+    assert d["neurons"] == pytest.approx(changed[known.any(axis=1)].mean())
+    assert 0 < d["neurons"] <= len(moved) / 200 + 1e-9
+    assert dg.codes_drift(before, after)["codes"] == pytest.approx((after != before).mean())
+    with pytest.raises(ValueError, match="shape"):
+        dg.codes_drift(before, after[:5])
+
+
+def test_fixed_normaliser_is_unbiased_and_the_engine_counts_lsh_twice():
+    """Exact expectation over every ordered draw of the shared negatives on a tiny layer
+    (8 neurons, 3 frequency draws: 512 sequences): the fixed estimator's mean is sum exp(z);
+    the engine's (HT weight on every shared negative + the LSH ids exactly) exceeds it by
+    sum over LSH ids j of exp(z_j) (1 - P(j drawn)), their mass counted a second time."""
+    import itertools
+    rng = np.random.default_rng(4)
+    n, n_draws = 8, 3
+    z = rng.normal(size=n) * 2
+    q = rng.dirichlet(np.ones(n))
+    log_inc = np.log(-np.expm1(n_draws * np.log1p(-q)))
+    labels = np.array([3])
+    lsh = np.array([5, 6])                 # chosen without looking at the draw
+    exact = np.exp(z).sum()
+    e_fixed = e_engine = 0.0
+    for seq in itertools.product(range(n), repeat=n_draws):
+        p = np.prod(q[list(seq)])
+        S = np.unique(seq)
+        e_fixed += p * dg.normaliser_fixed(z, np.concatenate([labels, lsh]), S, log_inc)
+        sh = np.setdiff1d(S, labels)                      # the engine drops shared labels
+        lsh_e = np.setdiff1d(lsh, sh)                     # forced first: LSH skips them
+        ids = np.concatenate([labels, sh, lsh_e])
+        src = np.array([0] * len(labels) + [1] * len(sh) + [2] * len(lsh_e), np.int8)
+        off = np.zeros(len(ids))
+        off[src == 1] = -log_inc[sh]
+        e_engine += p * dg.normaliser_engine(z, ids, off)
+    assert e_fixed == pytest.approx(exact, rel=1e-9)
+    p_in = np.exp(log_inc[lsh])
+    double = (np.exp(z[lsh]) * (1 - p_in)).sum()
+    assert double > 0.01 * exact
+    assert e_engine - exact == pytest.approx(double, rel=1e-9)
+
+
+def test_engine_offsets_match_the_kernel_rule():
+    model, X, Y = _fit(min_active=80, negative_power=1.0)
+    net = model.network_
+    log_inc = dg.shared_log_inclusion(net)
+    ids = np.arange(10, dtype=np.int32)
+    src = np.array([0, 1, 1, 1, 2, 2, 3, 3, 3, 3], np.int8)
+    off = dg.engine_log_offsets(net, ids, src, log_inc)
+    assert off[0] == 0 and off[4] == 0 and off[5] == 0
+    np.testing.assert_allclose(off[1:4], -log_inc[1:4] + np.log(0.5))
+    u = net.n_out[-1] - (10 - 4)
+    np.testing.assert_allclose(off[6:], np.log(u / 4) + np.log(0.5))
+    # the kernel's shared weights are -log P(drawn) as Network.shared_negatives stores them
+    shared = net.shared_negatives(model.seed_, 9)
+    np.testing.assert_allclose(-log_inc[shared], net.shared_corr[shared], rtol=1e-5)
+
+
+def test_diagnose_reports_all_measures():
+    model, X, Y = _fit(min_active=50)
+    d = dg.diagnose(model, X, Y, n_rows=40, seed=1)
+    assert d["rows"] == 40
+    assert 0 < d["mass"] <= 1 and 0 < d["recall"] <= 1
+    s = d["sources"]
+    assert s["labels"] > 0 and s["shared"] > 0
+    assert sum(s.values()) == pytest.approx(d["active"])
+    assert d["active"] >= 50
+    assert d["drift"] is not None and 0 <= d["drift"]["neurons"] <= 1
+    assert d["normaliser_ratio"] > 0
+    assert "mass=" in dg.format_diagnostics(d)
+    # the dense extreme: every neuron active holds all the mass
+    full = _fit(sampler="random", min_active=200)[0]
+    df = dg.diagnose(full, X, Y, n_rows=10)
+    assert df["mass"] == pytest.approx(1.0) and df["recall"] == pytest.approx(1.0)
+    assert df["drift"] is None
+
+
+def test_bad_input_is_a_clear_error():
+    model, X, Y = _fit()
+    with pytest.raises(ValueError, match="n_rows"):
+        dg.diagnose(model, X, Y, n_rows=0)
+    with pytest.raises(ValueError, match="same"):
+        dg.diagnose(model, X[:5], Y[:6])
+    with pytest.raises(ValueError, match="fitted SlideClassifier"):
+        dg.diagnose(object(), X, Y)
+    hidden = SlideClassifier(hidden_sizes=(16,), sparse_layers=(0, 1), K=2, L=4, range_pow=6,
+                             shared_negatives=0, random_state=0, n_threads=1).fit(X[:64], Y[:64])
+    with pytest.raises(ValueError, match="sparse output layer only"):
+        dg.diagnose(hidden, X, Y)
+
+
+def test_active_sets_of_a_whole_batch_match_the_kernel():
+    """Positions > 0 of a batch (their own random streams) and the batch's shared draw."""
+    model, X, Y = _fit(sampler="topk", min_active=60)
+    net = model.network_
+    rows = np.arange(10, 26, dtype=np.int64)
+    max_labels = int(np.diff(Y.indptr).max())
+    Xc = sp.csr_matrix(X)
+    Xc.indptr = Xc.indptr.astype(np.int64)
+    Yc = sp.csr_matrix(Y)
+    Yc.indptr = Yc.indptr.astype(np.int64)
+    net.prepare(len(rows), 1, max_labels)
+    serial = 77
+    net.forward_backward(Xc, Yc, rows, model.seed_, serial)
+    H = net.hidden(Xc[rows])
+    shared = net.shared_negatives(model.seed_, serial)
+    a = int(net.sc["s_off"][1])
+    for s, r in enumerate(rows):
+        lab = np.sort(Yc.indices[Yc.indptr[r]:Yc.indptr[r + 1]])
+        ids, _ = dg.active_set(model, H[s], lab, shared, serial, s, max_labels)
+        want = net.sc["ids"][s, a:a + int(net.sc["n_act"][s, 1])]
+        np.testing.assert_array_equal(ids, want)
