@@ -18,6 +18,7 @@ weights and optimiser state is then undone (``bench/dense_loop.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -460,10 +461,25 @@ def thread_env(threads):
     return env
 
 
+@contextlib.contextmanager
+def _lock_held(lock):
+    """Hold an exclusive flock(2) on the file ``lock`` (nothing when None)."""
+    if not lock:
+        yield
+        return
+    import fcntl
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def run_in_subprocess(spec, work_dir, log=print, timeout=None, lock=None):
     """Run one system in a fresh Python process; return its result dict (raises on failure,
-    with the tail of its log). With ``lock`` (a file path) the process runs under
-    ``flock LOCK``, so it never shares the cores with another heavy run that takes the same
+    with the tail of its log). With ``lock`` (a file path) the process runs holding an
+    exclusive flock(2) on it (the lock ``flock LOCK`` takes), so it never shares the cores with another heavy run that takes the same
     lock, while other jobs can still interleave between systems."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -476,9 +492,9 @@ def run_in_subprocess(spec, work_dir, log=print, timeout=None, lock=None):
     log(f"[{tag}] training in a subprocess (log: {log_path}) ...")
     t = time.perf_counter()
     cmd = [sys.executable, "-m", "bench.worker", str(spec_path)]
-    if lock:
-        cmd = ["flock", str(lock)] + cmd
-    with open(log_path, "w") as lf:
+    # the lock is taken here (flock(2), the same lock as the flock(1) command), so that
+    # ``timeout`` counts the system's own run, never the wait for another heavy run
+    with _lock_held(lock), open(log_path, "w") as lf:
         proc = subprocess.run(cmd, cwd=REPO,
                               env=thread_env(spec["threads"]), stdout=lf,
                               stderr=subprocess.STDOUT, timeout=timeout)
