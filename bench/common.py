@@ -1,21 +1,24 @@
 """Shared machinery of the comparison benchmarks: data preparation, evaluation, timing, memory.
 
 Every system (slide and each baseline) trains in its own subprocess, started by
-:func:`run_in_subprocess`, which runs ``python -m bench.common SPEC.json``. The parent prepares
-the data once (:func:`prepare_data`: generate or read, shuffle once with a fixed seed, save as
-``.npz``), so every system reads exactly the same arrays, and the child process measures its own
-peak resident memory (``getrusage``' high-water mark, so nothing in between samples is missed).
+:func:`run_in_subprocess`, which runs ``python -m bench.worker SPEC.json`` (``bench/worker.py``
+picks the system's runner; this module imports none of them). The parent prepares the data once
+(:func:`prepare_data`: generate or read, shuffle once with a fixed seed, save as ``.npz``), so
+every system reads exactly the same arrays, and the child process measures its own peak resident
+memory (``getrusage``' high-water mark, so nothing in between samples is missed).
 
 Timing rule, identical for every system: *training seconds* run from the moment training starts
-(for slide: the call to ``fit``, so building its hash tables counts; for the baselines: the first
-batch, model variables already allocated) to the end of the last batch, **minus** every
-evaluation, which is timed separately and excluded. One-time compilation is excluded for slide
-(a throw-away warm-up fit on a tiny problem loads/compiles the Numba kernels first, as a
-``cache=True`` install does once); TensorFlow's graph tracing at the first ``tf.function`` call is
-inside the baseline's training seconds (it takes well under a second).
+(for slide: the call to ``fit``, so building its hash tables counts; for the dense baselines: the
+first batch, model variables already allocated and the training step already traced/run once on a
+throw-away batch; for the label trees: the call that fits the model) to the end of the last batch,
+**minus** every evaluation, which is timed separately and excluded. One-time compilation is
+excluded for every system alike: slide's Numba kernels by a throw-away warm-up fit on a tiny
+problem, TensorFlow's ``tf.function`` tracing by one step on a real batch whose effect on the
+weights and optimiser state is then undone (``bench/dense_loop.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -31,16 +34,28 @@ import scipy.sparse as sp
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = REPO / "bench" / "out" / "cache"
-SYSTEMS = ("slide", "tf", "tf_sampled", "torch")
-BASELINES = ("tf", "tf_sampled", "torch")
+SYSTEMS = ("slide", "slide_dense", "tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai",
+           "napkinxc")
+BASELINES = ("tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai", "napkinxc")
+# label trees fit in one call: no batches, no epochs, no training curve
+ONE_SHOT = ("omikuji", "omikuji_bonsai", "napkinxc")
 LABELS = {
     "slide": "slide (LSH-sampled softmax)",
     "slide_dense": "slide, full softmax (sampler='dense')",
     "tf": "TensorFlow-CPU, full softmax",
     "tf_sampled": "TensorFlow-CPU, sampled softmax",
     "torch": "PyTorch-CPU, full softmax",
+    "omikuji": "Omikuji (Parabel-like label tree)",
+    "omikuji_bonsai": "Omikuji (Bonsai-like label tree)",
+    "napkinxc": "napkinXC PLT (label tree)",
 }
 KS = (1, 3, 5)
+# Jain et al. (2016) propensity constants of every PSP@k here (slide.metrics' defaults), from
+# the training labels of the prepared split: identical for every system
+PROPENSITY_A, PROPENSITY_B = 0.55, 1.5
+# test hook: seconds every evaluation sleeps (counted as evaluation time), so the smoke test can
+# check that no system's training clock includes an evaluation
+EVAL_PAUSE_ENV = "SLIDE_BENCH_EVAL_PAUSE"
 
 
 # --------------------------------------------------------------------------------- machine info
@@ -299,10 +314,29 @@ def init_dense_weights(n_features, hidden, n_labels, scheme, seed, label_counts=
 
 # ---------------------------------------------------------------------------------- evaluation
 
-def evaluate_topk(Y_true, topk):
-    """P@1/3/5 (and nDCG) with slide.metrics: the one evaluation every system goes through."""
+def evaluate_topk(Y_true, topk, inv_propensity=None):
+    """P@1/3/5 (and nDCG; PSP@k and PSnDCG@k with ``inv_propensity``) with slide.metrics: the
+    one evaluation every system goes through."""
     from slide.metrics import evaluate
-    return evaluate(Y_true, np.asarray(topk), ks=KS)
+    return evaluate(Y_true, np.asarray(topk), ks=KS, inv_propensity=inv_propensity)
+
+
+def inverse_propensities(Y_train):
+    """Inverse propensities of every label from the training labels (``PROPENSITY_A/B``)."""
+    from slide.metrics import inverse_propensity
+    return inverse_propensity(Y_train, A=PROPENSITY_A, B=PROPENSITY_B)
+
+
+def final_evaluation(spec, Y_tr, Y_te, predict_topk, X_te):
+    """P@k, nDCG@k and PSP@k on the whole test split (propensities from the training labels),
+    timed apart from training; None when the spec turns the final evaluation off."""
+    if not spec.get("final_eval", True):
+        return None
+    t = time.perf_counter()
+    final = evaluate_topk(Y_te, predict_topk(X_te), inverse_propensities(Y_tr))
+    final["eval_seconds"] = time.perf_counter() - t
+    final["propensity_A"], final["propensity_B"] = PROPENSITY_A, PROPENSITY_B
+    return final
 
 
 def eval_block_rows(n_labels, budget_bytes=256 << 20):
@@ -375,6 +409,9 @@ class Recorder:
         if self.curve and self.curve[-1]["batch"] == n_batches:
             return
         t, c = time.perf_counter(), time.process_time()
+        pause = float(os.environ.get(EVAL_PAUSE_ENV) or 0.0)
+        if pause > 0:
+            time.sleep(pause)
         topk = self.predict_topk(self.X_eval)
         m = evaluate_topk(self.Y_eval, topk)
         dt = time.perf_counter() - t
@@ -409,97 +446,7 @@ def samples_done(n_batches, n_train, batch_size):
     return full * n_train + min(rem * batch_size, n_train)
 
 
-# ----------------------------------------------------------------------------- worker process
-
-def _summarise(spec, rec, meta, extra):
-    bpe = math.ceil(meta["n_train"] / spec["batch_size"])
-    n = len(rec.batch_end)
-    total = rec.batch_end[-1] if n else 0.0
-    epoch_seconds = []
-    for e in range(n // bpe):
-        start = rec.batch_end[e * bpe - 1] if e else 0.0
-        epoch_seconds.append(rec.batch_end[(e + 1) * bpe - 1] - start)
-    samples = samples_done(n, meta["n_train"], spec["batch_size"])
-    w = int(spec.get("warmup_batches") or 0)
-    steady = None
-    if n > w + 1:
-        base = rec.batch_end[w - 1] if w else 0.0
-        steady = (rec.batch_end[-1] - base) / (n - w)
-    out = {
-        "system": spec["system"], "label": LABELS.get(spec["system"], spec["system"]),
-        "n_batches": n, "batches_per_epoch": bpe, "samples": samples,
-        "train_seconds": total, "epoch_seconds": epoch_seconds,
-        "samples_per_second": samples / total if total > 0 else None,
-        # time per batch after the warm-up batches, and the epoch time it extrapolates to
-        "steady_seconds_per_batch": steady,
-        "extrapolated_epoch_seconds": steady * bpe if steady is not None else None,
-        "eval_seconds_total": rec.eval_seconds,
-        "cpu_utilisation": _utilisation(rec, spec["threads"]),
-        "curve": rec.curve,
-        "losses": rec.losses,
-        "batch_end_seconds": [round(t, 4) for t in rec.batch_end],
-    }
-    out.update(extra)
-    return out
-
-
-def _utilisation(rec, threads):
-    """Process CPU seconds per training second per thread, from the end of the first batch to
-    the end of the last, evaluations inside that window subtracted (an evaluation runs right
-    after its batch's stamp, so the one after the last batch lies outside)."""
-    n = len(rec.batch_end)
-    if n < 2 or rec.cpu_first is None:
-        return None
-    wall = rec.batch_end[-1] - rec.batch_end[0]
-    inside = sum(c["eval_cpu"] for c in rec.curve if c["batch"] < n)
-    cpu = rec.cpu_last - rec.cpu_first - inside
-    return round(cpu / (wall * threads), 3) if wall > 0 else None
-
-
-def worker_main(spec_path):
-    """Entry point of one system's subprocess: train, evaluate, write the result JSON."""
-    spec = json.loads(Path(spec_path).read_text())
-    system = spec["system"]
-    T = int(spec["threads"])
-    t_start = time.perf_counter()
-    meta = spec["meta"]
-    X_tr, Y_tr, X_te, Y_te = load_data(meta)
-    n_eval = spec.get("n_eval")
-    n_eval = X_te.shape[0] if n_eval is None else min(int(n_eval), X_te.shape[0])
-    X_ev, Y_ev = X_te[:n_eval], Y_te[:n_eval]
-    rss_data = current_rss_bytes()
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    if system in ("slide", "slide_dense"):
-        from bench import slide_runner
-        run = slide_runner.run
-    elif system == "tf":
-        from bench.baselines import tf_dense
-        run = tf_dense.run_dense
-    elif system == "tf_sampled":
-        from bench.baselines import tf_dense
-        run = tf_dense.run_sampled
-    elif system == "torch":
-        from bench.baselines import torch_dense
-        run = torch_dense.run
-    else:
-        raise ValueError(f"unknown system {system!r}")
-    rec, final, extra = run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, T)
-    res = _summarise(spec, rec, meta, extra)
-    res.update({
-        "final_test": final, "n_eval": n_eval, "threads": T,
-        "peak_rss_bytes": peak_rss_bytes(), "rss_after_data_bytes": rss_data,
-        "process_seconds": time.perf_counter() - t_start,
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "spec": {k: v for k, v in spec.items() if k != "meta"},
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit(),
-    })
-    out = Path(spec["result_path"])
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(out)
-
+# ----------------------------------------------------------------------------- subprocess
 
 def thread_env(threads):
     """Environment of a worker: every threading runtime capped at ``threads`` before import."""
@@ -514,10 +461,25 @@ def thread_env(threads):
     return env
 
 
+@contextlib.contextmanager
+def _lock_held(lock):
+    """Hold an exclusive flock(2) on the file ``lock`` (nothing when None)."""
+    if not lock:
+        yield
+        return
+    import fcntl
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def run_in_subprocess(spec, work_dir, log=print, timeout=None, lock=None):
     """Run one system in a fresh Python process; return its result dict (raises on failure,
-    with the tail of its log). With ``lock`` (a file path) the process runs under
-    ``flock LOCK``, so it never shares the cores with another heavy run that takes the same
+    with the tail of its log). With ``lock`` (a file path) the process runs holding an
+    exclusive flock(2) on it (the lock ``flock LOCK`` takes), so it never shares the cores with another heavy run that takes the same
     lock, while other jobs can still interleave between systems."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -529,10 +491,10 @@ def run_in_subprocess(spec, work_dir, log=print, timeout=None, lock=None):
     Path(spec["result_path"]).unlink(missing_ok=True)
     log(f"[{tag}] training in a subprocess (log: {log_path}) ...")
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "bench.common", str(spec_path)]
-    if lock:
-        cmd = ["flock", str(lock)] + cmd
-    with open(log_path, "w") as lf:
+    cmd = [sys.executable, "-m", "bench.worker", str(spec_path)]
+    # the lock is taken here (flock(2), the same lock as the flock(1) command), so that
+    # ``timeout`` counts the system's own run, never the wait for another heavy run
+    with _lock_held(lock), open(log_path, "w") as lf:
         proc = subprocess.run(cmd, cwd=REPO,
                               env=thread_env(spec["threads"]), stdout=lf,
                               stderr=subprocess.STDOUT, timeout=timeout)
@@ -576,7 +538,3 @@ def fmt_ratio(r):
     return "—" if r is None else f"{r:.1f}x"
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m bench.common SPEC.json  (internal: one system's worker)")
-    worker_main(sys.argv[1])

@@ -1,4 +1,5 @@
-"""slide against dense TensorFlow-CPU, TF sampled softmax and PyTorch-CPU: time to accuracy.
+"""slide against dense TensorFlow-CPU, TF sampled softmax, PyTorch-CPU and label trees (Omikuji,
+napkinXC): time to accuracy.
 
     python bench/compare.py --data xc200k --n-train 100000 --epochs 1 --threads 2 \\
         --out bench/results/compare_xc200k
@@ -27,10 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
+from bench import common, worker  # noqa: E402
 from bench.common import fmt_bytes, fmt_ratio, fmt_seconds  # noqa: E402
 
 SLIDE_FLAGS = {  # flag -> SlideClassifier keyword (passed only when given)
@@ -39,8 +42,8 @@ SLIDE_FLAGS = {  # flag -> SlideClassifier keyword (passed only when given)
     "rehash_period": int, "rebuild_period": int, "rehash_decay": float, "loss": str,
     "optimizer": str,
 }
-SOURCES = {"tf": "baselines/tf_dense.py", "tf_sampled": "baselines/tf_dense.py",
-           "torch": "baselines/torch_dense.py"}
+ORDER = ("slide", "slide_dense", "tf", "torch", "tf_sampled", "omikuji", "omikuji_bonsai",
+         "napkinxc")  # slide first: tf_sampled's default negatives come from slide's active set
 
 
 def parse_args(argv=None):
@@ -72,12 +75,14 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (all systems)")
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--init", default="glorot_normal",
-                   help="baselines' initialisation; glorot_normal is slide's (slide.layers); "
-                   "append +log_prior to start the output biases at slide's log label prior")
+    p.add_argument("--init", default="glorot_normal+log_prior",
+                   help="dense baselines' initialisation; glorot_normal is slide's "
+                   "(slide.layers); +log_prior starts the output biases at slide's log label "
+                   "prior (slide's default output_bias_init), as slide does")
     p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
                    "'auto' = slide's mean active-set size in this comparison (else 1024)")
-    p.add_argument("--candidate-sampler", default="uniform", choices=["uniform", "log_uniform", "unigram"],
+    p.add_argument("--candidate-sampler", default="unigram",
+                   choices=["uniform", "log_uniform", "unigram"],
                    help="tf_sampled candidate sampler (synthetic label ids are in random "
                    "popularity order, so log-uniform's Zipf-by-id prior does not apply; "
                    "unigram draws in proportion to training label count + 1, as slide does)")
@@ -102,7 +107,7 @@ def parse_args(argv=None):
                    help="any other SlideClassifier keyword (Python literal value)")
     a = p.parse_args(argv)
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    bad = [s for s in a.systems if s not in common.SYSTEMS + ("slide_dense",)]
+    bad = [s for s in a.systems if s not in common.SYSTEMS]
     if bad:
         p.error(f"unknown systems {bad}")
     a.threads = a.threads or common.machine_description()["cores"]
@@ -152,7 +157,7 @@ def cache_path(a, spec):
         src = "engine"
     else:
         keep.pop("slide_params", None)
-        src = common._file_digest(Path(__file__).parent / SOURCES[spec["system"]])
+        src = worker.source_digest(spec["system"])
     raw = json.dumps([spec["meta"]["key"], keep, src], sort_keys=True)
     key = hashlib.sha1(raw.encode()).hexdigest()[:16]
     return Path(a.cache_dir) / "results" / f"{spec['system']}-{key}.json"
@@ -187,14 +192,25 @@ def default_target(results, a):
     return None, "none"
 
 
+def label_prior_p1(meta, n_eval):
+    """P@1 of predicting the 5 most frequent training labels for every point: the floor a
+    target P@1 has to clear (on the evaluation sample and on the whole test split)."""
+    _, Y_tr, _, Y_te = common.load_data(meta)
+    top = np.argsort(-np.bincount(Y_tr.indices, minlength=Y_tr.shape[1]), kind="stable")[:5]
+    out = {"labels": top.tolist()}
+    for name, Y in (("eval", Y_te[:n_eval]), ("test", Y_te)):
+        out[f"{name}_P@1"] = common.evaluate_topk(Y, np.tile(top, (Y.shape[0], 1)))["P@1"]
+    return out
+
+
 def make_table(results, order, target):
     slide = results.get("slide")
     s_epoch = epoch_time(slide)[0] if slide else None
     s_ttt = common.time_to_target(slide["curve"], target) if slide and target else None
     rows = []
-    head = ("| system | run | time / epoch | samples/s | time to target P@1 | final P@1 | "
-            "final P@3 | final P@5 | peak RSS | CPU use | epoch time ÷ slide | time-to-target ÷ slide | "
-            "peak RSS ÷ slide |")
+    head = ("| system | run | training time | time / epoch | samples/s | time to target P@1 | "
+            "final P@1 | final P@3 | final P@5 | PSP@1 | PSP@3 | PSP@5 | peak RSS | CPU use | "
+            "epoch time ÷ slide | time-to-target ÷ slide | peak RSS ÷ slide |")
     rows.append(head)
     rows.append("|" + "---|" * head.count("|")[:-1] if False else
                 "|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
@@ -207,7 +223,8 @@ def make_table(results, order, target):
             f"not reached (best {best:.3f})" if best is not None else "—")
         f = r.get("final_test") or {}
         fin = lambda k: f"{f[k]:.4f}" if k in f else "—"  # noqa: E731
-        ratio_ep = ep / s_epoch if (s != "slide" and ep and s_epoch) else None
+        ratio_ep = ep / s_epoch if (s != "slide" and ep and s_epoch
+                                    and not r.get("one_shot")) else None
         ratio_ttt = ttt / s_ttt if (s != "slide" and ttt and s_ttt) else None
         ratio_mem = (r["peak_rss_bytes"] / slide["peak_rss_bytes"]
                      if s != "slide" and slide else None)
@@ -215,10 +232,15 @@ def make_table(results, order, target):
         run = r.get("_source", "this run")
         u = r.get("cpu_utilisation")
         util = "—" if u is None else f"{100 * u:.0f}%"
-        rows.append(f"| {common.LABELS.get(s, s)} | {run} | {ep_s} | "
-                    f"{r['samples_per_second']:.0f} | {ttt_s} | {fin('P@1')} | {fin('P@3')} | "
-                    f"{fin('P@5')} | {fmt_bytes(r['peak_rss_bytes'])} | {util} | {fmt_ratio(ratio_ep)} | "
-                    f"{fmt_ratio(ratio_ttt)} | {fmt_ratio(ratio_mem)} |")
+        if r.get("one_shot"):
+            ep_s = "— (one fit)"
+        sps = r.get("samples_per_second")
+        rows.append(f"| {common.LABELS.get(s, s)} | {run} | {fmt_seconds(r['train_seconds'])} | "
+                    f"{ep_s} | {'—' if sps is None else f'{sps:.0f}'} | {ttt_s} | "
+                    f"{fin('P@1')} | {fin('P@3')} | {fin('P@5')} | {fin('PSP@1')} | "
+                    f"{fin('PSP@3')} | {fin('PSP@5')} | {fmt_bytes(r['peak_rss_bytes'])} | "
+                    f"{util} | {fmt_ratio(ratio_ep)} | {fmt_ratio(ratio_ttt)} | "
+                    f"{fmt_ratio(ratio_mem)} |")
     return "\n".join(rows)
 
 
@@ -263,8 +285,7 @@ def main(argv=None):
     command = "python bench/compare.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     meta = common.prepare_data(a.data, a.scale, a.n_train, a.n_test, a.seed, a.cache_dir)
     # slide first: tf_sampled's default number of negatives is slide's mean active-set size
-    order = sorted(a.systems, key=lambda s: ("slide", "slide_dense", "tf", "torch",
-                                             "tf_sampled").index(s))
+    order = sorted(a.systems, key=ORDER.index)
     results = {}
     for s in order:
         spec = base_spec(a, meta, s)
@@ -293,6 +314,10 @@ def main(argv=None):
             cp.write_text(json.dumps(r))
         results[s] = r
     target, target_how = default_target(results, a)
+    prior = label_prior_p1(meta, a.n_eval)
+    if target is not None and target <= prior["eval_P@1"]:
+        target_how += (f"; NOT above the label prior's P@1 {prior['eval_P@1']:.4f} on the same "
+                       "points: pass a higher --target-p1")
     table = make_table(results, order, target)
     machine = common.machine_description()
     title = (f"{meta['data']}: {meta['n_labels']:,} labels, {meta['n_features']:,} features, "
@@ -301,6 +326,7 @@ def main(argv=None):
     plotted = plot(results, order, target, png, title)
     summary = {
         "command": command, "data": meta, "target_p1": target, "target_source": target_how,
+        "label_prior": prior, "propensity": {"A": common.PROPENSITY_A, "B": common.PROPENSITY_B},
         "machine": machine, "commit": common.git_commit(),
         "settings": {k: v for k, v in base_spec(a, meta, "x").items()
                      if k not in ("meta", "system", "slide_params")},
@@ -327,6 +353,10 @@ def main(argv=None):
              else ""),
           f"- target P@1: {target:.4f} ({target_how})" if target is not None else
           "- target P@1: none",
+          f"- label prior (the 5 most frequent training labels for every point): P@1 "
+          f"{prior['eval_P@1']:.4f} on the evaluation sample, {prior['test_P@1']:.4f} on all "
+          f"test points; PSP@k with Jain et al. propensities A={common.PROPENSITY_A}, "
+          f"B={common.PROPENSITY_B} from the training labels",
           f"- machine: {machine['cpu']}, {machine['cores']} cores, "
           f"{(machine['ram_bytes'] or 0) / 2**30:.0f} GiB RAM; commit {summary['commit']}",
           f"- command: `{command}`", "",

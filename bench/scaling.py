@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
-from bench.compare import SOURCES  # noqa: E402
+from bench.worker import source_digest  # noqa: E402
 
 
 def _sha(raw):
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--init", default="glorot_normal")
+    p.add_argument("--init", default="glorot_normal+log_prior")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up batches")
     p.add_argument("--slide-batches", type=int, default=120, help="timed batches of slide")
     p.add_argument("--baseline-batches", type=int, default=12,
@@ -109,7 +109,7 @@ def measure(a, meta, system, threads, work):
     cp = None
     if system in common.BASELINES:
         keep = {k: v for k, v in spec.items() if k not in ("meta", "slide_params", "tag")}
-        src = common._file_digest(Path(__file__).parent / SOURCES[system])
+        src = source_digest(system)
         raw = json.dumps([meta["key"], keep, src], sort_keys=True)
         cp = Path(a.cache_dir) / "scaling" / f"{spec['tag']}-{_sha(raw)}.json"
     if a.reuse and cp is not None and cp.exists():

@@ -15,11 +15,11 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from bench.common import EvalSchedule, Recorder, evaluate_topk
+from bench.common import EvalSchedule, Recorder, final_evaluation
 
 
 def _estimator_class():
-    from slide.estimator import SlideClassifier
+    from slide import SlideClassifier
     return SlideClassifier
 
 
@@ -103,11 +103,8 @@ def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
 
     state["t0"] = time.perf_counter()
     clf.fit(X_tr, Y_tr, callback=callback)
-    final = None
-    if spec.get("final_eval", True):
-        t = time.perf_counter()
-        final = evaluate_topk(Y_te, clf.predict_topk(X_te, k=5, exact=True))
-        final["eval_seconds"] = time.perf_counter() - t
+    final = final_evaluation(spec, Y_tr, Y_te,
+                             lambda X: np.asarray(clf.predict_topk(X, k=5, exact=True)), X_te)
     import slide
     extra = {"framework": f"slide {slide.__version__} (numba {numba.__version__})",
              "slide_params": {k: (list(v) if isinstance(v, tuple) else v)

@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from bench import common, compare, scaling
+from bench import common, compare, dense_loop, scaling
 
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+HAS_OMIKUJI = importlib.util.find_spec("omikuji") is not None
+HAS_NAPKINXC = importlib.util.find_spec("napkinxc") is not None
+EVAL_PAUSE = 1.5   # seconds every evaluation sleeps in the end-to-end test
 
 
 # ---------------------------------------------------------------------------- harness logic
@@ -78,22 +81,42 @@ def _tiny_args(tmp_path, systems, extra=()):
             "--systems", ",".join(systems), "--no-warmup", *extra]
 
 
-def test_compare_end_to_end(tmp_path, capsys):
-    systems = ["slide"] + (["tf", "tf_sampled"] if HAS_TF else []) + (["torch"] if HAS_TORCH
-                                                                      else [])
+def test_compare_end_to_end(tmp_path, capsys, monkeypatch):
+    iterative = ["slide"] + (["tf", "tf_sampled"] if HAS_TF else []) + (["torch"] if HAS_TORCH
+                                                                        else [])
+    trees = (["omikuji", "omikuji_bonsai"] if HAS_OMIKUJI else []) + (["napkinxc"] if
+                                                                      HAS_NAPKINXC else [])
+    systems = iterative + trees
+    # every evaluation sleeps EVAL_PAUSE seconds: a training clock that counted an evaluation
+    # would show the pause between the two evaluations' training times
+    monkeypatch.setenv(common.EVAL_PAUSE_ENV, str(EVAL_PAUSE))
     summary = compare.main(_tiny_args(tmp_path, systems))
     out = tmp_path / "out"
     res = json.loads((out / "results.json").read_text())
     assert set(res["results"]) == set(systems)
     for s, r in res["results"].items():
+        assert r["train_seconds"] > 0 and r["peak_rss_bytes"] > 50 * 2**20
+        assert r["threads"] == 1
+        for k in (1, 3, 5):
+            assert 0.0 <= r["final_test"][f"P@{k}"] <= 1.0
+            assert r["final_test"][f"PSP@{k}"] > 0.0     # same propensities for every system
+        assert r["final_test"]["propensity_A"] == common.PROPENSITY_A
+        if s in trees:
+            assert r["one_shot"] and r["n_batches"] == 1 and r["samples"] == 600
+            assert [c["batch"] for c in r["curve"]] == [1], s
+            assert r["eval_seconds_total"] >= EVAL_PAUSE
+            assert r["train_seconds"] == r["epoch_seconds"][0] == pytest.approx(
+                r["curve"][0]["train_seconds"], abs=1e-3)
+            continue
         assert r["n_batches"] == 6, s                      # --max-batches honoured
         assert r["samples"] == 6 * 32
-        assert [c["batch"] for c in r["curve"]] == [3, 6], s
-        assert r["train_seconds"] > 0 and r["peak_rss_bytes"] > 50 * 2**20
-        assert 0.0 <= r["final_test"]["P@1"] <= 1.0
-        assert r["threads"] == 1
-        # evaluation is excluded: the training clock never includes an evaluation's duration
-        assert r["train_seconds"] < r["process_seconds"]
+        c = r["curve"]
+        assert [p["batch"] for p in c] == [3, 6], s
+        # evaluation is excluded: both pauses happened, and neither is on the training clock
+        # (batches 4-6 of the tiny set take milliseconds)
+        assert r["eval_seconds_total"] >= 2 * EVAL_PAUSE, s
+        assert c[1]["train_seconds"] - c[0]["train_seconds"] < EVAL_PAUSE, s
+        assert r["train_seconds"] == pytest.approx(c[1]["train_seconds"], abs=1e-3), s
     if HAS_TF:
         assert res["results"]["tf_sampled"]["num_sampled"] >= 1
         # the target defaults to dense TF's P@1 at its last evaluation (< one epoch here)
@@ -180,3 +203,66 @@ def test_tf_unigram_candidates_follow_label_counts():
              for _ in range(40)]
     # weights (count + 1): label 7 has probability 10001 / 10050 per draw
     assert drawn.count(7) >= 35
+
+
+def test_common_imports_no_runner():
+    """bench.common is shared by every runner: it must not import any of them (the worker
+    dispatches), or the runners and common import each other."""
+    import subprocess
+    import sys
+    code = ("import sys, bench.common, bench.compare, bench.scaling; "
+            "bad = [m for m in sys.modules if m.startswith('bench.baselines') "
+            "or m in ('bench.slide_runner', 'bench.dense_loop')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(common.REPO), env=common.thread_env(1), check=True)
+    assert out.stdout.strip() == "[]"
+
+
+class _FakeDenseModel:
+    """A stand-in dense model: its first step is slow (as a traced tf.function's is), and it
+    records every call so the loop's order can be checked."""
+
+    def __init__(self):
+        self.calls, self.state = [], 0
+
+    def train_batch(self, X, Y):
+        self.calls.append(("train", X.shape[0]))
+        if len([c for c in self.calls if c[0] == "train"]) == 1:
+            import time
+            time.sleep(0.5)                     # "tracing" on the first step only
+        self.state += 1
+        return 1.0
+
+    def predict_topk(self, X, k=5):
+        self.calls.append(("predict", X.shape[0]))
+        return np.tile(np.arange(k), (X.shape[0], 1))
+
+    def reset(self):
+        self.calls.append(("reset", self.state))
+        self.state = 0
+
+    def describe(self):
+        return {"framework": "fake"}
+
+
+def test_dense_loop_warms_up_untimed_and_resets():
+    rng = np.random.default_rng(0)
+    X = sp.random(100, 30, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    Y = sp.csr_matrix((np.ones(100, np.float32), rng.integers(0, 8, 100), np.arange(101)),
+                      shape=(100, 8))
+    spec = {"batch_size": 25, "epochs": 1, "seed": 0, "n_eval": 10, "eval_every_batches": 2,
+            "final_eval": True}
+    model = _FakeDenseModel()
+    rec, final, extra = dense_loop.train(spec, X, Y, X, Y, X[:10], Y[:10], model)
+    kinds = [c[0] for c in model.calls]
+    # one warm-up step and prediction, then reset (after exactly one update), then the run
+    assert kinds[:3] == ["train", "predict", "reset"] and model.calls[2] == ("reset", 1)
+    assert kinds.count("train") == 1 + 4 and kinds.count("reset") == 1
+    assert extra["warmup_seconds"] >= 0.5 and extra["framework"] == "fake"
+    assert len(rec.batch_end) == 4 and rec.batch_end[-1] < 0.5   # the slow step is not timed
+    assert [c["batch"] for c in rec.curve] == [2, 4]
+    assert "PSP@1" in final and model.state == 4
+    # without the warm-up the slow first step is on the clock
+    model = _FakeDenseModel()
+    rec, _, extra = dense_loop.train(dict(spec, warmup=False), X, Y, X, Y, X[:10], Y[:10], model)
+    assert extra["warmup_seconds"] is None and rec.batch_end[0] >= 0.5

@@ -1,7 +1,12 @@
-"""TensorFlow-CPU baselines: the SLIDE paper's dense model and TF's sampled softmax.
+"""TensorFlow-CPU baselines: the SLIDE paper's dense model and TF's sampled softmax, each given
+the advantages slide has.
 
-Network (both): sparse input (``tf.sparse.SparseTensor``) -> Dense(128) ReLU -> logits over all
-labels. Training step compiled as one ``tf.function`` graph.
+Network (both): sparse input -> 128 ReLU -> logits over all labels. The first layer is a sparse
+embedding lookup: ``tf.gather(W0, feature ids) * values`` summed per row
+(``tf.math.unsorted_segment_sum``; what ``tf.nn.embedding_lookup_sparse(combiner="sum")`` does,
+but keeping rows without features), so its gradient is ``IndexedSlices`` over the batch's
+features only. Training step and prediction are ``tf.function`` graphs, traced and run once on a
+throw-away batch before the clock starts (``bench/dense_loop.py``).
 
 * ``tf`` (full softmax): loss = softmax cross-entropy against the per-batch target with 1/|y| on
   each true label (``tf.nn.softmax_cross_entropy_with_logits``; the target is scattered into a
@@ -12,23 +17,31 @@ labels. Training step compiled as one ``tf.function`` graph.
   1/|y|: for a full softmax this equals the 1/|y|-target cross-entropy exactly
   (-sum_j (1/|y|) log p_j), and the sampled version estimates it. The hidden layer is computed
   once per point and gathered for the replicas. Negatives: ``num_sampled`` classes per batch,
-  shared by its rows; ``remove_accidental_hits`` drops a row's own label from them.
+  shared by its rows, drawn by ``--candidate-sampler`` (default ``unigram``: in proportion to
+  training count + 1, slide's shared-negative distribution); ``remove_accidental_hits`` drops a
+  row's own label from them.
 
-Optimiser: Adam through TF's fused ``ResourceApplyAdam`` kernel (the TF1 ``AdamOptimizer`` update
-the SLIDE paper's baseline ran; bias correction folded into the step size), on every variable
-every batch — the dense baseline. For the sampled loss the output-layer gradient is
-``IndexedSlices``; TF's own Adam decays the moments of the whole matrix every step anyway, so it
-is densified and goes through the same kernel (identical update).
+Initialisation: the same NumPy-drawn arrays as PyTorch (``bench.common.init_dense_weights``); by
+default (``--init glorot_normal+log_prior``) the output biases start at slide's log label prior.
+
+Optimiser: Adam (beta 0.9/0.999, eps 1e-8, bias correction folded into the step size, as TF's
+fused ``ResourceApplyAdam``). Parameters whose gradient is ``IndexedSlices`` -- the first layer
+always, the output layer's weights and biases under the sampled loss -- get a *row-sparse* Adam
+(:meth:`_TFModel._sparse_adam`): duplicate rows summed, then m, v and the weights updated on
+those rows only (``scatter_update``), untouched rows not moving (the "lazy Adam" of
+``tfa.optimizers.LazyAdam`` and PyTorch's ``SparseAdam``). TF's own optimisers do *not* do this:
+TF1's ``AdamOptimizer._apply_sparse`` decays the moments and moves every row of the variable each
+step, and Keras 3's ``Adam`` densifies an ``IndexedSlices`` gradient (its ``m += (g - m)(1 -
+beta1)`` subtracts a dense tensor) -- see bench/README.md for the check. Dense parameters (hidden
+bias; the full-softmax output layer, whose every row has a gradient each batch anyway) go through
+``ResourceApplyAdam``.
 """
 from __future__ import annotations
 
-import math
-import time
-
 import numpy as np
 
-from bench.common import EvalSchedule, Recorder, batch_order, evaluate_topk, \
-    init_dense_weights, label_targets, predict_in_blocks
+from bench import dense_loop
+from bench.common import init_dense_weights, label_targets, predict_in_blocks
 
 
 def _import_tf(threads):
@@ -44,8 +57,9 @@ class _TFModel:
                  beta1=0.9, beta2=0.999, epsilon=1e-8, label_counts=None, n_train=None):
         self.tf = tf
         self.F, self.L, self.H = n_features, n_labels, hidden
-        W0, b0, W1, b1 = init_dense_weights(n_features, hidden, n_labels, init, seed,
-                                            label_counts, n_train)
+        self._initial = lambda: init_dense_weights(n_features, hidden, n_labels, init, seed,
+                                                   label_counts, n_train)
+        W0, b0, W1, b1 = self._initial()
         tf.random.set_seed(int(seed))
         self.sampled = sampled
         # the unigram sampler draws negatives in proportion to (training count + 1), the
@@ -67,27 +81,49 @@ class _TFModel:
         self.beta1 = tf.constant(beta1, tf.float32)
         self.beta2 = tf.constant(beta2, tf.float32)
         self.eps = tf.constant(epsilon, tf.float32)
-        spec = [tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.float32),
-                tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32)]
+        spec = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int64),
+                tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.float32)]
         self.train_step = tf.function(self._step, input_signature=spec)
-        self.topk_step = tf.function(self._topk, input_signature=spec[:3] + [
+        self.topk_step = tf.function(self._topk, input_signature=spec[:4] + [
             tf.TensorSpec([], tf.int32)])
+        self.sparse_updates = 0   # parameters updated row-sparsely in the last step (a check)
 
-    def _hidden(self, idx, vals, bsz):
+    def reset(self):
+        """Initial weights and zero optimiser state again (after the untimed warm-up step)."""
+        W0, b0, W1, b1 = self._initial()
+        for var, arr in zip(self.vars, (W0, b0, W1.T if self.sampled else W1, b1)):
+            var.assign(np.ascontiguousarray(arr))
+        for slot in self.m + self.v:
+            slot.assign(self.tf.zeros_like(slot))
+        self.b1p.assign(1.0)
+        self.b2p.assign(1.0)
+
+    def describe(self):
         tf = self.tf
-        x = tf.sparse.SparseTensor(idx, vals, tf.stack([bsz, self.F]))
-        return tf.nn.relu(tf.sparse.sparse_dense_matmul(x, self.W0) + self.b0)
+        return {"framework": f"tensorflow {tf.__version__}",
+                "n_params": int(sum(int(np.prod(v.shape)) for v in self.vars)),
+                "sparse_adam_params": int(self.sparse_updates),
+                "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+
+    def _hidden(self, rows, cols, vals, bsz):
+        """relu(x W0 + b0) as an embedding lookup: one W0 row per nonzero, scaled, summed per
+        row; the gradient w.r.t. W0 is IndexedSlices over ``cols``."""
+        tf = self.tf
+        picked = tf.gather(self.W0, cols) * tf.expand_dims(vals, 1)
+        return tf.nn.relu(tf.math.unsorted_segment_sum(picked, rows, bsz) + self.b0)
 
     def _logits(self, h):
         if self.sampled:
             return self.tf.matmul(h, self.W1, transpose_b=True) + self.b1
         return self.tf.matmul(h, self.W1) + self.b1
 
-    def _step(self, idx, vals, bsz, rows, labels, weights):
+    def _step(self, x_rows, x_cols, x_vals, bsz, rows, labels, weights):
         tf = self.tf
         with tf.GradientTape() as tape:
-            h = self._hidden(idx, vals, bsz)
+            h = self._hidden(x_rows, x_cols, x_vals, bsz)
             if self.sampled:
                 per_row = tf.nn.sampled_softmax_loss(
                     weights=self.W1, biases=self.b1, labels=tf.expand_dims(labels, 1),
@@ -104,14 +140,31 @@ class _TFModel:
         grads = tape.gradient(loss, self.vars)
         self.b1p.assign(self.b1p * self.beta1)
         self.b2p.assign(self.b2p * self.beta2)
+        n_sparse = 0
         for var, g, m, v in zip(self.vars, grads, self.m, self.v):
             if isinstance(g, tf.IndexedSlices):
-                g = tf.convert_to_tensor(g)
-            tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
-                                         beta1_power=self.b1p, beta2_power=self.b2p,
-                                         lr=self.lr, beta1=self.beta1, beta2=self.beta2,
-                                         epsilon=self.eps, grad=g, use_locking=False)
+                self._sparse_adam(var, m, v, g)
+                n_sparse += 1
+            else:
+                tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
+                                             beta1_power=self.b1p, beta2_power=self.b2p,
+                                             lr=self.lr, beta1=self.beta1, beta2=self.beta2,
+                                             epsilon=self.eps, grad=g, use_locking=False)
+        self.sparse_updates = n_sparse   # set at tracing time: a Python int, not a tensor
         return loss
+
+    def _sparse_adam(self, var, m, v, g):
+        """Adam on the rows ``g`` touches only (lazy Adam): duplicates summed first; the step
+        size carries the bias correction, as ResourceApplyAdam's does."""
+        tf = self.tf
+        rows, pos = tf.unique(g.indices)
+        grad = tf.math.unsorted_segment_sum(g.values, pos, tf.size(rows))
+        m_rows = self.beta1 * tf.gather(m, rows) + (1.0 - self.beta1) * grad
+        v_rows = self.beta2 * tf.gather(v, rows) + (1.0 - self.beta2) * tf.square(grad)
+        step = self.lr * tf.sqrt(1.0 - self.b2p) / (1.0 - self.b1p)
+        m.scatter_update(tf.IndexedSlices(m_rows, rows))
+        v.scatter_update(tf.IndexedSlices(v_rows, rows))
+        var.scatter_sub(tf.IndexedSlices(step * m_rows / (tf.sqrt(v_rows) + self.eps), rows))
 
     def _candidates(self, labels):
         tf = self.tf
@@ -127,25 +180,24 @@ class _TFModel:
                 true, 1, s["num_sampled"], True, self.L, unigrams=self.unigrams)
         raise ValueError(f"unknown candidate sampler {s['sampler']!r}")
 
-    def _topk(self, idx, vals, bsz, k):
-        return self.tf.math.top_k(self._logits(self._hidden(idx, vals, bsz)), k=k).indices
+    def _topk(self, x_rows, x_cols, x_vals, bsz, k):
+        h = self._hidden(x_rows, x_cols, x_vals, bsz)
+        return self.tf.math.top_k(self._logits(h), k=k).indices
 
     # -- numpy-facing helpers
     @staticmethod
     def _sparse_args(X):
-        X = X.tocoo()
-        idx = np.stack([X.row, X.col], 1).astype(np.int64)
-        return idx, X.data.astype(np.float32), np.int64(X.shape[0])
+        rows = np.repeat(np.arange(X.shape[0], dtype=np.int64), np.diff(X.indptr))
+        return (rows, X.indices.astype(np.int64), X.data.astype(np.float32),
+                np.int64(X.shape[0]))
 
     def train_batch(self, X, Y):
-        idx, vals, bsz = self._sparse_args(X)
         rows, labels, w = label_targets(Y)
-        return float(self.train_step(idx, vals, bsz, rows, labels, w))
+        return float(self.train_step(*self._sparse_args(X), rows, labels, w))
 
     def predict_topk(self, X, k=5):
         def block(Xb):
-            idx, vals, bsz = self._sparse_args(Xb)
-            return self.topk_step(idx, vals, bsz, np.int32(k)).numpy()
+            return self.topk_step(*self._sparse_args(Xb), np.int32(k)).numpy()
         return predict_in_blocks(block, X, k, self.L)
 
 
@@ -155,37 +207,7 @@ def _train(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads, sampled):
                      spec["init"], spec["seed"], sampled=sampled,
                      label_counts=np.bincount(Y_tr.indices, minlength=meta["n_labels"]),
                      n_train=X_tr.shape[0])
-    bs = int(spec["batch_size"])
-    bpe = math.ceil(X_tr.shape[0] / bs)
-    sched = EvalSchedule(bpe, spec.get("eval_every_batches"), spec.get("eval_every_seconds"),
-                         spec.get("evals_per_epoch"))
-    rec = Recorder(sched, X_ev if spec.get("n_eval", 1) else None, Y_ev, model.predict_topk,
-                   X_tr.shape[0], bs, spec.get("max_batches"))
-    train_s = 0.0
-    stop = False
-    for epoch in range(int(spec["epochs"])):
-        batches = list(batch_order(X_tr.shape[0], bs, spec["seed"], epoch))
-        for i, ids in enumerate(batches):
-            t = time.perf_counter()
-            loss = model.train_batch(X_tr[ids], Y_tr[ids])  # float() syncs: the step is done
-            train_s += time.perf_counter() - t
-            last = epoch == spec["epochs"] - 1 and i == len(batches) - 1
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss at epoch {epoch} batch {i}")
-            if rec.after_batch(train_s, loss, epoch, last):
-                stop = True
-                break
-        if stop:
-            break
-    final = None
-    if spec.get("final_eval", True):
-        t = time.perf_counter()
-        final = evaluate_topk(Y_te, model.predict_topk(X_te))
-        final["eval_seconds"] = time.perf_counter() - t
-    extra = {"framework": f"tensorflow {tf.__version__}",
-             "n_params": int(sum(int(np.prod(v.shape)) for v in model.vars)),
-             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+    rec, final, extra = dense_loop.train(spec, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, model)
     if sampled:
         extra["num_sampled"] = sampled["num_sampled"]
         extra["candidate_sampler"] = sampled["sampler"]
@@ -198,5 +220,5 @@ def run_dense(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
 
 def run_sampled(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
     sampled = {"num_sampled": int(spec["num_sampled"]),
-               "sampler": spec.get("candidate_sampler", "uniform")}
+               "sampler": spec.get("candidate_sampler", "unigram")}
     return _train(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads, sampled)
