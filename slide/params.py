@@ -33,6 +33,7 @@ SAMPLERS = LSH_SAMPLERS + ("random", "dense")
 LOSSES = ("softmax", "sigmoid")                               # slide.network.LOSSES
 OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.optim.OPTIMIZERS
 BIAS_INITS = ("log_prior", "zero")
+LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
 # int_or_none, layers (None or a sequence of layer indices; the bound depends on hidden_sizes)
@@ -120,6 +121,12 @@ TABLE = (
     _p("optimizer", "optimizer.name", "str", "adam", "adam: dense Adam's trajectory at sparse "
        "cost; lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
     _p("learning_rate", "optimizer.learning_rate", "float", 1e-4, "step size", gt=0),
+    _p("lr_schedule", "optimizer.lr_schedule", "str", "constant", "learning rate over the "
+       "run (epochs x batches per epoch): constant, or decayed linearly / by a half cosine "
+       "from learning_rate towards 0 after the warm-up", choices=LR_SCHEDULES),
+    _p("warmup_batches", "optimizer.warmup_batches", "int", 0, "batches over which the "
+       "learning rate rises linearly from learning_rate / warmup_batches to learning_rate",
+       ge=0),
     _p("beta1", "optimizer.beta1", "float", 0.9, "Adam first-moment decay", ge=0, lt=1),
     _p("beta2", "optimizer.beta2", "float", 0.999, "Adam second-moment decay", ge=0, lt=1),
     _p("epsilon", "optimizer.epsilon", "float", 1e-8, "Adam epsilon", gt=0),
