@@ -255,7 +255,12 @@ def write_markdown(path, records, title):
 
 
 def write_plot(path, records):
-    import matplotlib
+    """P@1 on the test sample against training seconds, one panel per data set (skipped
+    without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:     # pragma: no cover - matplotlib is optional for the bench
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
