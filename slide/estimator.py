@@ -101,9 +101,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
                  sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
                  sparse_layers=None, loss="softmax",
-                 optimizer="adam", learning_rate=1e-4, lr_schedule="constant", warmup_batches=0,
+                 optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
+                 batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
