@@ -213,10 +213,14 @@ def summarise(records):
     seconds, in first-seen order."""
     groups = {}
     for r in records:
-        groups.setdefault((r["dataset"], r["system"], r["run"]), []).append(r)
+        # the same change on different bases (invocations) is a different run
+        config = json.dumps(dict(r.get("params", {}), normalize=r.get("normalize")),
+                            sort_keys=True)
+        groups.setdefault((r["dataset"], r["system"], r["run"], config), []).append(r)
     rows = []
-    for (ds, system, run), recs in groups.items():
-        row = {"dataset": ds, "system": system, "run": run, "seeds": len(recs)}
+    for (ds, system, run, _), recs in groups.items():
+        row = {"dataset": ds, "system": system, "run": run, "seeds": len(recs),
+               "config": config_text(recs[0])}
         for key in ("P@1", "P@5", "PSP@5"):
             vals = np.array([r["final"][key] for r in recs])
             row[key] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None)
@@ -225,6 +229,16 @@ def summarise(records):
         row["epochs"] = recs[0]["curve"][-1]["epoch"] if recs[0]["curve"] else None
         rows.append(row)
     return rows
+
+
+def config_text(rec):
+    """The run's hyperparameters beyond the defaults, compactly (``"defaults"`` if none)."""
+    items = dict(rec.get("params", {}))
+    if rec.get("normalize"):
+        items["normalize"] = rec["normalize"]
+    if rec["system"] != "slide":
+        return "library defaults"
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in items.items()) or "defaults"
 
 
 def _fmt(mean_std):
@@ -246,13 +260,13 @@ def write_markdown(path, records, title, summary=None):
              "`train_seconds_`, kernels compiled before the clock; Omikuji: `train_on_data`, "
              "which includes reading the file; napkinXC: `fit`). ± = std over seeds.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        lines += [f"## {ds}", "", "| system | run | seeds | epochs | train s | P@1 | P@5 | PSP@5 |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {ds}", "", "| system | run | hyperparameters | seeds | epochs | train s | P@1 | P@5 | "
+                  "PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["dataset"] != ds:
                 continue
             ep = "" if r["epochs"] is None or r["system"] != "slide" else f"{r['epochs']:.2f}"
-            lines.append(f"| {r['system']} | {r['run']} | {r['seeds']} | {ep} | "
+            lines.append(f"| {r['system']} | {r['run']} | {r['config']} | {r['seeds']} | {ep} | "
                          f"{r['seconds']:.1f} | {_fmt(r['P@1'])} | {_fmt(r['P@5'])} | "
                          f"{_fmt(r['PSP@5'])} |")
         lines.append("")

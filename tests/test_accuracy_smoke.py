@@ -45,6 +45,11 @@ def test_summary_takes_mean_and_std_over_seeds():
     assert row["seconds"] == pytest.approx(2.0)
     assert row["P@1"][0] == pytest.approx(0.6)
     assert row["P@1"][1] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    # the same change on another base is another run
+    other = dict(recs[0], params={"learning_rate": 1e-3})
+    rows = accuracy.summarise(recs + [other])
+    assert [r["seeds"] for r in rows] == [2, 1]
+    assert rows[1]["config"] == "learning_rate=0.001"
 
 
 @pytest.mark.skipif(not (HAS_OMIKUJI and HAS_NAPKINXC), reason="omikuji / napkinxc missing")
@@ -79,7 +84,9 @@ def test_end_to_end_on_tiny_with_label_trees(tmp_path):
     lines = (tmp_path / "acc.jsonl").read_text().splitlines()
     assert [json.loads(l)["system"] for l in lines] == systems
     md = (tmp_path / "acc.md").read_text()
-    assert "| slide | base | 2 |" in md and "| slide | normalize=\"l2\" | 2 |" in md
+    assert "| slide | base | hidden_sizes=[16] learning_rate=0.01 epochs=2 | 2 |" in md
+    assert ('| slide | normalize="l2" | hidden_sizes=[16] learning_rate=0.01 epochs=2 '
+            'normalize="l2" | 2 |') in md
     assert "| omikuji |" in md and "| napkinxc |" in md
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "acc.png").stat().st_size > 0
