@@ -116,3 +116,9 @@ def test_paper_configs_keep_the_papers_constant_rate():
         assert kw["learning_rate"] == 1e-4 and kw["lr_schedule"] == "constant", name
         assert kw["warmup_batches"] == 0, name
     assert glob.glob(os.path.join(root, "*.toml"))
+
+
+def test_schedule_names_are_the_trainers_own():
+    from slide import params
+    assert params.LR_SCHEDULES == trainer.LR_SCHEDULES
+    assert params.BY_NAME["lr_schedule"].choices == trainer.LR_SCHEDULES
