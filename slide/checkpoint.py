@@ -141,6 +141,9 @@ def _build_model(path, meta):
     from slide.estimator import SlideClassifier
     params = dict(meta["params"])
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    # checkpoints written before the learning-rate schedule existed trained at a constant rate
+    params.setdefault("lr_schedule", "constant")
+    params.setdefault("warmup_batches", 0)
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = SlideClassifier(**params)

@@ -81,6 +81,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         next touch or at ``sync``; see ``slide.optim``). "lazy_adam": moments and weights of a
         row change only in batches that touch it (TensorFlow's LazyAdam).
     learning_rate, beta1, beta2, epsilon : optimizer settings.
+    lr_schedule : "constant" | "linear" | "cosine"
+        The learning rate of each batch (``slide.trainer.scheduled_learning_rate``): constant,
+        or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or along a half
+        cosine towards 0 at the last batch of ``epochs`` epochs.
+    warmup_batches : int
+        Batches of linear warm-up (0: none).
     batch_size, epochs : minibatch size and number of passes of ``fit``.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
@@ -96,8 +102,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
                  sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
                  sparse_layers=None, loss="softmax",
-                 optimizer="adam", learning_rate=1e-4, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 batch_size=128, epochs=1, rehash_period=50, rebuild_period=500,
+                 optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
+                 beta1=0.9, beta2=0.999, epsilon=1e-8,
+                 batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
@@ -118,6 +125,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.loss = loss
         self.optimizer = optimizer
         self.learning_rate = learning_rate
+        self.lr_schedule = lr_schedule
+        self.warmup_batches = warmup_batches
         self.beta1 = beta1
         self.beta2 = beta2
         self.epsilon = epsilon

@@ -33,6 +33,7 @@ SAMPLERS = LSH_SAMPLERS + ("random", "dense")
 LOSSES = ("softmax", "sigmoid")                               # slide.engine.LOSSES
 OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.optim.OPTIMIZERS
 BIAS_INITS = ("log_prior", "zero")
+LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
 # int_or_none, layers (None or a sequence of layer indices; the bound depends on hidden_sizes)
@@ -119,7 +120,15 @@ TABLE = (
        optional=True),
     _p("optimizer", "optimizer.name", "str", "adam", "adam: dense Adam's trajectory at sparse "
        "cost; lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
-    _p("learning_rate", "optimizer.learning_rate", "float", 1e-4, "step size", gt=0),
+    _p("learning_rate", "optimizer.learning_rate", "float", 1e-2, "step size (the peak of the "
+       "schedule; measured best on real sets, bench/results/accuracy.md; the SLIDE paper used "
+       "1e-4 with a constant rate)", gt=0),
+    _p("lr_schedule", "optimizer.lr_schedule", "str", "cosine", "learning rate over the "
+       "run (epochs x batches per epoch): constant, or decayed linearly / by a half cosine "
+       "from learning_rate towards 0 after the warm-up", choices=LR_SCHEDULES),
+    _p("warmup_batches", "optimizer.warmup_batches", "int", 0, "batches over which the "
+       "learning rate rises linearly from learning_rate / warmup_batches to learning_rate",
+       ge=0),
     _p("beta1", "optimizer.beta1", "float", 0.9, "Adam first-moment decay", ge=0, lt=1),
     _p("beta2", "optimizer.beta2", "float", 0.999, "Adam second-moment decay", ge=0, lt=1),
     _p("epsilon", "optimizer.epsilon", "float", 1e-8, "Adam epsilon", gt=0),
@@ -129,7 +138,8 @@ TABLE = (
        "rebuild with fresh hash functions", ge=1, optional=True),
     _p("rehash_decay", "schedule.rehash_decay", "float", 0.02, "lambda: the t-th period is "
        "T_0 * exp(lambda * t)", ge=0, optional=True),
-    _p("epochs", "train.epochs", "int", 1, "passes over the training set", ge=1),
+    _p("epochs", "train.epochs", "int", 3, "passes over the training set (the learning-rate "
+       "schedule spans them)", ge=1),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
 CALLBACK_INFO_KEYS = ("batch", "epoch", "batch_in_epoch", "samples", "loss", "train_seconds",
                       "active_mean", "rehashed", "rebuilt")
 
@@ -25,6 +27,32 @@ class DivergenceError(RuntimeError):
         self.loss = loss
         super().__init__(f"training diverged: non-finite mean loss ({loss}) at batch {batch} "
                          f"(epoch {epoch}); lower learning_rate")
+
+
+def scheduled_learning_rate(base, schedule, warmup_batches, batch, total_batches):
+    """The learning rate of batch number ``batch`` (1-based serial over the whole run) of a run
+    of ``total_batches`` batches.
+
+    Warm-up: batches 1..W (W = ``warmup_batches``) use base * batch / W. Then "constant" keeps
+    ``base``; "linear" and "cosine" decay from ``base`` (first batch after the warm-up) towards 0,
+    reaching base / (total - W) (linear) at the last batch, never 0, so no batch is wasted.
+    Batches past ``total_batches`` (``partial_fit`` beyond ``epochs``) keep the last batch's
+    rate."""
+    batch = max(int(batch), 1)
+    warm = int(warmup_batches)
+    if batch <= warm:
+        return base * batch / warm
+    if schedule == "constant":
+        return base
+    span = max(int(total_batches) - warm, 1)
+    # fraction of the decay already done before this batch: 0 for the first decayed batch,
+    # (span - 1) / span for the last one
+    done = min(batch - warm - 1, span - 1) / span
+    if schedule == "linear":
+        return base * (1.0 - done)
+    if schedule == "cosine":
+        return base * 0.5 * (1.0 + math.cos(math.pi * done))
+    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
 
 
 def blas_single_thread():
@@ -112,6 +140,8 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
     bs = int(model.batch_size)
     n = X.shape[0]
     n_batches = (n + bs - 1) // bs
+    # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
+    total_batches = max(int(model.epochs), int(end_epoch_index)) * n_batches
     _prepare(model, X, Y, n_threads)
     model.stopped_ = False
     while model.epoch_ < end_epoch_index:
@@ -120,6 +150,11 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
         for rows in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
             t0 = time.perf_counter()
             serial = model.batches_ + 1
+            # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
+            # which therefore uses the rate of the epoch's last batch)
+            model.optimizer_.learning_rate = scheduled_learning_rate(
+                float(model.learning_rate), model.lr_schedule, model.warmup_batches, serial,
+                total_batches)
             loss, act = _train_one_batch(model, X, Y, rows, serial)
             if not math.isfinite(loss):
                 raise DivergenceError(serial, epoch, loss)

@@ -37,6 +37,7 @@ budget = 40
 min_active = 50
 [optimizer]
 learning_rate = 2e-3
+lr_schedule = "constant"
 [schedule]
 rehash_period = 7
 rebuild_period = 23

@@ -221,7 +221,7 @@ def test_resume_differences_ignore_operational_keys():
                                              "train.eval_every_batches=7"]))
     assert C.resume_differences(a, b) == []
     c = C.strip_private(C.load_config(None, ["data.preset=tiny", "lsh.L=20",
-                                             "optimizer.learning_rate=0.01"]))
+                                             "optimizer.learning_rate=0.02"]))
     keys = [k for k, _, _ in C.resume_differences(a, c)]
     assert keys == ["lsh.L", "optimizer.learning_rate"]
 

@@ -94,7 +94,8 @@ def tiny():
 
 
 SMALL = dict(K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=32, shared_negatives=32,
-             learning_rate=1e-2, batch_size=32, n_threads=1, random_state=0)
+             learning_rate=1e-2, batch_size=32, n_threads=1, random_state=0,
+             lr_schedule="constant")
 
 
 def test_log_prior_bias_init(tiny):
