@@ -1,10 +1,10 @@
-"""slide.diagnostics against the training kernel and against brute-force computations."""
+"""slide.engine.diagnostics against the training kernel and against brute-force computations."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import diagnostics as dg
+from slide.engine import diagnostics as dg
 from slide.estimator import SlideClassifier
 
 
@@ -36,7 +36,7 @@ def test_active_set_matches_the_training_kernel(kw):
         row = sp.csr_matrix(X[r])
         row.indptr = row.indptr.astype(np.int64)
         h = net.hidden(row)[0]
-        shared = net.shared_negatives(model.seed_, 1)
+        shared = dg.shared_negatives(model, 1)
         ids, src = dg.active_set(model, h, lab, shared, serial=1, position=0)
         np.testing.assert_array_equal(ids, want)
         # the source layout: labels, shared negatives that are not labels, LSH, padding
@@ -59,7 +59,7 @@ def test_active_set_sources_are_what_they_claim():
     row.indptr = row.indptr.astype(np.int64)
     h = net.hidden(row)[0]
     lab = np.sort(Y.indices[Y.indptr[4]:Y.indptr[5]])
-    shared = net.shared_negatives(model.seed_, 3)
+    shared = dg.shared_negatives(model, 3)
     ids, src = dg.active_set(model, h, lab, shared, serial=3, position=2)
     assert len(np.unique(ids)) == len(ids)
     np.testing.assert_array_equal(np.sort(ids[src == dg.SOURCE_LABEL]), lab)
@@ -163,8 +163,8 @@ def test_engine_offsets_match_the_kernel_rule():
     u = net.n_out[-1] - (10 - 4)
     np.testing.assert_allclose(off[6:], np.log(u / 4) + np.log(0.5))
     # the kernel's shared weights are -log P(drawn) as Network.shared_negatives stores them
-    shared = net.shared_negatives(model.seed_, 9)
-    np.testing.assert_allclose(-log_inc[shared], net.shared_corr[shared], rtol=1e-5)
+    shared = dg.shared_negatives(model, 9)
+    np.testing.assert_allclose(-log_inc[shared], net.negatives.corr[shared], rtol=1e-5)
 
 
 def test_diagnose_reports_all_measures():
@@ -214,10 +214,46 @@ def test_active_sets_of_a_whole_batch_match_the_kernel():
     serial = 77
     net.forward_backward(Xc, Yc, rows, model.seed_, serial)
     H = net.hidden(Xc[rows])
-    shared = net.shared_negatives(model.seed_, serial)
-    a = int(net.sc["s_off"][1])
+    shared = dg.shared_negatives(model, serial)
+    a = int(net.sc.s_off[1])
     for s, r in enumerate(rows):
         lab = np.sort(Yc.indices[Yc.indptr[r]:Yc.indptr[r + 1]])
         ids, _ = dg.active_set(model, H[s], lab, shared, serial, s, max_labels)
-        want = net.sc["ids"][s, a:a + int(net.sc["n_act"][s, 1])]
+        want = net.sc.ids[s, a:a + int(net.sc.n_act[s, 1])]
         np.testing.assert_array_equal(ids, want)
+
+
+def test_every_logs_the_diagnostics_without_changing_training():
+    X, Y, _, _ = slide.generate("tiny", seed=3)
+    params = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=24,
+                  shared_negatives=20, min_active=50, batch_size=64, epochs=1,
+                  learning_rate=1e-2, random_state=5, n_threads=1)
+    lines = []
+    cb = dg.every(5, X, Y, n_rows=20, log=lines.append)
+    model = SlideClassifier(**params).fit(X, Y, callback=cb)
+    n_batches = model.batches_
+    assert n_batches == 10          # 600 rows, batches of 64
+    assert [b for b, _ in cb.history] == [5, 10]
+    assert len(lines) == len(cb.history)
+    for line, (b, d) in zip(lines, cb.history):
+        assert line.startswith(f"batch {b}: ")
+        for key in ("mass=", "recall@32=", "labels ", "shared ", "lsh ", "pad ", "drift="):
+            assert key in line
+        assert d["rows"] == 20 and 0 < d["mass"] <= 1 and 0 < d["recall"] <= 1
+        assert d["active"] >= 50 and d["sources"]["lsh"] >= 0
+        assert 0 <= d["drift"]["neurons"] <= 1
+    # the last log is diagnose() of the final model on the next batch
+    again = dg.diagnose(model, X, Y, n_rows=20, serial=n_batches + 1)
+    assert again == cb.history[-1][1]
+    # logging does not perturb training: the same fit without it gives the same weights
+    plain = SlideClassifier(**params).fit(X, Y)
+    np.testing.assert_array_equal(plain.network_.W, model.network_.W)
+    np.testing.assert_array_equal(plain.network_.B, model.network_.B)
+    with pytest.raises(ValueError, match="n_batches"):
+        dg.every(0, X, Y)
+    with pytest.raises(ValueError, match="n_rows"):
+        dg.every(5, X, Y, n_rows=0)
+    with pytest.raises(ValueError, match="same"):
+        dg.every(5, X[:3], Y[:4])
+    with pytest.raises(ValueError, match="log"):
+        dg.every(5, X, Y, log="stdout")
