@@ -39,11 +39,13 @@ def test_active_set_matches_the_training_kernel(kw):
         shared = dg.shared_negatives(model, 1)
         ids, src = dg.active_set(model, h, lab, shared, serial=1, position=0)
         np.testing.assert_array_equal(ids, want)
-        # the source layout: labels, shared negatives that are not labels, LSH, padding
+        # the source layout: labels, LSH (together C), shared negatives not in C, padding
         assert (src[:len(lab)] == dg.SOURCE_LABEL).all()
         assert np.all(np.diff(src) >= 0)
-        n_sh = np.count_nonzero(~np.isin(shared, lab)) if len(shared) else 0
+        in_c = ids[src <= dg.SOURCE_LSH]
+        n_sh = np.count_nonzero(~np.isin(shared, in_c)) if len(shared) else 0
         assert (src == dg.SOURCE_SHARED).sum() == n_sh
+        assert set(shared.tolist()) <= set(ids.tolist())
         if model.sampler == "random" or model.shared_negatives == 0:
             assert (src == dg.SOURCE_SHARED).sum() == n_sh
         if model.sampler == "random":
@@ -63,7 +65,12 @@ def test_active_set_sources_are_what_they_claim():
     ids, src = dg.active_set(model, h, lab, shared, serial=3, position=2)
     assert len(np.unique(ids)) == len(ids)
     np.testing.assert_array_equal(np.sort(ids[src == dg.SOURCE_LABEL]), lab)
-    assert set(ids[src == dg.SOURCE_SHARED]) == set(shared) - set(lab)
+    in_c = set(ids[src <= dg.SOURCE_LSH].tolist())
+    assert set(ids[src == dg.SOURCE_SHARED].tolist()) == set(shared.tolist()) - in_c
+    # C does not depend on the shared draw: the same query without shared negatives picks
+    # the same labels + LSH ids
+    ids0, src0 = dg.active_set(model, h, lab, np.zeros(0, np.int32), serial=3, position=2)
+    np.testing.assert_array_equal(ids0[src0 <= dg.SOURCE_LSH], ids[src <= dg.SOURCE_LSH])
     # every LSH id lies in one of the query's buckets
     cand = set(net.indices[1].candidates(h).tolist())
     assert set(ids[src == dg.SOURCE_LSH].tolist()) <= cand
@@ -83,7 +90,7 @@ def test_mass_and_recall_against_brute_force():
     assert dg.topk_recall(z, active, 32) == pytest.approx(want)
     assert dg.topk_recall(z, top[:16], 32) == pytest.approx(0.5)
     assert dg.source_counts(np.array([0, 0, 1, 2, 2, 2, 3], np.int8)) == \
-        {"labels": 2, "shared": 1, "lsh": 3, "padding": 1}
+        {"labels": 2, "lsh": 1, "shared": 3, "padding": 1}
 
 
 def test_full_logits_are_the_exact_network():
@@ -118,11 +125,12 @@ def test_code_drift_counts_changed_neurons():
         dg.codes_drift(before, after[:5])
 
 
-def test_fixed_normaliser_is_unbiased_and_the_engine_counts_lsh_twice():
+def test_fixed_normaliser_is_unbiased_and_the_old_rule_counted_lsh_twice():
     """Exact expectation over every ordered draw of the shared negatives on a tiny layer
     (8 neurons, 3 frequency draws: 512 sequences): the fixed estimator's mean is sum exp(z);
-    the engine's (HT weight on every shared negative + the LSH ids exactly) exceeds it by
-    sum over LSH ids j of exp(z_j) (1 - P(j drawn)), their mass counted a second time."""
+    the engine's rule before issue 14's fix (HT weight on every shared negative, the LSH ids
+    chosen after them and counted exactly) exceeds it by sum over LSH ids j of
+    exp(z_j) (1 - P(j drawn)), their mass counted a second time."""
     import itertools
     rng = np.random.default_rng(4)
     n, n_draws = 8, 3
@@ -155,16 +163,38 @@ def test_engine_offsets_match_the_kernel_rule():
     model, X, Y = _fit(min_active=80, negative_power=1.0)
     net = model.network_
     log_inc = dg.shared_log_inclusion(net)
+    n_out = int(net.n_out[-1])
     ids = np.arange(10, dtype=np.int32)
+    # 1 label, 3 LSH ids (C), 2 shared ids outside C, 4 padding: 10 - 4 > 20 draws fails, so
+    # the fill is not there for every draw and is left out of the estimate
     src = np.array([0, 1, 1, 1, 2, 2, 3, 3, 3, 3], np.int8)
     off = dg.engine_log_offsets(net, ids, src, log_inc)
-    assert off[0] == 0 and off[4] == 0 and off[5] == 0
-    np.testing.assert_allclose(off[1:4], -log_inc[1:4] + np.log(0.5))
-    u = net.n_out[-1] - (10 - 4)
-    np.testing.assert_allclose(off[6:], np.log(u / 4) + np.log(0.5))
-    # the kernel's shared weights are -log P(drawn) as Network.shared_negatives stores them
+    assert (off[:4] == 0).all()
+    np.testing.assert_allclose(off[4:6], -log_inc[4:6], rtol=1e-6)
+    assert np.isneginf(off[6:]).all()
+    # a fill larger than the draw count (26 - 1 > 20): present for every draw, so each half
+    # of the estimate gets weight 1/2 and the shared ids (1 + 1/pi) / 2
+    ids = np.arange(26, dtype=np.int32)
+    src = np.array([0, 2, 2] + [3] * 23, np.int8)
+    off = dg.engine_log_offsets(net, ids, src, log_inc)
+    assert off[0] == 0
+    np.testing.assert_allclose(off[1:3], np.log(0.5 + 0.5 * np.exp(-log_inc[1:3])), rtol=1e-6)
+    np.testing.assert_allclose(off[3:], np.log((n_out - 3) / 23) + np.log(0.5), rtol=1e-6)
+    # no fill: pure Horvitz-Thompson on the shared ids outside C, C exact
+    src = np.array([0, 1, 1] + [2] * 23, np.int8)
+    off = dg.engine_log_offsets(net, ids, src, log_inc)
+    assert (off[:3] == 0).all()
+    np.testing.assert_allclose(off[3:], -log_inc[3:26], rtol=1e-6)
+    # the kernel's shared weights are -log P(drawn) as SharedNegatives.draw stores them
     shared = dg.shared_negatives(model, 9)
     np.testing.assert_allclose(-log_inc[shared], net.negatives.corr[shared], rtol=1e-5)
+    np.testing.assert_allclose(np.log(0.5 + 0.5 * np.exp(-log_inc[shared])),
+                               net.negatives.corr_mix[shared], rtol=1e-5)
+    # uniform negatives: shared ids outside C and the fill share U / |R| with U = n_out - |C|
+    uni = _fit(min_active=80, negative_power=0.0)[0].network_
+    off = dg.engine_log_offsets(uni, ids, src, dg.shared_log_inclusion(uni))
+    assert (off[:3] == 0).all()
+    np.testing.assert_allclose(off[3:], np.log((n_out - 3) / 23))
 
 
 def test_diagnose_reports_all_measures():

@@ -25,8 +25,10 @@ import numpy as np
 from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.engine.arrays import capacity, make_scratch
 
-SOURCE_LABEL, SOURCE_SHARED, SOURCE_LSH, SOURCE_PAD = 0, 1, 2, 3
-SOURCE_NAMES = ("labels", "shared", "lsh", "padding")
+# the kernel's layout order (slide.engine.sample.select_active): labels and LSH ids (C, chosen
+# without looking at the shared draw), the shared negatives not in C, the random padding
+SOURCE_LABEL, SOURCE_LSH, SOURCE_SHARED, SOURCE_PAD = 0, 1, 2, 3
+SOURCE_NAMES = ("labels", "lsh", "shared", "padding")
 
 
 def _network(model):
@@ -72,10 +74,10 @@ def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     draws); max_labels: the most labels of any row of the training set (sizes the kernel's
     output buffer; only matters when it binds, i.e. tiny output layers).
 
-    Returns (ids int32[n], sources int8[n]) in the kernel's layout: labels, then the shared
-    negatives that are not labels, then LSH candidates, then random padding.
+    Returns (ids int32[n], sources int8[n]) in the kernel's layout: labels, then LSH
+    candidates (together C), then the shared negatives not in C, then random padding.
     """
-    from slide.engine.sample import gather_forced, select_active
+    from slide.engine.sample import select_active
     net = _network(model)
     last = net.layout.n_layers - 1
     n_out = int(net.n_out[last])
@@ -86,25 +88,24 @@ def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     ml = max(1, len(labels) if max_labels is None else int(max_labels))
     n_forced = ml + net.n_shared
     # the training kernel's buffers for one sample (their sizes bound what the sampler keeps)
-    sc = make_scratch(net.spec, net.lsh, net.uses_tables, 1, 1, n_forced, net.min_active)
+    sc = make_scratch(net.spec, net.lsh, net.uses_tables, 1, 1, n_forced, net.min_active,
+                      net.n_shared)
     out = np.zeros(capacity(net.spec, last, n_forced, int(net.min_active[last])), np.int32)
-    forced = gather_forced(np.zeros(max(1, len(labels) + len(shared)), np.int32), labels,
-                           shared)
     # numba hands the state back as a Python int: keep it uint64 (an int64 argument would
     # compile the kernel for int64 arithmetic and draw a different stream)
     rng = np.uint64(int(stream_seed(np.uint64(_seed(model, net)),
                                     np.int64(STREAM_SAMPLE + int(serial) * STREAM_SERIAL_STRIDE),
                                     np.int64(position))) & 0xFFFFFFFFFFFFFFFF)
     h = np.ascontiguousarray(h, np.float32)
-    n, _, n1 = select_active(last, net.spec, net.tables, sc, 0, False, np.zeros(1, np.int32),
-                             h, h.shape[0], forced, rng, np.int64(1), out)
+    n, _, n_c, n_s = select_active(last, net.spec, net.tables, sc, 0, False,
+                                   np.zeros(1, np.int32), h, h.shape[0], labels, shared, rng,
+                                   np.int64(1), out)
     ids = out[:n].copy()
-    n_lab = len(np.unique(labels))
+    n_lab = min(len(np.unique(labels)), n_c)
     src = np.full(n, SOURCE_PAD, np.int8)
     src[:n_lab] = SOURCE_LABEL
-    n_fk = n_lab + int(np.count_nonzero(~np.isin(np.unique(shared), labels)))
-    src[n_lab:n_fk] = SOURCE_SHARED
-    src[n_fk:n1] = SOURCE_LSH
+    src[n_lab:n_c] = SOURCE_LSH
+    src[n_c:n_s] = SOURCE_SHARED
     return ids, src
 
 
@@ -146,26 +147,32 @@ def source_counts(sources):
 # ---------------------------------------------------------------------------------------------
 
 def engine_log_offsets(net, ids, sources, log_inclusion):
-    """The offsets the training kernel adds to the active logits (``sampling_correction``), as
-    in ``slide.engine.negatives.correction``: each shared negative j gets -log P(j drawn) (frequency
-    negatives) or log(U/|R|) (uniform ones), the random padding log(U/|fill|); with both
-    present each gets half its weight. ``log_inclusion[j]`` = log P(j in the shared set)."""
-    off = np.zeros(len(ids), np.float64)
-    if not net.correct:
-        return off
-    n_out = int(net.n_out[-1])
+    """The offsets the training kernel adds to the active logits (``sampling_correction``),
+    from the engine's own rule (``slide.engine.negatives.correction``, see there) applied to
+    the active set ``ids`` with ``sources`` (:func:`active_set`'s layout) and inclusion
+    probabilities ``log_inclusion[j]`` = log P(j in the shared set) (the kernel reads them in
+    float32, as ``SharedNegatives.draw`` stores them). -inf marks ids the estimate leaves
+    out (a random fill next to frequency negatives when the fill is not always present)."""
+    from slide.engine.arrays import SharedDraw
+    from slide.engine.negatives import correction, inclusion_weights
+    ids = np.asarray(ids, np.int64)
+    sources = np.asarray(sources)
     n_a = len(ids)
-    shared = sources == SOURCE_SHARED
-    fill = sources == SOURCE_PAD
-    n_sh, n_fill = int(shared.sum()), int(fill.sum())
-    if net.negatives.power > 0 and n_sh > 0:
-        off[shared] = -log_inclusion[ids[shared]]
-        if n_fill > 0:
-            off[shared] += np.log(0.5)
-            off[fill] = np.log(max(n_out - (n_a - n_fill), 1) / n_fill) + np.log(0.5)
-    elif n_sh + n_fill > 0:
-        rand = shared | fill
-        off[rand] = np.log(max(n_out - (n_a - n_sh - n_fill), 1) / (n_sh + n_fill))
+    off = np.zeros(n_a, np.float64)
+    if not (net.correct and net.sparse[-1] and net.loss_code == 0):
+        return off
+    n_c = int(np.count_nonzero(sources <= SOURCE_LSH))
+    n_s = n_c + int(np.count_nonzero(sources == SOURCE_SHARED))
+    if net.negatives.power > 0:
+        corr, corr_mix = inclusion_weights(np.exp(log_inclusion))
+    else:
+        corr = corr_mix = np.zeros(0, np.float32)
+    neg = SharedDraw(np.zeros(0, np.int32), corr, corr_mix, int(net.n_shared))
+    (lo1, hi1, lo2, hi2, w1, w2), c = correction(net.spec, n_a, n_c, n_s, neg, True)
+    off[lo1:hi1] = w1
+    if c.shape[0]:
+        off[lo1:hi1] += c[ids[lo1:hi1]]
+    off[lo2:hi2] = w2
     return off
 
 
