@@ -287,3 +287,152 @@ def test_every_logs_the_diagnostics_without_changing_training():
         dg.every(5, X[:3], Y[:4])
     with pytest.raises(ValueError, match="log"):
         dg.every(5, X, Y, log="stdout")
+
+
+def _tiny_net(n_out, n_draws, min_active, power=1.0):
+    from slide.engine import Network
+    return Network((4, 3, n_out), (False, True), (0, min_active), shared_negatives=n_draws,
+                   negative_power=power)
+
+
+def _expected_engine_normaliser(net, z, q, labels, lsh, n_draws, target):
+    """E over every ordered sequence of ``n_draws`` draws with probabilities ``q`` and over
+    every equally likely random fill of the engine's normaliser estimate, with the active set
+    laid out as select_active does (C = labels + lsh; S \\ C; fill from outside C and S up to
+    ``target``) and offsets from the engine's own rule. Also returns the old rule's mean."""
+    import itertools
+    n = len(z)
+    c = np.concatenate([labels, lsh]).astype(np.int32)
+    log_inc = np.log(-np.expm1(n_draws * np.log1p(-q)))
+    e_new = e_old = 0.0
+    for seq in itertools.product(range(n), repeat=n_draws):
+        p = np.prod(q[list(seq)])
+        sh = np.setdiff1d(np.unique(seq), c).astype(np.int32)
+        rest = np.setdiff1d(np.arange(n), np.concatenate([c, sh]))
+        f = max(0, min(target, n) - len(c) - len(sh))
+        fills = list(itertools.combinations(rest.tolist(), f))
+        for fill in fills:
+            ids = np.concatenate([c, sh, np.array(fill, np.int32)]).astype(np.int32)
+            src = np.array([0] * len(labels) + [1] * len(lsh) + [2] * len(sh) + [3] * f,
+                           np.int8)
+            off = dg.engine_log_offsets(net, ids, src, log_inc)
+            e_new += p / len(fills) * dg.normaliser_engine(z, ids, off)
+            # the old rule on the same set: HT / 2 on the shared ids, U'/(2f) on the fill
+            old = np.zeros(len(ids))
+            if net.negatives.power > 0:
+                old[src == 2] = -log_inc[sh] + (np.log(0.5) if f else 0.0)
+                if f:
+                    old[src == 3] = np.log((n - len(c) - len(sh)) / f) + np.log(0.5)
+            e_old += p / len(fills) * dg.normaliser_engine(z, ids, old)
+    return e_new, e_old
+
+
+@pytest.mark.parametrize("case", ["lsh+freq", "fill+freq, always", "fill+freq, sometimes",
+                                  "lsh+fill+freq, always", "labels+freq"])
+def test_engine_correction_is_exactly_unbiased(case):
+    """The engine's normaliser (its own correction rule) averaged over EVERY draw of the shared
+    negatives and every random fill equals sum_j exp(z_j) on a tiny layer (8 neurons, 3
+    frequency draws), for LSH + frequency negatives and for padding + frequency negatives
+    (the fill present for every draw: mixed 1/2-1/2; only for some: left out)."""
+    rng = np.random.default_rng(4)
+    n, n_draws = 8, 3
+    z = rng.normal(size=n) * 2
+    q = rng.dirichlet(np.ones(n))
+    labels = np.array([3])
+    lsh = {"lsh+freq": [5, 6], "fill+freq, always": [], "fill+freq, sometimes": [],
+           "lsh+fill+freq, always": [6], "labels+freq": []}[case]
+    target = {"lsh+freq": 0, "fill+freq, always": 5, "fill+freq, sometimes": 3,
+              "lsh+fill+freq, always": 6, "labels+freq": 0}[case]
+    net = _tiny_net(n, n_draws, target)
+    e_new, e_old = _expected_engine_normaliser(net, z, q, labels, np.array(lsh, np.int64),
+                                               n_draws, target)
+    exact = np.exp(z).sum()
+    # float32 weights, as the kernel stores them
+    assert e_new == pytest.approx(exact, rel=2e-6)
+    if target > 0:
+        # the padding rule it replaces (each half weight 1/2) was biased on the same sets by
+        # far more than the tolerance (the old LSH double count: the test above)
+        assert abs(e_old / exact - 1) > 1e-3
+
+
+def test_uniform_correction_is_unbiased_when_a_random_negative_is_present():
+    """Uniform negatives: S \\ C and the fill are a uniform subset R of the neurons outside C,
+    weighted U / |R|: unbiased given R non-empty; the only bias is P(R empty) times the mass
+    outside C (here: every draw inside C and no fill)."""
+    import itertools
+    rng = np.random.default_rng(5)
+    n, n_draws = 7, 3
+    z = rng.normal(size=n)
+    q = np.full(n, 1.0 / n)
+    c = np.array([0, 2, 3], np.int32)            # 1 label + 2 LSH ids
+    out_c = np.setdiff1d(np.arange(n), c)
+    for target in (0, 5):
+        net = _tiny_net(n, n_draws, target, power=0.0)
+        log_inc = np.log(-np.expm1(n_draws * np.log1p(-q)))
+        e, p_empty = 0.0, 0.0
+        for seq in itertools.product(range(n), repeat=n_draws):
+            p = np.prod(q[list(seq)])
+            sh = np.setdiff1d(np.unique(seq), c).astype(np.int32)
+            rest = np.setdiff1d(out_c, sh)
+            f = max(0, target - len(c) - len(sh))
+            fills = list(itertools.combinations(rest.tolist(), f))
+            p_empty += p * (len(sh) + f == 0)
+            for fill in fills:
+                ids = np.concatenate([c, sh, np.array(fill, np.int32)]).astype(np.int32)
+                src = np.array([0, 1, 1] + [2] * len(sh) + [3] * f, np.int8)
+                off = dg.engine_log_offsets(net, ids, src, log_inc)
+                e += p / len(fills) * dg.normaliser_engine(z, ids, off)
+        want = np.exp(z).sum() - p_empty * np.exp(z[out_c]).sum()
+        assert e == pytest.approx(want, rel=1e-9)
+        assert (p_empty > 0) == (target == 0)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),                                            # vanilla + frequency negatives
+    dict(sampler="topk", min_active=80),               # fill present for every draw
+    dict(sampler="random", min_active=60),             # fill present for every draw
+    dict(sampler="random", min_active=24),             # fill present for some draws only
+    dict(min_active=50),                               # LSH: the fill is rarely guaranteed
+    dict(sampler="random", min_active=30, negative_power=0.0),
+])
+def test_kernel_loss_is_the_sampled_softmax_with_the_diagnostics_offsets(kw):
+    """The training kernel's loss of one sample equals the sampled softmax cross-entropy over
+    the diagnostics' active set with engine_log_offsets (so the rule the unbiasedness tests
+    enumerate is the rule the kernel trains with), and a fill left out of the estimate gets
+    exactly zero gradient."""
+    model, X, Y = _fit(**kw)
+    net = model.network_
+    log_inc = dg.shared_log_inclusion(net)
+    Wo, _ = net.output_view()
+    kinds = set()
+    for r in range(0, 60, 4):
+        lab = np.sort(Y.indices[Y.indptr[r]:Y.indptr[r + 1]])
+        if len(lab) == 0:
+            continue
+        xi = X.indices[X.indptr[r]:X.indptr[r + 1]]
+        xv = X.data[X.indptr[r]:X.indptr[r + 1]]
+        loss, _, GB, act = model.sample_loss_and_grads(xi, xv, lab, return_active=True)
+        shared = dg.shared_negatives(model, 1)
+        row = sp.csr_matrix(X[r])
+        row.indptr = row.indptr.astype(np.int64)
+        ids, src = dg.active_set(model, net.hidden(row)[0], lab, shared, serial=1, position=0)
+        np.testing.assert_array_equal(ids, act[-1])
+        z = dg.full_logits(model, row)[0][ids]
+        off = dg.engine_log_offsets(net, ids, src, log_inc)
+        zo = z + off
+        want = -zo[src == dg.SOURCE_LABEL].mean() + np.log(np.exp(zo - zo.max()).sum()) \
+            + zo.max()
+        assert loss == pytest.approx(want, rel=1e-4, abs=1e-4)
+        fill = src == dg.SOURCE_PAD
+        if fill.any():
+            dropped = np.isneginf(off[fill]).all()
+            kinds.add("dropped" if dropped else "weighted")
+            gb_fill = GB[len(GB) - Wo.shape[0] + ids[fill]]
+            if dropped:
+                assert (gb_fill == 0).all()
+            else:
+                assert (gb_fill != 0).all()
+    if kw.get("min_active", 0) >= 60:
+        assert kinds == {"weighted"}
+    if kw.get("min_active") == 24:
+        assert "dropped" in kinds
