@@ -3,8 +3,9 @@
 Per sample, in its thread's scratch (``Scratch`` row ``c``):
 
     h0 = relu(b0 + sum_j x_j W0T[j])                 layer 0: only x's nonzero features
-    for each later layer: active = all neurons, or LSH sampler(h_in) (+ forced ids on the
-                          output layer) padded with random neurons to min_active;
+    for each later layer: active = all neurons, or LSH sampler(h_in) (on the output layer:
+                          the labels forced, then the shared negatives not yet in) padded
+                          with random neurons to min_active;
                           z = W[active] h_in + b[active]   (only the active rows)
     softmax (or sigmoid) over the active logits; delta = p - y/|y|
     backward by message passing: g[active] += outer(delta, h_in); d_in = W[active]^T delta
