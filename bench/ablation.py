@@ -5,7 +5,7 @@ varies where they come from (LSH candidates, frequency-drawn or uniform shared n
 padding); every configuration is trained with ``--seeds`` seeds on the same data, and reports
 P@1, P@5 (exact top-k), train seconds per epoch (Numba compilation excluded: a warm-up fit of
 every configuration on a tiny problem runs first) and the active-set diagnostics of
-``slide.diagnostics`` on training rows after the last epoch.
+``slide.engine.diagnostics`` on training rows after the last epoch.
 
 Writes ``<out>.json``, ``<out>.md`` (mean +- std over seeds; a difference to the reference --
 the first configuration -- under 2 std of the difference is called noise) and ``<out>.png``
@@ -104,7 +104,7 @@ def load(args):
 
 
 def run_one(params, X, Y, Xt, Yt, seed, epochs, diag_rows, eval_rows, inv_prop):
-    from slide import diagnostics as dg
+    from slide.engine import diagnostics as dg
     from slide.estimator import SlideClassifier
     from slide.metrics import evaluate
     model = SlideClassifier(**dict(params, random_state=seed, epochs=epochs))

@@ -30,9 +30,11 @@ def _default_net(min_active, loss="softmax", seed=3, n_shared=30):
 
 
 def _brute_force_offsets(net, counts, x_idx, x_val, labels, active, n_shared):
-    """The logit offsets of the default loss, from scratch: the shared negatives (drawn from
-    the same (seed, serial) stream) get -log P(drawn at least once); the uniform fill after
-    the LSH candidates gets log(U / |fill|); with both present each gets + log(1/2)."""
+    """The logit offsets of the default loss, from scratch. Layout: the labels, every LSH
+    candidate (C, chosen without the shared draw), the shared negatives (drawn from the same
+    (seed, serial) stream) not in C, the uniform fill. Shared: -log P(drawn at least once);
+    a fill present for every draw (|active| - |C| > draws): shared log((1 + 1/P) / 2), fill
+    log(U' / |fill|) + log(1/2); a fill present only for some draws: left out."""
     lay = net.layout
     x = np.zeros(40)
     x[x_idx] = x_val
@@ -44,34 +46,42 @@ def _brute_force_offsets(net, counts, x_idx, x_val, labels, active, n_shared):
     p_in = 1.0 - (1.0 - q) ** n_shared
     ny = len(labels)
     lab = set(labels.tolist())
-    sh = [j for j in shared.tolist() if j not in lab]
     assert active[:ny].tolist() == labels.tolist()
-    assert active[ny:ny + len(sh)].tolist() == sh            # labels, then shared negatives
-    n_fk = ny + len(sh)
-    lsh_part = sorted(cands - lab - set(sh))
-    n1 = n_fk + len(lsh_part)
-    assert sorted(active[n_fk:n1].tolist()) == lsh_part      # then every LSH candidate
-    fill = active[n1:]
+    lsh_part = sorted(cands - lab)
+    n_c = ny + len(lsh_part)
+    assert sorted(active[ny:n_c].tolist()) == lsh_part       # labels, then every LSH candidate
+    in_c = lab | cands
+    sh = [j for j in shared.tolist() if j not in in_c]
+    n_s = n_c + len(sh)
+    assert active[n_c:n_s].tolist() == sh                    # then the shared negatives
+    fill = active[n_s:]
     off = np.zeros(C)
-    half = np.log(0.5) if len(fill) else 0.0
-    off[sh] = -np.log(p_in[sh]) + half
+    off[sh] = -np.log(p_in[sh])
+    kind = "none"
     if len(fill):
-        U = C - (len(active) - len(fill))
-        off[fill] = np.log(U / len(fill)) + half
-    return off, len(lsh_part), len(fill)
+        if len(active) - n_c > n_shared:
+            kind = "mixed"
+            off[sh] = np.log(0.5 + 0.5 / p_in[sh])
+            off[fill] = np.log((C - n_s) / len(fill)) + np.log(0.5)
+        else:
+            kind = "dropped"
+            off[fill] = -1e4       # exp underflows to 0: left out (the reference takes no -inf)
+    return off, len(lsh_part), len(fill), kind
 
 
-@pytest.mark.parametrize("min_active", [0, 150])
+@pytest.mark.parametrize("min_active", [0, 150, 32])
 def test_default_loss_matches_brute_force(min_active):
     net, counts = _default_net(min_active)
     rng = np.random.default_rng(11)
     n_lsh = n_fill = 0
+    kinds = set()
     for _ in range(3):
         idx, val, lab = _sample(rng, 40, C, ny=2)
         L, gW, gB, act = net.sample_loss_and_grads(idx, val, lab, serial=1,
                                                    return_active=True)
         a = act[1]
-        off, nl, nf = _brute_force_offsets(net, counts, idx, val, lab, a, 30)
+        off, nl, nf, kind = _brute_force_offsets(net, counts, idx, val, lab, a, 30)
+        kinds.add(kind)
         n_lsh += nl
         n_fill += nf
         Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax",
@@ -84,6 +94,8 @@ def test_default_loss_matches_brute_force(min_active):
         assert abs(L - L0) > 1e-2
     assert n_lsh > 0                      # LSH candidates really were mixed in
     assert (n_fill > 0) == (min_active > 0)
+    # min_active 32: the fill is not there for every draw (32 - |C| <= 30 draws): left out
+    assert kinds - {"none"} == {0: set(), 150: {"mixed"}, 32: {"dropped"}}[min_active]
 
 
 def test_sigmoid_with_sampled_output_layer_matches_reference():

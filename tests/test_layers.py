@@ -41,7 +41,8 @@ def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None, offset=Non
         p = np.exp(zm - zm.max())
         p /= p.sum()
         t = y / y.sum()
-        L = -(t[m] * np.log(p[m])).sum()
+        on = m & (t > 0)        # only the targets contribute (a left-out neuron has p = 0)
+        L = -(t[on] * np.log(p[on])).sum()
         d = np.where(m, p - t, 0.0)
     else:
         p = 1 / (1 + np.exp(-z))

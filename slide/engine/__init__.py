@@ -4,7 +4,9 @@ Modules: ``arrays`` (the NamedTuple bundles kernels take, and their allocation),
 (one sample: active sets, forward, loss, backward), ``negatives`` (shared negatives and the
 sampling correction), ``batch`` (one HOGWILD batch and its optimizer step), ``touched``
 (touched-row lists), ``dense`` (the full-softmax path), ``infer`` (exact and sparse top-k),
-``network`` (the ``Network`` shell), ``state`` (``Network.from_state``).
+``network`` (the ``Network`` shell), ``state`` (``Network.from_state``), ``diagnostics``
+(how well the sampled active set stands in for the full softmax; ``diagnostics.every`` logs it
+from a ``fit`` callback).
 
 Two Numba facts the layout depends on: (1) ``cache=True`` invalidates a kernel's cache only
 when its own file changes, not when a helper it calls from another module does, so after

@@ -14,6 +14,7 @@ reading a loose ``acts`` argument did.
 * ``Csr``      -- a CSR matrix's (indptr, indices, data).
 * ``Touched``  -- the touched-row lists of one batch and their never-cleared stamps.
 * ``OutputRows`` -- the batch's output active sets transposed into per-row entry lists.
+* ``SharedDraw`` -- one batch's shared negatives and their log importance weights.
 """
 from typing import NamedTuple
 
@@ -95,6 +96,13 @@ class OutputRows(NamedTuple):
     g_out: np.ndarray        # [n_chunks, n_in + 1] float32 gradient scratch of output_step
 
 
+class SharedDraw(NamedTuple):
+    ids: np.ndarray          # the batch's shared negatives, sorted, distinct, int32
+    corr: np.ndarray         # per neuron: -log pi_j (pi_j = P(j in the draw)); empty: uniform
+    corr_mix: np.ndarray     # per neuron: log((1 + 1/pi_j) / 2) (next to a random fill)
+    n_draws: int             # draws made (|ids| <= n_draws)
+
+
 def i64(a):
     return np.ascontiguousarray(a, dtype=np.int64)
 
@@ -138,9 +146,11 @@ def capacity(spec, l, max_forced, min_act):
     return min(n, max(max_forced + int(spec.cfg[CFG_BUDGET]), int(min_act), 1))
 
 
-def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active):
+def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active, n_shared=0):
     """Per-thread and per-sample scratch for the kernels. ``lsh``: the network's LSH settings
-    (sampler scratch sizes); ``n_forced``: most ids forced into the output layer."""
+    (sampler scratch sizes); ``n_forced``: most ids forced into the output layer (labels and
+    shared negatives), ``n_shared`` of them shared negatives (the LSH sampler is queried with
+    only the labels forced; the shared ones are deduplicated with the ``marks`` stamps)."""
     from slide.lsh.samplers import scratch_sizes
     L = spec.n_layers
     last = L - 1
@@ -152,15 +162,16 @@ def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active
     tot = int(a_off[-1])
     if uses_tables:
         sz = scratch_sizes(lsh["sampler"], lsh["L"], lsh["bucket_size"], lsh["budget"],
-                           n_forced, int(max(min_active)))
+                           max(0, n_forced - n_shared), int(max(min_active)))
         set_size, order_size, n_codes = sz["set_size"], sz["order_size"], lsh["L"]
     else:
         set_size, order_size, n_codes = 1, 1, 1
     max_in = max([int(spec.n_in[l]) for l in range(1, L) if sparse[l]] or [1])
     # per-thread stamps for the random fill (never cleared: stamp == serial means taken)
-    mlen = max([int(spec.n_out[l]) for l in range(L) if sparse[l] and min_active[l] > 0]
-               + [int(spec.n_out[l]) for l in range(L) if sparse[l] and not uses_tables]
-               or [1])
+    stamped = [l for l in range(L)
+               if sparse[l] and (min_active[l] > 0 or not uses_tables
+                                 or (l == last and n_shared > 0))]
+    mlen = max([int(spec.n_out[l]) for l in stamped] or [1])
     return Scratch(
         a_off=a_off, s_off=s_off,
         acts=np.zeros((n_chunks, tot), np.float32),

@@ -6,21 +6,22 @@ from numba import njit, prange
 
 from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.engine.arrays import csr
-from slide.engine.sample import backward, forward, gather_forced, sample_loss
+from slide.engine.sample import backward, forward, sample_loss
 from slide.engine.touched import collect_touched, output_entries
 from slide.layers import FASTMATH
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial, shared,
-                       shared_corr, row_path, correct, losses):
+def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial, neg, row_path,
+                       correct, losses):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch: the first axis of sc.acts, dels, codes, ... ; per sample: sc.ids,
     sc.n_act (kept after the call: they list the touched rows) and ``store``. Gradients of the
     batch MEAN loss are added into GW/GB without locks. Random draws come from
-    stream_seed(seed, serial, sample position): independent of threads. A sample whose hidden
-    layers are non-finite gets loss NaN and no gradient."""
+    stream_seed(seed, serial, sample position): independent of threads. ``neg``: the batch's
+    shared negatives (``SharedDraw``). A sample whose hidden layers are non-finite gets loss
+    NaN and no gradient."""
     nb = rows.shape[0]
     n_chunks = sc.acts.shape[0]
     scale = 1.0 / nb
@@ -33,16 +34,15 @@ def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial
             x_val = X.dat[X.ptr[r]:X.ptr[r + 1]]
             labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
-            forced = gather_forced(sc.forced_buf[c], labels, shared)
             ids = sc.ids[s]
             n_act = sc.n_act[s]
-            finite, n1 = forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced,
-                                 rng, serial * 1048576 + s + 1)
+            finite, n_c, n_s = forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val,
+                                       labels, neg.ids, rng, serial * 1048576 + s + 1)
             if not finite:
                 losses[s] = np.nan
                 continue
-            losses[s] = sample_loss(spec, sc, c, ids, n_act, labels, shared, shared_corr, n1,
-                                    scale, correct)
+            losses[s] = sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale,
+                                    correct)
             backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path,
                      store.h_store[s], store.d_store[s])
 
@@ -55,7 +55,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     shared = net.negatives.draw(seed, serial)
     sc_b = sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb])
     train_batch_kernel(net.params, net.spec, net.tables, sc_b, net.store, csr(X), csr(Y), rows,
-                       np.uint64(seed), np.int64(serial), shared, net.negatives.corr,
+                       np.uint64(seed), np.int64(serial), net.negatives.bundle(shared),
                        net.row_path, net.correct, net.losses[:nb])
     return net.losses[:nb]
 

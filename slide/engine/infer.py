@@ -6,7 +6,7 @@ from numba import njit, prange
 from slide._rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
 from slide.engine.arrays import csr
 from slide.engine.dense import hidden_forward
-from slide.engine.sample import forward, gather_forced
+from slide.engine.sample import forward
 from slide.layers import FASTMATH
 
 
@@ -56,7 +56,7 @@ def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out
     n = X.ptr.shape[0] - 1
     n_chunks = sc.acts.shape[0]
     last = spec.n_layers - 1
-    empty_lab = np.zeros(0, dtype=np.int32)
+    no_shared = np.zeros(0, dtype=np.int32)
     for c in prange(n_chunks):
         ids = sc.ids[c]
         n_act = sc.n_act[c]
@@ -64,9 +64,9 @@ def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out
             x_idx = X.ind[X.ptr[s]:X.ptr[s + 1]]
             x_val = X.dat[X.ptr[s]:X.ptr[s + 1]]
             rng = stream_seed(seed, STREAM_PREDICT + call * STREAM_SERIAL_STRIDE, s)
-            forced = gather_forced(sc.forced_buf[c], empty_lab, prior)
-            forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced, rng,
-                    (call * 1048576 + s + 1) * 2)
+            # the prior ids are forced as the labels are in training (the sampler skips them)
+            forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, prior, no_shared,
+                    rng, (call * 1048576 + s + 1) * 2)
             _insert_topk(sc.acts[c, sc.a_off[last]:sc.a_off[last + 1]], n_act[last],
                          ids[sc.s_off[last]:sc.s_off[last + 1]], not spec.sparse[last], k,
                          out_ids[s], out_scores[s])

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from slide._rng import SHARED_NEGATIVES_KEY
-from slide.engine.arrays import CFG_SAMPLER, SAMPLER_RANDOM
+from slide.engine.arrays import SharedDraw
 from slide.layers import FASTMATH
 
 
@@ -35,67 +35,67 @@ def is_label(labels, j):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def correction(spec, n_a, labels, shared, shared_corr, n1, enabled):
+def correction(spec, n_a, n_c, n_s, neg, enabled):
     """Logit offsets of one sample's sampled softmax: ((lo1, hi1, lo2, hi2, log_w1, log_w2),
-    corr), as ``slide.engine.sample.output_loss`` applies them.
+    corr), as ``slide.engine.sample.output_loss`` applies them (positions [lo1, hi1) get
+    log_w1 + corr[neuron] when ``corr`` is not empty, [lo2, hi2) get log_w2).
 
-    The output active set is: the true labels [0, ny), the shared negatives that are not labels
-    [ny, n_fk), LSH candidates [n_fk, n1), uniform random fill [n1, n_a). The random negatives
-    R' (shared and fill) stand for all U = C - |S| neurons not computed exactly, so their
-    logits get + log(U / |R'|); the normaliser then estimates the full softmax's, and the label
-    gradient p - 1/|y| is that of the dense network. Frequency-weighted shared negatives
-    (``shared_corr`` non-empty, indexed by neuron) carry their own weight -log P(j drawn); a
-    uniform fill estimates the same remainder, so with both present each counts half.
+    Layout of the active set (``sample.select_active``): C = [0, n_c) the labels and the LSH
+    ids, chosen without looking at the shared draw S; [n_c, n_s) the ids of S not in C;
+    [n_s, n_a) uniform random fill from outside C and S. The softmax normaliser
+    Z^ = sum over the active set of exp(z_j + offset_j) is then an unbiased estimate of the
+    full sum_j exp(z_j) (``neg``: the batch's ``SharedDraw``; E over S and the fill):
+
+    * C is computed exactly (offset 0): nothing of it is estimated, so counted once.
+    * Frequency draws (``neg.corr`` not empty; pi_j = 1 - (1 - q_j)^n for n draws): S estimates
+      all the mass outside C by Horvitz-Thompson, each j in S \\ C weighted 1 / pi_j.
+    * A fill F of f ids next to frequency draws: given S, (U'/f) sum_F exp(z) with
+      U' = n_out - n_s is unbiased for the mass outside C and S. Mixing the two with weight
+      1/2 (shared j: (1 + 1/pi_j)/2, i.e. ``corr_mix``; fill: U'/(2f)) is unbiased only if
+      the fill is non-empty for EVERY draw, i.e. n_a - n_c > n (|S| <= n): then it is used.
+      Otherwise (the fill exists for some draws only, and which depends on S) no fixed weight
+      of it is unbiased without P(fill non-empty), so the fill is dropped from the estimate
+      (offset -inf: it gets no softmax mass and a zero delta) and S alone estimates by HT.
+    * Uniform draws (``neg.corr`` empty) or no draws: S \\ C and the fill together are a
+      uniform random subset R of the U = n_out - n_c neurons outside C, weighted U / |R|
+      (unbiased whenever R is not empty).
     ``enabled`` False: no offsets. (fastmath as the rest of the sample pass: its approximate
     log is part of the pinned numerics.)"""
     lo1 = hi1 = lo2 = hi2 = 0
-    log_w = 0.0
-    weighted = shared_corr.shape[0] > 0
-    last = spec.n_layers - 1
+    log_w1 = log_w2 = 0.0
+    corr = neg.corr[:0]
     if enabled:
-        ny = labels.shape[0]
-        if spec.cfg[CFG_SAMPLER] == SAMPLER_RANDOM:
-            lo1 = ny
-            hi1 = n_a
-            if weighted:
-                # shared negatives first, then the uniform fill
-                lo2 = n1
-                hi2 = n_a
-                hi1 = n1
-        else:
-            n_fk = ny
-            for i in range(shared.shape[0]):
-                if not is_label(labels, shared[i]):
-                    n_fk += 1
-            lo1 = ny
-            hi1 = n_fk
-            lo2 = n1
-            hi2 = n_a
-        n_rand = (hi1 - lo1) + (hi2 - lo2)
-        if weighted:
-            n_fill = hi2 - lo2
+        n_out = spec.n_out[spec.n_layers - 1]
+        lo1, hi1, lo2, hi2 = n_c, n_s, n_s, n_a
+        n_fill = n_a - n_s
+        if neg.corr.shape[0] > 0 and neg.n_draws > 0:
+            corr = neg.corr
             if n_fill > 0:
-                u = spec.n_out[last] - (n_a - n_fill)
-                log_w = math.log(max(u, 1) / n_fill)
-        elif n_rand > 0:
-            u = spec.n_out[last] - (n_a - n_rand)
-            log_w = math.log(max(u, 1) / n_rand)
-    log_w1 = log_w2 = log_w
-    corr = shared_corr[:0]
-    if weighted and hi1 > lo1:
-        corr = shared_corr
-        log_w1 = 0.0
-        if hi2 > lo2:
-            log_w1 = math.log(0.5)
-            log_w2 = log_w + math.log(0.5)
+                if n_a - n_c > neg.n_draws:
+                    corr = neg.corr_mix
+                    log_w2 = math.log(max(n_out - n_s, 1) / n_fill) + math.log(0.5)
+                else:
+                    log_w2 = -math.inf
+        elif n_a > n_c:
+            log_w1 = math.log(max(n_out - n_c, 1) / (n_a - n_c))
+            log_w2 = log_w1
     return (lo1, hi1, lo2, hi2, log_w1, log_w2), corr
+
+
+def inclusion_weights(p_in):
+    """(corr, corr_mix) of neurons drawn with probability ``p_in`` = P(in the shared set):
+    -log p_in and log((1 + 1/p_in) / 2), as float32 (see :func:`correction`)."""
+    p = np.maximum(np.asarray(p_in, np.float64), 1e-300)
+    corr = -np.log(p)
+    return corr.astype(np.float32), np.log(0.5 + 0.5 / p).astype(np.float32)
 
 
 class SharedNegatives:
     """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
 
     ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
-    in ``n_shared`` draws) for the ids of the latest draw: the kernels read it by neuron id."""
+    in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for the ids of the latest draw:
+    the kernels read them by neuron id (:func:`correction`)."""
 
     def __init__(self, n_shared, power, n_out):
         self.n_shared = int(n_shared)
@@ -104,6 +104,7 @@ class SharedNegatives:
         self.q = None
         self.cdf = None
         self.corr = np.zeros(self.n_out if self.power > 0 else 0, np.float32)
+        self.corr_mix = np.zeros_like(self.corr)
 
     def set_label_counts(self, counts):
         """Training-label counts (length n_out) for frequency-proportional negatives."""
@@ -130,5 +131,9 @@ class SharedNegatives:
         ids = np.unique(np.minimum(draws, n_o - 1)).astype(np.int32)
         q = self.q[ids]
         p_in = -np.expm1(self.n_shared * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
-        self.corr[ids] = -np.log(np.maximum(p_in, 1e-300))
+        self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
         return ids
+
+    def bundle(self, ids):
+        """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""
+        return SharedDraw(ids, self.corr, self.corr_mix, self.n_shared)

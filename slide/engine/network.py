@@ -171,7 +171,8 @@ class Network:
             return
         lay = self.layout
         self.sc = sc = make_scratch(self.spec, self.lsh, self.uses_tables, batch_size, n_chunks,
-                                    int(max_labels) + self.n_shared, self.min_active)
+                                    int(max_labels) + self.n_shared, self.min_active,
+                                    self.n_shared)
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
             cap = int(sc.a_off[-1] - sc.a_off[-2])

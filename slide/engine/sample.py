@@ -3,8 +3,9 @@
 Per sample, in its thread's scratch (``Scratch`` row ``c``):
 
     h0 = relu(b0 + sum_j x_j W0T[j])                 layer 0: only x's nonzero features
-    for each later layer: active = all neurons, or LSH sampler(h_in) (+ forced ids on the
-                          output layer) padded with random neurons to min_active;
+    for each later layer: active = all neurons, or LSH sampler(h_in) (on the output layer:
+                          the labels forced, then the shared negatives not yet in) padded
+                          with random neurons to min_active;
                           z = W[active] h_in + b[active]   (only the active rows)
     softmax (or sigmoid) over the active logits; delta = p - y/|y|
     backward by message passing: g[active] += outer(delta, h_in); d_in = W[active]^T delta
@@ -62,22 +63,29 @@ def _fill_active(n_out, forced, min_active, rng, ids, mark, serial):
 
 
 @njit(cache=True, nogil=True)
-def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, forced, rng,
-                  serial, out):
-    """Active neurons of sparse layer ``l`` for one input vector; returns (count, rng, n1).
+def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, labels, shared,
+                  rng, serial, out):
+    """Active neurons of sparse layer ``l`` for one input vector; returns
+    (count, rng, n_c, n_s) with the layout ``out[:count]`` =
 
+        [0, n_c)      C: the ``labels`` (forced), then the LSH candidates (LSH samplers)
+        [n_c, n_s)    the ``shared`` negatives not in C
+        [n_s, count)  uniform random fill up to min_active (none of them in C or shared)
+
+    The LSH sampler is queried with only the labels forced, so C never depends on the shared
+    draw: that is what makes the sampling correction unbiased (``negatives.correction``).
     The input is hashed with the layer's functions (a sparse input -- the network input or a
     sparse previous layer -- is scattered into the thread's ``xbuf`` and hashed densely, so
-    unsorted active ids work too; ``xbuf`` is all-zero between calls), then the sampler picks
-    from the L buckets; forced ids come first, random neurons pad to min_active. out[n1:count]
-    are the random fill (for the random sampler n1 = number of distinct forced ids)."""
+    unsorted active ids work too; ``xbuf`` is all-zero between calls)."""
     cfg = spec.cfg
     n_neurons = spec.n_out[l]
     min_act = spec.min_active[l]
     mark = sc.marks[c, l]
     code = cfg[CFG_SAMPLER]
     if code == SAMPLER_RANDOM:
-        return _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
+        forced = gather_forced(sc.forced_buf[c], labels, shared)
+        n, rng, n_kept = _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
+        return n, rng, min(labels.shape[0], n_kept), n_kept
     fam, K, Lh, bits = cfg[CFG_FAMILY], cfg[CFG_K], cfg[CFG_L], cfg[CFG_BITS]
     codes = sc.codes[c]
     intp = tables.intp[l]
@@ -94,18 +102,26 @@ def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, 
             xbuf[in_ids[m]] = 0.0
     else:
         hash_dense_into(fam, K, Lh, bits, intp, floatp, in_vals[:spec.n_in[l]], codes)
-    n1, rng = sample_into(code, codes, tables.toff[l], tables.titems[l], n_neurons,
-                          cfg[CFG_BUDGET], cfg[CFG_THRESHOLD], forced, 0, rng, sc.set_keys[c],
-                          sc.set_counts[c], sc.order[c], out)
-    # random fill up to min_act done here (not by the sampler) so that the caller knows which
-    # positions are uniform random negatives: out[n1:n]
+    n_c, rng = sample_into(code, codes, tables.toff[l], tables.titems[l], n_neurons,
+                           cfg[CFG_BUDGET], cfg[CFG_THRESHOLD], labels, 0, rng, sc.set_keys[c],
+                           sc.set_counts[c], sc.order[c], out)
+    # the shared negatives and the random fill are added here (not by the sampler) so that
+    # the caller knows which positions are which
     target = min(min_act, n_neurons, out.shape[0])
-    n = n1
-    if n < target:
-        for k in range(n1):
+    n = n_c
+    if shared.shape[0] > 0 or n < target:
+        for k in range(n_c):
             mark[out[k]] = serial
-        n, rng = _pad_random(out, n1, target, n_neurons, rng, mark, serial)
-    return n, rng, n1
+        for i in range(shared.shape[0]):
+            j = shared[i]
+            if mark[j] != serial and n < out.shape[0]:
+                mark[j] = serial
+                out[n] = j
+                n += 1
+    n_s = n
+    if n < target:
+        n, rng = _pad_random(out, n, target, n_neurons, rng, mark, serial)
+    return n, rng, n_c, n_s
 
 
 @njit(cache=True, nogil=True)
@@ -125,25 +141,28 @@ def gather_forced(buf, labels, extra):
 # ----------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced, rng, serial):
-    """Forward pass of one sample into the thread's ``sc.acts[c]``; ``forced`` ids enter the
-    output layer's active set. Returns (finite, n1): ``finite`` is False when a hidden layer
+def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, labels, shared, rng, serial):
+    """Forward pass of one sample into the thread's ``sc.acts[c]``; ``labels`` (forced, and
+    queried with) and ``shared`` (added after the LSH ids) enter the output layer's active set,
+    see ``select_active``. Returns (finite, n_c, n_s): ``finite`` is False when a hidden layer
     came out non-finite (a diverging run: it must not reach the hash functions; the caller
-    reports NaN and nothing is updated); out[n1:] of the last sparse layer is random fill."""
+    reports NaN and nothing is updated); n_c, n_s: the last sparse layer's layout."""
     W, B = params.W, params.B
     n_layers = spec.n_layers
     last = n_layers - 1
-    no_force = forced[:0]
+    no_lab = labels[:0]
+    no_shared = shared[:0]
     a_off, s_off = sc.a_off, sc.s_off
     acts = sc.acts[c]
-    n1 = 0
+    n_c = n_s = 0
     n0 = spec.n_out[0]
     a0 = acts[a_off[0]:a_off[1]]
     if spec.sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
-        cnt, rng, n1 = select_active(0, spec, tables, sc, c, True, x_idx, x_val,
-                                     x_idx.shape[0], forced if last == 0 else no_force, rng,
-                                     serial, id0)
+        cnt, rng, n_c, n_s = select_active(0, spec, tables, sc, c, True, x_idx, x_val,
+                                           x_idx.shape[0], labels if last == 0 else no_lab,
+                                           shared if last == 0 else no_shared, rng, serial,
+                                           id0)
         n_act[0] = cnt
         first_forward_sparse(W, B, spec.w_off[0], spec.b_off[0], n0, x_idx, x_val, id0, cnt,
                              a0)
@@ -159,20 +178,22 @@ def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, forced, rng, 
         if chk != 0.0 or not np.isfinite(chk):
             for q in range(l, n_layers):
                 n_act[q] = 0
-            return False, n1
+            return False, n_c, n_s
         id_in = ids[s_off[l - 1]:s_off[l]]
         id_l = ids[s_off[l]:s_off[l + 1]]
         if spec.sparse[l]:
-            cnt, rng, n1 = select_active(l, spec, tables, sc, c, spec.sparse[l - 1], id_in,
-                                         a_in, n_act[l - 1],
-                                         forced if l == last else no_force, rng, serial, id_l)
+            cnt, rng, n_c, n_s = select_active(l, spec, tables, sc, c, spec.sparse[l - 1],
+                                               id_in, a_in, n_act[l - 1],
+                                               labels if l == last else no_lab,
+                                               shared if l == last else no_shared, rng, serial,
+                                               id_l)
             n_act[l] = cnt
         else:
             n_act[l] = spec.n_out[l]
         rows_forward(W, B, spec.w_off[l], spec.b_off[l], spec.n_in[l], not spec.sparse[l - 1],
                      id_in, a_in, n_act[l - 1], not spec.sparse[l], id_l, n_act[l], l != last,
                      a_l)
-    return True, n1
+    return True, n_c, n_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,13 +288,14 @@ def _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def sample_loss(spec, sc, c, ids, n_act, labels, shared, shared_corr, n1, scale, correct):
+def sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale, correct):
     """Training loss of one forwarded sample; writes its output deltas to ``sc.dels[c]``.
-    ``shared``/``shared_corr``: the batch's shared negatives and their log importance
-    weights (see ``slide.engine.negatives``); ``correct``: apply the sampling correction."""
+    ``neg``: the batch's shared draw and its log importance weights (``arrays.SharedDraw``,
+    see ``slide.engine.negatives``); n_c, n_s: the output layer's layout (``forward``);
+    ``correct``: apply the sampling correction."""
     last = spec.n_layers - 1
     a0, a1 = sc.a_off[last], sc.a_off[last + 1]
-    ranges, corr = correction(spec, n_act[last], labels, shared, shared_corr, n1,
+    ranges, corr = correction(spec, n_act[last], n_c, n_s, neg,
                               correct and spec.sparse[last] and spec.loss_code == 0)
     return output_loss(sc.acts[c, a0:a1], n_act[last], not spec.sparse[last],
                        ids[sc.s_off[last]:sc.s_off[last + 1]], labels, spec.loss_code, scale,

@@ -10,9 +10,11 @@ compared with the active set that training builds for each row:
 (d) ``drift``   -- the share of the output neurons whose LSH bucket ids (in any table) changed
                    since the tables were last (re)built: a measure of how stale the tables are.
 
-The active set is reproduced exactly as ``slide.network._sample_pass`` builds it (same hash
-functions, same ``sample_into`` call, same random streams), from public arrays of the network;
-``tests/test_diagnostics.py`` checks it against ``sample_loss_and_grads(return_active=True)``.
+The active set is not re-implemented here: :func:`active_set` calls the engine's own kernel
+(``slide.engine.sample.select_active``) on a one-sample scratch, with the random stream, forced
+ids and input the training kernel would use, so it is the training kernel's set by
+construction; ``tests/test_diagnostics.py`` checks the plumbing against
+``Network.sample_loss_and_grads(return_active=True)`` and a real ``forward_backward`` batch.
 Only an output layer after dense hidden layers is supported (the default ``sparse_layers``).
 
 Everything here runs outside the training kernels: switching it on costs one dense forward
@@ -20,14 +22,13 @@ pass of the sampled rows, nothing per batch.
 """
 import numpy as np
 
-from slide._rng import randint, stream_seed
+from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.engine.arrays import capacity, make_scratch
 
-SOURCE_LABEL, SOURCE_SHARED, SOURCE_LSH, SOURCE_PAD = 0, 1, 2, 3
-SOURCE_NAMES = ("labels", "shared", "lsh", "padding")
-
-# must match slide.network (the training kernel's random stream of one sample)
-_STREAM_SAMPLE = 7
-_SERIAL_STRIDE = 16
+# the kernel's layout order (slide.engine.sample.select_active): labels and LSH ids (C, chosen
+# without looking at the shared draw), the shared negatives not in C, the random padding
+SOURCE_LABEL, SOURCE_LSH, SOURCE_SHARED, SOURCE_PAD = 0, 1, 2, 3
+SOURCE_NAMES = ("labels", "lsh", "shared", "padding")
 
 
 def _network(model):
@@ -48,87 +49,63 @@ def _output_index(net):
     return net.indices.get(net.layout.n_layers - 1)
 
 
+def _seed(model, net):
+    """The seed the training kernel draws with (the estimator's ``seed_``)."""
+    return int(getattr(model, "seed_", net.seed))
+
+
 # ---------------------------------------------------------------------------------------------
 # the active set of one sample
 # ---------------------------------------------------------------------------------------------
 
-def _u64(v):
-    """A random state as np.uint64 (numba may return it as a signed Python int)."""
-    return np.uint64(int(v) & 0xFFFFFFFFFFFFFFFF)
-
-
-def _pad(ids, n_out, target, rng, taken):
-    """Uniform random fill as slide.network._pad_random: draws until ``target`` ids."""
-    while len(ids) < target:
-        # numba hands the state back as a Python int: keep it uint64, or the next call
-        # would be compiled for int64 arithmetic and draw a different stream
-        rng, j = randint(_u64(rng), np.int64(n_out))
-        j = int(j)
-        if j not in taken:
-            taken.add(j)
-            ids.append(j)
-    return _u64(rng)
+def shared_negatives(model, serial):
+    """The shared negatives of batch ``serial`` as the training kernel gets them (sorted,
+    distinct int32); like training, this leaves their weights in ``net.negatives.corr``."""
+    net = _network(model)
+    return net.negatives.draw(_seed(model, net), serial)
 
 
 def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     """The output-layer active set of one training sample, as the kernel builds it.
 
     h: the sample's last hidden layer (float32 [n_in]); labels: its sorted true labels;
-    shared: the batch's shared negatives (``network.shared_negatives(seed, serial)``);
-    serial / position: the batch serial and the sample's position in the batch (they seed
-    the sampler's random draws); max_labels: the most labels of any row of the training set
-    (sizes the kernel's output buffer; only matters when it binds, i.e. tiny output layers).
+    shared: the batch's shared negatives (:func:`shared_negatives`); serial / position: the
+    batch serial and the sample's position in the batch (they seed the sampler's random
+    draws); max_labels: the most labels of any row of the training set (sizes the kernel's
+    output buffer; only matters when it binds, i.e. tiny output layers).
 
-    Returns (ids int32[n], sources int8[n]) with the kernel's layout: labels, then the shared
-    negatives that are not labels, then LSH candidates, then random padding.
+    Returns (ids int32[n], sources int8[n]) in the kernel's layout: labels, then LSH
+    candidates (together C), then the shared negatives not in C, then random padding.
     """
-    from slide.lsh.samplers import make_scratch, sample_into
+    from slide.engine.sample import select_active
     net = _network(model)
     last = net.layout.n_layers - 1
     n_out = int(net.n_out[last])
-    labels = np.asarray(labels, np.int32)
-    shared = np.asarray(shared, np.int32)
-    forced = np.concatenate([labels, shared]).astype(np.int32)
-    rng = _u64(stream_seed(np.uint64(net.seed),
-                           np.int64(_STREAM_SAMPLE + serial * _SERIAL_STRIDE),
-                           np.int64(position)))
-    min_act = int(net.min_active[last])
     if not net.sparse[last]:
-        ids = np.arange(n_out, dtype=np.int32)
-        return ids, np.full(n_out, SOURCE_PAD, np.int8)
-    n_lab = len(set(labels.tolist()))
-    if not net.uses_tables:
-        # slide.network._fill_active: the forced ids deduplicated, then uniform padding
-        ids, taken = [], set()
-        for j in forced.tolist():
-            if j not in taken:
-                taken.add(j)
-                ids.append(j)
-        n1 = len(ids)
-        rng = _pad(ids, n_out, min(min_act, n_out), rng, taken)
-    else:
-        idx = _output_index(net)
-        c = net.lsh
-        ml = len(labels) if max_labels is None else int(max_labels)
-        n_forced_max = max(1, ml) + net.n_shared
-        cap = net.capacity(last, n_forced_max, min_act)
-        set_keys, set_counts, order, _ = make_scratch(c["sampler"], c["L"], c["bucket_size"],
-                                                      c["budget"], n_forced_max, min_act)
-        out = np.zeros(cap, np.int32)
-        codes = idx.query(np.ascontiguousarray(h, np.float32))
-        n1, rng = sample_into(int(net.cfg[0]), codes, idx.offsets, idx.items, n_out,
-                              int(c["budget"]), int(c["threshold"]), forced, 0, rng, set_keys,
-                              set_counts, order, out)
-        rng = _u64(rng)
-        ids = out[:n1].tolist()
-        taken = set(ids)
-        rng = _pad(ids, n_out, min(min_act, n_out, cap), rng, taken)
-    ids = np.asarray(ids, np.int32)
-    src = np.full(len(ids), SOURCE_PAD, np.int8)
+        return np.arange(n_out, dtype=np.int32), np.full(n_out, SOURCE_PAD, np.int8)
+    labels = np.ascontiguousarray(labels, np.int32)
+    shared = np.ascontiguousarray(shared, np.int32)
+    ml = max(1, len(labels) if max_labels is None else int(max_labels))
+    n_forced = ml + net.n_shared
+    # the training kernel's buffers for one sample (their sizes bound what the sampler keeps)
+    sc = make_scratch(net.spec, net.lsh, net.uses_tables, 1, 1, n_forced, net.min_active,
+                      net.n_shared)
+    out = np.zeros(capacity(net.spec, last, n_forced, int(net.min_active[last])), np.int32)
+    # numba hands the state back as a Python int: keep it uint64 (an int64 argument would
+    # compile the kernel for int64 arithmetic and draw a different stream)
+    rng = np.uint64(int(stream_seed(np.uint64(_seed(model, net)),
+                                    np.int64(STREAM_SAMPLE + int(serial) * STREAM_SERIAL_STRIDE),
+                                    np.int64(position))) & 0xFFFFFFFFFFFFFFFF)
+    h = np.ascontiguousarray(h, np.float32)
+    n, _, n_c, n_s = select_active(last, net.spec, net.tables, sc, 0, False,
+                                   np.zeros(1, np.int32), h, h.shape[0], labels, shared, rng,
+                                   np.int64(1), out)
+    ids = out[:n].copy()
+    n_lab = min(len(np.unique(labels)), n_c)
+    src = np.full(n, SOURCE_PAD, np.int8)
     src[:n_lab] = SOURCE_LABEL
-    n_fk = n_lab + int(np.count_nonzero(~np.isin(np.unique(shared), labels)))
-    src[n_lab:n_fk] = SOURCE_SHARED
-    src[n_fk:n1] = SOURCE_LSH
+    src[n_lab:n_c] = SOURCE_LSH
+    src[n_c:n_s] = SOURCE_SHARED
     return ids, src
 
 
@@ -170,34 +147,40 @@ def source_counts(sources):
 # ---------------------------------------------------------------------------------------------
 
 def engine_log_offsets(net, ids, sources, log_inclusion):
-    """The offsets the training kernel adds to the active logits (``sampling_correction``), as
-    in ``slide.network._sample_pass``: each shared negative j gets -log P(j drawn) (frequency
-    negatives) or log(U/|R|) (uniform ones), the random padding log(U/|fill|); with both
-    present each gets half its weight. ``log_inclusion[j]`` = log P(j in the shared set)."""
-    off = np.zeros(len(ids), np.float64)
-    if not net.correct:
-        return off
-    n_out = int(net.n_out[-1])
+    """The offsets the training kernel adds to the active logits (``sampling_correction``),
+    from the engine's own rule (``slide.engine.negatives.correction``, see there) applied to
+    the active set ``ids`` with ``sources`` (:func:`active_set`'s layout) and inclusion
+    probabilities ``log_inclusion[j]`` = log P(j in the shared set) (the kernel reads them in
+    float32, as ``SharedNegatives.draw`` stores them). -inf marks ids the estimate leaves
+    out (a random fill next to frequency negatives when the fill is not always present)."""
+    from slide.engine.arrays import SharedDraw
+    from slide.engine.negatives import correction, inclusion_weights
+    ids = np.asarray(ids, np.int64)
+    sources = np.asarray(sources)
     n_a = len(ids)
-    shared = sources == SOURCE_SHARED
-    fill = sources == SOURCE_PAD
-    n_sh, n_fill = int(shared.sum()), int(fill.sum())
-    if net.negative_power > 0 and n_sh > 0:
-        off[shared] = -log_inclusion[ids[shared]]
-        if n_fill > 0:
-            off[shared] += np.log(0.5)
-            off[fill] = np.log(max(n_out - (n_a - n_fill), 1) / n_fill) + np.log(0.5)
-    elif n_sh + n_fill > 0:
-        rand = shared | fill
-        off[rand] = np.log(max(n_out - (n_a - n_sh - n_fill), 1) / (n_sh + n_fill))
+    off = np.zeros(n_a, np.float64)
+    if not (net.correct and net.sparse[-1] and net.loss_code == 0):
+        return off
+    n_c = int(np.count_nonzero(sources <= SOURCE_LSH))
+    n_s = n_c + int(np.count_nonzero(sources == SOURCE_SHARED))
+    if net.negatives.power > 0:
+        corr, corr_mix = inclusion_weights(np.exp(log_inclusion))
+    else:
+        corr = corr_mix = np.zeros(0, np.float32)
+    neg = SharedDraw(np.zeros(0, np.int32), corr, corr_mix, int(net.n_shared))
+    (lo1, hi1, lo2, hi2, w1, w2), c = correction(net.spec, n_a, n_c, n_s, neg, True)
+    off[lo1:hi1] = w1
+    if c.shape[0]:
+        off[lo1:hi1] += c[ids[lo1:hi1]]
+    off[lo2:hi2] = w2
     return off
 
 
 def shared_log_inclusion(net, n_draws=None):
     """log P(j in the shared set) for every output neuron: 1 - (1 - q_j)^n for n draws with
-    probability q_j (``negative_power`` > 0), as ``Network.shared_negatives`` weights them."""
+    probability q_j (``negative_power`` > 0), as ``SharedNegatives.draw`` weights them."""
     n = int(net.n_shared if n_draws is None else n_draws)
-    q = getattr(net, "_neg_q", None)
+    q = net.negatives.q
     if q is None:
         n_out = int(net.n_out[-1])
         q = np.full(n_out, 1.0 / n_out)
@@ -300,8 +283,10 @@ def diagnose(model, X, Y, n_rows=256, k=32, serial=None, seed=0, max_labels=None
     if serial is None:
         serial = int(getattr(model, "batches_", 0)) + 1
     if max_labels is None:
-        max_labels = int(np.diff(Y.indptr).max())
-    shared = net.shared_negatives(getattr(model, "seed_", net.seed), serial)
+        # the training kernel's buffers are sized by the training set's most labels per row
+        key = getattr(net, "_scratch_key", None)
+        max_labels = key[2] if key is not None else int(np.diff(Y.indptr).max())
+    shared = shared_negatives(model, serial)
     log_inc = shared_log_inclusion(net)
     H = net.hidden(Xs)
     Z = full_logits(net, Xs)
@@ -309,7 +294,7 @@ def diagnose(model, X, Y, n_rows=256, k=32, serial=None, seed=0, max_labels=None
     srcs = np.zeros(len(SOURCE_NAMES))
     for i in range(len(rows)):
         lab = np.sort(Ys.indices[Ys.indptr[i]:Ys.indptr[i + 1]]).astype(np.int32)
-        ids, src = active_set(net, H[i], lab, shared, serial, i, max_labels)
+        ids, src = active_set(model, H[i], lab, shared, serial, i, max_labels)
         mass.append(captured_mass(Z[i], ids))
         rec.append(topk_recall(Z[i], ids, k))
         srcs += np.bincount(src.astype(np.int64), minlength=len(SOURCE_NAMES))
@@ -336,3 +321,45 @@ def format_diagnostics(d):
     if d["drift"] is not None:
         line += f" drift={d['drift']['neurons']:.3f}"
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# switching it on during training
+# ---------------------------------------------------------------------------------------------
+
+def every(n_batches, X, Y, n_rows=200, log=print, k=32, seed=0):
+    """A ``fit(callback=...)`` callable that logs :func:`diagnose` on ``n_rows`` rows of (X, Y)
+    every ``n_batches`` batches: (a) captured softmax mass, (b) top-``k`` recall, (c) active
+    neurons by source, (d) LSH code drift, and the normaliser's ratio, one line each time
+    (:func:`format_diagnostics`). The rows are the same every time (drawn with ``seed``), the
+    shared negatives those of the next batch. It never stops the fit and leaves the training
+    itself unchanged. The results are also kept, as (batch, dict) pairs, in the callable's
+    ``history`` list.
+
+    Example: ``model.fit(X, Y, callback=slide.engine.diagnostics.every(100, X, Y))``."""
+    import scipy.sparse as sp
+    try:
+        n_batches = int(n_batches)
+    except (TypeError, ValueError):
+        raise ValueError(f"n_batches must be a positive integer, got {n_batches!r}") from None
+    if n_batches < 1:
+        raise ValueError(f"n_batches must be >= 1, got {n_batches}")
+    if int(n_rows) < 1:
+        raise ValueError(f"n_rows must be >= 1, got {n_rows}")
+    if not callable(log):
+        raise ValueError("log must be callable (e.g. print or logging.info)")
+    X = sp.csr_matrix(X)
+    Y = sp.csr_matrix(Y)
+    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
+        raise ValueError(f"X and Y must have the same, non-zero number of rows; got "
+                         f"{X.shape[0]} and {Y.shape[0]}")
+
+    def callback(model, info):
+        if info["batch"] % n_batches == 0:
+            d = diagnose(model, X, Y, n_rows=n_rows, k=k, serial=info["batch"] + 1, seed=seed)
+            callback.history.append((info["batch"], d))
+            log(f"batch {info['batch']}: " + format_diagnostics(d))
+        return False
+
+    callback.history = []
+    return callback
