@@ -249,8 +249,8 @@ def _parse_file(path, mode, has_header, n_rows, n_cols_x, n_cols_y, skip_blank):
             while True:
                 prev = pos
                 status, pos = _parse_chunk(buf, pos, end, mode, skip_blank, max_rows, bx, by,
-                                           x_ind, x_dat, y_ind, x_ptr, y_ptr, state, hard, err,
-                                           _POW10)
+                                           (x_ind, x_dat, y_ind, x_ptr, y_ptr), state, hard,
+                                           err, _POW10)
                 if state[_ST_NHARD]:
                     _fix_hard(path, buf, hard, int(state[_ST_NHARD]), x_dat, header_lines)
                     state[_ST_NHARD] = 0
