@@ -233,42 +233,30 @@ def _label_token(buf, p, q, colon, mode, n_cols_y, y_ind, ny, y0, y_sorted, err,
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _feature_token(buf, p, q, colon, n_cols_x, x_ind, x_dat, nx, x0, x_sorted, hard, n_hard,
-                   lines, err, pow10):
-    """Feature token buf[p:q] = idx:val; a value off the exact fast path is queued in `hard`.
-
-    Returns (error code, nx, x_sorted, n_hard)."""
-    if colon < 0 or colon == p or colon + 1 == q:
-        return _E_MALFORMED, nx, x_sorted, n_hard
-    if _find_colon(buf, colon + 1, q) >= 0:
-        return _E_MALFORMED, nx, x_sorted, n_hard
+def _feature_index(buf, p, q, colon, n_cols_x, err):
+    """Index of feature token buf[p:q] = idx:val. Returns (error code, index)."""
+    if colon < 0 or colon == p or colon + 1 == q or _find_colon(buf, colon + 1, q) >= 0:
+        return _E_MALFORMED, np.int64(-1)
     v = _parse_uint(buf, p, colon)
     if v == -1:
         if buf[p] == 45 and _parse_uint(buf, p + 1, colon) != -1:
-            return _E_NEG_INDEX, nx, x_sorted, n_hard
-        return _E_MALFORMED, nx, x_sorted, n_hard
+            return _E_NEG_INDEX, v
+        return _E_MALFORMED, v
     if v == -2 or v >= n_cols_x:
         err[4] = v
-        return _E_INDEX_RANGE, nx, x_sorted, n_hard
-    st, val = _parse_float(buf, colon + 1, q, pow10)
-    if st == 2:
-        return _E_NONNUMERIC, nx, x_sorted, n_hard
-    if nx > x0 and v <= x_ind[nx - 1]:
-        x_sorted = False
-    x_ind[nx] = v
-    if st == 1:
-        hard[n_hard, 0] = nx
-        hard[n_hard, 1] = colon + 1
-        hard[n_hard, 2] = q
-        hard[n_hard, 3] = p
-        hard[n_hard, 4] = q
-        hard[n_hard, 5] = lines
-        n_hard += 1
-        x_dat[nx] = 0.0
-    else:
-        x_dat[nx] = np.float32(val)
-    nx += 1
-    return _E_NONE, nx, x_sorted, n_hard
+        return _E_INDEX_RANGE, v
+    return _E_NONE, v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _queue_hard(hard, n_hard, nx, colon, p, q, lines):
+    """Queue the value of token buf[p:q] (off the exact fast path) for Python's float."""
+    hard[n_hard, 0] = nx
+    hard[n_hard, 1] = colon + 1
+    hard[n_hard, 2] = q
+    hard[n_hard, 3] = p
+    hard[n_hard, 4] = q
+    hard[n_hard, 5] = lines
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -295,6 +283,29 @@ def _finish_line(x_ind, x_dat, y_ind, x0, nx, y0, ny, x_sorted, y_sorted, hard, 
     return _E_NONE, ny
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _drop_line_hard(hard, n_hard, line_id):
+    """Drop the queued hard values of line `line_id` (the last ones); returns the new count."""
+    while n_hard > 0 and hard[n_hard - 1, 5] == line_id:
+        n_hard -= 1
+    return n_hard
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _end_chunk(state, err, code, status, row, nx, ny, n_hard, lines):
+    """Save the parser's counters in `state` and the error (if any) in `err`; returns status."""
+    if code != _E_NONE:
+        status = _S_ERROR
+        err[0] = code
+        err[1] = lines
+    state[_ST_ROW] = row
+    state[_ST_NNZX] = nx
+    state[_ST_NNZY] = ny
+    state[_ST_NHARD] = n_hard
+    state[_ST_LINES] = lines
+    return status
+
+
 @njit(cache=True, nogil=True)
 def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y, csr, state,
                  hard, err, pow10):
@@ -305,11 +316,8 @@ def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y
     counts all lines after the header from 0.
     """
     x_ind, x_dat, y_ind, x_ptr, y_ptr = csr
-    row = state[_ST_ROW]
-    nx = state[_ST_NNZX]
-    ny = state[_ST_NNZY]
-    n_hard = state[_ST_NHARD]
-    lines = state[_ST_LINES]
+    row, nx, ny = state[_ST_ROW], state[_ST_NNZX], state[_ST_NNZY]
+    n_hard, lines = state[_ST_NHARD], state[_ST_LINES]
     hard_cap = hard.shape[0]
     pos = start
     status = _S_DONE
@@ -353,11 +361,24 @@ def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y
                 if code != _E_NONE:
                     break
             else:
-                code, nx, x_sorted, n_hard = _feature_token(buf, p, q, colon, n_cols_x, x_ind,
-                                                            x_dat, nx, x0, x_sorted, hard,
-                                                            n_hard, lines, err, pow10)
+                # the value is parsed here, not in a helper: that costs ~13% of the parse time
+                code, v = _feature_index(buf, p, q, colon, n_cols_x, err)
                 if code != _E_NONE:
                     break
+                st, val = _parse_float(buf, colon + 1, q, pow10)
+                if st == 2:
+                    code = _E_NONNUMERIC
+                    break
+                if nx > x0 and v <= x_ind[nx - 1]:
+                    x_sorted = False
+                x_ind[nx] = v
+                if st == 1:
+                    _queue_hard(hard, n_hard, nx, colon, p, q, lines)
+                    n_hard += 1
+                    x_dat[nx] = 0.0
+                else:
+                    x_dat[nx] = np.float32(val)
+                nx += 1
                 if n_hard >= hard_cap:
                     # absurdly many hard values on one line: let Python handle the rest
                     status = _S_HARD_FULL
@@ -366,8 +387,7 @@ def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y
             p = q
         if status == _S_HARD_FULL and code == _E_NONE:
             # roll back this line and hand the hard values to Python first
-            while n_hard > 0 and hard[n_hard - 1, 5] == lines:
-                n_hard -= 1
+            n_hard = _drop_line_hard(hard, n_hard, lines)
             nx = x0
             ny = y0
             break  # if pos == start, one line has more hard values than fit: caller grows `hard`
@@ -384,16 +404,7 @@ def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y
         y_ptr[row] = ny
         lines += 1
         pos = le + 1
-    if code != _E_NONE:
-        status = _S_ERROR
-        err[0] = code
-        err[1] = lines
-    state[_ST_ROW] = row
-    state[_ST_NNZX] = nx
-    state[_ST_NNZY] = ny
-    state[_ST_NHARD] = n_hard
-    state[_ST_LINES] = lines
-    return status, pos
+    return _end_chunk(state, err, code, status, row, nx, ny, n_hard, lines), pos
 
 
 @njit(cache=True, nogil=True)
