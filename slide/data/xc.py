@@ -221,49 +221,9 @@ def _parse_file(path, mode, has_header, n_rows, n_cols_x, n_cols_y, skip_blank):
         x_ptr = np.zeros(min(max_rows, n_lines) + 1, dtype=np.int64)
         y_ptr = np.zeros(min(max_rows, n_lines) + 1, dtype=np.int64)
         state = np.zeros(6, dtype=np.int64)
-        hard = np.zeros((_HARD_CAP, 6), dtype=np.int64)
-        err = np.zeros(5, dtype=np.int64)
         ctx = {"n_features": n_cols_x, "n_labels": n_cols_y, "n_rows": n_rows}
-
-        f.seek(offset)
-        buf = np.empty(_CHUNK, dtype=np.uint8)
-        filled = 0
-        eof = False
-        while not eof:
-            n = f.readinto(memoryview(buf)[filled:])
-            total = filled + (n or 0)
-            if not n:
-                eof = True
-                end = total
-            else:
-                last = _last_newline(buf, total)
-                if last < 0:
-                    if total == buf.shape[0]:  # a line longer than the buffer: grow it
-                        nb = np.empty(2 * buf.shape[0], dtype=np.uint8)
-                        nb[:total] = buf[:total]
-                        buf = nb
-                    filled = total
-                    continue
-                end = last + 1
-            pos = 0
-            while True:
-                prev = pos
-                status, pos = _parse_chunk(buf, pos, end, mode, skip_blank, max_rows, bx, by,
-                                           x_ind, x_dat, y_ind, x_ptr, y_ptr, state, hard, err,
-                                           _POW10)
-                if state[_ST_NHARD]:
-                    _fix_hard(path, buf, hard, int(state[_ST_NHARD]), x_dat, header_lines)
-                    state[_ST_NHARD] = 0
-                if status == _S_ERROR:
-                    _raise_kernel_error(path, buf, err, header_lines, ctx)
-                if status == _S_DONE:
-                    break
-                if pos == prev:  # one line holds more slow-path values than `hard` has room for
-                    hard = np.zeros((2 * hard.shape[0], 6), dtype=np.int64)
-            rem = total - end
-            if rem:
-                buf[:rem] = buf[end:total].copy()
-            filled = rem
+        _parse_chunks(path, f, offset, mode, skip_blank, max_rows, bx, by,
+                      (x_ind, x_dat, y_ind, x_ptr, y_ptr), state, header_lines, ctx)
     rows = int(state[_ST_ROW])
     if has_header and rows < n_rows:
         raise DataFormatError(path, header_lines + int(state[_ST_LINES]) + 1, "<end of file>",
@@ -286,6 +246,54 @@ def _parse_file(path, mode, has_header, n_rows, n_cols_x, n_cols_y, skip_blank):
     Y = (_csr(np.ones(ny, dtype=np.float32), y_ind, y_ptr, (rows, n_cols_y))
          if mode != _MODE_FEATURES else None)
     return X, Y
+
+
+def _parse_chunks(path, f, offset, mode, skip_blank, max_rows, bx, by, csr, state, header_lines,
+                  ctx):
+    """Read f from `offset` in chunks of whole lines and parse them into csr/state in place.
+
+    bx, by: the kernel's feature and label bounds; csr = (x_ind, x_dat, y_ind, x_ptr, y_ptr),
+    preallocated by the caller. Raises DataFormatError at the first bad line."""
+    hard = np.zeros((_HARD_CAP, 6), dtype=np.int64)
+    err = np.zeros(5, dtype=np.int64)
+    f.seek(offset)
+    buf = np.empty(_CHUNK, dtype=np.uint8)
+    filled = 0
+    eof = False
+    while not eof:
+        n = f.readinto(memoryview(buf)[filled:])
+        total = filled + (n or 0)
+        if not n:
+            eof = True
+            end = total
+        else:
+            last = _last_newline(buf, total)
+            if last < 0:
+                if total == buf.shape[0]:  # a line longer than the buffer: grow it
+                    nb = np.empty(2 * buf.shape[0], dtype=np.uint8)
+                    nb[:total] = buf[:total]
+                    buf = nb
+                filled = total
+                continue
+            end = last + 1
+        pos = 0
+        while True:
+            prev = pos
+            status, pos = _parse_chunk(buf, pos, end, mode, skip_blank, max_rows, bx, by,
+                                       csr, state, hard, err, _POW10)
+            if state[_ST_NHARD]:
+                _fix_hard(path, buf, hard, int(state[_ST_NHARD]), csr[1], header_lines)
+                state[_ST_NHARD] = 0
+            if status == _S_ERROR:
+                _raise_kernel_error(path, buf, err, header_lines, ctx)
+            if status == _S_DONE:
+                break
+            if pos == prev:  # one line holds more slow-path values than `hard` has room for
+                hard = np.zeros((2 * hard.shape[0], 6), dtype=np.int64)
+        rem = total - end
+        if rem:
+            buf[:rem] = buf[end:total].copy()
+        filled = rem
 
 
 def _fix_hard(path, buf, hard, n_hard, x_dat, header_lines):

@@ -112,6 +112,103 @@ def _set_get(set_keys, set_counts, mask, key):
         s = (s + 1) & mask
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _vanilla_fill(codes, offsets, items, budget, rng_state, set_keys, set_counts, mask, limit,
+                  order, out, n, used):
+    """Vanilla: visit the tables in random order, take up to `budget` new ids from the buckets.
+
+    Returns ``(n, used, rng_state)``."""
+    L = min(codes.shape[0], order.shape[0])  # an undersized `order` visits fewer tables
+    cap_out = out.shape[0]
+    for l in range(L):
+        order[l] = l
+    for l in range(L - 1, 0, -1):
+        rng_state, r = randint(rng_state, l + 1)
+        tmp = order[l]
+        order[l] = order[r]
+        order[r] = tmp
+    got = 0
+    for ti in range(L):
+        if got >= budget:
+            break
+        t = order[ti]
+        b = codes[t]
+        for p in range(offsets[t, b], offsets[t, b + 1]):
+            if got >= budget or n >= cap_out or used >= limit:
+                break
+            v = items[t, p]
+            if _set_take(set_keys, set_counts, mask, v):
+                out[n] = v
+                n += 1
+                used += 1
+                got += 1
+    return n, used, rng_state
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _counted_fill(sampler_code, codes, offsets, items, budget, threshold, rng_state, set_keys,
+                  set_counts, mask, limit, order, out, n, used):
+    """Top-k / threshold: count each candidate's buckets, take the most frequent first.
+
+    Needs ``order.shape[0] > L + 1``. Returns ``(n, used, rng_state)``."""
+    L = codes.shape[0]
+    cap_out = out.shape[0]
+    # count occurrences; distinct non-forced candidates go to order[:nc]
+    hist0 = order.shape[0] - (L + 1)  # order[hist0 + c] = number of candidates seen c times
+    nc = 0
+    for t in range(L):
+        b = codes[t]
+        for p in range(offsets[t, b], offsets[t, b + 1]):
+            v = items[t, p]
+            if _set_count(set_keys, set_counts, mask, v, nc < hist0 and used < limit):
+                order[nc] = v
+                nc += 1
+                used += 1
+    minc = 1 if sampler_code == TOPK else max(threshold, 1)
+    for c in range(L + 1):
+        order[hist0 + c] = 0
+    for i in range(nc):
+        c = _set_get(set_keys, set_counts, mask, order[i])
+        order[hist0 + min(c, L)] += 1
+    room = min(budget, cap_out - n)
+    # cut: the lowest count c* such that the candidates counted >= c* still fit, plus ties
+    cut = L + 1
+    above = 0
+    while cut > minc and above + order[hist0 + cut - 1] <= room:
+        cut -= 1
+        above += order[hist0 + cut]
+    # all candidates with count >= cut fit; fill the rest from the count == cut - 1 tier
+    tie = cut - 1
+    tie_room = room - above if tie >= minc else 0
+    # counting sort of those by count, most frequent first: turn the histogram of counts
+    # >= cut into start offsets (from the top count down)
+    acc = 0
+    for c in range(L, cut - 1, -1):
+        h = order[hist0 + c]
+        order[hist0 + c] = acc
+        acc += h
+    for i in range(nc):
+        v = order[i]
+        c = min(_set_get(set_keys, set_counts, mask, v), L)
+        if c >= cut:
+            out[n + order[hist0 + c]] = v
+            order[hist0 + c] += 1
+            _set_take(set_keys, set_counts, mask, v)
+    n += above
+    if tie_room > 0 and nc > 0:
+        rng_state, start = randint(rng_state, nc)
+        for q in range(nc):
+            if tie_room == 0:
+                break
+            v = order[(start + q) % nc]
+            if _set_get(set_keys, set_counts, mask, v) == tie:
+                _set_take(set_keys, set_counts, mask, v)
+                out[n] = v
+                n += 1
+                tie_room -= 1
+    return n, used, rng_state
+
+
 @njit(cache=True, nogil=True)
 def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshold, forced,
                 min_active, rng_state, set_keys, set_counts, order, out):
@@ -155,83 +252,12 @@ def sample_into(sampler_code, codes, offsets, items, n_neurons, budget, threshol
                 n += 1
                 used += 1
     if sampler_code == VANILLA:
-        L = min(L, order.shape[0])  # an undersized `order` visits fewer tables, never overruns
-        for l in range(L):
-            order[l] = l
-        for l in range(L - 1, 0, -1):
-            rng_state, r = randint(rng_state, l + 1)
-            tmp = order[l]
-            order[l] = order[r]
-            order[r] = tmp
-        got = 0
-        for ti in range(L):
-            if got >= budget:
-                break
-            t = order[ti]
-            b = codes[t]
-            for p in range(offsets[t, b], offsets[t, b + 1]):
-                if got >= budget or n >= cap_out or used >= limit:
-                    break
-                v = items[t, p]
-                if _set_take(set_keys, set_counts, mask, v):
-                    out[n] = v
-                    n += 1
-                    used += 1
-                    got += 1
+        n, used, rng_state = _vanilla_fill(codes, offsets, items, budget, rng_state, set_keys,
+                                           set_counts, mask, limit, order, out, n, used)
     elif order.shape[0] > L + 1:
-        # count occurrences; distinct non-forced candidates go to order[:nc]
-        hist0 = order.shape[0] - (L + 1)  # order[hist0 + c] = number of candidates seen c times
-        nc = 0
-        for t in range(L):
-            b = codes[t]
-            for p in range(offsets[t, b], offsets[t, b + 1]):
-                v = items[t, p]
-                if _set_count(set_keys, set_counts, mask, v, nc < hist0 and used < limit):
-                    order[nc] = v
-                    nc += 1
-                    used += 1
-        minc = 1 if sampler_code == TOPK else max(threshold, 1)
-        for c in range(L + 1):
-            order[hist0 + c] = 0
-        for i in range(nc):
-            c = _set_get(set_keys, set_counts, mask, order[i])
-            order[hist0 + min(c, L)] += 1
-        room = min(budget, cap_out - n)
-        # cut: the lowest count c* such that the candidates counted >= c* still fit, plus ties
-        cut = L + 1
-        above = 0
-        while cut > minc and above + order[hist0 + cut - 1] <= room:
-            cut -= 1
-            above += order[hist0 + cut]
-        # all candidates with count >= cut fit; fill the rest from the count == cut - 1 tier
-        tie = cut - 1
-        tie_room = room - above if tie >= minc else 0
-        # counting sort of those by count, most frequent first: turn the histogram of counts
-        # >= cut into start offsets (from the top count down)
-        acc = 0
-        for c in range(L, cut - 1, -1):
-            h = order[hist0 + c]
-            order[hist0 + c] = acc
-            acc += h
-        for i in range(nc):
-            v = order[i]
-            c = min(_set_get(set_keys, set_counts, mask, v), L)
-            if c >= cut:
-                out[n + order[hist0 + c]] = v
-                order[hist0 + c] += 1
-                _set_take(set_keys, set_counts, mask, v)
-        n += above
-        if tie_room > 0 and nc > 0:
-            rng_state, start = randint(rng_state, nc)
-            for q in range(nc):
-                if tie_room == 0:
-                    break
-                v = order[(start + q) % nc]
-                if _set_get(set_keys, set_counts, mask, v) == tie:
-                    _set_take(set_keys, set_counts, mask, v)
-                    out[n] = v
-                    n += 1
-                    tie_room -= 1
+        n, used, rng_state = _counted_fill(sampler_code, codes, offsets, items, budget,
+                                           threshold, rng_state, set_keys, set_counts, mask,
+                                           limit, order, out, n, used)
     # padding: any id not yet in the active set (unselected candidates included), so the target
     # is always reachable; the set's load stays below half, which bounds `used`
     target = min(min_active, n_neurons, cap_out)
