@@ -21,6 +21,13 @@ V1_PARAMS = dict(hidden_sizes=(8,), K=3, L=4, range_pow=9, bucket_size=8, sample
                  random_state=0, n_threads=1)
 
 
+def _sync_at_30(model, info):
+    """Sync the optimizer at batch 30, where the checkpoints below were saved (saving syncs)."""
+    if info["batch"] == 30:
+        model.sync()
+    return False
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return generate("tiny", seed=0)
@@ -39,14 +46,9 @@ def test_a_checkpoint_written_before_the_split_loads_and_resumes_exactly(tiny):
     # the LSH samplers' active sets, so it cannot match a run of today's code: the exact
     # resume is checked on a file today's code writes at the same point, below)
     m.fit(Xtr, Ytr, resume=True)
-
-    def sync_at_30(model, info):
-        if info["batch"] == 30:
-            model.sync()
-        return False
-
-    full = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=sync_at_30)
-    assert m.batches_ == full.batches_
+    per_epoch = -(-Xtr.shape[0] // V1_PARAMS["batch_size"])
+    assert m.batches_ == V1_PARAMS["epochs"] * per_epoch       # it ran on to the end
+    assert (m.epoch_, m.batch_in_epoch_) == (V1_PARAMS["epochs"], 0)
     assert np.isfinite(m.network_.W).all() and np.isfinite(m.network_.B).all()
 
 
@@ -59,13 +61,7 @@ def test_a_checkpoint_of_todays_code_resumes_exactly(tiny, tmp_path):
     part.save(path)
     m = load(path)
     m.fit(Xtr, Ytr, resume=True)
-
-    def sync_at_30(model, info):
-        if info["batch"] == 30:
-            model.sync()
-        return False
-
-    full = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=sync_at_30)
+    full = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=_sync_at_30)
     assert m.batches_ == full.batches_ > 30
     np.testing.assert_array_equal(m.network_.W, full.network_.W)
     np.testing.assert_array_equal(m.network_.B, full.network_.B)
