@@ -12,7 +12,7 @@ def _fit(**kw):
     X, Y, Xt, Yt = slide.generate("tiny", seed=3)
     params = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=24,
                   shared_negatives=20, batch_size=64, epochs=1, learning_rate=1e-2,
-                  random_state=5, n_threads=1)
+                  random_state=5, n_threads=1, sampler="vanilla")
     params.update(kw)
     return SlideClassifier(**params).fit(X, Y), X, Y
 
