@@ -194,3 +194,26 @@ def test_transforms_are_unit_norm_and_keep_the_ranking():
         z = H[r] @ W.T + b
         assert (np.argsort(-(X @ Q[r]), kind="stable")[:20] ==
                 np.argsort(-z, kind="stable")[:20]).all()
+
+
+def test_checkpoint_with_a_broken_serving_index_is_refused(tiny, tmp_path):
+    from slide import checkpoint
+    Xtr, Ytr, Xte, _ = tiny
+    m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
+    m.serving_index(n_bits=2, n_tables=3)
+    m.save(tmp_path / "m.slide")
+    meta, arrays = checkpoint.read(tmp_path / "m.slide")
+
+    def write(name, meta, arrays):
+        with open(tmp_path / name, "wb") as f:
+            checkpoint._write_arrays(f, meta, arrays)
+        return tmp_path / name
+
+    no_settings = write("a.slide", dict(meta, serving=None), arrays)
+    with pytest.raises(checkpoint.CheckpointError, match="serving index arrays"):
+        slide.load(no_settings)
+    items = arrays["serve_items"].copy()
+    items[0, 0] = 10_000
+    bad_items = write("b.slide", meta, dict(arrays, serve_items=items))
+    with pytest.raises(checkpoint.CheckpointError, match="serving index"):
+        slide.load(bad_items)
