@@ -33,6 +33,8 @@ STREAM_REBUILD = 501         # lsh.index: seed of the next hash functions at a r
 STREAM_INIT = 1000           # layers.init_params: weights of layer l use STREAM_INIT + l
 SHARED_NEGATIVES_KEY = 0x5EED  # engine: numpy Generator key (seed, serial, key) of a batch's
                                # shared negatives (drawn in Python, not by the counter RNG)
+SERVING_INDEX_KEY = 0x5E7E   # lsh.serving: numpy Generator key (seed, key) of the serving
+                             # index's projections
 
 
 @njit(cache=True, nogil=True, inline="always")

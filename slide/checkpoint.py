@@ -4,7 +4,8 @@ One file, written atomically through ``slide.fileio.atomic_write``: an ``np.save
 a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed, optimizer step,
 schedule state, epoch position, history, the caller's ``extra``) and the arrays ``W``, ``B``,
 the optimizer's state (``opt_*``) and each LSH index's tables and hash parameters
-(``lsh<layer>_*``). ``load`` validates everything before it builds a model and raises
+(``lsh<layer>_*``), and the serving index of sparse inference when one was built
+(``serve_*``, settings under ``serving``; optional, so older files load). ``load`` validates everything before it builds a model and raises
 :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt, truncated, mismatched
 or unsupported file.
 
@@ -45,6 +46,10 @@ def _model_arrays(model):
         for k, v in idx.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"lsh{l}_{k}"] = v
+    if net.serving is not None:
+        for k, v in net.serving.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"serve_{k}"] = v
     return arrays
 
 
@@ -65,6 +70,8 @@ def _metadata(model, arrays, extra):
         "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
                          if not isinstance(v, np.ndarray)}
                 for l, idx in net.indices.items()},
+        "serving": None if net.serving is None else
+        {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
     }
@@ -189,6 +196,7 @@ def _restore(model, path, meta, arrays):
                         history=list(meta["history"]))
     model.schedule_.set_state(meta["schedule"])
     _load_lsh(model, path, meta.get("lsh", {}), arrays)
+    _load_serving(model, path, meta.get("serving"), arrays)
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
 
@@ -235,3 +243,25 @@ def _load_lsh(model, path, lsh_meta, arrays):
             raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
         restored[l] = idx
     net.set_indices(restored)
+
+
+def _load_serving(model, path, serving_meta, arrays):
+    """Restore the serving index of sparse inference, if the file has one (files written
+    before it existed, or saved before any sparse prediction, have none: it is built on
+    demand)."""
+    from slide.lsh.serving import ServingIndex
+    names = [n for n in arrays if n.startswith("serve_")]
+    if serving_meta is None:
+        if names:
+            raise CheckpointError(path, f"serving index arrays {sorted(names)} without settings")
+        return
+    d = dict(serving_meta)
+    d.update({n[len("serve_"):]: arrays[n] for n in names})
+    try:
+        ix = ServingIndex.from_state(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"serving index: {exc}") from None
+    Wo, _ = model.network_.output_view()
+    if not ix.fits(Wo):
+        raise CheckpointError(path, "serving index does not fit the output layer")
+    model.network_.serving = ix

@@ -40,10 +40,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         LSH of the sparse layers: family ("simhash", "wta", "dwta", "doph"), K hashes per
         table, L tables, 2**range_pow buckets per table, at most bucket_size neurons per bucket
         ("fifo" keeps the latest inserted, "reservoir" a uniform subset).
-    sampler : "vanilla" | "topk" | "threshold" | "random" | "dense"
-        How a sparse layer picks its active neurons from the tables. "random": no LSH, only the
-        true labels plus random neurons (classic sampled softmax). "dense": every output neuron
-        active (exact full softmax; the dense reference network).
+    sampler : "random" | "vanilla" | "topk" | "threshold" | "dense"
+        How a sparse layer picks its active neurons. "random" (the default): no LSH, the true
+        labels plus the batch's shared negatives drawn by label frequency (sampled softmax);
+        the measured best: the same accuracy as the LSH samplers at equal active size, without
+        hashing or rehash cost (``bench/results/lsh_study.md``). "vanilla" / "topk" /
+        "threshold": LSH samplers that add each sample's candidates from the tables (the
+        hash_family ... bucket_policy settings apply only to them). "dense": every output
+        neuron active (exact full softmax; the dense reference network).
     sampler_budget : int
         Cap on the LSH candidates taken per sample, beyond the true labels and the shared
         negatives (not the total active size).
@@ -98,7 +102,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     """
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
-                 bucket_size=128, bucket_policy="fifo", sampler="vanilla", sampler_budget=1024,
+                 bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
                  sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
                  sparse_layers=None, loss="softmax",
@@ -323,30 +327,44 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.optimizer_.flush(self.network_.W, self.network_.B)
         return self
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=256):
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
         """(n, k) int64 label ids, best first. exact=True scores every output neuron;
-        exact=False only the LSH-selected ones (fast serving) plus the ``prior_candidates``
-        output neurons with the highest bias, the same for every row. LSH finds the labels whose
-        weights match the input but cannot see a bias, and the frequent labels' advantage sits
-        largely in their bias (measured at 200k labels, 5,000 points: P@1 0.281 with 0, 0.520
-        with 256 in 0.30 s, 0.520 exact in 9.0 s)."""
+        exact=False is sparse serving: the output layer's serving index
+        (``slide.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
+        kept until training changes them, saved with the model) picks each row's
+        most-colliding labels, and those plus the ``prior_candidates`` labels with the
+        highest bias (the same for every row; 0 for none; None: 2 % of the labels, at least
+        256) are scored exactly. It works the same whichever sampler trained the model.
+        Measured (``bench/results/serving.md``): the prior list, not the LSH, carries the
+        recall of the exact top-k."""
         self._check_fitted()
         if not is_int(k) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        if not is_int(prior_candidates) or prior_candidates < 0:
-            raise ValueError(f"prior_candidates must be a non-negative integer, "
+        if prior_candidates is not None and (not is_int(prior_candidates)
+                                             or prior_candidates < 0):
+            raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
         self.sync()
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
-            if exact or not self.network_.uses_tables:
+            if exact:
                 return self.network_.predict_topk_exact(X, int(k))
-            self._ensure_lsh()
-            # call=0: the random fill (only used to reach k candidates) depends on the row
-            # alone, so sparse predictions are deterministic
-            return self.network_.predict_topk_sparse(X, int(k), call=0,
-                                                     prior_candidates=int(prior_candidates))
+            if prior_candidates is None:
+                from slide.lsh.serving import default_prior
+                prior_candidates = default_prior(self.network_.layout.n_out[-1])
+            return self.network_.predict_topk_serving(X, int(k),
+                                                      prior_candidates=int(prior_candidates))
+
+    def serving_index(self, n_bits=None, n_tables=None, n_candidates=None, n_ranges=None):
+        """The serving index sparse ``predict_topk`` uses (built now if missing, or rebuilt
+        with the given settings; each one left None is derived from the label count and the
+        hidden width: ``slide.lsh.serving.serving_config``). Returns the index."""
+        self._check_fitted()
+        self.sync()
+        with blas_single_thread():
+            return self.network_.serving_index(n_bits=n_bits, n_tables=n_tables,
+                                               n_candidates=n_candidates, n_ranges=n_ranges)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons)."""
@@ -361,7 +379,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """Top-1 label id per row."""
         return self.predict_topk(X, k=1)[:, 0]
 
-    def score(self, X, Y, exact=True, prior_candidates=256):
+    def score(self, X, Y, exact=True, prior_candidates=None):
         """Precision@1 of the top prediction (``predict_topk``'s inference options)."""
         self._check_fitted()
         X, Y = self._check_data(X, Y, fitted=True)

@@ -100,8 +100,10 @@ TABLE = (
     _p("bucket_size", "lsh.bucket_size", "int", 128, "most neurons kept per bucket", ge=1),
     _p("bucket_policy", "lsh.policy", "str", "fifo", "which neurons a full bucket keeps: fifo "
        "the latest inserted, reservoir a uniform subset", choices=BUCKET_POLICIES),
-    _p("sampler", "sampler.kind", "str", "vanilla", "how the output layer picks its active "
-       "neurons: an LSH sampler, random (sampled softmax without LSH) or dense (full softmax)",
+    _p("sampler", "sampler.kind", "str", "random", "how the output layer picks its active "
+       "neurons: random (the true labels plus the frequency-drawn shared negatives, no LSH: "
+       "the measured best, bench/results/lsh_study.md), an LSH sampler (vanilla, topk, "
+       "threshold: adds each sample's LSH candidates) or dense (full softmax)",
        choices=SAMPLERS),
     _p("sampler_budget", "sampler.budget", "int", 1024, "cap on the LSH candidates taken per "
        "sample, beyond the true labels and shared negatives (not the total active size)", ge=1,

@@ -143,6 +143,8 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
     total_batches = max(int(model.epochs), int(end_epoch_index)) * n_batches
     _prepare(model, X, Y, n_threads)
+    # the serving index was built from the weights this run changes
+    model.network_.serving = None
     model.stopped_ = False
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_

@@ -17,7 +17,7 @@ V1 = os.path.join(DATA, "checkpoint_v1.slide")
 V1_PARAMS = dict(hidden_sizes=(8,), K=3, L=4, range_pow=9, bucket_size=8, sampler_budget=30,
                  min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
                  rehash_decay=0.05, batch_size=32, learning_rate=1e-2, epochs=2,
-                 lr_schedule="constant",
+                 lr_schedule="constant", sampler="vanilla",
                  random_state=0, n_threads=1)
 
 

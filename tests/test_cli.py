@@ -159,7 +159,7 @@ def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
     code, out, err = run_cli(["evaluate", "--model", os.path.join(run, "model.slide"),
                               "--data", test, "--sparse", "--json"], capsys)
     assert code == 0, err
-    assert json.loads(out)["inference"] == "sparse (LSH)"
+    assert json.loads(out)["inference"] == "sparse (serving index)"
 
 
 def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):

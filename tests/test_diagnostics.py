@@ -12,7 +12,7 @@ def _fit(**kw):
     X, Y, Xt, Yt = slide.generate("tiny", seed=3)
     params = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=24,
                   shared_negatives=20, batch_size=64, epochs=1, learning_rate=1e-2,
-                  random_state=5, n_threads=1)
+                  random_state=5, n_threads=1, sampler="vanilla")
     params.update(kw)
     return SlideClassifier(**params).fit(X, Y), X, Y
 
@@ -257,7 +257,7 @@ def test_every_logs_the_diagnostics_without_changing_training():
     X, Y, _, _ = slide.generate("tiny", seed=3)
     params = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=24,
                   shared_negatives=20, min_active=50, batch_size=64, epochs=1,
-                  learning_rate=1e-2, random_state=5, n_threads=1)
+                  learning_rate=1e-2, random_state=5, n_threads=1, sampler="vanilla")
     lines = []
     cb = dg.every(5, X, Y, n_rows=20, log=lines.append)
     model = SlideClassifier(**params).fit(X, Y, callback=cb)

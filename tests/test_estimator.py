@@ -15,7 +15,7 @@ from slide.synthetic import generate
 SMALL = dict(K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30, min_active=40,
              shared_negatives=16,
              rehash_period=5, rebuild_period=20, rehash_decay=0.05, batch_size=32,
-             learning_rate=1e-2, lr_schedule="constant")
+             learning_rate=1e-2, lr_schedule="constant", sampler="vanilla")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_lsh_training_beats_baseline_and_matches_dense(tiny, trained):
     base = _most_frequent_p1(Ytr, Yte)
     p1 = trained.score(Xte, Yte)
     dense = SlideClassifier(sampler="dense", epochs=8, random_state=0, n_threads=1,
-                            **{k: v for k, v in SMALL.items() if k not in ("min_active",)})
+                            **{k: v for k, v in SMALL.items()
+                               if k not in ("min_active", "sampler")})
     dense.fit(Xtr, Ytr)
     p1_dense = dense.score(Xte, Yte)
     assert base < 0.08
@@ -50,8 +51,8 @@ def test_lsh_training_beats_baseline_and_matches_dense(tiny, trained):
     assert p1_dense >= max(0.2, 4 * base), (p1_dense, base)
     assert p1 >= p1_dense - 0.05               # sampled softmax keeps up with the full one
     assert len(trained.history_) == 8 and "P@1" in trained.history_[-1]
-    # sparse inference from the LSH candidates alone is far above the baseline too (the default
-    # 256 prior candidates would cover all 200 labels here and make it exact)
+    # sparse inference from the serving index's candidates alone is far above the baseline too
+    # (the default prior list would cover all 200 labels here and make it exact)
     assert trained.score(Xte, Yte, exact=False, prior_candidates=0) >= 3 * base
 
 
@@ -60,16 +61,21 @@ def test_prior_candidates_add_the_highest_bias_labels_to_the_lsh_candidates(tiny
     net = trained.network_
     bias = net.layout.bias_view(net.B, net.layout.n_layers - 1)
     top_bias = np.argsort(-bias, kind="stable")[:20]
+    trained.serving_index(n_candidates=30)
     lsh_only = trained.predict_topk(Xte, k=1, exact=False, prior_candidates=0)[:, 0]
     with_prior = trained.predict_topk(Xte, k=1, exact=False, prior_candidates=20)[:, 0]
     S = trained.predict_scores(Xte)
     rows = np.arange(Xte.shape[0])
-    # a larger candidate set can only raise the best score found ...
+    # the prior labels are scored besides the LSH candidates (whose slots then go to labels
+    # outside the list): a larger candidate set can only raise the best score found ...
     assert (S[rows, with_prior] >= S[rows, lsh_only] - 1e-4).all()
-    # ... and where the answer changed, it came from the 20 labels with the highest bias
     changed = with_prior != lsh_only
     assert changed.any() and not changed.all()
-    assert np.isin(with_prior[changed], top_bias).all()
+    # ... and with no LSH candidates, every answer comes from the 20 highest-bias labels
+    trained.serving_index(n_candidates=0)
+    prior_only = trained.predict_topk(Xte, k=1, exact=False, prior_candidates=20)[:, 0]
+    assert np.isin(prior_only, top_bias).all()
+    trained.serving_index(n_candidates=128)
     # 200 prior candidates are all 200 labels: sparse inference is then the exact one
     np.testing.assert_array_equal(trained.predict_topk(Xte, k=5, exact=False,
                                                        prior_candidates=200),
@@ -237,7 +243,7 @@ def test_sklearn_conventions():
 
 
 @pytest.mark.parametrize("params,match", [
-    (dict(K=7), "K=7"),                                   # 21 bits > range_pow=18
+    (dict(K=7, sampler="vanilla"), "K=7"),                # 21 bits > range_pow=18
     (dict(K=0), "K"),
     (dict(hidden_sizes=()), "hidden_sizes"),
     (dict(hidden_sizes=(128, -4)), "hidden_sizes"),
@@ -287,3 +293,13 @@ def test_divergence_raises_naming_the_batch(tiny):
                                n_threads=1))
     with pytest.raises(DivergenceError, match=r"batch \d+"):
         m.fit(Xtr, Ytr)
+
+
+def test_hash_settings_are_unused_by_the_default_random_sampler(tiny):
+    """The default sampler ("random") builds no tables, so hash settings that would not fit
+    (K=7: 21 bits > range_pow=18) are not checked; an LSH sampler checks them (above)."""
+    Xtr, Ytr, _, _ = tiny
+    m = SlideClassifier(K=7, hidden_sizes=(16,), epochs=1, n_threads=1, random_state=0)
+    m.fit(Xtr, Ytr)
+    assert m.sampler == "random"
+    assert not m.network_.uses_tables and m.network_.indices == {}

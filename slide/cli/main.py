@@ -44,8 +44,9 @@ def build_parser():
     e.add_argument("--model", "-m", required=True, help="run directory or model/checkpoint file")
     e.add_argument("--data", "-d", required=True, help="XC-format file with true labels")
     e.add_argument("--sparse", action="store_true",
-                   help="LSH (sparse) inference instead of exact: the LSH "
-                   "candidates plus the 256 highest-bias labels")
+                   help="sparse inference instead of exact: the serving index's "
+                   "candidates (LSH over the output weights, built on first use) plus the "
+                   "2%% highest-bias labels")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.add_argument("--out", "-o", help="also write the JSON to this file")
     e.set_defaults(func=cmd_evaluate)
@@ -55,7 +56,8 @@ def build_parser():
     r.add_argument("--data", "-d", required=True, help="XC-format file (labels may be empty)")
     r.add_argument("--k", "-k", type=int, default=5, help="labels per point (default 5)")
     r.add_argument("--out", "-o", default="-", help="output file ('-' = stdout, the default)")
-    r.add_argument("--sparse", action="store_true", help="LSH (sparse) inference")
+    r.add_argument("--sparse", action="store_true",
+                   help="sparse inference (serving index + highest-bias labels)")
     r.add_argument("--chunk-size", type=int, default=10_000,
                    help="lines read and predicted at a time (default 10000)")
     r.set_defaults(func=cmd_predict)

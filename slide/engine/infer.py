@@ -1,5 +1,6 @@
-"""Inference: exact top-k (every output neuron, BLAS) and sparse top-k (the LSH-selected
-neurons plus the highest-bias ones, one Numba call)."""
+"""Inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
+index, ``slide.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
+sparse top-k (the LSH-selected neurons plus the highest-bias ones, one Numba call)."""
 import numpy as np
 from numba import njit, prange
 
@@ -151,6 +152,25 @@ def topk_sparse(net, X, k, call=0, prior_candidates=0):
     predict_sparse_kernel(net.params, spec, net.tables, sc, csr(X), np.uint64(net.seed),
                           np.int64(call), int(k), prior, out_ids, out_scores)
     return out_ids
+
+
+def prior_ids_any(net, n):
+    """The ``n`` output neurons with the highest bias, whatever the layer's kind (int32)."""
+    _, bo = net.output_view()
+    n = min(int(n), bo.shape[0])
+    if n <= 0:
+        return np.zeros(0, np.int32)
+    return np.sort(np.argpartition(-bo, n - 1)[:n]).astype(np.int32)
+
+
+def topk_serving(net, X, k, prior_candidates=0, n_candidates=None):
+    """Top-k through the output layer's serving index (built from the weights on first use):
+    each row's most-colliding labels plus the ``prior_candidates`` highest-bias ones, scored
+    exactly. Padded with -1 where fewer than k labels were scored."""
+    ix = net.serving_index()
+    Wo, bo = net.output_view()
+    H = hidden(net, X)
+    return ix.topk(H, Wo, bo, int(k), prior_ids_any(net, prior_candidates), n_candidates)[0]
 
 
 def scores(net, X, block=1024):

@@ -61,6 +61,9 @@ class Network:
         # per output neuron: serial of the batch that last updated it (incremental rehash)
         self.out_stamp = np.zeros(int(lay.n_out[-1]) if self.row_path else 1, np.int64)
         self._scratch_key = None
+        # slide.lsh.serving.ServingIndex over the output layer: built on demand by sparse
+        # inference, dropped whenever training changes the weights (slide.trainer.train)
+        self.serving = None
         self.spec = Spec(L, self.n_in, self.n_out, self.w_off, self.b_off, self.sparse,
                          self.min_active, self.loss_code, self._lsh_cfg())
         self._pack_lsh()
@@ -237,6 +240,23 @@ class Network:
 
     def predict_topk_sparse(self, X, k, call=0, prior_candidates=0):
         return _infer.topk_sparse(self, X, k, call, prior_candidates)
+
+    def serving_index(self, **overrides):
+        """The output layer's serving index (``slide.lsh.serving``): the cached one when it fits
+        the weights' shape and every given override, else a new one built from the weights."""
+        from slide.lsh.serving import ServingIndex
+        Wo, bo = self.output_view()
+        ix = self.serving
+        given = {k: v for k, v in overrides.items() if v is not None}
+        n_cand = given.pop("n_candidates", None)     # a query setting: no rebuild for it
+        if ix is None or not ix.fits(Wo) or any(getattr(ix, k) != v for k, v in given.items()):
+            self.serving = ix = ServingIndex.build(Wo, bo, seed=self.seed, **given)
+        if n_cand is not None:
+            ix.set_candidates(n_cand)
+        return ix
+
+    def predict_topk_serving(self, X, k, prior_candidates=0, n_candidates=None):
+        return _infer.topk_serving(self, X, k, prior_candidates, n_candidates)
 
     def predict_scores(self, X, block=1024):
         return _infer.scores(self, X, block)
