@@ -1,0 +1,36 @@
+"""The in-process backend: the shards are ``OutputShard`` objects of this process, called one
+after the other. Same interface as ``slide.distributed.ray_backend.RayBackend``; for tests,
+debugging and one-machine runs without Ray."""
+from slide.distributed.shard import OutputShard
+
+
+class LocalBackend:
+    """``create(specs)`` builds one shard per spec (``OutputShard`` keywords) or restores it
+    from a state dict; ``call_each(method, args_list)`` calls shard q's ``method`` with
+    ``args_list[q]``; ``call_all(method, *args)`` calls every shard with the same arguments.
+    Both return the results in shard order."""
+
+    name = "local"
+
+    def __init__(self):
+        self.shards = []
+
+    def create(self, specs=None, states=None):
+        if states is not None:
+            self.shards = [OutputShard.from_state(st) for st in states]
+        else:
+            self.shards = [OutputShard(**sp) for sp in specs]
+        return self
+
+    @property
+    def n_shards(self):
+        return len(self.shards)
+
+    def call_each(self, method, args_list):
+        return [getattr(sh, method)(*args) for sh, args in zip(self.shards, args_list)]
+
+    def call_all(self, method, *args):
+        return [getattr(sh, method)(*args) for sh in self.shards]
+
+    def shutdown(self):
+        self.shards = []
