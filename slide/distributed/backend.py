@@ -15,12 +15,18 @@ class LocalBackend:
     def __init__(self):
         self.shards = []
 
-    def create(self, specs=None, states=None):
-        if states is not None:
-            self.shards = [OutputShard.from_state(st) for st in states]
+    def create(self, specs, files=None):
+        """One shard per spec (``OutputShard`` keywords), or, with ``files``, each restored
+        from its checkpoint file."""
+        if files is not None:
+            self.shards = [OutputShard.from_file(f) for f in files]
         else:
             self.shards = [OutputShard(**sp) for sp in specs]
         return self
+
+    def reload(self, files):
+        """Replace every shard by the one saved in its file (a rollback to a checkpoint)."""
+        self.shards = [OutputShard.from_file(f) for f in files]
 
     @property
     def n_shards(self):

@@ -83,6 +83,29 @@ class ShardedSlideClassifier(SlideClassifier):
         self._threads()
         return 0.0
 
+    def _fit_core(self, X, Y, eval_set, callback, resume):
+        hs, sparse = self._validate_params()
+        fitted = resume and hasattr(self, "hidden_")
+        X, Y = self._check_data(X, Y, fitted=fitted)
+        if eval_set is not None:
+            eval_set = self._check_eval_set(eval_set, X, Y)
+        if not fitted:
+            self._build(X.shape[1], Y.shape[1], hs, sparse)
+        self._train(X, Y, self.epochs, eval_set, callback)
+
+    def partial_fit(self, X, Y):
+        """One more epoch over (X, Y), continuing the current state (initialised on first
+        call)."""
+        hs, sparse = self._validate_params()
+        fitted = hasattr(self, "hidden_")
+        X, Y = self._check_data(X, Y, fitted=fitted)
+        if not fitted:
+            self._build(X.shape[1], Y.shape[1], hs, sparse)
+        self.compile_seconds_ = self._warm_up()
+        self.batch_in_epoch_ = 0
+        self._train(X, Y, self.epoch_ + 1, None, None)
+        return self
+
     # -- building ------------------------------------------------------------------------------
     def shard_config(self):
         cfg = {k: getattr(self, k) for k in SHARD_CONFIG_KEYS}
@@ -98,7 +121,7 @@ class ShardedSlideClassifier(SlideClassifier):
         return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap,
                           self.n_threads)
 
-    def _build(self, n_features, n_labels, hs, sparse, seed=None):
+    def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
         from slide.distributed.driver import HiddenLayer
         from slide.distributed.shard import shard_ranges
         from slide.schedule import RehashSchedule
@@ -125,7 +148,7 @@ class ShardedSlideClassifier(SlideClassifier):
         specs = [dict(q=q, lo=lo, hi=hi, n_hidden=hs[0], n_labels=n_labels, config=cfg)
                  for q, (lo, hi) in enumerate(ranges)]
         self._close_backend()
-        self.backend_ = self._make_backend().create(specs)
+        self.backend_ = self._make_backend().create(specs, shard_files)
 
     def _close_backend(self):
         b = getattr(self, "backend_", None)

@@ -110,8 +110,9 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
     cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, h, n_in, labels,
                                        neg.ids, rng, stamp, out)
     n_act[OUT] = cnt
+    z32 = sc.acts[c, sc.a_off[OUT]:sc.a_off[OUT + 1]]
     rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out, h,
-                 n_in, False, out, cnt, False, z)
+                 n_in, False, out, cnt, False, z32)
     ranges, corr = correction(spec, cnt, n_c, n_s, neg, correct)
     lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
     use_corr = corr.shape[0] > 0
@@ -119,7 +120,7 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
     lz = 0.0
     n_found = 0
     for k in range(cnt):
-        zk = z[k]
+        zk = np.float64(z32[k])
         if lo1 <= k < hi1:
             zk += log_w1
             if use_corr:
@@ -140,25 +141,23 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def shard_forward_kernel(params, spec, tables, sc, store, H, lab_ptr, lab_ind, seed, serial,
+def shard_forward_kernel(params, spec, tables, sc, zbuf, H, lab_ptr, lab_ind, seed, serial,
                          neg, correct, stats):
     """Forward of a shard's output layer for a batch: per sample the active set (the shard's
     local labels forced, its shared negatives, its fill), the corrected active logits (kept
-    in ``store.d_store`` for the backward pass) and stats[:, s] = (max, sum of exp(z - max),
+    in ``zbuf`` [batch, capacity] float64 for the backward pass) and stats[:, s] = (max,
+    sum of exp(z - max),
     sum of the label logits, number of labels found). Random draws: the single-process
     engine's streams (seed, serial, sample position)."""
     nb = H.shape[0]
     n_chunks = sc.acts.shape[0]
-    # bundle members are taken out before the prange (Numba's parfor lowering can drop stores
-    # made through a tuple attribute inside the loop; see slide.optim.output_step)
-    d_store = store.d_store
     for c in prange(n_chunks):
         for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
             cnt, mx, ssum, lz, nf = _shard_sample_forward(
                 params, spec, tables, sc, c, sc.ids[s], sc.n_act[s], H[s],
                 lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg, rng, serial * 1048576 + s + 1,
-                correct, d_store[s])
+                correct, zbuf[s])
             stats[0, s] = mx
             stats[1, s] = ssum
             stats[2, s] = lz
@@ -166,8 +165,8 @@ def shard_forward_kernel(params, spec, tables, sc, store, H, lab_ptr, lab_ind, s
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def shard_backward_kernel(params, spec, sc, store, H, lab_ptr, lab_ind, log_z, n_labels, scale,
-                          dH):
+def shard_backward_kernel(params, spec, sc, store, zbuf, H, lab_ptr, lab_ind, log_z, n_labels,
+                          scale, dH):
     """Deltas of the shard's active outputs from the global log normaliser ``log_z`` (per
     sample) and the sample's GLOBAL label count: delta = scale * (exp(z - log Z) - 1/|y| on
     a label), stored in place of the logits for the row-path optimizer step; h_store = H;
@@ -184,13 +183,14 @@ def shard_backward_kernel(params, spec, sc, store, H, lab_ptr, lab_ind, log_z, n
             ids = ids_all[s, s0:s0 + cnt]
             labels = lab_ind[lab_ptr[s]:lab_ptr[s + 1]]
             d = d_store[s]
+            z = zbuf[s]
             ny = n_labels[s]
             w = 1.0 / ny if ny > 0 else 0.0
             lzs = log_z[s]
             for k in range(cnt):
                 v = 0.0
                 if ny > 0:
-                    v = math.exp(d[k] - lzs)
+                    v = math.exp(z[k] - lzs)
                     if is_label(labels, ids[k]):
                         v -= w
                 d[k] = v * scale

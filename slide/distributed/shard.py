@@ -96,6 +96,9 @@ class OutputShard:
         """Scratch, local label counts (shared negatives), the log-prior biases (first batch
         only: ``log_prior``) and the LSH tables."""
         self.net.prepare(int(batch_size), int(n_chunks), max(1, int(max_labels)))
+        # the corrected active logits between forward and backward, in float64 as the single
+        # process keeps them inside its sample kernel
+        self._z = np.zeros(self.net.store.d_store.shape, np.float64)
         counts = np.asarray(counts, np.float64)
         self.net.set_label_counts(counts)
         if log_prior:
@@ -118,7 +121,7 @@ class OutputShard:
         self._labels = (np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32))
         self._H = H
         shard_forward_kernel(net.params, net.spec, net.tables,
-                             sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), net.store, H,
+                             sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), self._z, H,
                              self._labels[0], self._labels[1], np.uint64(self.seed),
                              np.int64(serial), net.negatives.bundle(shared), net.correct, stats)
         return stats
@@ -132,7 +135,7 @@ class OutputShard:
         dH = np.zeros((nb, self.n_hidden), np.float32)
         shard_backward_kernel(net.params, net.spec,
                               sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), net.store,
-                              self._H, self._labels[0], self._labels[1],
+                              self._z, self._H, self._labels[0], self._labels[1],
                               np.asarray(log_z, np.float64), np.asarray(n_labels, np.int64),
                               1.0 / nb, dH)
         nu = output_entries(sc.ids[:nb], sc.n_act[:nb], sc.s_off[OUT],
@@ -188,6 +191,8 @@ class OutputShard:
         import numba
         from slide.engine.arrays import make_scratch
         net = self.net
+        if net.uses_tables and not net.indices:
+            net.build_indices()
         H = np.ascontiguousarray(H, np.float32)
         prior = (np.asarray(prior_global, np.int64) - self.lo).astype(np.int32)
         n_chunks = numba.get_num_threads()
@@ -221,6 +226,23 @@ class OutputShard:
         arrays.update({f"opt_{k}": v for k, v in os_["arrays"].items()})
         arrays["out_stamp"] = self.net.out_stamp.copy()
         return {"meta": meta, "arrays": arrays}
+
+    def save_part(self, path):
+        """Write this shard's state to ``path`` atomically; returns the file's name."""
+        from slide.distributed.checkpoint import write_part
+        return write_part(path, self.state_dict())
+
+    @classmethod
+    def from_file(cls, path):
+        """The shard saved by :meth:`save_part` (CheckpointError naming the file)."""
+        from slide.checkpoint import CheckpointError
+        from slide.distributed.checkpoint import read_part
+        state = read_part(path)
+        try:
+            return cls.from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(path, f"invalid shard state ({type(exc).__name__}: "
+                                        f"{exc})") from None
 
     @classmethod
     def from_state(cls, state):
