@@ -108,6 +108,8 @@ def restore_driver(model, path, man):
             raise CheckpointError(path, f"driver array {name!r} is missing or does not fit")
         target[...] = a
     hid.optimizer.t = int(meta["opt_t"])
+    # the touched-row stamps hold batch serials: after a rollback the same serials come again
+    hid.reset_stamps()
     model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
                         epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
                         train_seconds=float(meta["train_seconds"]),

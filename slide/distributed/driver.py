@@ -63,6 +63,10 @@ class HiddenLayer:
                                     False)
         self.optimizer.step(self.params, self.touched, nr, nbias)
 
+    def reset_stamps(self):
+        """Forget which rows the past batches touched (before batch serials are reused)."""
+        self.touched = make_touched(self.layout)
+
     def sync(self):
         self.optimizer.flush(self.W, self.B)
 

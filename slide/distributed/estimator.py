@@ -160,6 +160,7 @@ class ShardedSlideClassifier(SlideClassifier):
     def _train(self, X, Y, end_epoch_index, eval_set, callback):
         from slide.data import iterate_minibatches
         from slide.distributed.driver import train_batch
+        from slide.distributed.ray_backend import ShardFailure
         n_threads = self._threads()
         bs = int(self.batch_size)
         n = X.shape[0]
@@ -175,8 +176,12 @@ class ShardedSlideClassifier(SlideClassifier):
                 serial = self.batches_ + 1
                 lr = scheduled_learning_rate(float(self.learning_rate), self.lr_schedule,
                                              self.warmup_batches, serial, total_batches)
-                loss, sent = train_batch(self.hidden_, self.backend_, self.bounds_, X, Y, rows,
-                                         serial, lr, n_threads)
+                try:
+                    loss, sent = train_batch(self.hidden_, self.backend_, self.bounds_, X, Y,
+                                             rows, serial, lr, n_threads)
+                except ShardFailure as exc:
+                    self._recover(exc, Y, n_threads)
+                    break       # go on from the checkpoint's position
                 if not math.isfinite(loss):
                     raise DivergenceError(serial, epoch, loss)
                 self.bytes_per_batch_ = sent
@@ -196,6 +201,21 @@ class ShardedSlideClassifier(SlideClassifier):
                     if callback(self, info):
                         self.stopped_ = True
                         return
+
+    def _recover(self, exc, Y, n_threads):
+        """A shard actor died (Ray restarted it empty): every shard and the driver go back to
+        the last checkpoint, losing the batches since."""
+        from slide.distributed.checkpoint import read_manifest, restore_driver
+        import os
+        path = getattr(self, "last_checkpoint_", None)
+        if path is None:
+            raise RuntimeError(f"{exc}; no checkpoint to resume from (save one with "
+                               f"model.save(dir), e.g. from the fit callback)") from exc
+        man = read_manifest(path)
+        self.backend_.reload([os.path.join(path, f) for f in man["shards"]])
+        restore_driver(self, path, man)
+        self._prepare_shards(Y, n_threads)
+        self.recoveries_ = getattr(self, "recoveries_", 0) + 1
 
     def _prepare_shards(self, Y, n_threads):
         n = Y.shape[0]
