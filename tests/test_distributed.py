@@ -230,7 +230,7 @@ def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_se
     m._close_backend()
 
 
-def test_an_address_that_does_not_answer_is_a_clear_error():
+def test_an_address_that_does_not_answer_is_a_clear_error(tiny):
     import socket
     from slide.distributed.ray_backend import _check_address
     s = socket.socket()
@@ -239,3 +239,7 @@ def test_an_address_that_does_not_answer_is_a_clear_error():
     s.close()                                   # nothing listens there now
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):
         _check_address(f"127.0.0.1:{port}")
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[distributed]')")
+    Xtr, Ytr, _, _ = tiny
+    with pytest.raises(ConnectionError, match="does not answer"):
+        ShardedSlideClassifier(n_shards=2, ray_address=f"127.0.0.1:{port}", **SMALL).fit(Xtr, Ytr)

@@ -42,9 +42,9 @@ def _check_address(address):
 def ensure_ray(address, num_cpus=None):
     """Initialise Ray unless it already is; ConnectionError when ``address`` cannot be reached."""
     ray = _import_ray()
+    _check_address(address)
     if ray.is_initialized():
         return ray
-    _check_address(address)
     kw = dict(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     if address is None:
         kw["num_cpus"] = num_cpus or os.cpu_count()
