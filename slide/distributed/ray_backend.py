@@ -80,9 +80,18 @@ class _ShardActorImpl:
     def pid(self):
         return os.getpid()
 
-    def peak_rss(self):
+    def memory(self):
+        """This process's peak resident and peak virtual memory in bytes (Linux /proc)."""
         import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmPeak:"):
+                        out["peak_vm"] = int(line.split()[1]) * 1024
+        except OSError:  # pragma: no cover - not Linux
+            pass
+        return out
 
 
 class RayBackend:
@@ -91,14 +100,23 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, address=None, shard_cpus=1, memory_cap=None, n_threads=None):
-        self.ray = ensure_ray(address)
+        self.address = address
+        self.ray = None
         self.shard_cpus = int(shard_cpus)
         self.memory_cap = memory_cap
         self.n_threads = n_threads if n_threads is not None else shard_cpus
         self.actors = []
 
     def create(self, specs, files=None):
-        ray = self.ray
+        # a local Ray gets enough logical CPUs for every shard (they share the cores)
+        self.ray = ray = ensure_ray(self.address, max(os.cpu_count() or 1,
+                                                      len(specs) * self.shard_cpus))
+        need = len(specs) * self.shard_cpus
+        have = ray.cluster_resources().get("CPU", 0)
+        if have < need:
+            # the actors would wait forever for CPUs the cluster does not have
+            raise ValueError(f"{len(specs)} shards x shard_cpus={self.shard_cpus} need {need} "
+                             f"CPUs; the Ray cluster has {have:g}")
         cls = ray.remote(num_cpus=self.shard_cpus, max_restarts=-1)(_ShardActorImpl)
         files = files or [None] * len(specs)
         self.actors = [cls.remote(sp, f, self.memory_cap, self.n_threads)
@@ -149,8 +167,9 @@ class RayBackend:
         self.wait_alive()
         return self._get([a.reload.remote(f) for a, f in zip(self.actors, files)])
 
-    def peak_rss(self):
-        return self._get([a.peak_rss.remote() for a in self.actors])
+    def memory(self):
+        """Per shard actor: {"peak_rss", "peak_vm"} in bytes."""
+        return self._get([a.memory.remote() for a in self.actors])
 
     def shutdown(self):
         for a in self.actors:
