@@ -142,7 +142,8 @@ def main():
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_text(RESULTS / f"distributed_{args.labels}.json", json.dumps(rows, indent=1))
     md = RESULTS / "distributed.md"
-    old = md.read_text() if md.exists() else "# Label-sharded training on Ray (bench/distributed.py)\n"
+    old = md.read_text() if md.exists() else \
+        "# Label-sharded training on Ray (bench/distributed.py)\n"
     write_text(md, old + _md(args.labels, rows, args))
     print(_md(args.labels, rows, args))
 

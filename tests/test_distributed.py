@@ -181,7 +181,8 @@ def test_bad_input_gives_clear_errors(tiny, tmp_path, three_shards):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[distributed]')")
+    ray = pytest.importorskip("ray",
+                              reason="Ray is not installed (pip install -e '.[distributed]')")
     from slide.distributed.ray_backend import ensure_ray
     started = not ray.is_initialized()
     ensure_ray(None, num_cpus=2)

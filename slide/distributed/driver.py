@@ -9,9 +9,9 @@ import numpy as np
 
 from slide.distributed.kernels import (combine_partials, hidden_backward_batch,
                                        hidden_forward_batch)
-from slide.engine.arrays import Csr, Params, Spec, csr, i64, make_touched
+from slide.engine.arrays import Params, Spec, csr, i64, make_touched
 from slide.engine.touched import collect_touched
-from slide.layers import Layout, init_params
+from slide.layers import Layout
 from slide.optim import SparseOptimizer
 
 
@@ -21,17 +21,16 @@ class HiddenLayer:
     model and of a ``SlideClassifier`` with the same seed start identical."""
 
     def __init__(self, n_features, n_hidden, seed, optimizer, learning_rate, beta1, beta2,
-                 epsilon, n_labels, init=True):
+                 epsilon, init=True):
         self.n_features, self.n_hidden = int(n_features), int(n_hidden)
-        # the single-process layout's layer 0 (the output layer's sizes only set its fan-in)
-        full = Layout((self.n_features, self.n_hidden, int(n_labels)))
         self.layout = Layout((self.n_features, self.n_hidden))
         self.W = np.zeros(self.layout.n_weights, np.float32)
         self.B = np.zeros(self.layout.n_biases, np.float32)
         if init:
             from slide.distributed.kernels import init_rows_like_global
             from slide._rng import STREAM_INIT
-            std = np.sqrt(2.0 / (full.sizes[0] + full.sizes[1]))
+            # init_params' Glorot std of layer 0 (fan-in: the input features)
+            std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
             init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(STREAM_INIT))
         self.GW = np.zeros_like(self.W)
         self.GB = np.zeros_like(self.B)
@@ -125,6 +124,3 @@ def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_ch
     sent += S * (log_z.nbytes + n_labels.nbytes) + sum(d.nbytes for d in dHs)
     hidden.backward(X, rows, H, np.ascontiguousarray(dH, np.float32), serial, n_chunks)
     return loss, sent
-
-
-__all__ = ["HiddenLayer", "local_labels", "combine", "train_batch", "Csr"]

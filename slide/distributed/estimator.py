@@ -136,8 +136,7 @@ class ShardedSlideClassifier(SlideClassifier):
         self.hidden_sizes_ = tuple(int(h) for h in hs)
         self.sparse_layers_ = tuple(sparse)
         self.hidden_ = HiddenLayer(n_features, hs[0], self.seed_, self.optimizer,
-                                   self.learning_rate, self.beta1, self.beta2, self.epsilon,
-                                   n_labels)
+                                   self.learning_rate, self.beta1, self.beta2, self.epsilon)
         self.bounds_ = np.array([lo for lo, _ in ranges] + [ranges[-1][1]], np.int64)
         self.schedule_ = RehashSchedule(self.rehash_period, self.rebuild_period,
                                         self.rehash_decay)
