@@ -7,7 +7,7 @@ reports: seconds per epoch (batch times from the fit callback, the first batch, 
 compiled kernels in new actor processes, replaced by the median), P@1 on the test split (exact
 inference), bytes exchanged between the driver and the shards per batch, and peak memory per
 process (getrusage high-water mark: the driver, and each shard actor). ``--cap-test`` also
-trains the largest model with each shard actor under ``resource.setrlimit(RLIMIT_AS)`` set
+trains the largest model with each shard actor under ``resource.setrlimit(RLIMIT_DATA)`` set
 between the 1-shard and the 4-shard need, once with 1 shard (expected to fail) and once with 4.
 
     flock /tmp/slide-bench.lock python bench/distributed.py --labels 200000 --n-train 8000
@@ -77,6 +77,7 @@ def run_one(cfg):
         mem = model.backend_.memory()
         out["shard_peak_rss"] = [m["peak_rss"] for m in mem]
         out["shard_peak_vm"] = [m.get("peak_vm") for m in mem]
+        out["shard_data"] = [m.get("data") for m in mem]
         model._close_backend()
     return out
 
@@ -119,7 +120,7 @@ def main():
     ap.add_argument("--n-test", type=int, default=1000)
     ap.add_argument("--shards", default="0,1,2,4", help="0 = the single-process engine")
     ap.add_argument("--cap-mb", type=float, default=0.0,
-                    help="also run 1 and 4 shards under this per-actor RLIMIT_AS (MB)")
+                    help="also run 1 and 4 shards under this per-actor RLIMIT_DATA (MB)")
     ap.add_argument("--timeout", type=int, default=600)
     args = ap.parse_args()
     if args.one:
@@ -135,7 +136,7 @@ def main():
     if args.cap_mb:
         for S in (1, 4):
             r = _sub({**base, "shards": S, "cap": int(args.cap_mb * 2**20)}, args.timeout)
-            r["config"] = f"{S} shard{'s' * (S > 1)}, RLIMIT_AS {args.cap_mb:.0f} MB per actor"
+            r["config"] = f"{S} shard{'s' * (S > 1)}, RLIMIT_DATA {args.cap_mb:.0f} MB per actor"
             print(r, flush=True)
             rows.append(r)
     from slide.fileio import write_text

@@ -206,6 +206,18 @@ def test_ray_shards_train_exactly_like_the_local_backend(tiny, ray_session, tmp_
     remote_model._close_backend()
 
 
+def test_one_ray_shard_with_results_from_the_object_store(tiny, ray_session):
+    """Batches of 128 x 256 floats travel through Ray's object store and come back read-only
+    (smaller ones are copied inline): the driver must not write into them."""
+    Xtr, Ytr, _, _ = tiny
+    kw = dict(SMALL, batch_size=128, hidden_sizes=(256,))
+    kw = dict(n_shards=1, epochs=1, random_state=2, **kw)
+    local = _losses(ShardedSlideClassifier(backend="local", **kw), Xtr, Ytr)
+    m = ShardedSlideClassifier(backend="ray", **kw)
+    np.testing.assert_allclose(_losses(m, Xtr, Ytr), local, rtol=0, atol=1e-9)
+    m._close_backend()
+
+
 def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_session, tmp_path):
     """ray.kill mid-fit: Ray restarts the actor, every shard and the driver go back to the
     checkpoint of batch 10 and training goes on; the run ends where an unbroken one does."""

@@ -120,7 +120,9 @@ def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_ch
         return loss, sent
     hidden.optimizer.learning_rate = learning_rate
     dHs = backend.call_all("backward", serial, log_z, n_labels, learning_rate)
-    dH = dHs[0] if S == 1 else np.sum(dHs, axis=0, dtype=np.float32)
+    # a writable copy: the backward kernel masks dH in place, and Ray hands large results
+    # back as read-only views of its object store
+    dH = np.array(dHs[0], np.float32) if S == 1 else np.sum(dHs, axis=0, dtype=np.float32)
     sent += S * (log_z.nbytes + n_labels.nbytes) + sum(d.nbytes for d in dHs)
-    hidden.backward(X, rows, H, np.ascontiguousarray(dH, np.float32), serial, n_chunks)
+    hidden.backward(X, rows, H, dH, serial, n_chunks)
     return loss, sent

@@ -34,8 +34,9 @@ class ShardedSlideClassifier(SlideClassifier):
     ray_address : None (start or join a local Ray), "auto" or "host:port" (an existing cluster)
     backend : "ray" (one actor per shard) | "local" (the shards in this process)
     shard_cpus : CPUs reserved per shard actor (Ray ``num_cpus``)
-    shard_memory_cap : None, or bytes: each shard actor's address-space limit
-        (``resource.setrlimit(RLIMIT_AS)``), to show a model that does not fit one process
+    shard_memory_cap : None, or bytes: each shard actor's data-segment limit
+        (``resource.setrlimit(RLIMIT_DATA)``: heap and private mappings, where the shard's
+        arrays live), to show a model that does not fit one process
     Every other keyword: ``SlideClassifier``.
     """
 

@@ -61,8 +61,11 @@ class _ShardActorImpl:
 
     def __init__(self, spec, file, memory_cap, n_threads):
         if memory_cap:
+            # RLIMIT_DATA (heap and private anonymous mappings: NumPy's arrays), not RLIMIT_AS:
+            # a Ray worker maps the shared object store, gigabytes of address space it does
+            # not own
             import resource
-            resource.setrlimit(resource.RLIMIT_AS, (int(memory_cap), int(memory_cap)))
+            resource.setrlimit(resource.RLIMIT_DATA, (int(memory_cap), int(memory_cap)))
         import numba
         if n_threads:
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
@@ -81,7 +84,8 @@ class _ShardActorImpl:
         return os.getpid()
 
     def memory(self):
-        """This process's peak resident and peak virtual memory in bytes (Linux /proc)."""
+        """This process's peak resident memory, peak virtual memory and data segment (heap +
+        private mappings, what ``memory_cap`` limits) in bytes (Linux /proc)."""
         import resource
         out = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         try:
@@ -89,6 +93,8 @@ class _ShardActorImpl:
                 for line in f:
                     if line.startswith("VmPeak:"):
                         out["peak_vm"] = int(line.split()[1]) * 1024
+                    elif line.startswith("VmData:"):
+                        out["data"] = int(line.split()[1]) * 1024
         except OSError:  # pragma: no cover - not Linux
             pass
         return out
