@@ -49,8 +49,10 @@ def run_one(cfg):
         model = slide.SlideClassifier(**kw)
     else:
         from slide.distributed import ShardedSlideClassifier
-        model = ShardedSlideClassifier(n_shards=S, backend="ray", shard_cpus=1,
-                                       shard_memory_cap=cfg.get("cap"), **{**kw, "n_threads": 1})
+        # the driver and the shards take turns (the driver waits for the shards): the driver
+        # gets both cores, the shards share them
+        model = ShardedSlideClassifier(n_shards=S, backend="ray", shard_cpus=max(1, 2 // S),
+                                       shard_memory_cap=cfg.get("cap"), **kw)
     times, sent = [], []
     last = [time.perf_counter()]
 

@@ -33,7 +33,7 @@ class ShardedSlideClassifier(SlideClassifier):
     n_shards : int, 1 <= n_shards <= number of labels
     ray_address : None (start or join a local Ray), "auto" or "host:port" (an existing cluster)
     backend : "ray" (one actor per shard) | "local" (the shards in this process)
-    shard_cpus : CPUs reserved per shard actor (Ray ``num_cpus``)
+    shard_cpus : CPUs reserved per shard actor (Ray ``num_cpus``), and its Numba threads
     shard_memory_cap : None, or bytes: each shard actor's data-segment limit
         (``resource.setrlimit(RLIMIT_DATA)``: heap and private mappings, where the shard's
         arrays live), to show a model that does not fit one process
@@ -119,8 +119,8 @@ class ShardedSlideClassifier(SlideClassifier):
             from slide.distributed.backend import LocalBackend
             return LocalBackend()
         from slide.distributed.ray_backend import RayBackend
-        return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap,
-                          self.n_threads)
+        # each actor runs its kernels on the shard_cpus threads Ray reserved for it
+        return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
         from slide.distributed.driver import HiddenLayer
