@@ -80,6 +80,7 @@ def run_one(cfg):
         out["shard_peak_rss"] = [m["peak_rss"] for m in mem]
         out["shard_peak_vm"] = [m.get("peak_vm") for m in mem]
         out["shard_data"] = [m.get("data") for m in mem]
+        out["shard_array_bytes"] = model.backend_.call_all("memory_bytes")
         model._close_backend()
     return out
 
@@ -100,17 +101,19 @@ def _md(labels, rows, args):
     lines = [f"\n## {labels:,} labels, {args.n_train:,} training points, 1 epoch "
              f"({time.strftime('%Y-%m-%d %H:%M')})\n",
              "| configuration | s / epoch | vs single | P@1 | bytes / batch | driver peak RSS "
-             "(MB) | shard peak RSS (MB) |", "|---|---|---|---|---|---|---|"]
+             "(MB) | shard peak RSS (MB) | shard arrays (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | error: {r['error'][:120]} | | | | | |")
+            lines.append(f"| {r['config']} | error: {r['error'][:120]} | | | | | | |")
             continue
         ratio = r["epoch_seconds"] / base["epoch_seconds"] if base and "epoch_seconds" in \
             base else float("nan")
         shard = ", ".join(f"{v * mb:.0f}" for v in r.get("shard_peak_rss", [])) or "-"
+        arrays = ", ".join(f"{v * mb:.0f}" for v in r.get("shard_array_bytes", [])) or "-"
         lines.append(f"| {r['config']} | {r['epoch_seconds']:.1f} | {ratio:.2f}x | "
                      f"{r['P@1']:.4f} | {r['bytes_per_batch']:,.0f} | "
-                     f"{r['driver_peak_rss'] * mb:.0f} | {shard} |")
+                     f"{r['driver_peak_rss'] * mb:.0f} | {shard} | {arrays} |")
     return "\n".join(lines) + "\n"
 
 

@@ -158,6 +158,23 @@ class OutputShard:
             else:
                 self.net.rehash(serial)
 
+    def memory_bytes(self):
+        """Bytes of the arrays this shard owns: weights, optimizer state, LSH tables (and their
+        cached codes), label distribution, per-batch scratch."""
+        net = self.net
+        arrays = [net.W, net.B, net.out_stamp] + list(self.opt.state_arrays().values())
+        for name in ("sc", "store", "out_rows"):
+            arrays += [a for a in getattr(net, name, ()) if isinstance(a, np.ndarray)]
+        if net.negatives.q is not None:
+            arrays += [net.negatives.q, net.negatives.cdf]
+        arrays += [net.negatives.corr, net.negatives.corr_mix, getattr(self, "_z", net.B[:0])]
+        n = sum(int(a.nbytes) for a in arrays)
+        for idx in net.indices.values():
+            n += idx.memory_bytes()
+            codes = getattr(idx, "codes", None)
+            n += int(codes.nbytes) if codes is not None else 0
+        return n
+
     def mean_active(self):
         return float(self.net.sc.n_act[:self._nb, OUT].mean()) if self._nb else 0.0
 
