@@ -133,7 +133,7 @@ def main():
         return
     rows = []
     base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test)
-    for S in [int(s) for s in args.shards.split(",")]:
+    for S in [int(s) for s in args.shards.split(",") if s.strip()]:
         r = _sub({**base, "shards": S}, args.timeout)
         r["config"] = "single process" if S == 0 else f"{S} shard{'s' * (S > 1)} (Ray)"
         print(r, flush=True)
