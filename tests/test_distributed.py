@@ -106,8 +106,8 @@ def three_shards(tiny):
 
 def test_three_shards_learn_like_one(tiny, three_shards):
     """S=3 is the same algorithm (global softmax over the union of the shards' active sets):
-    P@1 at equal epochs within seed noise of the single-process engine (seed-to-seed spread of
-    the single process on this set: ~0.03)."""
+    P@1 at equal epochs within seed noise of the single-process engine (measured over seeds
+    0, 1, 2: single process 0.50, 0.495, 0.495; three shards 0.47, 0.53, 0.53)."""
     Xtr, Ytr, Xte, Yte = tiny
     single = SlideClassifier(epochs=8, random_state=0, **SMALL).fit(Xtr, Ytr)
     p_single, p_sharded = single.score(Xte, Yte), three_shards.score(Xte, Yte)
