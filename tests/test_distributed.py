@@ -256,3 +256,50 @@ def test_an_address_that_does_not_answer_is_a_clear_error(tiny):
     Xtr, Ytr, _, _ = tiny
     with pytest.raises(ConnectionError, match="does not answer"):
         ShardedSlideClassifier(n_shards=2, ray_address=f"127.0.0.1:{port}", **SMALL).fit(Xtr, Ytr)
+
+
+def test_slide_train_with_a_distributed_section(tmp_path, ray_session, capsys):
+    """`[distributed] shards = 2`: the run trains the sharded model, writes checkpoint
+    directories that rotate, resumes from the newest one and evaluates the saved model."""
+    import os
+    from slide.cli import main
+    run = tmp_path / "run"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'''output_dir = "{run}"
+[data]
+preset = "tiny"
+eval_points = 100
+[model]
+hidden_sizes = [32]
+[lsh]
+K = 3
+L = 10
+range_pow = 9
+bucket_size = 32
+[sampler]
+budget = 30
+min_active = 40
+shared_negatives = 16
+[train]
+epochs = 1
+batch_size = 64
+threads = 1
+eval_every_batches = 5
+checkpoint_every_batches = 3
+keep_checkpoints = 2
+[distributed]
+shards = 2
+''')
+    assert main(["train", "--config", str(cfg)]) == 0, capsys.readouterr().err
+    ckpts = sorted(os.listdir(run / "checkpoints"))
+    assert ckpts == ["ckpt-000000009.slide", "ckpt-000000010.slide"]     # 10 batches, keep 2
+    assert (run / "checkpoints" / ckpts[-1] / "manifest.json").is_file()
+    assert isinstance(slide.load(run / "model.slide"), ShardedSlideClassifier)
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg), "--resume", "--set", "train.epochs=2"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "batch 10" in out
+    assert sorted(os.listdir(run / "checkpoints"))[-1] == "ckpt-000000020.slide"
+    assert main(["evaluate", "--model", str(run), "--data",
+                 str(run / "data" / "test.txt")]) == 0
+    assert "P " in capsys.readouterr().out
