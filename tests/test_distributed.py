@@ -20,9 +20,15 @@ def tiny():
     return generate("tiny", seed=0)
 
 
-def _losses(model, X, Y, **fit_kw):
+def _losses(model, X, Y, infos=None, **fit_kw):
     out = []
-    model.fit(X, Y, callback=lambda m, info: out.append(info["loss"]), **fit_kw)
+
+    def cb(m, info):
+        out.append(info["loss"])
+        if infos is not None:
+            infos.append(info)
+
+    model.fit(X, Y, callback=cb, **fit_kw)
     return np.array(out)
 
 
@@ -88,11 +94,16 @@ def test_one_shard_follows_the_single_process_engine(tiny):
     moves the loss by ~1e-2 from the second batch on)."""
     Xtr, Ytr, Xte, Yte = tiny
     single = SlideClassifier(epochs=2, random_state=3, **SMALL)
-    ref = _losses(single, Xtr, Ytr)
+    ref_infos, infos = [], []
+    ref = _losses(single, Xtr, Ytr, ref_infos)
     sh = ShardedSlideClassifier(n_shards=1, backend="local", epochs=2, random_state=3, **SMALL)
-    got = _losses(sh, Xtr, Ytr)
+    got = _losses(sh, Xtr, Ytr, infos)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4)
+    # the same active sets (sizes), the same rehash/rebuild batches, the same positions
+    for key in ("active_mean", "rehashed", "rebuilt", "batch_in_epoch", "epoch", "samples"):
+        assert [i[key] for i in infos] == [i[key] for i in ref_infos], key
+    assert any(i["rebuilt"] for i in infos) and any(i["rehashed"] for i in infos)
     np.testing.assert_array_equal(sh.predict_topk(Xte, 5), single.predict_topk(Xte, 5))
 
 

@@ -48,7 +48,7 @@ def _driver_state(model):
             "bounds": [int(b) for b in model.bounds_], "opt_t": hid.optimizer.t,
             "batches": model.batches_, "samples": model.samples_, "epoch": model.epoch_,
             "batch_in_epoch": model.batch_in_epoch_, "train_seconds": model.train_seconds_,
-            "history": model.history_}
+            "history": model.history_, "schedule": model.schedule_.state()}
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     return {"meta": meta, "arrays": {k: v for k, v in hid.state_arrays().items()}}
 
@@ -108,6 +108,7 @@ def restore_driver(model, path, man):
             raise CheckpointError(path, f"driver array {name!r} is missing or does not fit")
         target[...] = a
     hid.optimizer.t = int(meta["opt_t"])
+    model.schedule_.set_state(meta["schedule"])
     # the touched-row stamps hold batch serials: after a rollback the same serials come again
     hid.reset_stamps()
     model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
@@ -212,6 +213,7 @@ def from_single(single, n_shards, backend="local", ray_address=None):
             if so["opt_TW"].shape[0]:
                 so["opt_TW"][1:] = o["opt_TW"][r0 + lo:r0 + hi]
             sh.opt.t = single.optimizer_.t
+            sh.schedule.set_state(single.schedule_.state())
             files.append(os.path.join(tmp, f"shard-{q}.npz"))
             write_part(files[-1], sh.state_dict())
         model._build(single.n_features_in_, single.n_labels_, hs, sparse, seed=single.seed_,
@@ -226,6 +228,7 @@ def from_single(single, n_shards, backend="local", ray_address=None):
         if target.shape[0]:
             target[:] = o[name][:cuts[name]]
     hid.optimizer.t = single.optimizer_.t
+    model.schedule_.set_state(single.schedule_.state())
     model._set_position(batches=single.batches_, samples=single.samples_, epoch=single.epoch_,
                         batch_in_epoch=single.batch_in_epoch_,
                         train_seconds=single.train_seconds_, history=list(single.history_))

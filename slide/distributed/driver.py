@@ -94,7 +94,7 @@ def local_labels(Y, rows, bounds):
 
 
 def combine(stats, n_labels):
-    """(log Z per sample, mean loss) from the shards' statistics [S][4, nb]: the loss of the
+    """(log Z per sample, mean loss) from the shards' statistics [S][5, nb]: the loss of the
     softmax against 1/|y| on each label (samples without labels contribute 0, as in
     ``slide.engine.sample.output_loss``)."""
     st = np.stack(stats)
@@ -107,17 +107,19 @@ def combine(stats, n_labels):
 
 
 def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_chunks):
-    """One batch across the shards; returns (mean loss, bytes exchanged with the shards).
-    A non-finite loss is returned before anything is updated (the caller raises)."""
+    """One batch across the shards; returns (mean loss, bytes exchanged with the shards, mean
+    active output neurons per sample over all shards). A non-finite loss is returned before
+    anything is updated (the caller raises)."""
     H = hidden.forward(X, rows)
     labels, n_labels = local_labels(Y, rows, bounds)
     S = len(labels)
     stats = backend.call_each("forward", [(serial, H, p, i) for p, i in labels])
     log_z, loss = combine(stats, n_labels)
+    active = float(sum(st[4].mean() for st in stats))
     sent = S * H.nbytes + sum(p.nbytes + i.nbytes for p, i in labels) + \
         sum(s.nbytes for s in stats)
     if not math.isfinite(loss):
-        return loss, sent
+        return loss, sent, active
     hidden.optimizer.learning_rate = learning_rate
     dHs = backend.call_all("backward", serial, log_z, n_labels, learning_rate)
     # a writable copy: the backward kernel masks dH in place, and Ray hands large results
@@ -125,4 +127,4 @@ def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_ch
     dH = np.array(dHs[0], np.float32) if S == 1 else np.sum(dHs, axis=0, dtype=np.float32)
     sent += S * (log_z.nbytes + n_labels.nbytes) + sum(d.nbytes for d in dHs)
     hidden.backward(X, rows, H, dH, serial, n_chunks)
-    return loss, sent
+    return loss, sent, active

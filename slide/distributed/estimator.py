@@ -177,8 +177,8 @@ class ShardedSlideClassifier(SlideClassifier):
                 lr = scheduled_learning_rate(float(self.learning_rate), self.lr_schedule,
                                              self.warmup_batches, serial, total_batches)
                 try:
-                    loss, sent = train_batch(self.hidden_, self.backend_, self.bounds_, X, Y,
-                                             rows, serial, lr, n_threads)
+                    loss, sent, act = train_batch(self.hidden_, self.backend_, self.bounds_,
+                                                  X, Y, rows, serial, lr, n_threads)
                 except ShardFailure as exc:
                     self._recover(exc, Y, n_threads)
                     break       # go on from the checkpoint's position
@@ -187,6 +187,9 @@ class ShardedSlideClassifier(SlideClassifier):
                 self.bytes_per_batch_ = sent
                 self.batches_ = serial
                 self.samples_ += rows.shape[0]
+                # the shards rehash on their own schedules, all equal to this copy of it
+                rehashed, rebuilt = self.schedule_.step(serial) if self.sampler not in (
+                    "random", "dense") else (False, False)
                 self.train_seconds_ += time.perf_counter() - t0
                 self.batch_in_epoch_ += 1
                 if self.batch_in_epoch_ >= n_batches:
@@ -196,8 +199,11 @@ class ShardedSlideClassifier(SlideClassifier):
                 if self.verbose >= 2 and serial % 100 == 0:
                     print(f"batch {serial} epoch {epoch} loss {loss:.4f}")
                 if callback is not None:
-                    info = dict(batch=serial, epoch=epoch, samples=self.samples_, loss=loss,
-                                train_seconds=self.train_seconds_, bytes_sent=sent)
+                    info = dict(batch=serial, epoch=epoch,
+                                batch_in_epoch=(self.batch_in_epoch_ - 1) % n_batches,
+                                samples=self.samples_, loss=loss,
+                                train_seconds=self.train_seconds_, active_mean=act,
+                                rehashed=rehashed, rebuilt=rebuilt, bytes_sent=sent)
                     if callback(self, info):
                         self.stopped_ = True
                         return

@@ -4,9 +4,9 @@ state. Pure Python + Numba, no Ray: the Ray backend wraps one per actor, the loc
 drives them in process (tests, debugging).
 
 Protocol of one training batch (``slide.distributed.driver``):
-  forward(serial, H, lab_ptr, lab_ind)  -> stats [4, nb]: per sample the max and the sum of
+  forward(serial, H, lab_ptr, lab_ind)  -> stats [5, nb]: per sample the max and the sum of
       exp over the shard's corrected active logits, the sum of its label logits, the number of
-      its labels found;
+      its labels found, its number of active outputs;
   backward(serial, log_z, n_labels, lr) -> dH [nb, hidden]: the shard's share of dL/dh, after
       updating its touched rows (and rehashing on its own schedule).
 """
@@ -117,7 +117,7 @@ class OutputShard:
         self._nb = nb
         sc = net.sc
         shared = net.negatives.draw(self.seed, serial)
-        stats = np.zeros((4, nb), np.float64)
+        stats = np.zeros((5, nb), np.float64)
         self._labels = (np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32))
         self._H = H
         shard_forward_kernel(net.params, net.spec, net.tables,
