@@ -146,8 +146,8 @@ def shard_forward_kernel(params, spec, tables, sc, zbuf, H, lab_ptr, lab_ind, se
     """Forward of a shard's output layer for a batch: per sample the active set (the shard's
     local labels forced, its shared negatives, its fill), the corrected active logits (kept
     in ``zbuf`` [batch, capacity] float64 for the backward pass) and stats[:, s] = (max,
-    sum of exp(z - max), sum of the label logits, number of labels found, active outputs). Random draws: the single-process
-    engine's streams (seed, serial, sample position)."""
+    sum of exp(z - max), sum of the label logits, number of labels found, active outputs).
+    Random draws: the single-process engine's streams (seed, serial, sample position)."""
     nb = H.shape[0]
     n_chunks = sc.acts.shape[0]
     for c in prange(n_chunks):
