@@ -21,7 +21,7 @@ _EXPORTS = {
     "load": "slide.estimator",
 }
 _SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator", "cli",
-               "params", "trainer", "checkpoint"}
+               "params", "trainer", "checkpoint", "distributed"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -202,8 +202,13 @@ def _restore(model, path, meta, arrays):
 
 
 def load(path):
-    """Load a model saved by ``SlideClassifier.save``. Everything is validated before the
+    """Load a model saved by ``SlideClassifier.save`` (or, for a directory, the
+    ``ShardedSlideClassifier`` saved there). Everything is validated before the
     model is built; any problem raises CheckpointError naming the file."""
+    if os.path.isdir(os.fspath(path)):
+        # a sharded model's checkpoint directory (slide.distributed.checkpoint)
+        from slide.distributed.checkpoint import load as load_sharded
+        return load_sharded(path)
     meta, arrays = read(path)
     try:
         _check_listed_arrays(path, meta, arrays)

@@ -61,6 +61,7 @@ RESUME_MUTABLE = frozenset({
     "train.keep_checkpoints",
     "train.log_every_seconds",
     "train.baseline",
+    "distributed.address",
 })
 
 def _build_schema() -> dict:

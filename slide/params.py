@@ -158,6 +158,11 @@ TABLE = (
        "stdout is not a terminal)", gt=0),
     _p(None, "train.baseline", "str", "none", "dense: also train the same network with a full "
        "softmax (sampler dense) and compare", choices=("none", "dense")),
+    _p(None, "distributed.shards", "int", 0, "output-layer shards: 0 trains in this process; "
+       "N >= 1 splits the output layer by label over N Ray actors (slide.distributed, "
+       "docs/distributed.md)", ge=0),
+    _p(None, "distributed.address", "str", None, "Ray cluster to join with distributed.shards "
+       "(\"auto\" or \"host:port\"); unset: start a local Ray", optional=True),
     _p("sparse_layers", None, "layers", None, "layers that use LSH (0 = first hidden, "
        "len(hidden_sizes) = output); None: the output layer only; none with sampler dense"),
     _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores", ge=1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CHECKPOINT_DIR, CONFIG_FILE, EXIT_CHECKPOINT,
@@ -46,7 +47,10 @@ class Checkpoints:
         model.save(path, extra=extra)
         for _, old in self.list()[self.keep:]:
             try:
-                os.remove(old)
+                if os.path.isdir(old):       # a sharded model's checkpoint directory
+                    shutil.rmtree(old)
+                else:
+                    os.remove(old)
             except OSError:
                 pass
         return path

@@ -175,8 +175,13 @@ class _Phase:
             _info(f"[{self.label}] no checkpoint yet in {self.ckpts.dir}: starting afresh")
         if os.path.exists(self.log.path):
             os.remove(self.log.path)
-        return est.SlideClassifier(**config_mod.estimator_kwargs(self.cfg,
-                                                                 self.sampler_kind))
+        kw = config_mod.estimator_kwargs(self.cfg, self.sampler_kind)
+        dist = self.cfg.get("distributed", {})
+        if dist.get("shards"):
+            from slide.distributed import ShardedSlideClassifier
+            return ShardedSlideClassifier(n_shards=dist["shards"],
+                                          ray_address=dist.get("address"), **kw)
+        return est.SlideClassifier(**kw)
 
     def run(self):
         est = _engine()

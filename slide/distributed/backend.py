@@ -1,0 +1,42 @@
+"""The in-process backend: the shards are ``OutputShard`` objects of this process, called one
+after the other. Same interface as ``slide.distributed.ray_backend.RayBackend``; for tests,
+debugging and one-machine runs without Ray."""
+from slide.distributed.shard import OutputShard
+
+
+class LocalBackend:
+    """``create(specs)`` builds one shard per spec (``OutputShard`` keywords) or restores it
+    from a state dict; ``call_each(method, args_list)`` calls shard q's ``method`` with
+    ``args_list[q]``; ``call_all(method, *args)`` calls every shard with the same arguments.
+    Both return the results in shard order."""
+
+    name = "local"
+
+    def __init__(self):
+        self.shards = []
+
+    def create(self, specs, files=None):
+        """One shard per spec (``OutputShard`` keywords), or, with ``files``, each restored
+        from its checkpoint file."""
+        if files is not None:
+            self.shards = [OutputShard.from_file(f) for f in files]
+        else:
+            self.shards = [OutputShard(**sp) for sp in specs]
+        return self
+
+    def reload(self, files):
+        """Replace every shard by the one saved in its file (a rollback to a checkpoint)."""
+        self.shards = [OutputShard.from_file(f) for f in files]
+
+    @property
+    def n_shards(self):
+        return len(self.shards)
+
+    def call_each(self, method, args_list):
+        return [getattr(sh, method)(*args) for sh, args in zip(self.shards, args_list)]
+
+    def call_all(self, method, *args):
+        return [getattr(sh, method)(*args) for sh in self.shards]
+
+    def shutdown(self):
+        self.shards = []

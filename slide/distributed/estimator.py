@@ -1,0 +1,311 @@
+"""``ShardedSlideClassifier``: ``SlideClassifier``'s API over a label-sharded output layer.
+
+The driver (this object) holds the hidden layer and runs the batch loop; each shard (an
+``OutputShard``, in a Ray actor or in process) holds the output rows of one contiguous label
+range. One shard at the same seed draws and initialises exactly what the single-process
+engine does (tests/test_distributed.py); S shards train the same algorithm with a global
+softmax over the union of the shards' active sets.
+
+Supported: one hidden layer, softmax loss, the output layer sampled (``sparse_layers`` None)
+or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``.
+"""
+import math
+import time
+
+import numpy as np
+
+from slide.estimator import SlideClassifier
+from slide.params import is_int
+from slide.trainer import DivergenceError, blas_single_thread, end_epoch, \
+    scheduled_learning_rate
+
+BACKENDS = ("ray", "local")
+SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
+                     "bucket_policy", "sampler_budget", "sampler_threshold", "min_active",
+                     "shared_negatives", "sampling_correction", "negative_power", "optimizer",
+                     "learning_rate", "beta1", "beta2", "epsilon", "rehash_period",
+                     "rebuild_period", "rehash_decay")
+
+
+class ShardedSlideClassifier(SlideClassifier):
+    """``SlideClassifier`` with its output layer split by label over ``n_shards`` shards.
+
+    n_shards : int, 1 <= n_shards <= number of labels
+    ray_address : None (start or join a local Ray), "auto" or "host:port" (an existing cluster)
+    backend : "ray" (one actor per shard) | "local" (the shards in this process)
+    shard_cpus : CPUs reserved per shard actor (Ray ``num_cpus``), and its Numba threads
+    shard_memory_cap : None, or bytes: each shard actor's data-segment limit
+        (``resource.setrlimit(RLIMIT_DATA)``: heap and private mappings, where the shard's
+        arrays live), to show a model that does not fit one process
+    Every other keyword: ``SlideClassifier``.
+    """
+
+    _extra_params = ("n_shards", "ray_address", "backend", "shard_cpus", "shard_memory_cap")
+
+    def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
+                 shard_memory_cap=None, **params):
+        super().__init__(**params)
+        self.n_shards = n_shards
+        self.ray_address = ray_address
+        self.backend = backend
+        self.shard_cpus = shard_cpus
+        self.shard_memory_cap = shard_memory_cap
+
+    @classmethod
+    def _get_param_names(cls):
+        return sorted(set(SlideClassifier._get_param_names()) | set(cls._extra_params))
+
+    # -- validation ----------------------------------------------------------------------------
+    def _validate_params(self):
+        hs, sparse = super()._validate_params()
+        if len(hs) != 1:
+            raise ValueError(f"ShardedSlideClassifier supports exactly one hidden layer, got "
+                             f"hidden_sizes={tuple(hs)!r}")
+        if self.sampler != "dense" and sparse != (1,):
+            raise ValueError(f"ShardedSlideClassifier samples the output layer only "
+                             f"(sparse_layers None or (1,)), got {self.sparse_layers!r}")
+        if self.loss != "softmax":
+            raise ValueError(f"ShardedSlideClassifier supports loss='softmax' only, got "
+                             f"{self.loss!r}")
+        if not is_int(self.n_shards) or self.n_shards < 1:
+            raise ValueError(f"n_shards must be a positive integer, got {self.n_shards!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not is_int(self.shard_cpus) or self.shard_cpus < 1:
+            raise ValueError(f"shard_cpus must be a positive integer, got {self.shard_cpus!r}")
+        if self.ray_address is not None and not isinstance(self.ray_address, str):
+            raise ValueError(f"ray_address must be None, 'auto' or 'host:port', got "
+                             f"{self.ray_address!r}")
+        return hs, sparse
+
+    def _warm_up(self):
+        # no throw-away warm-up model: the shards compile in their own processes (Numba's
+        # cache makes that a load after the first run); compile time is part of train_seconds_
+        self._threads()
+        return 0.0
+
+    def _fit_core(self, X, Y, eval_set, callback, resume):
+        hs, sparse = self._validate_params()
+        fitted = resume and hasattr(self, "hidden_")
+        X, Y = self._check_data(X, Y, fitted=fitted)
+        if eval_set is not None:
+            eval_set = self._check_eval_set(eval_set, X, Y)
+        if not fitted:
+            self._build(X.shape[1], Y.shape[1], hs, sparse)
+        self._train(X, Y, self.epochs, eval_set, callback)
+
+    def partial_fit(self, X, Y):
+        """One more epoch over (X, Y), continuing the current state (initialised on first
+        call)."""
+        hs, sparse = self._validate_params()
+        fitted = hasattr(self, "hidden_")
+        X, Y = self._check_data(X, Y, fitted=fitted)
+        if not fitted:
+            self._build(X.shape[1], Y.shape[1], hs, sparse)
+        self.compile_seconds_ = self._warm_up()
+        self.batch_in_epoch_ = 0
+        self._train(X, Y, self.epoch_ + 1, None, None)
+        return self
+
+    # -- building ------------------------------------------------------------------------------
+    def shard_config(self):
+        cfg = {k: getattr(self, k) for k in SHARD_CONFIG_KEYS}
+        cfg["learning_rate"] = float(cfg["learning_rate"])
+        cfg.update(seed=self.seed_, n_features=self.n_features_in_)
+        return cfg
+
+    def _make_backend(self):
+        if self.backend == "local":
+            from slide.distributed.backend import LocalBackend
+            return LocalBackend()
+        from slide.distributed.ray_backend import RayBackend
+        # each actor runs its kernels on the shard_cpus threads Ray reserved for it
+        return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
+
+    def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
+        from slide.distributed.driver import HiddenLayer
+        from slide.distributed.shard import shard_ranges
+        from slide.schedule import RehashSchedule
+        ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
+        if seed is None:
+            seed = self.random_state
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
+        self.seed_ = int(seed)
+        self.n_features_in_ = int(n_features)
+        self.n_labels_ = int(n_labels)
+        self.hidden_sizes_ = tuple(int(h) for h in hs)
+        self.sparse_layers_ = tuple(sparse)
+        self.hidden_ = HiddenLayer(n_features, hs[0], self.seed_, self.optimizer,
+                                   self.learning_rate, self.beta1, self.beta2, self.epsilon)
+        self.bounds_ = np.array([lo for lo, _ in ranges] + [ranges[-1][1]], np.int64)
+        self.schedule_ = RehashSchedule(self.rehash_period, self.rebuild_period,
+                                        self.rehash_decay)
+        self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
+                           history=[])
+        self.bytes_per_batch_ = 0.0
+        cfg = self.shard_config()
+        specs = [dict(q=q, lo=lo, hi=hi, n_hidden=hs[0], n_labels=n_labels, config=cfg)
+                 for q, (lo, hi) in enumerate(ranges)]
+        self._close_backend()
+        self.backend_ = self._make_backend().create(specs, shard_files)
+
+    def _close_backend(self):
+        b = getattr(self, "backend_", None)
+        if b is not None:
+            b.shutdown()
+            self.backend_ = None
+
+    # -- training ------------------------------------------------------------------------------
+    def _train(self, X, Y, end_epoch_index, eval_set, callback):
+        from slide.data import iterate_minibatches
+        from slide.distributed.driver import train_batch
+        from slide.distributed.ray_backend import ShardFailure
+        n_threads = self._threads()
+        bs = int(self.batch_size)
+        n = X.shape[0]
+        n_batches = (n + bs - 1) // bs
+        total_batches = max(int(self.epochs), int(end_epoch_index)) * n_batches
+        self._prepare_shards(Y, n_threads)
+        self.stopped_ = False
+        while self.epoch_ < end_epoch_index:
+            epoch = self.epoch_
+            t_epoch = time.perf_counter()
+            for rows in iterate_minibatches(n, bs, self.seed_, epoch, self.batch_in_epoch_):
+                t0 = time.perf_counter()
+                serial = self.batches_ + 1
+                lr = scheduled_learning_rate(float(self.learning_rate), self.lr_schedule,
+                                             self.warmup_batches, serial, total_batches)
+                try:
+                    loss, sent, act = train_batch(self.hidden_, self.backend_, self.bounds_,
+                                                  X, Y, rows, serial, lr, n_threads)
+                except ShardFailure as exc:
+                    self._recover(exc, Y, n_threads)
+                    break       # go on from the checkpoint's position
+                if not math.isfinite(loss):
+                    raise DivergenceError(serial, epoch, loss)
+                self.bytes_per_batch_ = sent
+                self.batches_ = serial
+                self.samples_ += rows.shape[0]
+                # the shards rehash on their own schedules, all equal to this copy of it
+                rehashed, rebuilt = self.schedule_.step(serial) if self.sampler not in (
+                    "random", "dense") else (False, False)
+                self.train_seconds_ += time.perf_counter() - t0
+                self.batch_in_epoch_ += 1
+                if self.batch_in_epoch_ >= n_batches:
+                    self.epoch_ += 1
+                    self.batch_in_epoch_ = 0
+                    end_epoch(self, epoch, t_epoch, eval_set)
+                if self.verbose >= 2 and serial % 100 == 0:
+                    print(f"batch {serial} epoch {epoch} loss {loss:.4f}")
+                if callback is not None:
+                    info = dict(batch=serial, epoch=epoch,
+                                batch_in_epoch=(self.batch_in_epoch_ - 1) % n_batches,
+                                samples=self.samples_, loss=loss,
+                                train_seconds=self.train_seconds_, active_mean=act,
+                                rehashed=rehashed, rebuilt=rebuilt, bytes_sent=sent)
+                    if callback(self, info):
+                        self.stopped_ = True
+                        return
+
+    def _recover(self, exc, Y, n_threads):
+        """A shard actor died (Ray restarted it empty): every shard and the driver go back to
+        the last checkpoint, losing the batches since."""
+        from slide.distributed.checkpoint import read_manifest, restore_driver
+        import os
+        path = getattr(self, "last_checkpoint_", None)
+        if path is None:
+            raise RuntimeError(f"{exc}; no checkpoint to resume from (save one with "
+                               f"model.save(dir), e.g. from the fit callback)") from exc
+        man = read_manifest(path)
+        self.backend_.reload([os.path.join(path, f) for f in man["shards"]])
+        restore_driver(self, path, man)
+        self._prepare_shards(Y, n_threads)
+        self.recoveries_ = getattr(self, "recoveries_", 0) + 1
+
+    def _prepare_shards(self, Y, n_threads):
+        n = Y.shape[0]
+        counts = np.bincount(Y.indices, minlength=Y.shape[1])
+        max_labels = int(np.diff(Y.indptr).max()) if n else 1
+        log_prior = self.batches_ == 0 and self.output_bias_init == "log_prior" and n > 0
+        args = [(int(self.batch_size), n_threads, max_labels, counts[lo:hi], n, log_prior)
+                for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])]
+        self.backend_.call_each("prepare", args)
+
+    # -- inference -----------------------------------------------------------------------------
+    def _check_fitted(self):
+        if not hasattr(self, "hidden_"):
+            from sklearn.exceptions import NotFittedError
+            raise NotFittedError("this ShardedSlideClassifier is not fitted yet; call fit first")
+
+    def sync(self):
+        self._check_fitted()
+        self.hidden_.sync()
+        self.backend_.call_all("sync")
+        return self
+
+    def _hidden_all(self, X):
+        return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
+
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=256):
+        """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
+        the driver merges them. Sparse: the ``prior_candidates`` highest biases over ALL
+        shards (the driver picks them from each shard's own best) join every row's LSH
+        candidates, as in the single process."""
+        self._check_fitted()
+        if not is_int(k) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if not is_int(prior_candidates) or prior_candidates < 0:
+            raise ValueError(f"prior_candidates must be a non-negative integer, "
+                             f"got {prior_candidates!r}")
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        k = int(k)
+        with blas_single_thread():
+            H = self._hidden_all(X)
+            if exact or self.sampler in ("random", "dense"):
+                parts = self.backend_.call_all("topk_exact", H, k)
+            else:
+                prior = self._global_prior(int(prior_candidates))
+                parts = self.backend_.call_each(
+                    "topk_sparse", [(H, k, prior[(prior >= lo) & (prior < hi)])
+                                    for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])])
+        scores = np.concatenate([p[0] for p in parts], axis=1)
+        ids = np.concatenate([p[1] for p in parts], axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(k, self.n_labels_)]
+        return np.take_along_axis(ids, order, axis=1)
+
+    def _global_prior(self, n):
+        if n == 0:
+            return np.zeros(0, np.int64)
+        parts = self.backend_.call_all("prior_scores", n)
+        b = np.concatenate([p[0] for p in parts])
+        ids = np.concatenate([p[1] for p in parts])
+        n = min(n, b.shape[0])
+        return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
+
+    def predict_scores(self, X):
+        self._check_fitted()
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        with blas_single_thread():
+            return np.concatenate(self.backend_.call_all("scores", self._hidden_all(X)), axis=1)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save(self, path, extra=None):
+        """A checkpoint directory: one file per shard, then the driver's file, then the
+        manifest (written last: a directory without it is not a checkpoint)."""
+        from slide.distributed.checkpoint import save
+        self._check_fitted()
+        save(self, path, extra)
+
+    def sample_loss_and_grads(self, *args, **kwargs):
+        raise NotImplementedError("sample_loss_and_grads is not available on a sharded model")
+
+    def __del__(self):
+        try:
+            self._close_backend()
+        except Exception:   # pragma: no cover - interpreter shutdown
+            pass

@@ -1,0 +1,186 @@
+"""The Ray backend: one actor per shard (``ShardActor``, a process holding one
+``OutputShard``), restarted by Ray when it dies (``max_restarts``); the driver then rolls every
+shard and itself back to the last checkpoint (``ShardedSlideClassifier``).
+
+``ray.init`` is called only when Ray is not initialised yet: ``address=None`` starts a local
+Ray (``num_cpus`` = the machine's), "auto" / "host:port" join a running cluster, which must
+answer within ``CONNECT_TIMEOUT_S`` or a ``ConnectionError`` names the address.
+"""
+import os
+import socket
+
+CONNECT_TIMEOUT_S = 10.0
+RESTART_TIMEOUT_S = 120.0
+
+
+class ShardFailure(RuntimeError):
+    """A shard actor died during a call (Ray restarts it; its state is lost)."""
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is in the test extra
+        raise ImportError("backend='ray' needs Ray: pip install -e '.[distributed]' (or use "
+                          "backend='local')") from None
+    return ray
+
+
+def _check_address(address):
+    """Fail fast (ConnectionError naming it) when a 'host:port' address does not answer."""
+    if address in (None, "auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"ray_address {address!r}: the Ray cluster does not answer "
+                              f"({exc})") from None
+
+
+def ensure_ray(address, num_cpus=None):
+    """Initialise Ray unless it already is; ConnectionError when ``address`` cannot be reached."""
+    ray = _import_ray()
+    _check_address(address)
+    if ray.is_initialized():
+        return ray
+    kw = dict(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+    if address is None:
+        kw["num_cpus"] = num_cpus or os.cpu_count()
+    try:
+        ray.init(address=address, **kw)
+    except ConnectionError as exc:
+        raise ConnectionError(f"ray_address {address!r}: cannot connect to the Ray cluster "
+                              f"({exc})") from None
+    return ray
+
+
+class _ShardActorImpl:
+    """The actor's body: an ``OutputShard`` and a generic method call."""
+
+    def __init__(self, spec, file, memory_cap, n_threads):
+        if memory_cap:
+            # RLIMIT_DATA (heap and private anonymous mappings: NumPy's arrays), not RLIMIT_AS:
+            # a Ray worker maps the shared object store, gigabytes of address space it does
+            # not own
+            import resource
+            resource.setrlimit(resource.RLIMIT_DATA, (int(memory_cap), int(memory_cap)))
+        import numba
+        if n_threads:
+            numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
+        from slide.distributed.shard import OutputShard
+        self.shard = OutputShard.from_file(file) if file else OutputShard(**spec)
+
+    def call(self, method, *args):
+        return getattr(self.shard, method)(*args)
+
+    def reload(self, file):
+        from slide.distributed.shard import OutputShard
+        self.shard = OutputShard.from_file(file)
+        return True
+
+    def pid(self):
+        return os.getpid()
+
+    def memory(self):
+        """This process's peak resident memory, peak virtual memory and data segment (heap +
+        private mappings, what ``memory_cap`` limits) in bytes (Linux /proc)."""
+        import resource
+        out = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmPeak:"):
+                        out["peak_vm"] = int(line.split()[1]) * 1024
+                    elif line.startswith("VmData:"):
+                        out["data"] = int(line.split()[1]) * 1024
+        except OSError:  # pragma: no cover - not Linux
+            pass
+        return out
+
+
+class RayBackend:
+    """Same interface as ``slide.distributed.backend.LocalBackend``, one Ray actor per shard."""
+
+    name = "ray"
+
+    def __init__(self, address=None, shard_cpus=1, memory_cap=None, n_threads=None):
+        self.address = address
+        self.ray = None
+        self.shard_cpus = int(shard_cpus)
+        self.memory_cap = memory_cap
+        self.n_threads = n_threads if n_threads is not None else shard_cpus
+        self.actors = []
+
+    def create(self, specs, files=None):
+        # a local Ray gets enough logical CPUs for every shard (they share the cores)
+        self.ray = ray = ensure_ray(self.address, max(os.cpu_count() or 1,
+                                                      len(specs) * self.shard_cpus))
+        need = len(specs) * self.shard_cpus
+        have = ray.cluster_resources().get("CPU", 0)
+        if have < need:
+            # the actors would wait forever for CPUs the cluster does not have
+            raise ValueError(f"{len(specs)} shards x shard_cpus={self.shard_cpus} need {need} "
+                             f"CPUs; the Ray cluster has {have:g}")
+        cls = ray.remote(num_cpus=self.shard_cpus, max_restarts=-1)(_ShardActorImpl)
+        files = files or [None] * len(specs)
+        self.actors = [cls.remote(sp, f, self.memory_cap, self.n_threads)
+                       for sp, f in zip(specs, files)]
+        self._get([a.pid.remote() for a in self.actors])     # surface start-up errors here
+        return self
+
+    @property
+    def n_shards(self):
+        return len(self.actors)
+
+    def _get(self, refs):
+        ray = self.ray
+        try:
+            return ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise ShardFailure(f"a shard actor died: {exc}") from exc
+
+    def call_each(self, method, args_list):
+        return self._get([a.call.remote(method, *args)
+                          for a, args in zip(self.actors, args_list)])
+
+    def call_all(self, method, *args):
+        refs = [self.ray.put(a) if hasattr(a, "nbytes") and a.nbytes > 65536 else a
+                for a in args]
+        return self._get([a.call.remote(method, *refs) for a in self.actors])
+
+    def wait_alive(self, timeout_s=RESTART_TIMEOUT_S):
+        """Wait until every actor answers (Ray restarts a dead one; calls made meanwhile fail
+        with 'the actor is restarting')."""
+        import time
+        ray = self.ray
+        deadline = time.monotonic() + timeout_s
+        for a in self.actors:
+            while True:
+                try:
+                    ray.get(a.pid.remote(), timeout=timeout_s)
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                        ray.exceptions.GetTimeoutError):
+                    if time.monotonic() > deadline:
+                        raise ShardFailure(f"a shard actor did not come back within "
+                                           f"{timeout_s:.0f} s") from None
+                    time.sleep(0.2)
+
+    def reload(self, files):
+        """Every shard back to its checkpoint file (after a restart: a rollback)."""
+        self.wait_alive()
+        return self._get([a.reload.remote(f) for a, f in zip(self.actors, files)])
+
+    def memory(self):
+        """Per shard actor: {"peak_rss", "peak_vm"} in bytes."""
+        return self._get([a.memory.remote() for a in self.actors])
+
+    def shutdown(self):
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:   # pragma: no cover - already gone
+                pass
+        self.actors = []

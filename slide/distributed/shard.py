@@ -1,0 +1,284 @@
+"""``OutputShard``: the rows of labels [lo, hi) of a sharded output layer, with their own LSH
+index and rehash schedule, shared negatives over the local label counts, and sparse Adam
+state. Pure Python + Numba, no Ray: the Ray backend wraps one per actor, the local backend
+drives them in process (tests, debugging).
+
+Protocol of one training batch (``slide.distributed.driver``):
+  forward(serial, H, lab_ptr, lab_ind)  -> stats [5, nb]: per sample the max and the sum of
+      exp over the shard's corrected active logits, the sum of its label logits, the number of
+      its labels found, its number of active outputs;
+  backward(serial, log_z, n_labels, lr) -> dH [nb, hidden]: the shard's share of dL/dh, after
+      updating its touched rows (and rehashing on its own schedule).
+"""
+import numpy as np
+
+from slide._rng import derived_seed
+from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
+                                       shard_forward_kernel, shard_topk_sparse_kernel)
+from slide.engine import Network
+from slide.engine.infer import topk_merge
+from slide.optim import SparseOptimizer
+from slide.schedule import RehashSchedule
+
+STREAM_SHARD_SEED = 600      # seed of shard q > 0: derived_seed(seed, STREAM_SHARD_SEED, q)
+
+
+def shard_ranges(n_labels, n_shards):
+    """Contiguous label ranges [lo, hi) of ``n_shards`` shards, sizes differing by at most 1."""
+    n_labels, n_shards = int(n_labels), int(n_shards)
+    if n_shards < 1 or n_shards > n_labels:
+        raise ValueError(f"n_shards must be between 1 and the number of labels ({n_labels}), "
+                         f"got {n_shards}")
+    b = [(q * n_labels) // n_shards for q in range(n_shards + 1)]
+    return [(b[q], b[q + 1]) for q in range(n_shards)]
+
+
+def shard_seed(seed, q):
+    """Shard 0 uses the model's seed (one shard then draws what the single process draws)."""
+    return int(seed) if q == 0 else int(derived_seed(int(seed), STREAM_SHARD_SEED, q))
+
+
+def _share(total, n_local, n_labels):
+    """A per-sample or per-batch budget split in proportion to the shard's label count."""
+    total = int(total)
+    return 0 if total == 0 else max(1, -(-total * int(n_local) // int(n_labels)))
+
+
+class OutputShard:
+    """Output rows of labels [lo, hi) of a network whose last hidden layer has ``n_hidden``
+    units and whose output layer has ``n_labels`` neurons. ``config``: the model's settings
+    (``ShardedSlideClassifier.shard_config``): sampler, LSH, min_active, shared_negatives,
+    negative_power, sampling_correction, optimizer, beta1/2, epsilon, rehash schedule, seed,
+    n_features (for the single-process initialisation of the rows)."""
+
+    def __init__(self, q, lo, hi, n_hidden, n_labels, config, init=True):
+        self.q, self.lo, self.hi = int(q), int(lo), int(hi)
+        self.n_local = self.hi - self.lo
+        self.n_hidden, self.n_labels = int(n_hidden), int(n_labels)
+        self.config = cfg = dict(config)
+        self.seed = shard_seed(cfg["seed"], self.q)
+        sampler = cfg["sampler"]
+        if sampler == "dense":       # every row active: the exact full softmax, no LSH
+            sampler, min_act, n_shared = "random", self.n_local, 0
+        else:
+            min_act = _share(cfg["min_active"], self.n_local, n_labels)
+            n_shared = _share(cfg["shared_negatives"], self.n_local, n_labels)
+        lsh = None
+        if sampler != "random":
+            lsh = dict(sampler=sampler, family=cfg["hash_family"], K=int(cfg["K"]),
+                       L=int(cfg["L"]), range_pow=int(cfg["range_pow"]),
+                       bucket_size=int(cfg["bucket_size"]), policy=cfg["bucket_policy"],
+                       budget=_share(cfg["sampler_budget"], self.n_local, n_labels),
+                       threshold=int(cfg["sampler_threshold"]))
+        self.net = Network((1, self.n_hidden, self.n_local), [False, True], [0, min_act],
+                           seed=self.seed, lsh=lsh, init=False, shared_negatives=n_shared,
+                           correct=bool(cfg["sampling_correction"]),
+                           negative_power=float(cfg["negative_power"]))
+        self.opt = SparseOptimizer(cfg["optimizer"], self.net.layout, cfg["learning_rate"],
+                                   cfg["beta1"], cfg["beta2"], cfg["epsilon"])
+        self.schedule = RehashSchedule(cfg["rehash_period"], cfg["rebuild_period"],
+                                       cfg["rehash_decay"])
+        if init:
+            self._init_rows()
+        self._nb = 0
+
+    def _init_rows(self):
+        """The single-process initial weights of rows [lo, hi) (zero biases)."""
+        from slide._rng import STREAM_INIT
+        n_f, h = int(self.config["n_features"]), self.n_hidden
+        W, _ = self.net.output_view()
+        std = np.sqrt(2.0 / (h + self.n_labels))
+        init_rows_like_global(W.reshape(-1), n_f * h, n_f * h + self.lo * h, std,
+                              np.uint64(self.config["seed"]), np.uint64(STREAM_INIT + 1))
+
+    # -- setup ---------------------------------------------------------------------------------
+    def prepare(self, batch_size, n_chunks, max_labels, counts, n_samples, log_prior):
+        """Scratch, local label counts (shared negatives), the log-prior biases (first batch
+        only: ``log_prior``) and the LSH tables."""
+        self.net.prepare(int(batch_size), int(n_chunks), max(1, int(max_labels)))
+        # the corrected active logits between forward and backward, in float64 as the single
+        # process keeps them inside its sample kernel
+        self._z = np.zeros(self.net.store.d_store.shape, np.float64)
+        counts = np.asarray(counts, np.float64)
+        self.net.set_label_counts(counts)
+        if log_prior:
+            _, b = self.net.output_view()
+            b[:] = np.log((counts + 1.0) / (int(n_samples) + self.n_labels))
+        if self.net.uses_tables and not self.net.indices:
+            self.net.build_indices()
+        return True
+
+    # -- training ------------------------------------------------------------------------------
+    def forward(self, serial, H, lab_ptr, lab_ind):
+        """Partial softmax statistics of the batch (see the module docstring)."""
+        net = self.net
+        H = np.ascontiguousarray(H, np.float32)
+        nb = H.shape[0]
+        self._nb = nb
+        sc = net.sc
+        shared = net.negatives.draw(self.seed, serial)
+        stats = np.zeros((5, nb), np.float64)
+        self._labels = (np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32))
+        self._H = H
+        shard_forward_kernel(net.params, net.spec, net.tables,
+                             sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), self._z, H,
+                             self._labels[0], self._labels[1], np.uint64(self.seed),
+                             np.int64(serial), net.negatives.bundle(shared), net.correct, stats)
+        return stats
+
+    def backward(self, serial, log_z, n_labels, learning_rate):
+        """Deltas from the global normaliser, this shard's dL/dh, then the row update and the
+        shard's rehash / rebuild when its schedule says so. Returns dH [nb, hidden]."""
+        from slide.engine.touched import output_entries
+        net, nb = self.net, self._nb
+        sc = net.sc
+        dH = np.zeros((nb, self.n_hidden), np.float32)
+        shard_backward_kernel(net.params, net.spec,
+                              sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), net.store,
+                              self._z, self._H, self._labels[0], self._labels[1],
+                              np.asarray(log_z, np.float64), np.asarray(n_labels, np.int64),
+                              1.0 / nb, dH)
+        nu = output_entries(sc.ids[:nb], sc.n_act[:nb], sc.s_off[OUT],
+                            net.store.d_store.shape[1], net.out_rows, np.int64(serial))
+        self.opt.learning_rate = float(learning_rate)
+        self.opt.t += 1          # the step count the single-process optimizer.step advances
+        self.opt.step_output(net.W, net.B, net.out_rows, nu, net.store)
+        self._maybe_rehash(serial)
+        return dH
+
+    def _maybe_rehash(self, serial):
+        if not self.net.uses_tables:
+            return
+        rehash, rebuild = self.schedule.step(serial)
+        if rebuild or rehash:
+            if not self.net.weights_finite():
+                raise FloatingPointError(f"shard {self.q}: non-finite weights at batch {serial}")
+            if rebuild:
+                self.net.rebuild(serial)
+            else:
+                self.net.rehash(serial)
+
+    def memory_bytes(self):
+        """Bytes of the arrays this shard owns: weights, optimizer state, LSH tables (and their
+        cached codes), label distribution, per-batch scratch."""
+        net = self.net
+        arrays = [net.W, net.B, net.out_stamp] + list(self.opt.state_arrays().values())
+        for name in ("sc", "store", "out_rows"):
+            arrays += [a for a in getattr(net, name, ()) if isinstance(a, np.ndarray)]
+        if net.negatives.q is not None:
+            arrays += [net.negatives.q, net.negatives.cdf]
+        arrays += [net.negatives.corr, net.negatives.corr_mix, getattr(self, "_z", net.B[:0])]
+        n = sum(int(a.nbytes) for a in arrays)
+        for idx in net.indices.values():
+            n += idx.memory_bytes()
+            codes = getattr(idx, "codes", None)
+            n += int(codes.nbytes) if codes is not None else 0
+        return n
+
+    def mean_active(self):
+        return float(self.net.sc.n_act[:self._nb, OUT].mean()) if self._nb else 0.0
+
+    def sync(self):
+        """Apply the optimizer's pending zero-gradient steps (``SlideClassifier.sync``)."""
+        self.opt.flush(self.net.W, self.net.B)
+        return True
+
+    # -- inference -----------------------------------------------------------------------------
+    def topk_exact(self, H, k, chunk=32768):
+        """(scores, global label ids), each [n, min(k, n_local)], best first."""
+        W, b = self.net.output_view()
+        H = np.asarray(H, np.float32)
+        kk = min(int(k), self.n_local)
+        best_s = np.full((H.shape[0], 0), -np.inf, np.float32)
+        best_i = np.zeros((H.shape[0], 0), np.int64)
+        for c0 in range(0, self.n_local, chunk):
+            c1 = min(self.n_local, c0 + chunk)
+            best_s, best_i = topk_merge(best_s, best_i, H @ W[c0:c1].T + b[c0:c1], c0, kk)
+        return best_s, best_i + self.lo
+
+    def prior_scores(self, n):
+        """The ``n`` highest biases of the shard: (biases, global ids)."""
+        _, b = self.net.output_view()
+        n = min(int(n), self.n_local)
+        ids = np.argpartition(-b, n - 1)[:n] if 0 < n < self.n_local else np.arange(n)
+        return b[ids].copy(), ids.astype(np.int64) + self.lo
+
+    def topk_sparse(self, H, k, prior_global, call=0):
+        """Sparse serving top-k (LSH candidates + the listed prior ids of this shard)."""
+        import numba
+        from slide.engine.arrays import make_scratch
+        net = self.net
+        if net.uses_tables and not net.indices:
+            net.build_indices()
+        H = np.ascontiguousarray(H, np.float32)
+        prior = (np.asarray(prior_global, np.int64) - self.lo).astype(np.int32)
+        n_chunks = numba.get_num_threads()
+        mins = net.min_active.copy()
+        mins[-1] = int(k)
+        spec = net.spec._replace(min_active=mins, loss_code=0)
+        sc = make_scratch(spec, net.lsh, net.uses_tables, n_chunks, n_chunks, prior.shape[0],
+                          mins)
+        n = H.shape[0]
+        ids = np.full((n, int(k)), -1, np.int64)
+        scores = np.full((n, int(k)), -np.inf, np.float32)
+        shard_topk_sparse_kernel(net.params, spec, net.tables, sc, H, np.uint64(self.seed),
+                                 np.int64(call), int(k), prior, ids, scores)
+        return scores, np.where(ids >= 0, ids + self.lo, -1)
+
+    def scores(self, H):
+        W, b = self.net.output_view()
+        return np.asarray(H, np.float32) @ W.T + b
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self):
+        """{"meta": JSON-able, "arrays": name -> array}: weights, LSH tables, optimizer state,
+        schedule, label distribution (``OutputShard.from_state`` continues exactly)."""
+        ns = self.net.state_dict()
+        os_ = self.opt.state_dict()
+        meta = {"q": self.q, "lo": self.lo, "hi": self.hi, "n_hidden": self.n_hidden,
+                "n_labels": self.n_labels, "config": self.config, "network": ns["meta"],
+                "optimizer": os_["meta"], "schedule": self.schedule.state(),
+                "hashed_at": {str(k): int(v) for k, v in self.net._hashed_at.items()}}
+        arrays = {f"net_{k}": v for k, v in ns["arrays"].items()}
+        arrays.update({f"opt_{k}": v for k, v in os_["arrays"].items()})
+        arrays["out_stamp"] = self.net.out_stamp.copy()
+        return {"meta": meta, "arrays": arrays}
+
+    def save_part(self, path):
+        """Write this shard's state to ``path`` atomically; returns the file's name."""
+        from slide.distributed.checkpoint import write_part
+        return write_part(path, self.state_dict())
+
+    @classmethod
+    def from_file(cls, path):
+        """The shard saved by :meth:`save_part` (CheckpointError naming the file)."""
+        from slide.checkpoint import CheckpointError
+        from slide.distributed.checkpoint import read_part
+        state = read_part(path)
+        try:
+            return cls.from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(path, f"invalid shard state ({type(exc).__name__}: "
+                                        f"{exc})") from None
+
+    @classmethod
+    def from_state(cls, state):
+        """The shard of :meth:`state_dict`; ValueError naming what does not fit."""
+        meta, arrays = state["meta"], state["arrays"]
+        sh = cls(meta["q"], meta["lo"], meta["hi"], meta["n_hidden"], meta["n_labels"],
+                 meta["config"], init=False)
+        net_arrays = {k[4:]: v for k, v in arrays.items() if k.startswith("net_")}
+        net = Network.from_state({"meta": meta["network"], "arrays": net_arrays})
+        if tuple(net.layout.sizes) != tuple(sh.net.layout.sizes):
+            raise ValueError(f"shard {meta['q']}: network sizes {net.layout.sizes} do not fit")
+        net._hashed_at = {int(k): int(v) for k, v in meta.get("hashed_at", {}).items()}
+        stamp = np.asarray(arrays["out_stamp"])
+        if stamp.shape != net.out_stamp.shape:
+            raise ValueError(f"shard {meta['q']}: out_stamp does not fit")
+        net.out_stamp[:] = stamp
+        sh.net = net
+        opt_arrays = {k[4:]: v for k, v in arrays.items() if k.startswith("opt_")}
+        sh.opt = SparseOptimizer.from_state(net.layout, {"meta": meta["optimizer"],
+                                                         "arrays": opt_arrays})
+        sh.schedule.set_state(meta["schedule"])
+        return sh
