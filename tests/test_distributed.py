@@ -1,4 +1,6 @@
 """slide.distributed: the label-sharded output layer (math without Ray, then the Ray backend)."""
+import time
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,10 @@ from slide.estimator import SlideClassifier
 from slide.synthetic import generate
 
 # the small LSH settings of tests/test_estimator.py (tiny set: 200 labels, 600 points)
-SMALL = dict(K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30, min_active=40,
-             shared_negatives=16, rehash_period=5, rebuild_period=20, rehash_decay=0.05,
-             batch_size=32, learning_rate=1e-2, lr_schedule="constant", n_threads=1)
+SMALL = dict(sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30,
+             min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
+             rehash_decay=0.05, batch_size=32, learning_rate=1e-2, lr_schedule="constant",
+             n_threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,25 @@ def test_three_shards_learn_like_one(tiny, three_shards):
                                   three_shards.predict_topk(Xte, 3))
 
 
+def test_random_sampler_shards_serve_sparse(tiny):
+    """The default sampler ("random") keeps no training tables: sparse serving goes through
+    each shard's serving index, built from its weights; with the prior list covering every
+    label it is the exact top-k, and the index alone does better than chance."""
+    Xtr, Ytr, Xte, Yte = tiny
+    cfg = dict(SMALL, sampler="random")
+    m = ShardedSlideClassifier(n_shards=2, backend="local", epochs=3, random_state=0, **cfg)
+    m.fit(Xtr, Ytr)
+    assert all(not sh.net.indices for sh in m.backend_.shards)
+    np.testing.assert_array_equal(m.predict_topk(Xte, 3, exact=False,
+                                                 prior_candidates=m.n_labels_),
+                                  m.predict_topk(Xte, 3))
+    assert all(sh.net.serving is not None for sh in m.backend_.shards)
+    chance = 1.0 / m.n_labels_
+    assert m.score(Xte, Yte, exact=False, prior_candidates=0) > 5 * chance
+    m.partial_fit(Xtr[:64], Ytr[:64])           # training drops the indices built before
+    assert all(sh.net.serving is None for sh in m.backend_.shards)
+
+
 def test_sharded_exact_topk_is_the_topk_of_the_full_scores(tiny, three_shards):
     _, _, Xte, _ = tiny
     S = three_shards.predict_scores(Xte)
@@ -243,7 +265,18 @@ def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_se
         if info["batch"] == 10 and not getattr(model, "recoveries_", 0):
             model.save(tmp_path / "ck")
         if info["batch"] == 14 and not getattr(model, "recoveries_", 0):
-            ray_session.kill(model.backend_.actors[1], no_restart=False)
+            actor = model.backend_.actors[1]
+            pid = ray_session.get(actor.pid.remote())
+            ray_session.kill(actor, no_restart=False)
+            # let Ray finish the restart first: the fresh actor (constructor's weights) must
+            # refuse batch 15 rather than answer it (a call racing the kill fails either way)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if ray_session.get(actor.pid.remote(), timeout=5) != pid:
+                        break
+                except Exception:
+                    time.sleep(0.1)
 
     m.fit(Xtr, Ytr, callback=cb)
     assert m.recoveries_ == 1

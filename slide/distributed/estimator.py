@@ -247,16 +247,21 @@ class ShardedSlideClassifier(SlideClassifier):
     def _hidden_all(self, X):
         return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=256):
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
         """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
-        the driver merges them. Sparse: the ``prior_candidates`` highest biases over ALL
-        shards (the driver picks them from each shard's own best) join every row's LSH
-        candidates, as in the single process."""
+        the driver merges them. Sparse (``exact=False``): each shard's serving index (built
+        from its weights on first use, whatever the sampler) plus the ``prior_candidates``
+        highest biases over ALL shards (None: ``slide.lsh.serving.default_prior`` of the
+        label count, as in the single process; the driver picks them from each shard's own
+        best)."""
+        from slide.lsh.serving import default_prior
         self._check_fitted()
         if not is_int(k) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        if prior_candidates is None:
+            prior_candidates = default_prior(self.n_labels_)
         if not is_int(prior_candidates) or prior_candidates < 0:
-            raise ValueError(f"prior_candidates must be a non-negative integer, "
+            raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
@@ -264,7 +269,7 @@ class ShardedSlideClassifier(SlideClassifier):
         k = int(k)
         with blas_single_thread():
             H = self._hidden_all(X)
-            if exact or self.sampler in ("random", "dense"):
+            if exact:
                 parts = self.backend_.call_all("topk_exact", H, k)
             else:
                 prior = self._global_prior(int(prior_candidates))

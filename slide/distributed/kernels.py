@@ -12,9 +12,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import (STREAM_PREDICT, STREAM_SAMPLE, STREAM_SERIAL_STRIDE, splitmix64,
-                        stream_seed)
-from slide.engine.infer import _insert_topk
+from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, splitmix64, stream_seed
 from slide.engine.negatives import correction, is_label
 from slide.engine.sample import select_active
 from slide.layers import FASTMATH, first_backward, first_forward_dense, rows_backward, rows_forward
@@ -198,31 +196,3 @@ def shard_backward_kernel(params, spec, sc, store, zbuf, H, lab_ptr, lab_ind, lo
                 h_store[s, i] = H[s, i]
             rows_backward(params.W, params.GW, params.GB, spec.w_off[OUT], spec.b_off[OUT],
                           n_in, True, ids, H[s], n_in, False, ids, cnt, d, dH[s], False)
-
-
-# ----------------------------------------------------------------------------------------------
-# shard: inference
-# ----------------------------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
-def shard_topk_sparse_kernel(params, spec, tables, sc, H, seed, call, k, prior, out_ids,
-                             out_scores):
-    """Top-k of the shard's LSH-selected outputs plus the ``prior`` ids for each row of H
-    (the serving path of ``slide.engine.infer.predict_sparse_kernel``, from the hidden
-    activations). ``sc`` has one sample slot per thread chunk; local ids, -1 / -inf padded."""
-    n = H.shape[0]
-    n_chunks = sc.acts.shape[0]
-    no_shared = prior[:0]
-    n_in = spec.n_in[OUT]
-    for c in prange(n_chunks):
-        ids = sc.ids[c]
-        out = ids[sc.s_off[OUT]:sc.s_off[OUT + 1]]
-        z = sc.acts[c, sc.a_off[OUT]:sc.a_off[OUT + 1]]
-        for s in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
-            rng = stream_seed(seed, STREAM_PREDICT + call * STREAM_SERIAL_STRIDE, s)
-            cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, H[s], n_in,
-                                               prior, no_shared, rng,
-                                               (call * 1048576 + s + 1) * 2, out)
-            rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out,
-                         H[s], n_in, False, out, cnt, False, z)
-            _insert_topk(z, cnt, out, False, k, out_ids[s], out_scores[s])

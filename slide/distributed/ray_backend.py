@@ -17,6 +17,11 @@ class ShardFailure(RuntimeError):
     """A shard actor died during a call (Ray restarts it; its state is lost)."""
 
 
+class ShardRestartedError(RuntimeError):
+    """Raised inside an actor that Ray restarted and that was not reloaded since: its shard is
+    the one its constructor built (initial weights), not the one the driver trained."""
+
+
 def _import_ray():
     try:
         import ray
@@ -69,15 +74,22 @@ class _ShardActorImpl:
         import numba
         if n_threads:
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
+        import ray
         from slide.distributed.shard import OutputShard
+        # a restart between two calls would otherwise answer them from the constructor's
+        # shard silently; every call refuses until the driver reloads a checkpoint
+        self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self.shard = OutputShard.from_file(file) if file else OutputShard(**spec)
 
     def call(self, method, *args):
+        if self.restarted:
+            raise ShardRestartedError("the shard actor was restarted since the last call")
         return getattr(self.shard, method)(*args)
 
     def reload(self, file):
         from slide.distributed.shard import OutputShard
         self.shard = OutputShard.from_file(file)
+        self.restarted = False
         return True
 
     def pid(self):
@@ -140,6 +152,10 @@ class RayBackend:
             return ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise ShardFailure(f"a shard actor died: {exc}") from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(getattr(exc, "cause", None), ShardRestartedError):
+                raise ShardFailure(f"a shard actor was restarted: {exc.cause}") from exc
+            raise
 
     def call_each(self, method, args_list):
         return self._get([a.call.remote(method, *args)

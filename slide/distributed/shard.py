@@ -14,7 +14,7 @@ import numpy as np
 
 from slide._rng import derived_seed
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
-                                       shard_forward_kernel, shard_topk_sparse_kernel)
+                                       shard_forward_kernel)
 from slide.engine import Network
 from slide.engine.infer import topk_merge
 from slide.optim import SparseOptimizer
@@ -131,6 +131,7 @@ class OutputShard:
         shard's rehash / rebuild when its schedule says so. Returns dH [nb, hidden]."""
         from slide.engine.touched import output_entries
         net, nb = self.net, self._nb
+        net.serving = None          # built from weights this step changes
         sc = net.sc
         dH = np.zeros((nb, self.n_hidden), np.float32)
         shard_backward_kernel(net.params, net.spec,
@@ -203,26 +204,16 @@ class OutputShard:
         ids = np.argpartition(-b, n - 1)[:n] if 0 < n < self.n_local else np.arange(n)
         return b[ids].copy(), ids.astype(np.int64) + self.lo
 
-    def topk_sparse(self, H, k, prior_global, call=0):
-        """Sparse serving top-k (LSH candidates + the listed prior ids of this shard)."""
-        import numba
-        from slide.engine.arrays import make_scratch
+    def topk_sparse(self, H, k, prior_global, n_candidates=None):
+        """Sparse serving top-k through this shard's serving index (``slide.lsh.serving``,
+        built from the shard's weights on first use, whatever sampler trained it): each row's
+        most-colliding labels plus the listed prior ids of this shard, scored exactly.
+        (scores, global ids), -inf / -1 where fewer than k labels were scored."""
         net = self.net
-        if net.uses_tables and not net.indices:
-            net.build_indices()
-        H = np.ascontiguousarray(H, np.float32)
-        prior = (np.asarray(prior_global, np.int64) - self.lo).astype(np.int32)
-        n_chunks = numba.get_num_threads()
-        mins = net.min_active.copy()
-        mins[-1] = int(k)
-        spec = net.spec._replace(min_active=mins, loss_code=0)
-        sc = make_scratch(spec, net.lsh, net.uses_tables, n_chunks, n_chunks, prior.shape[0],
-                          mins)
-        n = H.shape[0]
-        ids = np.full((n, int(k)), -1, np.int64)
-        scores = np.full((n, int(k)), -np.inf, np.float32)
-        shard_topk_sparse_kernel(net.params, spec, net.tables, sc, H, np.uint64(self.seed),
-                                 np.int64(call), int(k), prior, ids, scores)
+        Wo, bo = net.output_view()
+        prior = np.asarray(prior_global, np.int64) - self.lo
+        ids, scores = net.serving_index().topk(np.ascontiguousarray(H, np.float32), Wo, bo,
+                                               min(int(k), self.n_local), prior, n_candidates)
         return scores, np.where(ids >= 0, ids + self.lo, -1)
 
     def scores(self, H):
