@@ -244,16 +244,18 @@ def append_record(path, rec):
 # report
 
 def summarise(records):
-    """Group by (data set, system, run): mean and std over seeds of the final metrics and
-    seconds, in first-seen order."""
+    """Group by (data set, system, run, invocation): mean and std over seeds of the final
+    metrics and seconds, in first-seen order."""
     groups = {}
     for r in records:
-        # the same change on different bases (invocations) is a different run
+        # the same change on different bases is a different run; and seconds from different
+        # invocations (a different load on the machine) are never averaged together
         config = json.dumps(dict(r.get("params", {}), normalize=r.get("normalize")),
                             sort_keys=True)
-        groups.setdefault((r["dataset"], r["system"], r["run"], config), []).append(r)
+        key = (r["dataset"], r["system"], r["run"], config, r.get("time"))
+        groups.setdefault(key, []).append(r)
     rows = []
-    for (ds, system, run, _), recs in groups.items():
+    for (ds, system, run, _, _), recs in groups.items():
         row = {"dataset": ds, "system": system, "run": run, "seeds": len(recs),
                "config": config_text(recs[0])}
         for key in ("P@1", "P@5", "PSP@5"):
