@@ -156,6 +156,13 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
         epoch = model.epoch_
         t_epoch = time.perf_counter()
         for rows in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
+            if budget and model.train_seconds_ >= budget:
+                # the budget is spent (before this batch; also when a fit resumes after it
+                # was): the schedule has reached its end (time_done), so training ends here
+                # like a finished run, weights synced
+                model.budget_spent_ = True
+                model.sync()
+                return
             t0 = time.perf_counter()
             serial = model.batches_ + 1
             # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
@@ -190,9 +197,3 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
                 if callback(model, info):
                     model.stopped_ = True
                     return
-            if budget and model.train_seconds_ >= budget and model.epoch_ < end_epoch_index:
-                # the budget is spent mid-run: the schedule has reached its end (time_done),
-                # so training ends here like a finished run, weights synced
-                model.budget_spent_ = True
-                model.sync()
-                return

@@ -90,3 +90,11 @@ def test_budget_survives_a_checkpoint(tmp_path):
     model = SlideClassifier(**TINY, epochs=1, time_budget=120.0).fit(X, Y)
     model.save(tmp_path / "m.slide")
     assert slide.load(tmp_path / "m.slide").time_budget == 120.0
+
+
+def test_resuming_a_spent_budget_trains_nothing(monkeypatch):
+    model, _ = fit_with_clock(monkeypatch, 1.0, epochs=4, time_budget=3.0)
+    W = model.network_.W.copy()
+    model.fit(*tiny_data(), resume=True)
+    assert model.budget_spent_ and model.batches_ == 3
+    np.testing.assert_array_equal(model.network_.W, W)
