@@ -21,7 +21,6 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 STREAM_SAMPLE = 7            # engine, per (batch serial, sample position): sampler, random fill;
 STREAM_PREDICT = 11          # engine, per (call, sample) at sparse inference; both are offset
 STREAM_SERIAL_STRIDE = 16    # by serial * 16 (call * 16), so each batch has its own stream
-STREAM_INPUT_DROPOUT = 13    # engine, per (batch serial, sample position): input feature mask
 STREAM_SIMHASH = 101         # lsh.hashes: SimHash projection keys
 STREAM_DWTA = 102            # lsh.hashes: DWTA probe key
 STREAM_DOPH = 103            # lsh.hashes: DOPH per-table keys

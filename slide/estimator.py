@@ -88,10 +88,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     warmup_batches : int
         Batches of linear warm-up (0: none).
     batch_size, epochs : minibatch size and number of passes of ``fit``.
-    input_dropout : float in [0, 1)
-        Share of each training sample's input values zeroed, the kept ones scaled by
-        1 / (1 - p) (inverted dropout on the sparse input; a fresh mask per sample and batch,
-        from the seed). Not with sampler="dense".
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
         stops (``budget_spent_`` then says so), with the learning-rate schedule planned to end
@@ -115,7 +111,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
-                 time_budget=None, input_dropout=0.0):
+                 time_budget=None):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -149,7 +145,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.time_budget = time_budget
-        self.input_dropout = input_dropout
 
     # ------------------------------------------------------------------------------------------
     # validation
@@ -174,9 +169,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                 if not is_int(l) or not 0 <= l < n_layers:
                     raise ValueError(f"sparse_layers entries must be layer indices in "
                                      f"[0, {n_layers - 1}], got {l!r}")
-        if self.input_dropout and self.sampler == "dense":
-            raise ValueError("input_dropout needs the sampled training path; sampler='dense' "
-                             "(the full-softmax reference) does not apply it")
         if sparse and self.sampler != "random":
             from slide.lsh.hashes import check_hash_config
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
@@ -231,8 +223,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
                                 shared_negatives=int(self.shared_negatives),
                                 correct=bool(self.sampling_correction),
-                                negative_power=float(self.negative_power),
-                                input_dropout=float(self.input_dropout))
+                                negative_power=float(self.negative_power))
         self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout,
                                           self.learning_rate, self.beta1, self.beta2,
                                           self.epsilon)

@@ -89,9 +89,6 @@ TABLE = (
        "widths of the hidden ReLU layers (at least one)", ge=1),
     _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons",
        choices=LOSSES),
-    _p("input_dropout", "model.input_dropout", "float", 0.0, "share of each training "
-       "sample's input values zeroed, the rest scaled by 1 / (1 - p) (inverted dropout; not "
-       "with sampler dense)", ge=0, lt=1, optional=True),
     _p("output_bias_init", "model.output_bias_init", "str", "log_prior",
        "log_prior: output biases start at log((label count + 1) / (points + labels)) of the "
        "training labels; zero: the dense baselines' initialisation", choices=BIAS_INITS),

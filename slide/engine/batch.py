@@ -4,32 +4,16 @@ per-row path ``output_entries`` + ``SparseOptimizer.step_output``)."""
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import (STREAM_INPUT_DROPOUT, STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed,
-                        uniform)
+from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.engine.arrays import csr
 from slide.engine.sample import backward, forward, sample_loss
 from slide.engine.touched import collect_touched, output_entries
 from slide.layers import FASTMATH
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
-def _drop_inputs(x_val, p, seed, serial, s, out):
-    """out[:n] = x_val with each value zeroed with probability ``p`` and the kept ones scaled by
-    1 / (1 - p) (inverted dropout); the mask comes from (seed, serial, sample position), so it
-    does not depend on the thread. A zeroed feature still counts as touched: its Adam step has
-    a zero gradient, which ``"adam"`` gives every untouched row anyway."""
-    rng = stream_seed(seed, STREAM_INPUT_DROPOUT + serial * STREAM_SERIAL_STRIDE, s)
-    keep = np.float32(1.0 / (1.0 - p))
-    n = x_val.shape[0]
-    for j in range(n):
-        rng, u = uniform(rng)
-        out[j] = np.float32(0.0) if u < p else x_val[j] * keep
-    return out[:n]
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial, neg, row_path,
-                       correct, input_dropout, losses):
+                       correct, losses):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch: the first axis of sc.acts, dels, codes, ... ; per sample: sc.ids,
@@ -37,25 +21,17 @@ def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial
     batch MEAN loss are added into GW/GB without locks. Random draws come from
     stream_seed(seed, serial, sample position): independent of threads. ``neg``: the batch's
     shared negatives (``SharedDraw``). A sample whose hidden layers are non-finite gets loss
-    NaN and no gradient. ``input_dropout`` > 0: each sample's input values are masked first
-    (``_drop_inputs``, the same mask for its forward and backward pass)."""
+    NaN and no gradient."""
     nb = rows.shape[0]
     n_chunks = sc.acts.shape[0]
     scale = 1.0 / nb
-    x_cap = 0           # the batch's longest input row: the masked copy's buffer length
-    if input_dropout > 0.0:
-        for s in range(nb):
-            x_cap = max(x_cap, X.ptr[rows[s] + 1] - X.ptr[rows[s]])
     for c in prange(n_chunks):
         lo = (c * nb) // n_chunks
         hi = ((c + 1) * nb) // n_chunks
-        x_buf = np.empty(x_cap, np.float32)
         for s in range(lo, hi):
             r = rows[s]
             x_idx = X.ind[X.ptr[r]:X.ptr[r + 1]]
             x_val = X.dat[X.ptr[r]:X.ptr[r + 1]]
-            if input_dropout > 0.0:
-                x_val = _drop_inputs(x_val, input_dropout, seed, serial, s, x_buf)
             labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
             ids = sc.ids[s]
@@ -80,8 +56,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     sc_b = sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb])
     train_batch_kernel(net.params, net.spec, net.tables, sc_b, net.store, csr(X), csr(Y), rows,
                        np.uint64(seed), np.int64(serial), net.negatives.bundle(shared),
-                       net.row_path, net.correct, np.float64(net.input_dropout),
-                       net.losses[:nb])
+                       net.row_path, net.correct, net.losses[:nb])
     return net.losses[:nb]
 
 

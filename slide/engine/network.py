@@ -28,7 +28,7 @@ class Network:
     """
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
-                 shared_negatives=0, correct=True, negative_power=0.0, input_dropout=0.0):
+                 shared_negatives=0, correct=True, negative_power=0.0):
         from slide.layers import Layout, init_params
         self.layout = lay = Layout(tuple(int(s) for s in sizes))
         L = lay.n_layers
@@ -48,9 +48,6 @@ class Network:
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
         self.GB = np.zeros(int(lay.b_off[-2]) if self.row_path else lay.n_biases, np.float32)
         self.correct = bool(correct)
-        # share of each training sample's input values zeroed (inverted dropout, sampled
-        # training path only: slide.engine.batch)
-        self.input_dropout = float(input_dropout)
         self.negatives = SharedNegatives(int(shared_negatives) if self.sparse[-1] else 0,
                                          negative_power, int(lay.n_out[-1]))
         self.n_in, self.n_out = lay.n_in, lay.n_out
