@@ -21,6 +21,8 @@ Examples::
 ``--lever KEY=V1,V2`` expands to one run per value (values are JSON; ``normalize`` is the
 bench's own key: ``"l2"`` L2-normalises every input row before training and testing).
 ``--defaults`` adds a run of ``SlideClassifier()`` with no hyperparameter but threads and seed.
+A run with ``"n_models": K`` trains a ``SlideEnsemble`` of K members (seeded from the run's
+seed); its curve is its final score on the test sample (members train one after another).
 """
 import argparse
 import json
@@ -31,7 +33,9 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-BENCH_KEYS = ("normalize",)     # run keys that are the bench's, not the estimator's
+# run keys that are the bench's, not the estimator's: "normalize" (see below) and "n_models"
+# (a slide.ensemble.SlideEnsemble of that many members, each built from the run's other keys)
+BENCH_KEYS = ("normalize", "n_models")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,6 +101,10 @@ def run_slide(name, params, seed, data, args):
         Xtr, Xte = l2_normalise(Xtr), l2_normalise(Xte)
     elif normalize is not None:
         raise ValueError(f"normalize must be 'l2' or absent, got {normalize!r}")
+    n_models = params.pop("n_models", None)
+    if n_models is not None:
+        split = (Xtr, Ytr, Xte, Yte, sample, inv_prop)
+        return run_ensemble(name, params, n_models, seed, split, args, normalize)
     model = SlideClassifier(**params, n_threads=args.threads, random_state=seed)
     n_batches = -(-Xtr.shape[0] // int(model.batch_size))
     marks = {int(round(n_batches * (j + 1) / args.evals_per_epoch)) - 1
@@ -122,8 +130,35 @@ def run_slide(name, params, seed, data, args):
     return {"system": "slide", "run": name, "params": params, "normalize": normalize,
             "seed": seed, "train_seconds": model.train_seconds_,
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,
-            "stopped_early": bool(model.stopped_), "batches": model.batches_,
+            "stopped_early": bool(model.stopped_ or model.budget_spent_), "batches": model.batches_,
             "curve": curve, "final": final}
+
+
+def run_ensemble(name, params, n_models, seed, data, args, normalize):
+    """Train one SlideEnsemble of ``n_models`` members built from ``params``; its record."""
+    from slide import SlideClassifier
+    from slide.ensemble import SlideEnsemble
+    Xtr, Ytr, Xte, Yte, sample, inv_prop = data
+    model = SlideEnsemble(SlideClassifier(**params, n_threads=args.threads), n_models=n_models,
+                          random_state=seed)
+    t0 = time.perf_counter()
+    model.fit(Xtr, Ytr, callback=lambda m, info: m.train_seconds_ > args.max_seconds)
+    wall = time.perf_counter() - t0
+    first = model.members_[0]
+    point = score_topk(Yte[sample], model.predict_topk(Xte[sample], k=5), inv_prop)
+    n_batches = -(-Xtr.shape[0] // int(first.batch_size))
+    point.update(epoch=first.epoch_ + first.batch_in_epoch_ / n_batches,
+                 seconds=model.train_seconds_)
+    if args.verbose:
+        print(f"  {name} seed {seed} {model.train_seconds_:.1f}s P@1 {point['P@1']:.4f}",
+              flush=True)
+    final = score_topk(Yte, model.predict_topk(Xte, k=5), inv_prop)
+    return {"system": "slide", "run": name, "params": dict(params, n_models=n_models),
+            "normalize": normalize, "seed": seed, "train_seconds": model.train_seconds_,
+            "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,
+            "stopped_early": any(bool(m.stopped_ or m.budget_spent_) for m in model.members_),
+            "batches": sum(m.batches_ for m in model.members_), "curve": [point],
+            "final": final}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,16 +244,18 @@ def append_record(path, rec):
 # report
 
 def summarise(records):
-    """Group by (data set, system, run): mean and std over seeds of the final metrics and
-    seconds, in first-seen order."""
+    """Group by (data set, system, run, invocation): mean and std over seeds of the final
+    metrics and seconds, in first-seen order."""
     groups = {}
     for r in records:
-        # the same change on different bases (invocations) is a different run
+        # the same change on different bases is a different run; and seconds from different
+        # invocations (a different load on the machine) are never averaged together
         config = json.dumps(dict(r.get("params", {}), normalize=r.get("normalize")),
                             sort_keys=True)
-        groups.setdefault((r["dataset"], r["system"], r["run"], config), []).append(r)
+        key = (r["dataset"], r["system"], r["run"], config, r.get("time"))
+        groups.setdefault(key, []).append(r)
     rows = []
-    for (ds, system, run, _), recs in groups.items():
+    for (ds, system, run, _, _), recs in groups.items():
         row = {"dataset": ds, "system": system, "run": run, "seeds": len(recs),
                "config": config_text(recs[0])}
         for key in ("P@1", "P@5", "PSP@5"):

@@ -18,10 +18,11 @@ _EXPORTS = {
     "generate": "slide.synthetic",
     "PRESETS": "slide.synthetic",
     "SlideClassifier": "slide.estimator",
+    "SlideEnsemble": "slide.ensemble",
     "load": "slide.estimator",
 }
 _SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator", "cli",
-               "params", "trainer", "checkpoint", "distributed"}
+               "params", "trainer", "checkpoint", "distributed", "ensemble"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

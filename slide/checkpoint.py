@@ -22,6 +22,7 @@ import numpy as np
 from slide.fileio import atomic_write
 
 FORMAT = "slide-checkpoint"
+ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 
@@ -100,6 +101,31 @@ def save(model, path, extra=None):
         _write_arrays(f, meta, arrays)
 
 
+def save_ensemble(ensemble, path, extra=None):
+    """Write a fitted ``SlideEnsemble`` to ``path`` atomically: one archive whose ``__meta__``
+    holds the ensemble's parameters and each member's checkpoint metadata, and whose arrays
+    are the members' (member k's under ``m<k>/``)."""
+    if extra is not None:
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
+    arrays, members = {}, []
+    for k, member in enumerate(ensemble.members_):
+        own = _model_arrays(member)
+        members.append(_metadata(member, own, None))
+        arrays.update({f"m{k}/{name}": a for name, a in own.items()})
+    template = {k: list(v) if isinstance(v, tuple) else v
+                for k, v in ensemble._template().get_params(deep=False).items()}
+    meta = {"format": ENSEMBLE_FORMAT, "version": FORMAT_VERSION,
+            "n_models": len(members), "random_state": ensemble.random_state,
+            "seed": ensemble.seed_, "estimator": template, "members": members,
+            "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
+            "extra": extra}
+    with atomic_write(path, "wb") as f:
+        _write_arrays(f, meta, arrays)
+
+
 # ---------------------------------------------------------------------------------------------
 # reading
 
@@ -119,7 +145,7 @@ def read(path):
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError,
             UnicodeDecodeError) as exc:
         raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
         raise CheckpointError(path, "not a slide checkpoint (wrong format tag)")
     if meta.get("version") not in SUPPORTED_VERSIONS:
         raise CheckpointError(path, f"format version {meta.get('version')!r} is not supported "
@@ -202,9 +228,9 @@ def _restore(model, path, meta, arrays):
 
 
 def load(path):
-    """Load a model saved by ``SlideClassifier.save`` (or, for a directory, the
-    ``ShardedSlideClassifier`` saved there). Everything is validated before the
-    model is built; any problem raises CheckpointError naming the file."""
+    """Load a model saved by ``SlideClassifier.save``, a ``SlideEnsemble`` saved by its
+    ``save`` or, for a directory, the ``ShardedSlideClassifier`` saved there. Everything is
+    validated before the model is built; any problem raises CheckpointError naming the file."""
     if os.path.isdir(os.fspath(path)):
         # a sharded model's checkpoint directory (slide.distributed.checkpoint)
         from slide.distributed.checkpoint import load as load_sharded
@@ -212,14 +238,51 @@ def load(path):
     meta, arrays = read(path)
     try:
         _check_listed_arrays(path, meta, arrays)
-        model, sizes = _build_model(path, meta)
-        _check_state_arrays(path, meta, arrays, model, sizes)
-        _restore(model, path, meta, arrays)
-        return model
+        if meta["format"] == ENSEMBLE_FORMAT:
+            return _load_ensemble(path, meta, arrays)
+        return _load_model(path, meta, arrays)
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _load_model(path, meta, arrays):
+    model, sizes = _build_model(path, meta)
+    _check_state_arrays(path, meta, arrays, model, sizes)
+    _restore(model, path, meta, arrays)
+    return model
+
+
+def _load_ensemble(path, meta, arrays):
+    from slide.ensemble import SlideEnsemble
+    n = int(meta["n_models"])
+    if n < 1 or len(meta["members"]) != n:
+        raise CheckpointError(path, f"ensemble of {n} members lists {len(meta['members'])}")
+    members = []
+    for k, member_meta in enumerate(meta["members"]):
+        prefix = f"m{k}/"
+        own = {name[len(prefix):]: a for name, a in arrays.items() if name.startswith(prefix)}
+        _check_listed_arrays(path, member_meta, own)
+        members.append(_load_model(path, member_meta, own))
+    if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
+        raise CheckpointError(path, "ensemble members differ in their input or label count")
+    ensemble = SlideEnsemble(estimator=_unfitted(meta["estimator"]), n_models=n,
+                             random_state=meta["random_state"])
+    ensemble.seed_ = int(meta["seed"])
+    ensemble._set_members(members)
+    ensemble.extra_ = meta.get("extra")
+    return ensemble
+
+
+def _unfitted(params):
+    """The unfitted ``SlideClassifier`` of saved hyperparameters (JSON lists back to tuples)."""
+    from slide.estimator import SlideClassifier
+    params = dict(params)
+    for name in ("hidden_sizes", "sparse_layers"):
+        if isinstance(params.get(name), list):
+            params[name] = tuple(params[name])
+    return SlideClassifier(**params)
 
 
 def _load_lsh(model, path, lsh_meta, arrays):

@@ -92,6 +92,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     warmup_batches : int
         Batches of linear warm-up (0: none).
     batch_size, epochs : minibatch size and number of passes of ``fit``.
+    time_budget : float or None
+        Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
+        stops (``budget_spent_`` then says so), with the learning-rate schedule planned to end
+        there: the decay follows the share of the budget spent or of the batches done,
+        whichever is further along, so ``epochs`` becomes the cap. Not bit-reproducible.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
         of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)
@@ -109,7 +114,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
-                 rehash_decay=0.02, n_threads=None, random_state=None, verbose=0):
+                 rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
+                 time_budget=None):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -142,6 +148,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.n_threads = n_threads
         self.random_state = random_state
         self.verbose = verbose
+        self.time_budget = time_budget
 
     # ------------------------------------------------------------------------------------------
     # validation

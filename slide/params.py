@@ -36,7 +36,8 @@ BIAS_INITS = ("log_prior", "zero")
 LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
-# int_or_none, layers (None or a sequence of layer indices; the bound depends on hidden_sizes)
+# int_or_none, float_or_none, layers (None or a sequence of layer indices; the bound depends on
+# hidden_sizes)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,10 @@ TABLE = (
     _p("epochs", "train.epochs", "int", 3, "passes over the training set (the learning-rate "
        "schedule spans them)", ge=1),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
+    _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
+       "which fit stops, its learning-rate schedule planned to end there: the decay follows "
+       "the clock or the batch count, whichever is further along; epochs stays the cap. "
+       "Not bit-reproducible (the clock decides); None: no budget", gt=0),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),
     _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "
@@ -252,10 +257,10 @@ def check_value(p: Param, value):
     kind = p.kind
     if kind == "int_list":
         return _check_int_list(p, value)
-    if kind == "int_or_none":
+    if kind in ("int_or_none", "float_or_none"):
         if value is None:
             return None, None
-        kind = "int"
+        kind = kind[:-len("_or_none")]
     if kind == "int" and not is_int(value):
         return None, f"must be an integer, got {type_name(value)} ({value!r})"
     if kind == "float":
@@ -325,6 +330,7 @@ def _doc_allowed(p: Param):
              if b is not None]
     kind = {"int": "integer", "float": "number", "bool": "true / false", "str": "text",
             "int_list": "integers", "table": "table", "int_or_none": "None or integer",
+            "float_or_none": "None or number",
             "layers": "None or layer indices"}[p.kind]
     return kind + (" " + ", ".join(parts) if parts else "")
 

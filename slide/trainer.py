@@ -29,9 +29,14 @@ class DivergenceError(RuntimeError):
                          f"(epoch {epoch}); lower learning_rate")
 
 
-def scheduled_learning_rate(base, schedule, warmup_batches, batch, total_batches):
+def scheduled_learning_rate(base, schedule, warmup_batches, batch, total_batches,
+                            time_done=0.0):
     """The learning rate of batch number ``batch`` (1-based serial over the whole run) of a run
     of ``total_batches`` batches.
+
+    ``time_done`` (a run with a ``time_budget``): the share of the budget already spent before
+    this batch; the decay then follows whichever of the batch count and the clock is further
+    along, so the schedule ends when the budget does (or at ``total_batches``, if sooner).
 
     Warm-up: batches 1..W (W = ``warmup_batches``) use base * batch / W. Then "constant" keeps
     ``base``; "linear" and "cosine" decay from ``base`` (first batch after the warm-up) towards 0,
@@ -48,6 +53,7 @@ def scheduled_learning_rate(base, schedule, warmup_batches, batch, total_batches
     # fraction of the decay already done before this batch: 0 for the first decayed batch,
     # (span - 1) / span for the last one
     done = min(batch - warm - 1, span - 1) / span
+    done = max(done, min(float(time_done), (span - 1) / span))
     if schedule == "linear":
         return base * (1.0 - done)
     if schedule == "cosine":
@@ -146,17 +152,26 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
     # the serving index was built from the weights this run changes
     model.network_.serving = None
     model.stopped_ = False
+    budget = getattr(model, "time_budget", None)
+    model.budget_spent_ = False
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_
         t_epoch = time.perf_counter()
         for rows in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
+            if budget and model.train_seconds_ >= budget:
+                # the budget is spent (before this batch; also when a fit resumes after it
+                # was): the schedule has reached its end (time_done), so training ends here
+                # like a finished run, weights synced
+                model.budget_spent_ = True
+                model.sync()
+                return
             t0 = time.perf_counter()
             serial = model.batches_ + 1
             # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
             # which therefore uses the rate of the epoch's last batch)
             model.optimizer_.learning_rate = scheduled_learning_rate(
                 float(model.learning_rate), model.lr_schedule, model.warmup_batches, serial,
-                total_batches)
+                total_batches, model.train_seconds_ / budget if budget else 0.0)
             loss, act = _train_one_batch(model, X, Y, rows, serial)
             if not math.isfinite(loss):
                 raise DivergenceError(serial, epoch, loss)

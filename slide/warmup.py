@@ -73,7 +73,8 @@ def tiny_copy(model):
              rehash_period=1, rebuild_period=2, rehash_decay=0.0,
              sampler_budget=min(int(p["sampler_budget"]), 32),
              shared_negatives=min(int(p["shared_negatives"]), 8),
-             min_active=min(int(p["min_active"]), 24), random_state=0, verbose=0)
+             min_active=min(int(p["min_active"]), 24), random_state=0, verbose=0,
+             time_budget=None)
     return type(model)(**p)
 
 

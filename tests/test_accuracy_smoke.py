@@ -95,3 +95,23 @@ def test_end_to_end_on_tiny_with_label_trees(tmp_path):
                    "--threads", "1", "--eval-points", "20", "--out", out])
     assert "## tiny2" in (tmp_path / "acc.md").read_text()
     assert "## tiny\n" in (tmp_path / "acc.md").read_text()
+
+
+def test_ensemble_and_budget_runs_on_tiny(tmp_path):
+    out = str(tmp_path / "acc")
+    records = accuracy.main([
+        "--preset", "tiny", "--name", "tiny", "--no-base",
+        "--base", '{"hidden_sizes": [16], "learning_rate": 1e-2, "epochs": 2}',
+        "--run", '{"n_models": 2}', "--run", '{"time_budget": 1e-6}', "--threads", "1",
+        "--eval-points", "40", "--out", out, "--work-dir", str(tmp_path)])
+    ens, budget = records
+    assert ens["run"] == "n_models=2" and ens["params"]["n_models"] == 2
+    assert len(ens["curve"]) == 1 and ens["curve"][0]["epoch"] == pytest.approx(2.0)
+    from slide.synthetic import PRESETS
+    n_batches = -(-PRESETS["tiny"]["n_train"] // 128)       # batch_size's default
+    assert ens["batches"] == 2 * 2 * n_batches              # 2 members x 2 epochs
+    assert not ens["stopped_early"] and 0.0 <= ens["final"]["P@1"] <= 1.0
+    # the budget is spent after the first batch: the run says it stopped early
+    assert budget["stopped_early"] and budget["batches"] == 1
+    md = (tmp_path / "acc.md").read_text()
+    assert "| slide | n_models=2 | hidden_sizes=[16] learning_rate=0.01 epochs=2 n_models=2 |" in md

@@ -1,0 +1,134 @@
+"""``SlideEnsemble``: members seeded apart, probabilities averaged, one checkpoint file."""
+import numpy as np
+import pytest
+
+import slide
+from slide.checkpoint import CheckpointError
+from slide.ensemble import SlideEnsemble, member_seed
+from slide.estimator import SlideClassifier
+from slide.warmup import tiny_data
+
+TINY = dict(hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
+            batch_size=8, epochs=2, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tiny_data()
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    return SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5).fit(*data)
+
+
+def softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_members_are_seeded_apart_and_differ(fitted):
+    seeds = [m.random_state for m in fitted.members_]
+    assert seeds == [member_seed(5, k) for k in range(3)] and len(set(seeds)) == 3
+    W = [m.network_.W for m in fitted.members_]
+    assert not np.array_equal(W[0], W[1]) and not np.array_equal(W[1], W[2])
+    assert fitted.train_seconds_ == pytest.approx(sum(m.train_seconds_ for m in fitted.members_))
+
+
+def test_probabilities_are_the_mean_of_the_members_softmax(fitted, data):
+    X, _ = data
+    expected = np.mean([softmax(m.predict_scores(X).astype(np.float64))
+                        for m in fitted.members_], axis=0)
+    got = fitted.predict_proba(X)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_sigmoid_members_average_their_sigmoids(data):
+    X, Y = data
+    ens = SlideEnsemble(SlideClassifier(**TINY, loss="sigmoid"), n_models=2,
+                        random_state=1).fit(X, Y)
+    expected = np.mean([1 / (1 + np.exp(-m.predict_scores(X).astype(np.float64)))
+                        for m in ens.members_], axis=0)
+    np.testing.assert_allclose(ens.predict_proba(X), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_topk_ranks_by_mean_probability(fitted, data, monkeypatch):
+    X, Y = data
+    p = fitted.predict_proba(X)
+    # several blocks of rows must give the same answer as one
+    monkeypatch.setattr(slide.ensemble, "_BLOCK_ENTRIES", 7 * fitted.n_labels_)
+    top = fitted.predict_topk(X, k=4)
+    assert top.shape == (X.shape[0], 4) and top.dtype == np.int64
+    rows = np.arange(X.shape[0])[:, None]
+    assert np.all(np.diff(p[rows, top], axis=1) <= 0)
+    assert np.all(p[rows, top[:, -1:]] >= np.sort(p, axis=1)[:, -4:-3] - 1e-7)
+    np.testing.assert_array_equal(fitted.predict(X), top[:, 0])
+    hit = np.asarray(Y[np.arange(X.shape[0]), top[:, 0]]).ravel().mean()
+    assert fitted.score(X, Y) == pytest.approx(hit)
+
+
+def test_reproducible_with_a_seed(data, fitted):
+    again = SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5).fit(*data)
+    for a, b in zip(fitted.members_, again.members_):
+        np.testing.assert_array_equal(a.network_.W, b.network_.W)
+
+
+def test_seed_falls_back_to_the_estimators(data):
+    ens = SlideEnsemble(SlideClassifier(**TINY, random_state=9), n_models=2).fit(*data)
+    assert ens.seed_ == 9 and ens.members_[1].random_state == member_seed(9, 1)
+
+
+def test_time_budget_is_shared_by_the_members(data):
+    ens = SlideEnsemble(SlideClassifier(**TINY, time_budget=30.0), n_models=3, random_state=0)
+    ens.fit(*data)
+    assert [m.time_budget for m in ens.members_] == [10.0, 10.0, 10.0]
+
+
+def test_save_and_load_round_trip(fitted, data, tmp_path):
+    X, _ = data
+    path = tmp_path / "ens.slide"
+    fitted.save(path, extra={"note": "x"})
+    back = slide.load(path)
+    assert isinstance(back, SlideEnsemble) and back.n_models == 3 and back.extra_ == {"note": "x"}
+    assert back.random_state == 5 and back.estimator.hidden_sizes == (8,)
+    np.testing.assert_array_equal(back.predict_topk(X, k=3), fitted.predict_topk(X, k=3))
+    np.testing.assert_allclose(back.predict_proba(X), fitted.predict_proba(X), rtol=1e-6)
+
+
+def test_truncated_ensemble_file_is_refused(fitted, tmp_path):
+    path = tmp_path / "ens.slide"
+    fitted.save(path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(CheckpointError, match="ens.slide"):
+        slide.load(path)
+
+
+def test_sklearn_params_and_clone():
+    from sklearn.base import clone
+    ens = SlideEnsemble(SlideClassifier(learning_rate=3e-3), n_models=2)
+    params = ens.get_params(deep=True)
+    assert params["estimator__learning_rate"] == 3e-3 and params["n_models"] == 2
+    assert clone(ens).estimator.learning_rate == 3e-3
+
+
+@pytest.mark.parametrize("kw, word", [(dict(n_models=0), "n_models"),
+                                      (dict(n_models=2.0), "n_models"),
+                                      (dict(random_state=-1), "random_state"),
+                                      (dict(estimator="adam"), "estimator"),
+                                      (dict(estimator=SlideClassifier(epochs=0)), "epochs")])
+def test_bad_parameters_are_named(kw, word, data):
+    with pytest.raises(ValueError, match=word):
+        SlideEnsemble(**kw).fit(*data)
+
+
+def test_unfitted_and_sparse_inference_are_refused(fitted, data):
+    from sklearn.exceptions import NotFittedError
+    with pytest.raises(NotFittedError):
+        SlideEnsemble().predict_topk(data[0])
+    with pytest.raises(ValueError, match="exact=False"):
+        fitted.predict_topk(data[0], exact=False)
+    with pytest.raises(ValueError, match="k must be"):
+        fitted.predict_topk(data[0], k=0)
