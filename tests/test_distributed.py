@@ -218,7 +218,7 @@ def ray_session():
                               reason="Ray is not installed (pip install -e '.[distributed]')")
     from slide.distributed.ray_backend import ensure_ray
     started = not ray.is_initialized()
-    ensure_ray(None, num_cpus=2)
+    ensure_ray(None)           # slide's own sizing of a local Ray
     yield ray
     if started:
         ray.shutdown()
@@ -249,6 +249,24 @@ def test_one_ray_shard_with_results_from_the_object_store(tiny, ray_session):
     m = ShardedSlideClassifier(backend="ray", **kw)
     np.testing.assert_allclose(_losses(m, Xtr, Ytr), local, rtol=0, atol=1e-9)
     m._close_backend()
+
+
+def test_a_ray_model_loads_beside_the_one_that_saved_it(tiny, ray_session, tmp_path):
+    """slide.load of a sharded checkpoint while the saving model's actors still live (the
+    README's `big = slide.load(...)`): the new actors get CPUs instead of waiting forever;
+    close() gives them back and a closed model says so."""
+    Xtr, Ytr, Xte, _ = tiny
+    m = ShardedSlideClassifier(n_shards=2, backend="ray", epochs=1, random_state=1, **SMALL)
+    m.fit(Xtr, Ytr)
+    m.save(tmp_path / "ck")
+    free = ray_session.available_resources().get("CPU", 0)
+    back = slide.load(tmp_path / "ck")
+    np.testing.assert_array_equal(back.predict_topk(Xte, 3), m.predict_topk(Xte, 3))
+    assert ray_session.available_resources().get("CPU", 0) < free
+    back.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        back.predict_topk(Xte, 3)
+    m.close()
 
 
 def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_session, tmp_path):

@@ -150,6 +150,11 @@ class ShardedSlideClassifier(SlideClassifier):
         self._close_backend()
         self.backend_ = self._make_backend().create(specs, shard_files)
 
+    def close(self):
+        """Stop the shard actors (their CPUs go back to the Ray cluster). The model cannot
+        predict or train afterwards; save it first if it is still needed."""
+        self._close_backend()
+
     def _close_backend(self):
         b = getattr(self, "backend_", None)
         if b is not None:
@@ -237,6 +242,9 @@ class ShardedSlideClassifier(SlideClassifier):
         if not hasattr(self, "hidden_"):
             from sklearn.exceptions import NotFittedError
             raise NotFittedError("this ShardedSlideClassifier is not fitted yet; call fit first")
+        if getattr(self, "backend_", None) is None:
+            raise RuntimeError("this ShardedSlideClassifier was closed (its shard actors are "
+                               "gone); load it again from a checkpoint")
 
     def sync(self):
         self._check_fitted()

@@ -8,9 +8,14 @@ answer within ``CONNECT_TIMEOUT_S`` or a ``ConnectionError`` names the address.
 """
 import os
 import socket
+import time
 
 CONNECT_TIMEOUT_S = 10.0
 RESTART_TIMEOUT_S = 120.0
+FREE_CPU_WAIT_S = 20.0
+
+
+LOCAL_MODELS = 4      # sharded models a local Ray started by slide has CPU tokens for
 
 
 class ShardFailure(RuntimeError):
@@ -52,7 +57,8 @@ def ensure_ray(address, num_cpus=None):
         return ray
     kw = dict(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     if address is None:
-        kw["num_cpus"] = num_cpus or os.cpu_count()
+        # a local Ray's CPUs are scheduling tokens: LOCAL_MODELS models' worth by default
+        kw["num_cpus"] = num_cpus or LOCAL_MODELS * (os.cpu_count() or 1)
     try:
         ray.init(address=address, **kw)
     except ConnectionError as exc:
@@ -127,14 +133,26 @@ class RayBackend:
 
     def create(self, specs, files=None):
         # a local Ray gets enough logical CPUs for every shard (they share the cores)
-        self.ray = ray = ensure_ray(self.address, max(os.cpu_count() or 1,
-                                                      len(specs) * self.shard_cpus))
         need = len(specs) * self.shard_cpus
+        # a local Ray's CPUs are scheduling tokens for actors that share this machine's cores
+        # anyway: room for a few sharded models at once (a model and the one slide.load reads
+        # back beside it), threads per actor set by n_threads
+        self.ray = ray = ensure_ray(self.address, LOCAL_MODELS * max(os.cpu_count() or 1, need))
         have = ray.cluster_resources().get("CPU", 0)
         if have < need:
             # the actors would wait forever for CPUs the cluster does not have
             raise ValueError(f"{len(specs)} shards x shard_cpus={self.shard_cpus} need {need} "
                              f"CPUs; the Ray cluster has {have:g}")
+        # actors of models just dropped give their CPUs back a moment after being killed
+        deadline = time.monotonic() + FREE_CPU_WAIT_S
+        while (free := ray.available_resources().get("CPU", 0)) < need \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if free < need:
+            raise RuntimeError(f"{len(specs)} shards x shard_cpus={self.shard_cpus} need {need} "
+                               f"CPUs; only {free:g} of the Ray cluster's {have:g} are free "
+                               f"(other sharded models' actors hold the rest: close them with "
+                               f"model.close())")
         cls = ray.remote(num_cpus=self.shard_cpus, max_restarts=-1)(_ShardActorImpl)
         files = files or [None] * len(specs)
         self.actors = [cls.remote(sp, f, self.memory_cap, self.n_threads)
@@ -169,7 +187,6 @@ class RayBackend:
     def wait_alive(self, timeout_s=RESTART_TIMEOUT_S):
         """Wait until every actor answers (Ray restarts a dead one; calls made meanwhile fail
         with 'the actor is restarting')."""
-        import time
         ray = self.ray
         deadline = time.monotonic() + timeout_s
         for a in self.actors:
