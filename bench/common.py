@@ -40,7 +40,7 @@ BASELINES = ("tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai", "napkinxc
 # label trees fit in one call: no batches, no epochs, no training curve
 ONE_SHOT = ("omikuji", "omikuji_bonsai", "napkinxc")
 LABELS = {
-    "slide": "slide (LSH-sampled softmax)",
+    "slide": "slide (sampled softmax)",
     "slide_dense": "slide, full softmax (sampler='dense')",
     "tf": "TensorFlow-CPU, full softmax",
     "tf_sampled": "TensorFlow-CPU, sampled softmax",

@@ -128,7 +128,7 @@ def test_compare_end_to_end(tmp_path, capsys, monkeypatch):
         for a, b in zip(tf_c, th_c):
             assert abs(a["P@1"] - b["P@1"]) <= 0.03
     md = (out / "results.md").read_text()
-    assert "| slide (LSH-sampled softmax) |" in md and "peak RSS" in md
+    assert "| slide (sampled softmax) |" in md and "peak RSS" in md
     assert (out / "time_to_accuracy.png").exists() == HAS_MPL
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("| ")                   # the table is printed last
