@@ -106,6 +106,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     verbose : int (0 silent, 1 per epoch, 2 every 100 batches)
     """
 
+    _BUILT_ATTR = "network_"     # set by _build: the model holds trained state
+
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
@@ -268,7 +270,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def _fit_core(self, X, Y, eval_set, callback, resume):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""
         hs, sparse = self._validate_params()
-        fitted = resume and hasattr(self, "network_")
+        fitted = resume and self._built()
         X, Y = self._check_data(X, Y, fitted=fitted)
         if eval_set is not None:
             eval_set = self._check_eval_set(eval_set, X, Y)
@@ -281,7 +283,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         call)."""
         hs, sparse = self._validate_params()
         compile_seconds = self._warm_up()
-        fitted = hasattr(self, "network_")
+        fitted = self._built()
         X, Y = self._check_data(X, Y, fitted=fitted)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
@@ -289,6 +291,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.batch_in_epoch_ = 0
         self._train(X, Y, self.epoch_ + 1, None, None)
         return self
+
+    def _built(self):
+        """Whether the model holds trained state (``_build`` ran)."""
+        return hasattr(self, self._BUILT_ATTR)
 
     def _check_eval_set(self, eval_set, X, Y):
         from slide.data import as_feature_matrix, as_label_matrix

@@ -365,3 +365,12 @@ shards = 2
     assert main(["evaluate", "--model", str(run), "--data",
                  str(run / "data" / "test.txt")]) == 0
     assert "P " in capsys.readouterr().out
+
+
+def test_sharded_model_refuses_a_time_budget(tiny):
+    """time_budget is a SlideClassifier parameter the sharded loop does not follow: refused
+    with a clear error instead of silently training every epoch."""
+    Xtr, Ytr, _, _ = tiny
+    m = ShardedSlideClassifier(n_shards=2, backend="local", time_budget=5.0, **SMALL)
+    with pytest.raises(ValueError, match="time_budget"):
+        m.fit(Xtr, Ytr)

@@ -40,6 +40,8 @@ class ShardedSlideClassifier(SlideClassifier):
     Every other keyword: ``SlideClassifier``.
     """
 
+    _BUILT_ATTR = "hidden_"      # the driver's hidden layer, set by _build
+
     _extra_params = ("n_shards", "ray_address", "backend", "shard_cpus", "shard_memory_cap")
 
     def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
@@ -67,6 +69,10 @@ class ShardedSlideClassifier(SlideClassifier):
         if self.loss != "softmax":
             raise ValueError(f"ShardedSlideClassifier supports loss='softmax' only, got "
                              f"{self.loss!r}")
+        if self.time_budget is not None:
+            # the sharded loop (``_train``) does not follow the clock yet
+            raise ValueError(f"ShardedSlideClassifier does not support time_budget yet, got "
+                             f"time_budget={self.time_budget!r}; set epochs instead")
         if not is_int(self.n_shards) or self.n_shards < 1:
             raise ValueError(f"n_shards must be a positive integer, got {self.n_shards!r}")
         if self.backend not in BACKENDS:
@@ -83,29 +89,6 @@ class ShardedSlideClassifier(SlideClassifier):
         # cache makes that a load after the first run); compile time is part of train_seconds_
         self._threads()
         return 0.0
-
-    def _fit_core(self, X, Y, eval_set, callback, resume):
-        hs, sparse = self._validate_params()
-        fitted = resume and hasattr(self, "hidden_")
-        X, Y = self._check_data(X, Y, fitted=fitted)
-        if eval_set is not None:
-            eval_set = self._check_eval_set(eval_set, X, Y)
-        if not fitted:
-            self._build(X.shape[1], Y.shape[1], hs, sparse)
-        self._train(X, Y, self.epochs, eval_set, callback)
-
-    def partial_fit(self, X, Y):
-        """One more epoch over (X, Y), continuing the current state (initialised on first
-        call)."""
-        hs, sparse = self._validate_params()
-        fitted = hasattr(self, "hidden_")
-        X, Y = self._check_data(X, Y, fitted=fitted)
-        if not fitted:
-            self._build(X.shape[1], Y.shape[1], hs, sparse)
-        self.compile_seconds_ = self._warm_up()
-        self.batch_in_epoch_ = 0
-        self._train(X, Y, self.epoch_ + 1, None, None)
-        return self
 
     # -- building ------------------------------------------------------------------------------
     def shard_config(self):
