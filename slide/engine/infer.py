@@ -9,6 +9,7 @@ from slide.engine.arrays import csr
 from slide.engine.dense import hidden_forward
 from slide.engine.sample import forward
 from slide.layers import FASTMATH
+from slide.lsh.serving import insert_best_first
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -36,16 +37,7 @@ def _insert_topk(z, m, ids, dense, k, out_ids, out_scores):
         out_ids[q] = -1
         out_scores[q] = -np.inf
     for t in range(m):
-        v = z[t]
-        if v <= out_scores[k - 1]:
-            continue
-        q = k - 1
-        while q > 0 and out_scores[q - 1] < v:
-            out_scores[q] = out_scores[q - 1]
-            out_ids[q] = out_ids[q - 1]
-            q -= 1
-        out_scores[q] = v
-        out_ids[q] = t if dense else ids[t]
+        insert_best_first(z[t], t if dense else ids[t], k, out_ids, out_scores)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)

@@ -50,7 +50,7 @@ def _score(W, b, j, h):
 
 
 @njit(cache=True, nogil=True)
-def _insert(v, j, k, ids, scores):
+def insert_best_first(v, j, k, ids, scores):
     """Insert (j, v) into the best-first top-k lists ``ids``/``scores`` (insertion sort)."""
     if v <= scores[k - 1]:
         return
@@ -113,7 +113,7 @@ def _serve_row(codes_row, offsets, items, W, b, h, n_cand, skip, k, count, touch
         if c > t or (c == t and at_t > 0):
             if c == t:
                 at_t -= 1
-            _insert(_score(W, b, j, h), j, k, ids, scores)
+            insert_best_first(_score(W, b, j, h), j, k, ids, scores)
 
 
 @njit(cache=True, nogil=True, parallel=True)
