@@ -95,19 +95,27 @@ class Layout:
         return 4 * n_param_copies * (self.n_weights + self.n_biases)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def normal_pair(seed, stream, i, std):
+    """The Box-Muller pair (float32) of flat positions i, i + 1 from the counter RNG:
+    identical for a seed on any machine (``slide.distributed`` draws single rows with it)."""
+    s = stream_seed(seed, stream, i)
+    s, a = splitmix64(s)
+    s, b = splitmix64(s)
+    u1 = (np.float64(a >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
+    u2 = np.float64(b >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    r = np.sqrt(-2.0 * np.log(u1)) * std
+    return np.float32(r * np.cos(2.0 * np.pi * u2)), np.float32(r * np.sin(2.0 * np.pi * u2))
+
+
 @njit(cache=True, nogil=True)
 def _init_normal(W, start, stop, std, seed, stream):
-    """Gaussian init by Box-Muller from the counter RNG: identical for a seed on any machine."""
+    """Gaussian init by Box-Muller from the counter RNG, pairs from ``start``."""
     for i in range(start, stop, 2):
-        s = stream_seed(seed, stream, i)
-        s, a = splitmix64(s)
-        s, b = splitmix64(s)
-        u1 = (np.float64(a >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
-        u2 = np.float64(b >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-        r = np.sqrt(-2.0 * np.log(u1)) * std
-        W[i] = np.float32(r * np.cos(2.0 * np.pi * u2))
+        c, s = normal_pair(seed, stream, i, std)
+        W[i] = c
         if i + 1 < stop:
-            W[i + 1] = np.float32(r * np.sin(2.0 * np.pi * u2))
+            W[i + 1] = s
 
 
 def init_params(layout, seed):

@@ -12,10 +12,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, splitmix64, stream_seed
+from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.engine.negatives import correction, is_label
 from slide.engine.sample import select_active
-from slide.layers import FASTMATH, first_backward, first_forward_dense, rows_backward, rows_forward
+from slide.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
+                          rows_backward, rows_forward)
 
 OUT = 1       # the output layer's index in a shard's (1, hidden, n_local) network
 
@@ -82,16 +83,11 @@ def init_rows_like_global(out, g_start, g_lo, std, seed, stream):
     n = out.shape[0]
     first = g_start + ((g_lo - g_start) // 2) * 2
     for p in range(first, g_lo + n, 2):
-        st = stream_seed(seed, stream, p)
-        st, a = splitmix64(st)
-        st, b = splitmix64(st)
-        u1 = (np.float64(a >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
-        u2 = np.float64(b >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-        r = np.sqrt(-2.0 * np.log(u1)) * std
+        c, s = normal_pair(seed, stream, p, std)
         if g_lo <= p < g_lo + n:
-            out[p - g_lo] = np.float32(r * np.cos(2.0 * np.pi * u2))
+            out[p - g_lo] = c
         if g_lo <= p + 1 < g_lo + n:
-            out[p + 1 - g_lo] = np.float32(r * np.sin(2.0 * np.pi * u2))
+            out[p + 1 - g_lo] = s
 
 
 # ----------------------------------------------------------------------------------------------
