@@ -5,7 +5,9 @@ a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed,
 schedule state, epoch position, history, the caller's ``extra``) and the arrays ``W``, ``B``,
 the optimizer's state (``opt_*``) and each LSH index's tables and hash parameters
 (``lsh<layer>_*``), and the serving index of sparse inference when one was built
-(``serve_*``, settings under ``serving``; optional, so older files load). ``load`` validates everything before it builds a model and raises
+(``serve_*``, settings under ``serving``; optional, so older files load), and the neighbour
+memory of the training rows when the model has one (``nbr_*``, settings under ``neighbours``;
+optional likewise). ``load`` validates everything before it builds a model and raises
 :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt, truncated, mismatched
 or unsupported file.
 
@@ -51,6 +53,10 @@ def _model_arrays(model):
         for k, v in net.serving.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"serve_{k}"] = v
+    if net.memory is not None:
+        for k, v in net.memory.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"nbr_{k}"] = v
     return arrays
 
 
@@ -73,6 +79,8 @@ def _metadata(model, arrays, extra):
                 for l, idx in net.indices.items()},
         "serving": None if net.serving is None else
         {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
+        "neighbours": None if net.memory is None else
+        {k: v for k, v in net.memory.state_dict().items() if not isinstance(v, np.ndarray)},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
     }
@@ -223,6 +231,7 @@ def _restore(model, path, meta, arrays):
     model.schedule_.set_state(meta["schedule"])
     _load_lsh(model, path, meta.get("lsh", {}), arrays)
     _load_serving(model, path, meta.get("serving"), arrays)
+    _load_memory(model, path, meta.get("neighbours"), arrays)
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
 
@@ -333,3 +342,25 @@ def _load_serving(model, path, serving_meta, arrays):
     if not ix.fits(Wo):
         raise CheckpointError(path, "serving index does not fit the output layer")
     model.network_.serving = ix
+
+
+def _load_memory(model, path, memory_meta, arrays):
+    """Restore the neighbour memory (``slide.neighbours``), if the file has one (files written
+    before it existed, or by a model fitted with neighbours=0, have none)."""
+    from slide.neighbours import NeighbourMemory
+    names = [n for n in arrays if n.startswith("nbr_")]
+    if memory_meta is None:
+        if names:
+            raise CheckpointError(path, f"neighbour memory arrays {sorted(names)} without "
+                                        f"settings")
+        return
+    d = dict(memory_meta)
+    d.update({n[len("nbr_"):]: arrays[n] for n in names})
+    try:
+        mem = NeighbourMemory.from_state(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"neighbour memory: {exc}") from None
+    net = model.network_
+    if not mem.fits(net.layout.n_in[-1], net.layout.n_out[-1]):
+        raise CheckpointError(path, "neighbour memory does not fit the network")
+    net.memory = mem

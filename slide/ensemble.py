@@ -5,8 +5,9 @@ Each member is a clone of ``estimator`` with its own seed, so it differs in its 
 weights, batch order, hash functions and sampled negatives; the members' errors are partly
 independent and their averaged probabilities rank better than any one of them
 (``bench/results/accuracy.md``). Members train one after another, each on all the cores.
-Inference scores every label (the exact path): per block of rows, each member's logits become
-probabilities (softmax, or sigmoid for ``loss="sigmoid"``), which are averaged.
+Inference scores every label (the exact path): per block of rows, each member's probabilities
+(``SlideClassifier.predict_proba``: softmax, or sigmoid for ``loss="sigmoid"``, blended with the
+member's own neighbour vote) are averaged.
 
 One file holds the whole ensemble (``save`` / ``slide.load``): the members' checkpoints side
 by side in one archive (``slide.checkpoint``, format tag ``slide-ensemble``).
@@ -117,16 +118,11 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             raise NotFittedError("this SlideEnsemble is not fitted yet; call fit first")
 
     def _block_proba(self, X):
-        """Mean member probabilities [rows, n_labels] of a block of rows (float32)."""
+        """Mean member probabilities [rows, n_labels] of a block of rows (float32; each
+        member's own blend with its neighbour vote, ``SlideClassifier.predict_proba``)."""
         total = None
         for m in self.members_:
-            z = m.predict_scores(X)
-            if m.loss == "sigmoid":
-                p = 1.0 / (1.0 + np.exp(-z))
-            else:
-                z -= z.max(axis=1, keepdims=True)
-                p = np.exp(z)
-                p /= p.sum(axis=1, keepdims=True)
+            p = m.predict_proba(X)
             total = p if total is None else total + p
         total /= len(self.members_)
         return total

@@ -6,6 +6,8 @@ optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``
 schedule, then trains one Numba call per batch. The training loop is ``slide.trainer``, the
 file format ``slide.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
 """
+import time
+
 import numpy as np
 
 try:  # scikit-learn is a dependency; BaseEstimator gives get_params/set_params/clone/repr
@@ -97,6 +99,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         stops (``budget_spent_`` then says so), with the learning-rate schedule planned to end
         there: the decay follows the share of the budget spent or of the batches done,
         whichever is further along, so ``epochs`` becomes the cap. Not bit-reproducible.
+    neighbours : int
+        Exact predictions blend the network's probabilities with the label vote of the query's
+        ``neighbours`` nearest training rows in the last hidden layer (``slide.neighbours``;
+        the memory of the training rows is built at the end of ``fit``). 0: the network alone.
+    neighbour_weight : float in [0, 1]
+        The vote's share of the blend: (1 - w) * p_network + w * vote.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
         of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)
@@ -117,7 +125,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
-                 time_budget=None):
+                 time_budget=None, neighbours=20, neighbour_weight=0.85):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -151,6 +159,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.time_budget = time_budget
+        self.neighbours = neighbours
+        self.neighbour_weight = neighbour_weight
 
     # ------------------------------------------------------------------------------------------
     # validation
@@ -277,6 +287,34 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
         self._train(X, Y, self.epochs, eval_set, callback)
+        if self.neighbours > 0 and not self.stopped_:
+            # part of training: its seconds count in train_seconds_. A fit its callback stopped
+            # is left as it stopped (it may be resumed: building the memory syncs the
+            # optimizer, which would change the resumed trajectory); fit_neighbours builds it
+            t0 = time.perf_counter()
+            self.fit_neighbours(X, Y)
+            self.train_seconds_ += time.perf_counter() - t0
+
+    def fit_neighbours(self, X, Y):
+        """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with
+        the current weights: exact predictions then blend the vote of the ``neighbours``
+        nearest of these rows. ``fit`` does this with its training rows when it completes (or
+        spends its ``time_budget``), not when its callback stopped it; ``partial_fit`` and
+        any resumed training drop the memory (the weights it was built from changed): call
+        this again afterwards. Returns self."""
+        self._check_fitted()
+        X, Y = self._check_data(X, Y, fitted=True)
+        self._threads()
+        self.sync()
+        self.network_.build_memory(X, Y)
+        return self
+
+    def _neighbour_vote(self):
+        """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
+        mem = self.network_.memory
+        if self.neighbours <= 0 or mem is None:
+            return None
+        return int(self.neighbours), float(self.neighbour_weight)
 
     def partial_fit(self, X, Y):
         """One more epoch over (X, Y), continuing the current state (initialised on first
@@ -341,8 +379,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
-        """(n, k) int64 label ids, best first. exact=True scores every output neuron;
-        exact=False is sparse serving: the output layer's serving index
+        """(n, k) int64 label ids, best first. exact=True scores every output neuron, blended
+        with the neighbour vote of the training rows when the model has its memory
+        (``neighbours``, ``slide.neighbours``); exact=False is sparse serving, by the network
+        alone: the output layer's serving index
         (``slide.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
         kept until training changes them, saved with the model) picks each row's
         most-colliding labels, and those plus the ``prior_candidates`` labels with the
@@ -361,6 +401,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._threads()
         self.sync()
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
+            vote = self._neighbour_vote()
+            if exact and vote is not None:
+                return self.network_.predict_topk_blended(X, int(k), *vote)[0]
             if exact:
                 return self.network_.predict_topk_exact(X, int(k))
             if prior_candidates is None:
@@ -379,8 +422,41 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.serving_index(n_bits=n_bits, n_tables=n_tables,
                                                n_candidates=n_candidates, n_ranges=n_ranges)
 
+    def predict_topk_scored(self, X, k=5):
+        """Exact top-k with the score that ranked each label: (ids [n, k] int64, scores [n, k]
+        float64): the blended probability with the neighbour vote, else the logit."""
+        self._check_fitted()
+        if not is_int(k) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        with blas_single_thread():
+            vote = self._neighbour_vote()
+            if vote is not None:
+                return self.network_.predict_topk_blended(X, int(k), *vote)
+            ids = self.network_.predict_topk_exact(X, int(k))
+            Wo, bo = self.network_.output_view()
+            H = self.network_.hidden(X)
+            z = np.einsum("ij,ikj->ik", H, Wo[ids]) + bo[ids]
+            return ids, z.astype(np.float64)
+
+    def predict_proba(self, X):
+        """Dense label probabilities [n, n_labels] (float32) of exact inference: the softmax
+        of the network's logits (the per-label sigmoid for loss="sigmoid"), blended with the
+        neighbour vote when the model has its memory (``neighbours``). Mind the size at many
+        labels: ``predict_topk`` needs no dense matrix."""
+        self._check_fitted()
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        vote = self._neighbour_vote() or (0, 0.0)
+        with blas_single_thread():
+            return self.network_.predict_proba(X, *vote)
+
     def predict_scores(self, X):
-        """Dense output logits [n, n_labels] of the exact network (all neurons)."""
+        """Dense output logits [n, n_labels] of the exact network (all neurons; the
+        neighbour vote is not in them: ``predict_proba`` has the blend)."""
         self._check_fitted()
         X = self._check_data(X, fitted=True)
         self._threads()

@@ -149,6 +149,13 @@ TABLE = (
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "
        "Not bit-reproducible (the clock decides); None: no budget", gt=0),
+    _p("neighbours", "model.neighbours", "int", 20, "exact predictions blend the network's "
+       "probabilities with the label vote of the query's nearest training rows in the last "
+       "hidden layer (slide.neighbours; built at the end of fit); 0: the network alone", ge=0,
+       optional=True),
+    _p("neighbour_weight", "model.neighbour_weight", "float", 0.85, "the vote's share of that "
+       "blend: (1 - w) * p_network + w * vote (measured best on real sets, "
+       "bench/results/accuracy.md)", ge=0, le=1, optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),
     _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "

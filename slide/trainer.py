@@ -149,8 +149,9 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
     total_batches = max(int(model.epochs), int(end_epoch_index)) * n_batches
     _prepare(model, X, Y, n_threads)
-    # the serving index was built from the weights this run changes
+    # the serving index and the neighbour memory were built from the weights this run changes
     model.network_.serving = None
+    model.network_.memory = None
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False

@@ -8,7 +8,9 @@ from slide.ensemble import SlideEnsemble, member_seed
 from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data
 
-TINY = dict(hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
+# neighbours=0: the members' probabilities are their softmax (tests/test_neighbours.py has
+# an ensemble of members with the vote)
+TINY = dict(neighbours=0, hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
             batch_size=8, epochs=2, n_threads=1)
 
 

@@ -12,7 +12,8 @@ from slide.estimator import CheckpointError, DivergenceError, SlideClassifier, l
 from slide.synthetic import generate
 
 # small LSH settings that suit the tiny set (200 labels)
-SMALL = dict(K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30, min_active=40,
+# neighbours=0: these tests pin the network's own predictions (the vote: test_neighbours.py)
+SMALL = dict(neighbours=0, K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30, min_active=40,
              shared_negatives=16,
              rehash_period=5, rebuild_period=20, rehash_decay=0.05, batch_size=32,
              learning_rate=1e-2, lr_schedule="constant", sampler="vanilla")

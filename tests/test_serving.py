@@ -7,7 +7,9 @@ from slide.lsh.serving import (ServingIndex, _codes, default_prior, mips_items, 
                                serving_config)
 from slide.synthetic import generate
 
-SMALL = dict(hidden_sizes=(32,), batch_size=32, learning_rate=1e-2, lr_schedule="constant",
+# neighbours=0: sparse serving is the network alone, compared here with the exact network
+SMALL = dict(neighbours=0, hidden_sizes=(32,), batch_size=32, learning_rate=1e-2,
+             lr_schedule="constant",
              n_threads=1, random_state=0)
 
 

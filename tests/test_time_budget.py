@@ -12,7 +12,10 @@ from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data
 
 # tiny_data: 40 points; batch 8 -> 5 batches per epoch
-TINY = dict(hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
+# neighbours=0: train_seconds_ is then the fake clock alone (the vote's memory is built after
+# the last batch, on the real clock)
+TINY = dict(neighbours=0, hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16,
+            shared_negatives=8,
             batch_size=8, n_threads=1, random_state=0, rehash_period=1000,
             rebuild_period=1000)
 

@@ -15,7 +15,9 @@ from slide.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SMALL = dict(hidden_sizes=(24,), hash_family="simhash", K=4, L=6, range_pow=6, bucket_size=32,
+# neighbours=0: train_seconds_ is then exactly the batches' clock (the vote's memory adds its
+# build time after the last batch)
+SMALL = dict(neighbours=0, hidden_sizes=(24,), hash_family="simhash", K=4, L=6, range_pow=6, bucket_size=32,
              sampler_budget=40, min_active=50, shared_negatives=30, learning_rate=2e-3,
              batch_size=32, epochs=1, n_threads=1, random_state=0,
              lr_schedule="constant", sampler="vanilla")

@@ -66,3 +66,9 @@ def _fmt_seconds(s):
         return f"{int(m)} min {s:04.1f} s"
     h, m = divmod(m, 60)
     return f"{int(h)} h {int(m):02d} min"
+
+
+def _has_neighbour_memory(model):
+    """Whether ``model`` predicts with the neighbour vote (``slide.neighbours``)."""
+    net = getattr(model, "network_", None)
+    return bool(getattr(model, "neighbours", 0)) and getattr(net, "memory", None) is not None

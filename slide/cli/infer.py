@@ -7,7 +7,7 @@ import sys
 import time
 
 from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError,
-                              _err, _info)
+                              _err, _has_neighbour_memory, _info)
 from slide.cli.rundir import _resolve_model
 from slide.fileio import atomic_write, write_text
 
@@ -198,10 +198,15 @@ def _write_predictions(out, model, args, n_features):
 
 
 def _topk_with_scores(model, X, k, exact):
-    """Top-k label ids (the engine's ``predict_topk``) and their output scores for a chunk.
+    """Top-k label ids (the engine's ``predict_topk``) and their output scores for a chunk
+    (with the neighbour vote: the blended probabilities, ``predict_topk_scored``).
     The engine returns no scores with the top-k, so they are read from ``predict_scores`` on
     slices small enough that the dense score block stays under ~64 MB even at 670K labels."""
     import numpy as np
+    if exact and _has_neighbour_memory(model):
+        # the blend's own scores (probabilities): the logits do not rank its top-k
+        labels, scores = model.predict_topk_scored(X, k=k)
+        return labels, scores.astype(np.float32)
     labels = np.asarray(model.predict_topk(X, k=k, exact=exact))
     n_labels = max(1, int(getattr(model, "n_labels_", 1)))
     step = max(1, (16 << 20) // n_labels)

@@ -11,7 +11,8 @@ from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA,
                               EXIT_DIVERGED, EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE,
                               MODEL_FILE, PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError,
-                              Stopped, _engine, _err, _fmt_seconds, _info)
+                              Stopped, _engine, _err, _fmt_seconds, _has_neighbour_memory,
+                              _info)
 from slide.cli.infer import _scores
 from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
@@ -128,7 +129,9 @@ class _Phase:
                "active_mean": self.win_active / n if self.win_batches else None,
                "rehashes": self.win_rehash, "rebuilds": self.win_rebuild,
                "rehashes_total": self.rehashes, "rebuilds_total": self.rebuilds,
-               "eval_seconds": round(eval_s, 3)}
+               "eval_seconds": round(eval_s, 3),
+               # whether the neighbour vote was in the predictions (only after fit's end)
+               "neighbour_vote": _has_neighbour_memory(model)}
         self.log.write(rec)
         self.win_loss = self.win_active = 0.0
         self.win_batches = self.win_rehash = self.win_rebuild = 0
@@ -288,11 +291,16 @@ class _Phase:
     def _finish(self, model):
         """Final evaluation, checkpoint and model file; the phase's result."""
         self.finished = True
-        if self.last_eval_batch != self.batch:
+        # fit ends by building the neighbour memory (slide.neighbours): its seconds are part of
+        # training, and the evaluations and checkpoint taken during the last batch predate it
+        voted = _has_neighbour_memory(model)
+        self.train_seconds = float(getattr(model, "train_seconds_", self.train_seconds))
+        if self.last_eval_batch != self.batch or voted:
             rec = self._log_eval(model, self.epoch)
         else:
             rec = None
-        if self.last_ckpt_batch != self.batch or not os.path.exists(self.ckpts.path(self.batch)):
+        if (voted or self.last_ckpt_batch != self.batch
+                or not os.path.exists(self.ckpts.path(self.batch))):
             self._checkpoint(model)
         model.save(os.path.join(self.run_dir, MODEL_FILE), extra=self._extra())
         p1 = self.last_p1 if rec is None else rec["P@1"]

@@ -184,8 +184,9 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     from slide.distributed.estimator import ShardedSlideClassifier
     from slide.distributed.shard import OutputShard, shard_ranges
     single._check_fitted()
+    params = dict(single.get_params(deep=False), neighbours=0)   # no vote for sharded models
     model = ShardedSlideClassifier(n_shards=n_shards, backend=backend, ray_address=ray_address,
-                                   **single.get_params(deep=False))
+                                   **params)
     hs, sparse = model._validate_params()
     lay = single.network_.layout
     H = hs[0]

@@ -46,6 +46,8 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
                  shard_memory_cap=None, **params):
+        # the neighbour vote (slide.neighbours) is not built for sharded models: off by default
+        params.setdefault("neighbours", 0)
         super().__init__(**params)
         self.n_shards = n_shards
         self.ray_address = ray_address
@@ -73,6 +75,9 @@ class ShardedSlideClassifier(SlideClassifier):
             # the sharded loop (``_train``) does not follow the clock yet
             raise ValueError(f"ShardedSlideClassifier does not support time_budget yet, got "
                              f"time_budget={self.time_budget!r}; set epochs instead")
+        if self.neighbours != 0:
+            raise ValueError(f"ShardedSlideClassifier does not support the neighbour vote yet, "
+                             f"got neighbours={self.neighbours!r}; set neighbours=0")
         if not is_int(self.n_shards) or self.n_shards < 1:
             raise ValueError(f"n_shards must be a positive integer, got {self.n_shards!r}")
         if self.backend not in BACKENDS:

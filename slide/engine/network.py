@@ -64,6 +64,9 @@ class Network:
         # slide.lsh.serving.ServingIndex over the output layer: built on demand by sparse
         # inference, dropped whenever training changes the weights (slide.trainer.train)
         self.serving = None
+        # slide.neighbours.NeighbourMemory of the training rows: built at the end of a fit
+        # (SlideClassifier.fit_neighbours), dropped with the serving index
+        self.memory = None
         self.spec = Spec(L, self.n_in, self.n_out, self.w_off, self.b_off, self.sparse,
                          self.min_active, self.loss_code, self._lsh_cfg())
         self._pack_lsh()
@@ -260,6 +263,19 @@ class Network:
 
     def predict_scores(self, X, block=1024):
         return _infer.scores(self, X, block)
+
+    def predict_topk_blended(self, X, k, n_neighbours, weight, block=1024, chunk=32768):
+        return _infer.topk_blended(self, X, k, self.memory, n_neighbours, weight, block, chunk)
+
+    def predict_proba(self, X, n_neighbours=0, weight=0.0, block=1024):
+        memory = self.memory if n_neighbours > 0 else None
+        return _infer.proba(self, X, memory, n_neighbours, weight, block)
+
+    def build_memory(self, X, Y):
+        """The neighbour memory (``slide.neighbours``) of the labelled rows (X, Y)."""
+        from slide.neighbours import NeighbourMemory
+        self.memory = NeighbourMemory.build(self.hidden(X), Y)
+        return self.memory
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self):
