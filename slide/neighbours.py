@@ -28,7 +28,7 @@ rows, dropped when training changes the weights again (``partial_fit``: rebuild 
 """
 import numpy as np
 import scipy.sparse as sp
-from numba import njit
+from numba import njit, prange
 
 from slide.lsh.serving import insert_best_first
 
@@ -97,11 +97,10 @@ class NeighbourMemory:
         out = []
         for a in range(0, Q.shape[0], step):
             S = Q[a:a + step] @ self.emb.T
-            if k < self.n_rows:
-                near = np.argpartition(-S, k - 1, axis=1)[:, :k]
-            else:
-                near = np.broadcast_to(np.arange(self.n_rows), S.shape)
-            sims = np.maximum(np.take_along_axis(S, near, axis=1), 0.0) ** POWER
+            near = np.empty((S.shape[0], k), np.int64)
+            sims = np.empty((S.shape[0], k), np.float32)
+            nearest_rows(S, k, near, sims)
+            sims = np.maximum(sims, 0.0) ** POWER
             rows = np.repeat(np.arange(S.shape[0]), near.shape[1])
             weights = sp.csr_matrix((sims.ravel(), (rows, near.ravel())),
                                     shape=(S.shape[0], self.n_rows))
@@ -138,15 +137,44 @@ class NeighbourMemory:
         return cls(emb, indptr, ids, n_labels)
 
 
+@njit(cache=True, parallel=True)
+def nearest_rows(S, k, out_ids, out_sims):
+    """Per row of the similarity block S [n, m]: the k largest entries' columns and values,
+    best first (one pass with an insertion-sorted list: k is small; np.argpartition over the
+    block took most of a query's time)."""
+    for r in prange(S.shape[0]):
+        ids = out_ids[r]
+        vals = out_sims[r]
+        vals[:] = -np.inf
+        ids[:] = -1
+        row = S[r]
+        for j in range(row.shape[0]):
+            if row[j] > vals[k - 1]:
+                insert_best_first(row[j], j, k, ids, vals)
+
+
 # ------------------------------------------------------------------------------------------------
 # the blend
 
-def logsumexp_rows(running_max, running_sum, S):
-    """Fold the logits block S [n, m] into the rows' running (max, sum of exp(z - max))."""
-    m = np.maximum(running_max, S.max(axis=1))
-    running_sum *= np.exp(running_max - m)
-    running_sum += np.exp(S - m[:, None]).sum(axis=1)
-    return m, running_sum
+@njit(cache=True, parallel=True)
+def fold_logits(S, base, k, top_ids, top_z, run_max, run_sum):
+    """Fold a block of logits S [n, m] (columns ``base``..``base + m - 1`` of the output layer)
+    into each row's running top-k (``top_ids``/``top_z`` [n, k], best first) and running
+    log-sum-exp (``run_max``, ``run_sum`` of exp(z - run_max)): one pass over the block,
+    parallel over rows."""
+    for r in prange(S.shape[0]):
+        row = S[r]
+        m = run_max[r]
+        for j in range(row.shape[0]):
+            if row[j] > m:
+                m = row[j]
+        acc = 0.0
+        for j in range(row.shape[0]):
+            acc += np.exp(row[j] - m)
+            if row[j] > top_z[r, k - 1]:
+                insert_best_first(row[j], base + j, k, top_ids[r], top_z[r])
+        run_sum[r] = run_sum[r] * np.exp(run_max[r] - m) + acc
+        run_max[r] = m
 
 
 @njit(cache=True, nogil=True)

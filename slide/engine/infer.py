@@ -89,37 +89,27 @@ def hidden(net, X, lo=0, hi=None, n_chunks=None):
     return out
 
 
-def _exact_blocks(net, H_all, k, block, chunk, with_lse=False):
-    """Blocks of rows scored against every output neuron, chunk by chunk (BLAS): yields
-    (lo, hi, top logits [rows, k], their ids, the rows' log-sum-exp of all logits or None)."""
-    from slide.neighbours import logsumexp_rows
-    Wo, bo = net.output_view()
-    n, n_lab = H_all.shape[0], Wo.shape[0]
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        H = H_all[lo:hi]
-        best_s = np.full((hi - lo, 0), -np.inf, np.float32)
-        best_i = np.zeros((hi - lo, 0), np.int64)
-        run_max = np.full(hi - lo, -np.inf, np.float64)
-        run_sum = np.zeros(hi - lo, np.float64)
-        for c0 in range(0, n_lab, chunk):
-            c1 = min(n_lab, c0 + chunk)
-            S = H @ Wo[c0:c1].T
-            S += bo[c0:c1]
-            best_s, best_i = topk_merge(best_s, best_i, S, c0, k)
-            if with_lse:
-                run_max, run_sum = logsumexp_rows(run_max, run_sum, S)
-        yield lo, hi, best_s, best_i, (run_max + np.log(run_sum) if with_lse else None)
-
-
 def topk_exact(net, X, k, block=1024, chunk=32768):
     """Exact top-k over ALL output neurons: hidden layer of every row (one parallel kernel),
     then BLAS scores of blocks of rows against chunks of the output rows with a running top-k
     (only BLAS after the kernel: alternating Numba's OpenMP pool and OpenBLAS's threads makes
     each spin against the other)."""
-    k_eff = min(k, int(net.layout.n_out[-1]))
-    out = np.zeros((X.shape[0], k_eff), np.int64)
-    for lo, hi, _, best_i, _ in _exact_blocks(net, hidden(net, X), k_eff, block, chunk):
+    Wo, bo = net.output_view()
+    n = X.shape[0]
+    n_lab = Wo.shape[0]
+    k_eff = min(k, n_lab)
+    out = np.zeros((n, k_eff), np.int64)
+    H_all = hidden(net, X)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        H = H_all[lo:hi]
+        best_s = np.full((hi - lo, 0), -np.inf, np.float32)
+        best_i = np.zeros((hi - lo, 0), np.int64)
+        for c0 in range(0, n_lab, chunk):
+            c1 = min(n_lab, c0 + chunk)
+            S = H @ Wo[c0:c1].T
+            S += bo[c0:c1]
+            best_s, best_i = topk_merge(best_s, best_i, S, c0, k_eff)
         out[lo:hi] = best_i
     return out
 
@@ -130,22 +120,32 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     softmax of the logits (the per-label sigmoid for loss="sigmoid"). Every label is scored;
     the blend's top-k lies in the union of the network's top-k and the voted labels.
     Returns (ids [n, k] int64, their blended scores [n, k] float64)."""
-    from slide.neighbours import blend_topk, voted_logits
+    from slide.neighbours import blend_topk, fold_logits, voted_logits
     Wo, bo = net.output_view()
-    k_eff = min(k, int(Wo.shape[0]))
-    out = np.zeros((X.shape[0], k_eff), np.int64)
-    out_scores = np.zeros((X.shape[0], k_eff), np.float64)
+    n, n_lab = X.shape[0], Wo.shape[0]
+    k_eff = min(k, n_lab)
+    out = np.zeros((n, k_eff), np.int64)
+    out_scores = np.zeros((n, k_eff), np.float64)
     H_all = hidden(net, X)
     sigmoid = net.loss == "sigmoid"
-    for lo, hi, best_s, best_i, lse in _exact_blocks(net, H_all, k_eff, block, chunk,
-                                                     with_lse=not sigmoid):
-        V = memory.vote(H_all[lo:hi], n_neighbours)
-        v_z = voted_logits(H_all[lo:hi], Wo, bo, V)
-        if sigmoid:
-            lse = np.zeros(hi - lo)
-        blend_topk(best_i, best_s.astype(np.float64), lse, V.indptr.astype(np.int64),
-                   V.indices.astype(np.int64), V.data.astype(np.float64), v_z, float(weight),
-                   sigmoid, k_eff, out[lo:hi], out_scores[lo:hi])
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        H = H_all[lo:hi]
+        top_ids = np.full((hi - lo, k_eff), -1, np.int64)
+        top_z = np.full((hi - lo, k_eff), -np.inf, np.float64)
+        run_max = np.full(hi - lo, -np.inf, np.float64)
+        run_sum = np.zeros(hi - lo, np.float64)
+        for c0 in range(0, n_lab, chunk):
+            c1 = min(n_lab, c0 + chunk)
+            S = H @ Wo[c0:c1].T
+            S += bo[c0:c1]
+            fold_logits(S, c0, k_eff, top_ids, top_z, run_max, run_sum)
+        lse = np.zeros(hi - lo) if sigmoid else run_max + np.log(run_sum)
+        V = memory.vote(H, n_neighbours)
+        v_z = voted_logits(H, Wo, bo, V)
+        blend_topk(top_ids, top_z, lse, V.indptr.astype(np.int64), V.indices.astype(np.int64),
+                   V.data.astype(np.float64), v_z, float(weight), sigmoid, k_eff, out[lo:hi],
+                   out_scores[lo:hi])
     return out, out_scores
 
 
