@@ -126,9 +126,12 @@ def run_slide(name, params, seed, data, args):
     t0 = time.perf_counter()
     model.fit(Xtr, Ytr, callback=on_batch)
     wall = time.perf_counter() - t0
-    final = score_topk(Yte, model.predict_topk(Xte, k=5), inv_prop)
+    t0 = time.perf_counter()
+    top = model.predict_topk(Xte, k=5)
+    predict_s = time.perf_counter() - t0
+    final = score_topk(Yte, top, inv_prop)
     return {"system": "slide", "run": name, "params": params, "normalize": normalize,
-            "seed": seed, "train_seconds": model.train_seconds_,
+            "seed": seed, "train_seconds": model.train_seconds_, "predict_seconds": predict_s,
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,
             "stopped_early": bool(model.stopped_ or model.budget_spent_), "batches": model.batches_,
             "curve": curve, "final": final}
@@ -152,9 +155,13 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize):
     if args.verbose:
         print(f"  {name} seed {seed} {model.train_seconds_:.1f}s P@1 {point['P@1']:.4f}",
               flush=True)
-    final = score_topk(Yte, model.predict_topk(Xte, k=5), inv_prop)
+    t0 = time.perf_counter()
+    top = model.predict_topk(Xte, k=5)
+    predict_s = time.perf_counter() - t0
+    final = score_topk(Yte, top, inv_prop)
     return {"system": "slide", "run": name, "params": dict(params, n_models=n_models),
             "normalize": normalize, "seed": seed, "train_seconds": model.train_seconds_,
+            "predict_seconds": predict_s,
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,
             "stopped_early": any(bool(m.stopped_ or m.budget_spent_) for m in model.members_),
             "batches": sum(m.batches_ for m in model.members_), "curve": [point],
@@ -178,13 +185,15 @@ def run_omikuji(data, train_path, args):
     model = omikuji.Model.train_on_data(train_path, hp, n_threads=args.threads)
     seconds = time.perf_counter() - t0
     rows = []
+    t0 = time.perf_counter()
     for i in range(Xte.shape[0]):
         a, b = Xte.indptr[i], Xte.indptr[i + 1]
         pairs = list(zip(Xte.indices[a:b].tolist(), Xte.data[a:b].tolist()))
         rows.append([lab for lab, _ in model.predict(pairs, top_k=5)])
+    predict_s = time.perf_counter() - t0
     final = score_topk(Yte, pad_topk(rows, 5), inv_prop)
     return {"system": "omikuji", "run": "omikuji (defaults)", "params": {}, "seed": 0,
-            "train_seconds": seconds, "note": "seconds include reading the XC file",
+            "train_seconds": seconds, "predict_seconds": predict_s, "note": "seconds include reading the XC file",
             "curve": [dict(final, epoch=1.0, seconds=seconds)], "final": final}
 
 
@@ -196,11 +205,13 @@ def run_napkinxc(data, args):
     t0 = time.perf_counter()
     model.fit(Xtr, labels)
     seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
     pred = model.predict(Xte, top_k=5)
+    predict_s = time.perf_counter() - t0
     final = score_topk(Yte, pad_topk([[p[0] if isinstance(p, tuple) else p for p in r]
                                       for r in pred], 5), inv_prop)
     return {"system": "napkinxc", "run": "napkinXC PLT (defaults)", "params": {}, "seed": 0,
-            "train_seconds": seconds, "curve": [dict(final, epoch=1.0, seconds=seconds)],
+            "train_seconds": seconds, "predict_seconds": predict_s, "curve": [dict(final, epoch=1.0, seconds=seconds)],
             "final": final}
 
 
@@ -263,6 +274,8 @@ def summarise(records):
             row[key] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None)
         secs = np.array([r["train_seconds"] for r in recs])
         row["seconds"] = float(secs.mean())
+        pred = [r["predict_seconds"] for r in recs if "predict_seconds" in r]
+        row["predict_seconds"] = float(np.mean(pred)) if pred else None
         row["epochs"] = recs[0]["curve"][-1]["epoch"] if recs[0]["curve"] else None
         rows.append(row)
     return rows
@@ -297,14 +310,16 @@ def write_markdown(path, records, title, summary=None):
              "`train_seconds_`, kernels compiled before the clock; Omikuji: `train_on_data`, "
              "which includes reading the file; napkinXC: `fit`). ± = std over seeds.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        lines += [f"## {ds}", "", "| system | run | hyperparameters | seeds | epochs | train s | P@1 | P@5 | "
-                  "PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {ds}", "", "| system | run | hyperparameters | seeds | epochs | train s | "
+                  "predict s (test set) | P@1 | P@5 | PSP@5 |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["dataset"] != ds:
                 continue
             ep = "" if r["epochs"] is None or r["system"] != "slide" else f"{r['epochs']:.2f}"
+            ps = "" if r["predict_seconds"] is None else f"{r['predict_seconds']:.1f}"
             lines.append(f"| {r['system']} | {r['run']} | {r['config']} | {r['seeds']} | {ep} | "
-                         f"{r['seconds']:.1f} | {_fmt(r['P@1'])} | {_fmt(r['P@5'])} | "
+                         f"{r['seconds']:.1f} | {ps} | {_fmt(r['P@1'])} | {_fmt(r['P@5'])} | "
                          f"{_fmt(r['PSP@5'])} |")
         lines.append("")
     with open(path, "w") as f:
