@@ -65,6 +65,16 @@ def l2_normalise(X):
     return X
 
 
+def measured_commit():
+    """The commit these runs measure (``bench.common.git_commit``: ``+dirty`` when code differs
+    from it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.common import git_commit
+    return git_commit()
+
+
 def row_norm_summary(X):
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
     return {"mean": float(norms.mean()), "min": float(norms.min()), "max": float(norms.max())}
@@ -274,6 +284,9 @@ def summarise(records):
             row[key] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None)
         secs = np.array([r["train_seconds"] for r in recs])
         row["seconds"] = float(secs.mean())
+        when = time.strftime("%Y-%m-%d", time.gmtime(recs[0]["time"])) if "time" in recs[0] \
+            else ""
+        row["measured"] = when + (f" `{recs[0]['commit']}`" if recs[0].get("commit") else "")
         pred = [r["predict_seconds"] for r in recs if "predict_seconds" in r]
         row["predict_seconds"] = float(np.mean(pred)) if pred else None
         row["epochs"] = recs[0]["curve"][-1]["epoch"] if recs[0]["curve"] else None
@@ -310,15 +323,16 @@ def write_markdown(path, records, title, summary=None):
              "`train_seconds_`, kernels compiled before the clock; Omikuji: `train_on_data`, "
              "which includes reading the file; napkinXC: `fit`). ± = std over seeds.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        lines += [f"## {ds}", "", "| system | run | hyperparameters | seeds | epochs | train s | "
-                  "predict s (test set) | P@1 | P@5 | PSP@5 |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {ds}", "", "| measured | system | run | hyperparameters | seeds | epochs | "
+                  "train s | predict s (test set) | P@1 | P@5 | PSP@5 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["dataset"] != ds:
                 continue
             ep = "" if r["epochs"] is None or r["system"] != "slide" else f"{r['epochs']:.2f}"
             ps = "" if r["predict_seconds"] is None else f"{r['predict_seconds']:.1f}"
-            lines.append(f"| {r['system']} | {r['run']} | {r['config']} | {r['seeds']} | {ep} | "
+            lines.append(f"| {r['measured']} | {r['system']} | {r['run']} | {r['config']} | "
+                         f"{r['seeds']} | {ep} | "
                          f"{r['seconds']:.1f} | {ps} | {_fmt(r['P@1'])} | {_fmt(r['P@5'])} | "
                          f"{_fmt(r['PSP@5'])} |")
         lines.append("")
@@ -413,7 +427,7 @@ def main(argv=None):
     inv_prop = metrics.inverse_propensity(Ytr)
     data = (Xtr, Ytr, Xte, Yte, sample, inv_prop)
     stamp = {"dataset": args.name, "threads": args.threads, "time": time.time(),
-             "row_norms": row_norm_summary(Xtr)}
+             "commit": measured_commit(), "row_norms": row_norm_summary(Xtr)}
     jsonl = args.out + ".jsonl"
     os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
     for tree in [t for t in args.trees.split(",") if t]:

@@ -65,9 +65,10 @@ def git_commit():
     try:
         head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO,
                               capture_output=True, text=True, check=True).stdout.strip()
+        # the results files are what a run writes, not what it runs: they do not make it dirty
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
-                                "slide", "bench"], cwd=REPO, capture_output=True,
-                               text=True).stdout.strip()
+                                "slide", "bench", ":(exclude)bench/results"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
