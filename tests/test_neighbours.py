@@ -193,11 +193,56 @@ def test_ensemble_averages_the_members_blends(tiny):
     np.testing.assert_allclose(ens.predict_proba(Xte), want, atol=1e-6)
 
 
-def test_sharded_models_refuse_the_vote():
+SHARDED = dict(sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30,
+               min_active=40, shared_negatives=16, batch_size=32, learning_rate=1e-2,
+               lr_schedule="constant", n_threads=1, epochs=2)
+
+
+def test_one_shard_votes_like_the_single_process(tiny):
     from slide.distributed import ShardedSlideClassifier
-    assert ShardedSlideClassifier(backend="local").get_params()["neighbours"] == 0
-    with pytest.raises(ValueError, match="neighbours=0"):
-        ShardedSlideClassifier(backend="local", neighbours=5)._validate_params()
+    Xtr, Ytr, Xte, _ = tiny
+    single = slide.SlideClassifier(random_state=3, **SHARDED).fit(Xtr, Ytr)
+    sh = ShardedSlideClassifier(n_shards=1, backend="local", random_state=3, **SHARDED)
+    sh.fit(Xtr, Ytr)
+    try:
+        assert sh.memory_ is not None and sh.get_params()["neighbours"] == 20
+        np.testing.assert_allclose(sh.memory_.emb, single.network_.memory.emb, atol=1e-4)
+        np.testing.assert_array_equal(sh.predict_topk(Xte, 5), single.predict_topk(Xte, 5))
+    finally:
+        sh.close()
+
+
+def test_sharded_blend_is_the_top_k_of_its_probabilities(tiny, tmp_path):
+    from slide.distributed import ShardedSlideClassifier
+    from slide.distributed.checkpoint import to_single
+    Xtr, Ytr, Xte, _ = tiny
+    sh = ShardedSlideClassifier(n_shards=3, backend="local", random_state=0, **SHARDED)
+    sh.fit(Xtr, Ytr)
+    try:
+        P = sh.predict_proba(Xte)
+        ids, scores = sh.predict_topk_scored(Xte, k=5)
+        np.testing.assert_array_equal(ids, sh.predict_topk(Xte, k=5))
+        np.testing.assert_allclose(scores, np.take_along_axis(P, ids, axis=1), rtol=1e-4,
+                                   atol=1e-7)
+        outside = P.copy()
+        np.put_along_axis(outside, ids, -np.inf, axis=1)
+        assert np.all(outside.max(axis=1) <= scores[:, -1] + 1e-6)
+        # the driver's checkpoint keeps the memory; the single-process copy keeps it too
+        sh.save(tmp_path / "ck")
+        loaded = slide.load(tmp_path / "ck")
+        try:
+            np.testing.assert_array_equal(loaded.memory_.emb, sh.memory_.emb)
+            np.testing.assert_array_equal(loaded.predict_topk(Xte, 5), ids)
+        finally:
+            loaded.close()
+        single = to_single(sh)
+        assert single.network_.memory is sh.memory_
+        np.testing.assert_array_equal(single.predict_topk(Xte, 5), ids)
+        # more training drops it
+        sh.partial_fit(Xtr, Ytr)
+        assert sh.memory_ is None
+    finally:
+        sh.close()
 
 
 def test_bad_settings_are_refused(tiny):

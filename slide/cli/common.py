@@ -70,5 +70,5 @@ def _fmt_seconds(s):
 
 def _has_neighbour_memory(model):
     """Whether ``model`` predicts with the neighbour vote (``slide.neighbours``)."""
-    net = getattr(model, "network_", None)
-    return bool(getattr(model, "neighbours", 0)) and getattr(net, "memory", None) is not None
+    vote = getattr(model, "_neighbour_vote", None)
+    return vote is not None and vote() is not None

@@ -50,7 +50,15 @@ def _driver_state(model):
             "batch_in_epoch": model.batch_in_epoch_, "train_seconds": model.train_seconds_,
             "history": model.history_, "schedule": model.schedule_.state()}
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
-    return {"meta": meta, "arrays": {k: v for k, v in hid.state_arrays().items()}}
+    arrays = {k: v for k, v in hid.state_arrays().items()}
+    mem = getattr(model, "memory_", None)
+    meta["neighbours"] = None
+    if mem is not None:
+        # the neighbour vote's memory (slide.neighbours), kept by the driver
+        d = mem.state_dict()
+        meta["neighbours"] = {k: v for k, v in d.items() if not isinstance(v, np.ndarray)}
+        arrays.update({f"nbr_{k}": v for k, v in d.items() if isinstance(v, np.ndarray)})
+    return {"meta": meta, "arrays": arrays}
 
 
 def save(model, path, extra=None):
@@ -102,6 +110,7 @@ def restore_driver(model, path, man):
     st = read_part(os.path.join(path, man["driver"]))
     meta, arrays = st["meta"], st["arrays"]
     hid = model.hidden_
+    _restore_memory(model, os.path.join(path, man["driver"]), meta.get("neighbours"), arrays)
     for name, target in hid.state_arrays().items():
         a = arrays.get(name)
         if a is None or a.shape != target.shape:
@@ -116,6 +125,28 @@ def restore_driver(model, path, man):
                         train_seconds=float(meta["train_seconds"]),
                         history=list(meta["history"]))
     model.extra_ = man.get("extra")
+
+
+def _restore_memory(model, path, memory_meta, arrays):
+    """The driver's neighbour memory, if the file has one (``slide.checkpoint._load_memory``'s
+    checks)."""
+    from slide.neighbours import NeighbourMemory
+    names = [n for n in arrays if n.startswith("nbr_")]
+    model.memory_ = None
+    if memory_meta is None:
+        if names:
+            raise CheckpointError(path, f"neighbour memory arrays {sorted(names)} without "
+                                        f"settings")
+        return
+    d = dict(memory_meta)
+    d.update({n[len("nbr_"):]: arrays[n] for n in names})
+    try:
+        mem = NeighbourMemory.from_state(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"neighbour memory: {exc}") from None
+    if not mem.fits(model.hidden_sizes_[-1], model.n_labels_):
+        raise CheckpointError(path, "neighbour memory does not fit the network")
+    model.memory_ = mem
 
 
 def load(path, backend=None, ray_address=None):
@@ -174,6 +205,7 @@ def to_single(model):
                          batch_in_epoch=model.batch_in_epoch_,
                          train_seconds=model.train_seconds_, history=list(model.history_))
     single._ensure_lsh()
+    single.network_.memory = getattr(model, "memory_", None)
     return single
 
 
@@ -184,9 +216,8 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     from slide.distributed.estimator import ShardedSlideClassifier
     from slide.distributed.shard import OutputShard, shard_ranges
     single._check_fitted()
-    params = dict(single.get_params(deep=False), neighbours=0)   # no vote for sharded models
     model = ShardedSlideClassifier(n_shards=n_shards, backend=backend, ray_address=ray_address,
-                                   **params)
+                                   **single.get_params(deep=False))
     hs, sparse = model._validate_params()
     lay = single.network_.layout
     H = hs[0]
@@ -233,4 +264,5 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     model._set_position(batches=single.batches_, samples=single.samples_, epoch=single.epoch_,
                         batch_in_epoch=single.batch_in_epoch_,
                         train_seconds=single.train_seconds_, history=list(single.history_))
+    model.memory_ = single.network_.memory
     return model

@@ -46,8 +46,6 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
                  shard_memory_cap=None, **params):
-        # the neighbour vote (slide.neighbours) is not built for sharded models: off by default
-        params.setdefault("neighbours", 0)
         super().__init__(**params)
         self.n_shards = n_shards
         self.ray_address = ray_address
@@ -75,9 +73,6 @@ class ShardedSlideClassifier(SlideClassifier):
             # the sharded loop (``_train``) does not follow the clock yet
             raise ValueError(f"ShardedSlideClassifier does not support time_budget yet, got "
                              f"time_budget={self.time_budget!r}; set epochs instead")
-        if self.neighbours != 0:
-            raise ValueError(f"ShardedSlideClassifier does not support the neighbour vote yet, "
-                             f"got neighbours={self.neighbours!r}; set neighbours=0")
         if not is_int(self.n_shards) or self.n_shards < 1:
             raise ValueError(f"n_shards must be a positive integer, got {self.n_shards!r}")
         if self.backend not in BACKENDS:
@@ -161,6 +156,7 @@ class ShardedSlideClassifier(SlideClassifier):
         total_batches = max(int(self.epochs), int(end_epoch_index)) * n_batches
         self._prepare_shards(Y, n_threads)
         self.stopped_ = False
+        self.memory_ = None         # the neighbour memory was built from weights this changes
         while self.epoch_ < end_epoch_index:
             epoch = self.epoch_
             t_epoch = time.perf_counter()
@@ -243,10 +239,98 @@ class ShardedSlideClassifier(SlideClassifier):
     def _hidden_all(self, X):
         return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
 
+    # -- the neighbour vote (slide.neighbours): the memory lives in the driver, beside the hidden
+    # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
+    def fit_neighbours(self, X, Y):
+        """As ``SlideClassifier.fit_neighbours``: the memory of the labelled rows (X, Y), kept
+        by the driver."""
+        from slide.neighbours import NeighbourMemory
+        self._check_fitted()
+        X, Y = self._check_data(X, Y, fitted=True)
+        self._threads()
+        self.sync()
+        self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y)
+        return self
+
+    def _neighbour_vote(self):
+        if self.neighbours <= 0 or getattr(self, "memory_", None) is None:
+            return None
+        return int(self.neighbours), float(self.neighbour_weight)
+
+    def _blended_topk(self, H, k, n_neighbours, weight):
+        """(ids, blended scores) of the exact top-k with the vote, over every shard."""
+        from slide.neighbours import blend_topk
+        parts = self.backend_.call_all("topk_lse", H, k)
+        z = np.concatenate([p[0] for p in parts], axis=1)
+        ids = np.concatenate([p[1] for p in parts], axis=1)
+        k_eff = min(k, self.n_labels_)
+        order = np.argsort(-z, axis=1, kind="stable")[:, :k_eff]
+        top_z = np.ascontiguousarray(np.take_along_axis(z, order, axis=1))
+        top_ids = np.ascontiguousarray(np.take_along_axis(ids, order, axis=1))
+        maxes = np.stack([p[2] for p in parts])
+        m = maxes.max(axis=0)
+        total = sum(p[3] * np.exp(p[2] - m) for p in parts)
+        lse = m + np.log(total)
+        V = self.memory_.vote(H, n_neighbours)
+        rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
+        labels = V.indices.astype(np.int64)
+        v_z = np.zeros(V.nnz, np.float64)
+        masks = [(labels >= lo) & (labels < hi)
+                 for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])]
+        got = self.backend_.call_each("logits_at", [(H, rows[q], labels[q]) for q in masks])
+        for q, vals in zip(masks, got):
+            v_z[q] = vals
+        out = np.zeros((H.shape[0], k_eff), np.int64)
+        out_scores = np.zeros((H.shape[0], k_eff), np.float64)
+        blend_topk(top_ids, top_z, lse, V.indptr.astype(np.int64), labels,
+                   V.data.astype(np.float64), v_z, float(weight), False, k_eff, out, out_scores)
+        return out, out_scores
+
+    def predict_topk_scored(self, X, k=5):
+        """As ``SlideClassifier.predict_topk_scored``."""
+        self._check_fitted()
+        if not is_int(k) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        with blas_single_thread():
+            H = self._hidden_all(X)
+            vote = self._neighbour_vote()
+            if vote is not None:
+                return self._blended_topk(H, int(k), *vote)
+            parts = self.backend_.call_all("topk_exact", H, int(k))
+        scores = np.concatenate([p[0] for p in parts], axis=1)
+        ids = np.concatenate([p[1] for p in parts], axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), self.n_labels_)]
+        return (np.take_along_axis(ids, order, axis=1),
+                np.take_along_axis(scores, order, axis=1).astype(np.float64))
+
+    def predict_proba(self, X):
+        """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
+        self._check_fitted()
+        X = self._check_data(X, fitted=True)
+        self._threads()
+        self.sync()
+        with blas_single_thread():
+            H = self._hidden_all(X)
+            z = np.concatenate(self.backend_.call_all("scores", H), axis=1)
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        vote = self._neighbour_vote()
+        if vote is not None:
+            p *= 1.0 - vote[1]
+            V = self.memory_.vote(H, vote[0]).tocoo()
+            np.add.at(p, (V.row, V.col), np.float32(vote[1]) * V.data)
+        return p.astype(np.float32)
+
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
         """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
-        the driver merges them. Sparse (``exact=False``): each shard's serving index (built
-        from its weights on first use, whatever the sampler) plus the ``prior_candidates``
+        the driver merges them (exact, with the neighbour vote: each shard's top-k and
+        log-sum-exp parts, the voted labels' logits, blended in the driver). Sparse
+        (``exact=False``, the network alone): each shard's serving index (built from its
+        weights on first use, whatever the sampler) plus the ``prior_candidates``
         highest biases over ALL shards (None: ``slide.lsh.serving.default_prior`` of the
         label count, as in the single process; the driver picks them from each shard's own
         best)."""
@@ -265,6 +349,9 @@ class ShardedSlideClassifier(SlideClassifier):
         k = int(k)
         with blas_single_thread():
             H = self._hidden_all(X)
+            vote = self._neighbour_vote()
+            if exact and vote is not None:
+                return self._blended_topk(H, k, *vote)[0]
             if exact:
                 parts = self.backend_.call_all("topk_exact", H, k)
             else:

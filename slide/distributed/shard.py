@@ -197,6 +197,31 @@ class OutputShard:
             best_s, best_i = topk_merge(best_s, best_i, H @ W[c0:c1].T + b[c0:c1], c0, kk)
         return best_s, best_i + self.lo
 
+    def topk_lse(self, H, k, chunk=32768):
+        """For the neighbour vote's blend (``slide.neighbours``): this shard's top-k logits
+        (float64, best first) and their global ids, and each row's running log-sum-exp over the
+        shard's labels as (max, sum of exp(z - max)), which the driver combines across
+        shards."""
+        from slide.neighbours import fold_logits
+        W, b = self.net.output_view()
+        H = np.asarray(H, np.float32)
+        n, kk = H.shape[0], min(int(k), self.n_local)
+        top_ids = np.full((n, kk), -1, np.int64)
+        top_z = np.full((n, kk), -np.inf, np.float64)
+        run_max = np.full(n, -np.inf, np.float64)
+        run_sum = np.zeros(n, np.float64)
+        for c0 in range(0, self.n_local, chunk):
+            c1 = min(self.n_local, c0 + chunk)
+            fold_logits(H @ W[c0:c1].T + b[c0:c1], c0, kk, top_ids, top_z, run_max, run_sum)
+        return top_z, np.where(top_ids >= 0, top_ids + self.lo, -1), run_max, run_sum
+
+    def logits_at(self, H, rows, labels):
+        """Logits (float64) of the (row of H, global label) pairs, all in this shard's range."""
+        W, b = self.net.output_view()
+        j = np.asarray(labels, np.int64) - self.lo
+        H = np.asarray(H, np.float32)
+        return (np.einsum("ij,ij->i", H[rows], W[j]) + b[j]).astype(np.float64)
+
     def prior_scores(self, n):
         """The ``n`` highest biases of the shard: (biases, global ids)."""
         _, b = self.net.output_view()
