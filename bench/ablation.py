@@ -107,7 +107,9 @@ def run_one(params, X, Y, Xt, Yt, seed, epochs, diag_rows, eval_rows, inv_prop):
     from slide.engine import diagnostics as dg
     from slide.estimator import SlideClassifier
     from slide.metrics import evaluate
-    model = SlideClassifier(**dict(params, random_state=seed, epochs=epochs))
+    # neighbours=0: the ablation compares how the samplers train the network; the vote
+    # (slide.neighbours) would be the same on top of each
+    model = SlideClassifier(**dict(params, random_state=seed, epochs=epochs, neighbours=0))
     curve, acts = [], []
     n_batches = (X.shape[0] + model.batch_size - 1) // model.batch_size
 

@@ -103,7 +103,8 @@ def train(args, X, Y):
         return info["batch"] >= args.max_batches
 
     model = SlideClassifier(hidden_sizes=(args.hidden,), learning_rate=args.lr,
-                            epochs=args.epochs, random_state=args.seed, n_threads=args.threads)
+                            epochs=args.epochs, random_state=args.seed, n_threads=args.threads,
+                            neighbours=0)   # the study is about the network's tables
     t0 = time.perf_counter()
     model.fit(X, Y, callback=cb)
     secs = time.perf_counter() - t0

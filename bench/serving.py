@@ -42,8 +42,10 @@ def get_model(args, X, Y):
     import os
     if args.model and os.path.exists(args.model):
         return slide.load(args.model), 0.0
+    # neighbours=0: the serving index approximates the network's own exact top-k (sparse
+    # serving has no neighbour vote), so "exact" is the network alone too
     model = slide.SlideClassifier(sampler=args.sampler, epochs=args.epochs,
-                                  random_state=args.seed, n_threads=args.threads)
+                                  random_state=args.seed, n_threads=args.threads, neighbours=0)
     t0 = time.perf_counter()
     model.fit(X, Y)
     secs = time.perf_counter() - t0
