@@ -347,20 +347,28 @@ def _load_serving(model, path, serving_meta, arrays):
 def _load_memory(model, path, memory_meta, arrays):
     """Restore the neighbour memory (``slide.neighbours``), if the file has one (files written
     before it existed, or by a model fitted with neighbours=0, have none)."""
+    net = model.network_
+    net.memory = memory_from_arrays(path, memory_meta, arrays, net.layout.n_in[-1],
+                                    net.layout.n_out[-1])
+
+
+def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
+    """The ``NeighbourMemory`` saved as the ``nbr_*`` arrays and the ``memory_meta`` settings
+    of a file (None when it has none), checked against the hidden width ``dim`` and the label
+    count; CheckpointError naming ``path`` otherwise. Shared by single and sharded models."""
     from slide.neighbours import NeighbourMemory
     names = [n for n in arrays if n.startswith("nbr_")]
     if memory_meta is None:
         if names:
             raise CheckpointError(path, f"neighbour memory arrays {sorted(names)} without "
                                         f"settings")
-        return
+        return None
     d = dict(memory_meta)
     d.update({n[len("nbr_"):]: arrays[n] for n in names})
     try:
         mem = NeighbourMemory.from_state(d)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(path, f"neighbour memory: {exc}") from None
-    net = model.network_
-    if not mem.fits(net.layout.n_in[-1], net.layout.n_out[-1]):
+    if not mem.fits(dim, n_labels):
         raise CheckpointError(path, "neighbour memory does not fit the network")
-    net.memory = mem
+    return mem

@@ -128,25 +128,10 @@ def restore_driver(model, path, man):
 
 
 def _restore_memory(model, path, memory_meta, arrays):
-    """The driver's neighbour memory, if the file has one (``slide.checkpoint._load_memory``'s
-    checks)."""
-    from slide.neighbours import NeighbourMemory
-    names = [n for n in arrays if n.startswith("nbr_")]
-    model.memory_ = None
-    if memory_meta is None:
-        if names:
-            raise CheckpointError(path, f"neighbour memory arrays {sorted(names)} without "
-                                        f"settings")
-        return
-    d = dict(memory_meta)
-    d.update({n[len("nbr_"):]: arrays[n] for n in names})
-    try:
-        mem = NeighbourMemory.from_state(d)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(path, f"neighbour memory: {exc}") from None
-    if not mem.fits(model.hidden_sizes_[-1], model.n_labels_):
-        raise CheckpointError(path, "neighbour memory does not fit the network")
-    model.memory_ = mem
+    """The driver's neighbour memory, if the file has one."""
+    from slide.checkpoint import memory_from_arrays
+    model.memory_ = memory_from_arrays(path, memory_meta, arrays, model.hidden_sizes_[-1],
+                                       model.n_labels_)
 
 
 def load(path, backend=None, ray_address=None):
