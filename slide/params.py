@@ -148,6 +148,7 @@ TABLE = (
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "
+       "The neighbour memory (model.neighbours) is built after the budget, its seconds counted. "
        "Not bit-reproducible (the clock decides); None: no budget", gt=0),
     _p("neighbours", "model.neighbours", "int", 20, "exact predictions blend the network's "
        "probabilities with the label vote of the query's nearest training rows in the last "
