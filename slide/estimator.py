@@ -310,9 +310,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _neighbour_vote(self):
-        """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
-        mem = self.network_.memory
-        if self.neighbours <= 0 or mem is None:
+        """Whether exact predictions blend in the neighbour vote: (k, weight) or None. The two
+        settings are checked here too: ``set_params`` may change them after ``fit``."""
+        for name in ("neighbours", "neighbour_weight"):
+            _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
+        if self.neighbours <= 0 or self.network_.memory is None:
             return None
         return int(self.neighbours), float(self.neighbour_weight)
 

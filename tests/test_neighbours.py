@@ -251,5 +251,11 @@ def test_bad_settings_are_refused(tiny):
                 dict(neighbour_weight=-0.1)):
         with pytest.raises(ValueError, match="neighbour"):
             slide.SlideClassifier(epochs=1, **bad, **SMALL).fit(Xtr, Ytr)
+    m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
+    for bad in (dict(neighbours=2.5), dict(neighbour_weight=2.0)):     # set after fit
+        m.set_params(**bad)
+        with pytest.raises(ValueError, match="neighbour"):
+            m.predict_topk(Xtr[:3])
+        m.set_params(neighbours=20, neighbour_weight=0.85)
     with pytest.raises(ValueError, match="hidden rows"):
         NeighbourMemory.build(np.zeros((3, 2), np.float32), sp.csr_matrix((4, 5)))

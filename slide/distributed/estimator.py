@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from slide.estimator import SlideClassifier
-from slide.params import is_int
+from slide.params import BY_NAME, check_value, is_int
 from slide.trainer import DivergenceError, blas_single_thread, end_epoch, \
     scheduled_learning_rate
 
@@ -253,6 +253,10 @@ class ShardedSlideClassifier(SlideClassifier):
         return self
 
     def _neighbour_vote(self):
+        for name in ("neighbours", "neighbour_weight"):
+            _, problem = check_value(BY_NAME[name], getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
         if self.neighbours <= 0 or getattr(self, "memory_", None) is None:
             return None
         return int(self.neighbours), float(self.neighbour_weight)
