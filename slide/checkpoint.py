@@ -322,18 +322,28 @@ def _load_lsh(model, path, lsh_meta, arrays):
     net.set_indices(restored)
 
 
+def _prefixed_state(path, settings, arrays, prefix, what):
+    """The state dict of an optional part of a file: its ``settings`` (None: the file has no
+    such part) plus its arrays named ``prefix*`` (prefix stripped). Arrays without settings
+    are a corrupt file."""
+    names = [n for n in arrays if n.startswith(prefix)]
+    if settings is None:
+        if names:
+            raise CheckpointError(path, f"{what} arrays {sorted(names)} without settings")
+        return None
+    d = dict(settings)
+    d.update({n[len(prefix):]: arrays[n] for n in names})
+    return d
+
+
 def _load_serving(model, path, serving_meta, arrays):
     """Restore the serving index of sparse inference, if the file has one (files written
     before it existed, or saved before any sparse prediction, have none: it is built on
     demand)."""
     from slide.lsh.serving import ServingIndex
-    names = [n for n in arrays if n.startswith("serve_")]
-    if serving_meta is None:
-        if names:
-            raise CheckpointError(path, f"serving index arrays {sorted(names)} without settings")
+    d = _prefixed_state(path, serving_meta, arrays, "serve_", "serving index")
+    if d is None:
         return
-    d = dict(serving_meta)
-    d.update({n[len("serve_"):]: arrays[n] for n in names})
     try:
         ix = ServingIndex.from_state(d)
     except (ValueError, KeyError, TypeError) as exc:
@@ -357,14 +367,9 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
     of a file (None when it has none), checked against the hidden width ``dim`` and the label
     count; CheckpointError naming ``path`` otherwise. Shared by single and sharded models."""
     from slide.neighbours import NeighbourMemory
-    names = [n for n in arrays if n.startswith("nbr_")]
-    if memory_meta is None:
-        if names:
-            raise CheckpointError(path, f"neighbour memory arrays {sorted(names)} without "
-                                        f"settings")
+    d = _prefixed_state(path, memory_meta, arrays, "nbr_", "neighbour memory")
+    if d is None:
         return None
-    d = dict(memory_meta)
-    d.update({n[len("nbr_"):]: arrays[n] for n in names})
     try:
         mem = NeighbourMemory.from_state(d)
     except (ValueError, KeyError, TypeError) as exc:

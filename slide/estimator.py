@@ -216,9 +216,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         numba.set_num_threads(n)
         return n
 
-    def _build(self, n_features, n_labels, hs, sparse, seed=None):
-        """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
-        ``random_state``."""
+    def _set_identity(self, n_features, n_labels, seed):
+        """``seed_`` (``seed``, else ``random_state``, else a fresh one), ``n_features_in_``,
+        ``n_labels_`` of a model being built."""
         if seed is None:
             seed = self.random_state
         if seed is None:
@@ -226,6 +226,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.seed_ = int(seed)
         self.n_features_in_ = int(n_features)
         self.n_labels_ = int(n_labels)
+
+    def _build(self, n_features, n_labels, hs, sparse, seed=None):
+        """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
+        ``random_state``."""
+        self._set_identity(n_features, n_labels, seed)
         sizes = (n_features,) + tuple(int(h) for h in hs) + (n_labels,)
         n_layers = len(sizes) - 1
         flags = [l in sparse for l in range(n_layers)]
@@ -309,13 +314,17 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_.build_memory(X, Y)
         return self
 
-    def _neighbour_vote(self):
-        """Whether exact predictions blend in the neighbour vote: (k, weight) or None. The two
-        settings are checked here too: ``set_params`` may change them after ``fit``."""
+    def _check_neighbour_settings(self):
+        """The two settings of the vote, checked at prediction too: ``set_params`` may change
+        them after ``fit``."""
         for name in ("neighbours", "neighbour_weight"):
             _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
+
+    def _neighbour_vote(self):
+        """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
+        self._check_neighbour_settings()
         if self.neighbours <= 0 or self.network_.memory is None:
             return None
         return int(self.neighbours), float(self.neighbour_weight)
@@ -426,34 +435,37 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.serving_index(n_bits=n_bits, n_tables=n_tables,
                                                n_candidates=n_candidates, n_ranges=n_ranges)
 
-    def predict_topk_scored(self, X, k=5):
-        """Exact top-k with the score that ranked each label: (ids [n, k] int64, scores [n, k]
-        float64): the blended probability with the neighbour vote, else the logit."""
+    def _prepare_inference(self, X):
+        """Fitted and X valid; threads set and the weights synced. Returns X (canonical)."""
         self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
         X = self._check_data(X, fitted=True)
         self._threads()
         self.sync()
+        return X
+
+    def _check_predict_args(self, X, k):
+        """``_prepare_inference`` after checking that k is a positive integer."""
+        self._check_fitted()
+        if not is_int(k) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        return self._prepare_inference(X)
+
+    def predict_topk_scored(self, X, k=5):
+        """Exact top-k with the score that ranked each label: (ids [n, k] int64, scores [n, k]
+        float64): the blended probability with the neighbour vote, else the logit."""
+        X = self._check_predict_args(X, k)
         with blas_single_thread():
             vote = self._neighbour_vote()
             if vote is not None:
                 return self.network_.predict_topk_blended(X, int(k), *vote)
-            ids = self.network_.predict_topk_exact(X, int(k))
-            Wo, bo = self.network_.output_view()
-            H = self.network_.hidden(X)
-            z = np.einsum("ij,ikj->ik", H, Wo[ids]) + bo[ids]
-            return ids, z.astype(np.float64)
+            return self.network_.predict_topk_exact(X, int(k), with_scores=True)
 
     def predict_proba(self, X):
         """Dense label probabilities [n, n_labels] (float32) of exact inference: the softmax
         of the network's logits (the per-label sigmoid for loss="sigmoid"), blended with the
         neighbour vote when the model has its memory (``neighbours``). Mind the size at many
         labels: ``predict_topk`` needs no dense matrix."""
-        self._check_fitted()
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        X = self._prepare_inference(X)
         vote = self._neighbour_vote() or (0, 0.0)
         with blas_single_thread():
             return self.network_.predict_proba(X, *vote)
@@ -461,10 +473,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons; the
         neighbour vote is not in them: ``predict_proba`` has the blend)."""
-        self._check_fitted()
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        X = self._prepare_inference(X)
         with blas_single_thread():
             return self.network_.predict_scores(X)
 

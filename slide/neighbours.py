@@ -221,6 +221,40 @@ def blend_topk(top_ids, top_z, lse, v_indptr, v_ids, v_w, v_z, weight, sigmoid, 
                 insert_best_first(s, j, k, ids, scores)
 
 
+def blend_block(top_ids, top_z, lse, V, v_z, weight, sigmoid, k):
+    """``blend_topk`` of one block of rows: the network's top ids and logits, the rows' lse,
+    the vote V (CSR) and the voted labels' logits ``v_z``; returns (ids [n, k], scores)."""
+    n = top_ids.shape[0]
+    out = np.zeros((n, k), np.int64)
+    out_scores = np.zeros((n, k), np.float64)
+    blend_topk(np.ascontiguousarray(top_ids, np.int64), np.ascontiguousarray(top_z, np.float64),
+               np.asarray(lse, np.float64), V.indptr.astype(np.int64),
+               V.indices.astype(np.int64), V.data.astype(np.float64),
+               np.asarray(v_z, np.float64), float(weight), bool(sigmoid), int(k), out,
+               out_scores)
+    return out, out_scores
+
+
+def probabilities(z, sigmoid):
+    """Label probabilities of a dense block of logits z [n, m] (overwritten): the softmax of
+    each row, or the per-label sigmoid."""
+    if sigmoid:
+        return 1.0 / (1.0 + np.exp(-z))
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    return p
+
+
+def add_vote(p, V, weight):
+    """Blend the vote V (CSR, the block's rows) into the dense probabilities p in place:
+    (1 - weight) * p + weight * V."""
+    p *= 1.0 - weight
+    V = V.tocoo()
+    np.add.at(p, (V.row, V.col), np.asarray(weight * V.data, p.dtype))
+    return p
+
+
 def voted_logits(H, Wo, bo, V):
     """Logit of every voted (row, label) pair of the CSR vote V: float64 [V.nnz]."""
     rows = np.repeat(np.arange(V.shape[0]), np.diff(V.indptr))

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from slide.estimator import SlideClassifier
-from slide.params import BY_NAME, check_value, is_int
+from slide.params import is_int
 from slide.trainer import DivergenceError, blas_single_thread, end_epoch, \
     scheduled_learning_rate
 
@@ -110,13 +110,7 @@ class ShardedSlideClassifier(SlideClassifier):
         from slide.distributed.shard import shard_ranges
         from slide.schedule import RehashSchedule
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
-        if seed is None:
-            seed = self.random_state
-        if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1)[0])
-        self.seed_ = int(seed)
-        self.n_features_in_ = int(n_features)
-        self.n_labels_ = int(n_labels)
+        self._set_identity(n_features, n_labels, seed)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
         self.sparse_layers_ = tuple(sparse)
         self.hidden_ = HiddenLayer(n_features, hs[0], self.seed_, self.optimizer,
@@ -253,28 +247,27 @@ class ShardedSlideClassifier(SlideClassifier):
         return self
 
     def _neighbour_vote(self):
-        for name in ("neighbours", "neighbour_weight"):
-            _, problem = check_value(BY_NAME[name], getattr(self, name))
-            if problem:
-                raise ValueError(f"{name} {problem}")
+        self._check_neighbour_settings()
         if self.neighbours <= 0 or getattr(self, "memory_", None) is None:
             return None
         return int(self.neighbours), float(self.neighbour_weight)
 
+    def _merge_parts(self, parts, k):
+        """The shards' best-first (scores, global ids) lists merged into the global top-k:
+        (ids, scores), the scores as the shards gave them."""
+        scores = np.concatenate([p[0] for p in parts], axis=1)
+        ids = np.concatenate([p[1] for p in parts], axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), self.n_labels_)]
+        return (np.take_along_axis(ids, order, axis=1),
+                np.take_along_axis(scores, order, axis=1))
+
     def _blended_topk(self, H, k, n_neighbours, weight):
         """(ids, blended scores) of the exact top-k with the vote, over every shard."""
-        from slide.neighbours import blend_topk
+        from slide.neighbours import blend_block
         parts = self.backend_.call_all("topk_lse", H, k)
-        z = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([p[1] for p in parts], axis=1)
-        k_eff = min(k, self.n_labels_)
-        order = np.argsort(-z, axis=1, kind="stable")[:, :k_eff]
-        top_z = np.ascontiguousarray(np.take_along_axis(z, order, axis=1))
-        top_ids = np.ascontiguousarray(np.take_along_axis(ids, order, axis=1))
-        maxes = np.stack([p[2] for p in parts])
-        m = maxes.max(axis=0)
-        total = sum(p[3] * np.exp(p[2] - m) for p in parts)
-        lse = m + np.log(total)
+        top_ids, top_z = self._merge_parts(parts, k)
+        m = np.max([p[2] for p in parts], axis=0)
+        lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
         V = self.memory_.vote(H, n_neighbours)
         rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
         labels = V.indices.astype(np.int64)
@@ -284,49 +277,30 @@ class ShardedSlideClassifier(SlideClassifier):
         got = self.backend_.call_each("logits_at", [(H, rows[q], labels[q]) for q in masks])
         for q, vals in zip(masks, got):
             v_z[q] = vals
-        out = np.zeros((H.shape[0], k_eff), np.int64)
-        out_scores = np.zeros((H.shape[0], k_eff), np.float64)
-        blend_topk(top_ids, top_z, lse, V.indptr.astype(np.int64), labels,
-                   V.data.astype(np.float64), v_z, float(weight), False, k_eff, out, out_scores)
-        return out, out_scores
+        return blend_block(top_ids, top_z, lse, V, v_z, weight, False, top_ids.shape[1])
 
     def predict_topk_scored(self, X, k=5):
         """As ``SlideClassifier.predict_topk_scored``."""
-        self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        X = self._check_predict_args(X, k)
         with blas_single_thread():
             H = self._hidden_all(X)
             vote = self._neighbour_vote()
             if vote is not None:
                 return self._blended_topk(H, int(k), *vote)
-            parts = self.backend_.call_all("topk_exact", H, int(k))
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), self.n_labels_)]
-        return (np.take_along_axis(ids, order, axis=1),
-                np.take_along_axis(scores, order, axis=1).astype(np.float64))
+            ids, scores = self._merge_parts(self.backend_.call_all("topk_exact", H, int(k)), k)
+        return ids, scores.astype(np.float64)
 
     def predict_proba(self, X):
         """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
-        self._check_fitted()
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        from slide.neighbours import add_vote, probabilities
+        X = self._prepare_inference(X)
         with blas_single_thread():
             H = self._hidden_all(X)
-            z = np.concatenate(self.backend_.call_all("scores", H), axis=1)
-        z -= z.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
+            p = probabilities(np.concatenate(self.backend_.call_all("scores", H), axis=1),
+                              False)
         vote = self._neighbour_vote()
         if vote is not None:
-            p *= 1.0 - vote[1]
-            V = self.memory_.vote(H, vote[0]).tocoo()
-            np.add.at(p, (V.row, V.col), np.float32(vote[1]) * V.data)
+            add_vote(p, self.memory_.vote(H, vote[0]), vote[1])
         return p.astype(np.float32)
 
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
@@ -363,10 +337,7 @@ class ShardedSlideClassifier(SlideClassifier):
                 parts = self.backend_.call_each(
                     "topk_sparse", [(H, k, prior[(prior >= lo) & (prior < hi)])
                                     for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])])
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(k, self.n_labels_)]
-        return np.take_along_axis(ids, order, axis=1)
+        return self._merge_parts(parts, k)[0]
 
     def _global_prior(self, n):
         if n == 0:
@@ -378,10 +349,7 @@ class ShardedSlideClassifier(SlideClassifier):
         return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
 
     def predict_scores(self, X):
-        self._check_fitted()
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        X = self._prepare_inference(X)
         with blas_single_thread():
             return np.concatenate(self.backend_.call_all("scores", self._hidden_all(X)), axis=1)
 

@@ -16,7 +16,7 @@ from slide._rng import derived_seed
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
 from slide.engine import Network
-from slide.engine.infer import topk_merge
+from slide.engine.infer import topk_lse_of_logits, topk_of_logits
 from slide.optim import SparseOptimizer
 from slide.schedule import RehashSchedule
 
@@ -188,13 +188,7 @@ class OutputShard:
     def topk_exact(self, H, k, chunk=32768):
         """(scores, global label ids), each [n, min(k, n_local)], best first."""
         W, b = self.net.output_view()
-        H = np.asarray(H, np.float32)
-        kk = min(int(k), self.n_local)
-        best_s = np.full((H.shape[0], 0), -np.inf, np.float32)
-        best_i = np.zeros((H.shape[0], 0), np.int64)
-        for c0 in range(0, self.n_local, chunk):
-            c1 = min(self.n_local, c0 + chunk)
-            best_s, best_i = topk_merge(best_s, best_i, H @ W[c0:c1].T + b[c0:c1], c0, kk)
+        best_s, best_i = topk_of_logits(np.asarray(H, np.float32), W, b, int(k), chunk)
         return best_s, best_i + self.lo
 
     def topk_lse(self, H, k, chunk=32768):
@@ -202,17 +196,9 @@ class OutputShard:
         (float64, best first) and their global ids, and each row's running log-sum-exp over the
         shard's labels as (max, sum of exp(z - max)), which the driver combines across
         shards."""
-        from slide.neighbours import fold_logits
         W, b = self.net.output_view()
-        H = np.asarray(H, np.float32)
-        n, kk = H.shape[0], min(int(k), self.n_local)
-        top_ids = np.full((n, kk), -1, np.int64)
-        top_z = np.full((n, kk), -np.inf, np.float64)
-        run_max = np.full(n, -np.inf, np.float64)
-        run_sum = np.zeros(n, np.float64)
-        for c0 in range(0, self.n_local, chunk):
-            c1 = min(self.n_local, c0 + chunk)
-            fold_logits(H @ W[c0:c1].T + b[c0:c1], c0, kk, top_ids, top_z, run_max, run_sum)
+        top_z, top_ids, run_max, run_sum = topk_lse_of_logits(np.asarray(H, np.float32), W, b,
+                                                              int(k), chunk)
         return top_z, np.where(top_ids >= 0, top_ids + self.lo, -1), run_max, run_sum
 
     def logits_at(self, H, rows, labels):

@@ -89,29 +89,58 @@ def hidden(net, X, lo=0, hi=None, n_chunks=None):
     return out
 
 
-def topk_exact(net, X, k, block=1024, chunk=32768):
+def logit_chunks(H, Wo, bo, chunk):
+    """(first column, logits ``H @ Wo[c0:c1].T + bo[c0:c1]``) chunk by chunk over the output
+    rows: the dense logit block stays rows x chunk at any label count."""
+    n_lab = Wo.shape[0]
+    for c0 in range(0, n_lab, chunk):
+        c1 = min(n_lab, c0 + chunk)
+        S = H @ Wo[c0:c1].T
+        S += bo[c0:c1]
+        yield c0, S
+
+
+def topk_of_logits(H, Wo, bo, k, chunk=32768):
+    """Exact top-k logits of the rows H over the output rows (Wo, bo): (scores, ids), each
+    [n, min(k, n_out)], best first (a running ``topk_merge`` over the chunks)."""
+    k = min(k, Wo.shape[0])
+    best_s = np.full((H.shape[0], 0), -np.inf, np.float32)
+    best_i = np.zeros((H.shape[0], 0), np.int64)
+    for c0, S in logit_chunks(H, Wo, bo, chunk):
+        best_s, best_i = topk_merge(best_s, best_i, S, c0, k)
+    return best_s, best_i
+
+
+def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
+    """For the neighbour vote's blend: the top-k logits (float64, best first) and their ids,
+    and each row's log-sum-exp over the output rows as (max, sum of exp(z - max)) -- one
+    parallel pass per chunk (``slide.neighbours.fold_logits``)."""
+    from slide.neighbours import fold_logits
+    n, k = H.shape[0], min(k, Wo.shape[0])
+    top_ids = np.full((n, k), -1, np.int64)
+    top_z = np.full((n, k), -np.inf, np.float64)
+    run_max = np.full(n, -np.inf, np.float64)
+    run_sum = np.zeros(n, np.float64)
+    for c0, S in logit_chunks(H, Wo, bo, chunk):
+        fold_logits(S, c0, k, top_ids, top_z, run_max, run_sum)
+    return top_z, top_ids, run_max, run_sum
+
+
+def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
     """Exact top-k over ALL output neurons: hidden layer of every row (one parallel kernel),
     then BLAS scores of blocks of rows against chunks of the output rows with a running top-k
     (only BLAS after the kernel: alternating Numba's OpenMP pool and OpenBLAS's threads makes
-    each spin against the other)."""
+    each spin against the other). ``with_scores``: (ids, their logits as float64)."""
     Wo, bo = net.output_view()
     n = X.shape[0]
-    n_lab = Wo.shape[0]
-    k_eff = min(k, n_lab)
+    k_eff = min(k, Wo.shape[0])
     out = np.zeros((n, k_eff), np.int64)
+    out_scores = np.zeros((n, k_eff), np.float64)
     H_all = hidden(net, X)
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        H = H_all[lo:hi]
-        best_s = np.full((hi - lo, 0), -np.inf, np.float32)
-        best_i = np.zeros((hi - lo, 0), np.int64)
-        for c0 in range(0, n_lab, chunk):
-            c1 = min(n_lab, c0 + chunk)
-            S = H @ Wo[c0:c1].T
-            S += bo[c0:c1]
-            best_s, best_i = topk_merge(best_s, best_i, S, c0, k_eff)
-        out[lo:hi] = best_i
-    return out
+        out_scores[lo:hi], out[lo:hi] = topk_of_logits(H_all[lo:hi], Wo, bo, k_eff, chunk)
+    return (out, out_scores) if with_scores else out
 
 
 def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=32768):
@@ -120,10 +149,10 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     softmax of the logits (the per-label sigmoid for loss="sigmoid"). Every label is scored;
     the blend's top-k lies in the union of the network's top-k and the voted labels.
     Returns (ids [n, k] int64, their blended scores [n, k] float64)."""
-    from slide.neighbours import blend_topk, fold_logits, voted_logits
+    from slide.neighbours import blend_block, voted_logits
     Wo, bo = net.output_view()
-    n, n_lab = X.shape[0], Wo.shape[0]
-    k_eff = min(k, n_lab)
+    n = X.shape[0]
+    k_eff = min(k, Wo.shape[0])
     out = np.zeros((n, k_eff), np.int64)
     out_scores = np.zeros((n, k_eff), np.float64)
     H_all = hidden(net, X)
@@ -131,21 +160,12 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         H = H_all[lo:hi]
-        top_ids = np.full((hi - lo, k_eff), -1, np.int64)
-        top_z = np.full((hi - lo, k_eff), -np.inf, np.float64)
-        run_max = np.full(hi - lo, -np.inf, np.float64)
-        run_sum = np.zeros(hi - lo, np.float64)
-        for c0 in range(0, n_lab, chunk):
-            c1 = min(n_lab, c0 + chunk)
-            S = H @ Wo[c0:c1].T
-            S += bo[c0:c1]
-            fold_logits(S, c0, k_eff, top_ids, top_z, run_max, run_sum)
+        top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, k_eff, chunk)
         lse = np.zeros(hi - lo) if sigmoid else run_max + np.log(run_sum)
         V = memory.vote(H, n_neighbours)
-        v_z = voted_logits(H, Wo, bo, V)
-        blend_topk(top_ids, top_z, lse, V.indptr.astype(np.int64), V.indices.astype(np.int64),
-                   V.data.astype(np.float64), v_z, float(weight), sigmoid, k_eff, out[lo:hi],
-                   out_scores[lo:hi])
+        out[lo:hi], out_scores[lo:hi] = blend_block(top_ids, top_z, lse, V,
+                                                    voted_logits(H, Wo, bo, V), weight,
+                                                    sigmoid, k_eff)
     return out, out_scores
 
 
@@ -153,23 +173,16 @@ def proba(net, X, memory=None, n_neighbours=0, weight=0.0, block=1024):
     """Dense label probabilities [n, n_labels] (float32): the softmax of the logits (the
     per-label sigmoid for loss="sigmoid"), blended with the neighbour vote when ``memory``
     is given."""
+    from slide.neighbours import add_vote, probabilities
     Wo, bo = net.output_view()
     n = X.shape[0]
     out = np.empty((n, Wo.shape[0]), np.float32)
     H_all = hidden(net, X)
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        z = H_all[lo:hi] @ Wo.T + bo
-        if net.loss == "sigmoid":
-            p = 1.0 / (1.0 + np.exp(-z))
-        else:
-            z -= z.max(axis=1, keepdims=True)
-            p = np.exp(z)
-            p /= p.sum(axis=1, keepdims=True)
+        p = probabilities(H_all[lo:hi] @ Wo.T + bo, net.loss == "sigmoid")
         if memory is not None:
-            p *= 1.0 - weight
-            V = memory.vote(H_all[lo:hi], n_neighbours).tocoo()
-            np.add.at(p, (V.row, V.col), np.float32(weight) * V.data)
+            add_vote(p, memory.vote(H_all[lo:hi], n_neighbours), weight)
         out[lo:hi] = p
     return out
 

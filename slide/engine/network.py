@@ -235,8 +235,8 @@ class Network:
         """Last hidden layer (every neuron active) of rows lo..hi-1: float32 [n, h_last]."""
         return _infer.hidden(self, X, lo, hi, n_chunks)
 
-    def predict_topk_exact(self, X, k, block=1024, chunk=32768):
-        return _infer.topk_exact(self, X, k, block, chunk)
+    def predict_topk_exact(self, X, k, block=1024, chunk=32768, with_scores=False):
+        return _infer.topk_exact(self, X, k, block, chunk, with_scores)
 
     def prior_ids(self, n):
         return _infer.prior_ids(self, n)
