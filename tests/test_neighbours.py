@@ -94,6 +94,8 @@ def test_neighbours_zero_or_weight_zero_is_the_network_alone(tiny, trained):
         np.testing.assert_array_equal(trained.predict_topk(Xte, k=5), alone)
         logits_top = trained.predict_topk_scored(Xte, k=5)
         np.testing.assert_array_equal(logits_top[0], alone)
+        np.testing.assert_allclose(logits_top[1], np.take_along_axis(
+            trained.predict_scores(Xte), alone, axis=1), rtol=1e-5, atol=1e-5)
     finally:
         trained.set_params(neighbours=20)
     m = slide.SlideClassifier(epochs=3, neighbour_weight=0.0, **SMALL).fit(*tiny[:2])

@@ -7,7 +7,7 @@ import sys
 import time
 
 from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError,
-                              _err, _has_neighbour_memory, _info)
+                              _err, _info)
 from slide.cli.rundir import _resolve_model
 from slide.fileio import atomic_write, write_text
 
@@ -198,13 +198,13 @@ def _write_predictions(out, model, args, n_features):
 
 
 def _topk_with_scores(model, X, k, exact):
-    """Top-k label ids (the engine's ``predict_topk``) and their output scores for a chunk
-    (with the neighbour vote: the blended probabilities, ``predict_topk_scored``).
-    The engine returns no scores with the top-k, so they are read from ``predict_scores`` on
-    slices small enough that the dense score block stays under ~64 MB even at 670K labels."""
+    """Top-k label ids and their scores for a chunk: exact, the scores that ranked them
+    (``predict_topk_scored``: the blended probabilities with the neighbour vote, else the
+    logits). Sparse, or a model without that method (an ensemble), the top-k comes without
+    scores, so they are read from ``predict_scores`` on slices small enough that the dense
+    score block stays under ~64 MB even at 670K labels."""
     import numpy as np
-    if exact and _has_neighbour_memory(model):
-        # the blend's own scores (probabilities): the logits do not rank its top-k
+    if exact and hasattr(model, "predict_topk_scored"):
         labels, scores = model.predict_topk_scored(X, k=k)
         return labels, scores.astype(np.float32)
     labels = np.asarray(model.predict_topk(X, k=k, exact=exact))
