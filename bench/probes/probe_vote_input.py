@@ -1,0 +1,82 @@
+"""Probe (round 5): does the trees' kind of evidence -- the tf-idf input itself -- add to the
+neighbour vote?  One seed, default SlideClassifier trained on the whole training file.
+
+    python bench/probes/probe_vote_input.py debdeps|debtags
+
+Scores compared on the test file (P@1, P@5), all dense over every label:
+  blend      (1 - w) softmax + w vote, the vote over the hidden layer (slide's default);
+  mixsim a   the vote's similarity (1 - a) cos(hidden) + a cos(tf-idf input);
+  +cent b    the blend plus b * cos(tf-idf input, the label's tf-idf centroid).
+"""
+import glob
+import sys
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from slide import SlideClassifier
+from slide.data import read_xc
+from slide.neighbours import POWER, _l2_rows, nearest_rows
+
+name = sys.argv[1]
+base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]
+Xtr, Ytr = read_xc(glob.glob(base + "/train*")[0])
+Xte, Yte = read_xc(glob.glob(base + "/test*")[0])
+K, W = 20, 0.85
+t0 = time.time()
+m = SlideClassifier(n_threads=2, random_state=0).fit(Xtr, Ytr)
+print(name, "fit", round(time.time() - t0, 1), "s", flush=True)
+net = m.network_
+Emb = _l2_rows(net.hidden(Xtr))
+Q = _l2_rows(net.hidden(Xte))
+S = m.predict_scores(Xte).astype(np.float64)
+P = np.exp(S - S.max(1, keepdims=True))
+P /= P.sum(1, keepdims=True)
+Xtr_c, Xte_c = Xtr.tocsr().astype(np.float32), Xte.tocsr().astype(np.float32)
+C = (Ytr.T.astype(np.float32) @ Xtr_c).tocsr()
+nr = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
+nr[nr == 0] = 1
+C = (sp.diags((1 / nr).astype(np.float32)) @ C).tocsr()
+Ycsr = Ytr.tocsr().astype(np.float32)
+n, L = Xte.shape[0], Ytr.shape[1]
+truth = Yte.tocsr()
+
+
+def prec(score, k=5):
+    top = np.argsort(-score, axis=1)[:, :k]
+    hits = np.zeros((score.shape[0], k))
+    for r in range(score.shape[0]):
+        t = set(truth.indices[truth.indptr[r]:truth.indptr[r + 1]].tolist())
+        hits[r] = [j in t for j in top[r]]
+    return hits[:, 0].mean(), hits.mean()
+
+
+def vote(sim):
+    near = np.empty((sim.shape[0], K), np.int64)
+    sims = np.empty((sim.shape[0], K), np.float32)
+    nearest_rows(np.ascontiguousarray(sim, dtype=np.float32), K, near, sims)
+    w = np.maximum(sims, 0) ** POWER
+    w /= np.maximum(w.sum(1, keepdims=True), 1e-30)
+    A = sp.csr_matrix((w.ravel(), near.ravel(), np.arange(0, w.size + 1, K)),
+                      shape=(sim.shape[0], Xtr.shape[0]))
+    return (A @ Ycsr).toarray()
+
+
+results = {}
+B = 1500
+for a0 in range(0, n, B):
+    sl = slice(a0, min(n, a0 + B))
+    simh = Q[sl] @ Emb.T
+    simx = (Xte_c[sl] @ Xtr_c.T).toarray()
+    cent = (Xte_c[sl] @ C.T).toarray()
+    p = P[sl]
+    for a in (0.0, 0.1, 0.2, 0.35, 0.5):
+        v = vote((1 - a) * simh + a * simx)
+        for b in ((0.0, 0.05, 0.1, 0.2) if a in (0.0, 0.2) else (0.0,)):
+            sc = (1 - W) * p + W * v + b * cent
+            results.setdefault((a, b), []).append(sc)
+    print(a0, flush=True)
+for (a, b), parts in sorted(results.items()):
+    p1, p5 = prec(np.vstack(parts))
+    print(f"{name} mixsim a={a:.2f} cent b={b:.2f}: P@1 {p1:.4f} P@5 {p5:.4f}", flush=True)
