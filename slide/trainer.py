@@ -138,20 +138,51 @@ def _train_one_batch(model, X, Y, rows, serial):
         return net.train_batch_dense(X, Y, rows, serial, model.optimizer_)
 
 
-def train(model, X, Y, end_epoch_index, eval_set, callback):
-    """Train ``model`` from its current position until ``end_epoch_index`` epochs are complete
-    or ``callback`` returns a true value (``model.stopped_`` then says so)."""
+class NetworkSteps:
+    """The per-model part of ``train`` for a model that holds its whole network in this
+    process (``SlideClassifier``); ``ShardedSlideClassifier`` has its own (its shards).
+
+    ``start(X, Y, n_threads)`` readies a run; ``step(X, Y, rows, serial, lr, n_threads)``
+    trains one batch at learning rate ``lr`` and returns ``(mean loss, mean active size,
+    extra callback fields)``, or None when the model went back to an earlier position (a
+    sharded model restored from its last checkpoint after a shard died): the loop then goes on
+    from there; ``after_step()`` runs the rehash schedule and returns (rehashed, rebuilt)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, X, Y, n_threads):
+        model = self.model
+        _prepare(model, X, Y, n_threads)
+        # the serving index and the neighbour memory were built from the weights this run
+        # changes
+        model.network_.serving = None
+        model.network_.memory = None
+
+    def step(self, X, Y, rows, serial, lr, n_threads):
+        # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
+        # which therefore uses the rate of the epoch's last batch)
+        self.model.optimizer_.learning_rate = lr
+        loss, act = _train_one_batch(self.model, X, Y, rows, serial)
+        return loss, act, {}
+
+    def after_step(self):
+        return maybe_rehash(self.model)
+
+
+def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None):
+    """Train ``model`` from its current position until ``end_epoch_index`` epochs are complete,
+    its ``time_budget`` is spent (``model.budget_spent_``) or ``callback`` returns a true value
+    (``model.stopped_``). ``steps``: the model's batch steps (``NetworkSteps`` by default)."""
     from slide.data import iterate_minibatches
+    steps = NetworkSteps(model) if steps is None else steps
     n_threads = model._threads()
     bs = int(model.batch_size)
     n = X.shape[0]
     n_batches = (n + bs - 1) // bs
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
     total_batches = max(int(model.epochs), int(end_epoch_index)) * n_batches
-    _prepare(model, X, Y, n_threads)
-    # the serving index and the neighbour memory were built from the weights this run changes
-    model.network_.serving = None
-    model.network_.memory = None
+    steps.start(X, Y, n_threads)
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
@@ -168,17 +199,18 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
                 return
             t0 = time.perf_counter()
             serial = model.batches_ + 1
-            # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
-            # which therefore uses the rate of the epoch's last batch)
-            model.optimizer_.learning_rate = scheduled_learning_rate(
+            lr = scheduled_learning_rate(
                 float(model.learning_rate), model.lr_schedule, model.warmup_batches, serial,
                 total_batches, model.train_seconds_ / budget if budget else 0.0)
-            loss, act = _train_one_batch(model, X, Y, rows, serial)
+            done = steps.step(X, Y, rows, serial, lr, n_threads)
+            if done is None:
+                break           # back at an earlier position: go on from there
+            loss, act, extra = done
             if not math.isfinite(loss):
                 raise DivergenceError(serial, epoch, loss)
             model.batches_ = serial
             model.samples_ += rows.shape[0]
-            rehashed, rebuilt = maybe_rehash(model)
+            rehashed, rebuilt = steps.after_step()
             model.train_seconds_ += time.perf_counter() - t0
             model.batch_in_epoch_ += 1
             if model.batch_in_epoch_ >= n_batches:
@@ -196,7 +228,7 @@ def train(model, X, Y, end_epoch_index, eval_set, callback):
                             if model.batch_in_epoch_ else n_batches - 1,
                             samples=model.samples_, loss=loss,
                             train_seconds=model.train_seconds_, active_mean=act,
-                            rehashed=rehashed, rebuilt=rebuilt)
+                            rehashed=rehashed, rebuilt=rebuilt, **extra)
                 if callback(model, info):
                     model.stopped_ = True
                     return

@@ -11,6 +11,8 @@ from slide.distributed.checkpoint import from_single, to_single
 from slide.estimator import SlideClassifier
 from slide.synthetic import generate
 
+from conftest import FakeClock
+
 # the small LSH settings of tests/test_estimator.py (tiny set: 200 labels, 600 points)
 SMALL = dict(sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30,
              min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
@@ -368,10 +370,26 @@ shards = 2
     assert "P " in capsys.readouterr().out
 
 
-def test_sharded_model_refuses_a_time_budget(tiny):
-    """time_budget is a SlideClassifier parameter the sharded loop does not follow: refused
-    with a clear error instead of silently training every epoch."""
+def test_sharded_model_follows_a_time_budget_like_one_process(tiny, monkeypatch):
+    """The sharded model trains in SlideClassifier's loop (slide.trainer.train), budget
+    included: on a fake clock (1 s per reading; no rehash in the run, whose clock readings
+    happen in the single process only) a 7 s budget stops both at the same batch, before the
+    3 epochs' end, and one shard stays on the single process's trajectory."""
+    from slide import trainer
     Xtr, Ytr, _, _ = tiny
-    m = ShardedSlideClassifier(n_shards=2, backend="local", time_budget=5.0, **SMALL)
-    with pytest.raises(ValueError, match="time_budget"):
-        m.fit(Xtr, Ytr)
+    kw = dict(SMALL, epochs=3, random_state=3, time_budget=7.0, lr_schedule="cosine",
+              rehash_period=10**6, rebuild_period=10**6)
+    runs = []
+    for model in (SlideClassifier(**kw), ShardedSlideClassifier(n_shards=1, backend="local",
+                                                                **kw)):
+        model._warm_up()
+        monkeypatch.setattr(trainer, "time", FakeClock(1.0))
+        infos = []
+        losses = _losses(model, Xtr, Ytr, infos)
+        monkeypatch.undo()
+        assert model.budget_spent_ and not model.stopped_
+        assert model.train_seconds_ >= 7.0 and model.epoch_ < 3
+        runs.append((losses, [i["samples"] for i in infos], model.batches_))
+    assert runs[1][2] == runs[0][2] >= 3
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-4)
+    assert runs[1][1] == runs[0][1]

@@ -11,6 +11,8 @@ from slide import trainer
 from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data
 
+from conftest import FakeClock
+
 # tiny_data: 40 points; batch 8 -> 5 batches per epoch
 # neighbours=0: train_seconds_ is then the fake clock alone (the vote's memory is built after
 # the last batch, on the real clock)
@@ -18,20 +20,6 @@ TINY = dict(neighbours=0, hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budg
             shared_negatives=8,
             batch_size=8, n_threads=1, random_state=0, rehash_period=1000,
             rebuild_period=1000)
-
-
-class FakeClock:
-    """Stands in for the ``time`` module inside ``slide.trainer``: every perf_counter()
-    reading is ``step`` seconds after the previous one, so one batch (two readings) costs
-    ``step`` seconds of ``train_seconds_``."""
-
-    def __init__(self, step):
-        self.now = 0.0
-        self.step = step
-
-    def perf_counter(self):
-        self.now += self.step
-        return self.now
 
 
 def fit_with_clock(monkeypatch, step, **kw):

@@ -7,17 +7,15 @@ engine does (tests/test_distributed.py); S shards train the same algorithm with 
 softmax over the union of the shards' active sets.
 
 Supported: one hidden layer, softmax loss, the output layer sampled (``sparse_layers`` None)
-or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``.
+or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``,
+and its ``time_budget`` (the batch loop is ``slide.trainer.train``'s).
 """
-import math
-import time
-
 import numpy as np
 
+from slide import trainer
 from slide.estimator import SlideClassifier
 from slide.params import is_int
-from slide.trainer import DivergenceError, blas_single_thread, end_epoch, \
-    scheduled_learning_rate
+from slide.trainer import blas_single_thread
 
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
@@ -69,10 +67,6 @@ class ShardedSlideClassifier(SlideClassifier):
         if self.loss != "softmax":
             raise ValueError(f"ShardedSlideClassifier supports loss='softmax' only, got "
                              f"{self.loss!r}")
-        if self.time_budget is not None:
-            # the sharded loop (``_train``) does not follow the clock yet
-            raise ValueError(f"ShardedSlideClassifier does not support time_budget yet, got "
-                             f"time_budget={self.time_budget!r}; set epochs instead")
         if not is_int(self.n_shards) or self.n_shards < 1:
             raise ValueError(f"n_shards must be a positive integer, got {self.n_shards!r}")
         if self.backend not in BACKENDS:
@@ -140,56 +134,8 @@ class ShardedSlideClassifier(SlideClassifier):
 
     # -- training ------------------------------------------------------------------------------
     def _train(self, X, Y, end_epoch_index, eval_set, callback):
-        from slide.data import iterate_minibatches
-        from slide.distributed.driver import train_batch
-        from slide.distributed.ray_backend import ShardFailure
-        n_threads = self._threads()
-        bs = int(self.batch_size)
-        n = X.shape[0]
-        n_batches = (n + bs - 1) // bs
-        total_batches = max(int(self.epochs), int(end_epoch_index)) * n_batches
-        self._prepare_shards(Y, n_threads)
-        self.stopped_ = False
-        self.memory_ = None         # the neighbour memory was built from weights this changes
-        while self.epoch_ < end_epoch_index:
-            epoch = self.epoch_
-            t_epoch = time.perf_counter()
-            for rows in iterate_minibatches(n, bs, self.seed_, epoch, self.batch_in_epoch_):
-                t0 = time.perf_counter()
-                serial = self.batches_ + 1
-                lr = scheduled_learning_rate(float(self.learning_rate), self.lr_schedule,
-                                             self.warmup_batches, serial, total_batches)
-                try:
-                    loss, sent, act = train_batch(self.hidden_, self.backend_, self.bounds_,
-                                                  X, Y, rows, serial, lr, n_threads)
-                except ShardFailure as exc:
-                    self._recover(exc, Y, n_threads)
-                    break       # go on from the checkpoint's position
-                if not math.isfinite(loss):
-                    raise DivergenceError(serial, epoch, loss)
-                self.bytes_per_batch_ = sent
-                self.batches_ = serial
-                self.samples_ += rows.shape[0]
-                # the shards rehash on their own schedules, all equal to this copy of it
-                rehashed, rebuilt = self.schedule_.step(serial) if self.sampler not in (
-                    "random", "dense") else (False, False)
-                self.train_seconds_ += time.perf_counter() - t0
-                self.batch_in_epoch_ += 1
-                if self.batch_in_epoch_ >= n_batches:
-                    self.epoch_ += 1
-                    self.batch_in_epoch_ = 0
-                    end_epoch(self, epoch, t_epoch, eval_set)
-                if self.verbose >= 2 and serial % 100 == 0:
-                    print(f"batch {serial} epoch {epoch} loss {loss:.4f}")
-                if callback is not None:
-                    info = dict(batch=serial, epoch=epoch,
-                                batch_in_epoch=(self.batch_in_epoch_ - 1) % n_batches,
-                                samples=self.samples_, loss=loss,
-                                train_seconds=self.train_seconds_, active_mean=act,
-                                rehashed=rehashed, rebuilt=rebuilt, bytes_sent=sent)
-                    if callback(self, info):
-                        self.stopped_ = True
-                        return
+        # the loop is SlideClassifier's (slide.trainer.train); only the batch step differs
+        trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self))
 
     def _recover(self, exc, Y, n_threads):
         """A shard actor died (Ray restarted it empty): every shard and the driver go back to
@@ -369,3 +315,35 @@ class ShardedSlideClassifier(SlideClassifier):
             self._close_backend()
         except Exception:   # pragma: no cover - interpreter shutdown
             pass
+
+
+class _ShardSteps:
+    """``slide.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
+    layer, the shards their slices of the output layer (``slide.distributed.driver``)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, X, Y, n_threads):
+        self.model._prepare_shards(Y, n_threads)
+        self.model.memory_ = None   # the neighbour memory was built from weights this changes
+
+    def step(self, X, Y, rows, serial, lr, n_threads):
+        from slide.distributed.driver import train_batch
+        from slide.distributed.ray_backend import ShardFailure
+        m = self.model
+        try:
+            loss, sent, act = train_batch(m.hidden_, m.backend_, m.bounds_, X, Y, rows, serial,
+                                          lr, n_threads)
+        except ShardFailure as exc:
+            m._recover(exc, Y, n_threads)
+            return None         # go on from the checkpoint's position
+        m.bytes_per_batch_ = sent
+        return loss, act, {"bytes_sent": sent}
+
+    def after_step(self):
+        m = self.model
+        # the shards rehash on their own schedules, all equal to this copy of it
+        if m.sampler in ("random", "dense"):
+            return False, False
+        return m.schedule_.step(m.batches_)
