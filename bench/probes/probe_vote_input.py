@@ -1,7 +1,10 @@
 """Probe (round 5): does the trees' kind of evidence -- the tf-idf input itself -- add to the
 neighbour vote?  One seed, default SlideClassifier trained on the whole training file.
 
-    python bench/probes/probe_vote_input.py debdeps|debtags
+    python bench/probes/probe_vote_input.py debdeps|debtags [test rows]
+
+(debdeps was run on its first 4,000 test rows: the process grew by ~1 GB per block of 500
+rows, from scipy's sparse products it seems, and 23 GB ran out before the end.)
 
 Scores compared on the test file (P@1, P@5), all dense over every label:
   blend      (1 - w) softmax + w vote, the vote over the hidden layer (slide's default);
@@ -23,6 +26,8 @@ name = sys.argv[1]
 base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]
 Xtr, Ytr = read_xc(glob.glob(base + "/train*")[0])
 Xte, Yte = read_xc(glob.glob(base + "/test*")[0])
+if len(sys.argv) > 2:
+    Xte, Yte = Xte[:int(sys.argv[2])], Yte[:int(sys.argv[2])]
 K, W = 20, 0.85
 t0 = time.time()
 m = SlideClassifier(n_threads=2, random_state=0).fit(Xtr, Ytr)
