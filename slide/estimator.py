@@ -93,7 +93,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         cosine towards 0 at the last batch of ``epochs`` epochs.
     warmup_batches : int
         Batches of linear warm-up (0: none).
-    batch_size, epochs : minibatch size and number of passes of ``fit``.
+    batch_size : minibatch size.
+    epochs : int or "auto"
+        Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
+        training sets, enough for about 625 batches (at most 10; ``slide.trainer.resolve_epochs``).
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
         stops (``budget_spent_`` then says so), with the learning-rate schedule planned to end
@@ -123,7 +126,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 batch_size=128, epochs=3, rehash_period=50, rebuild_period=500,
+                 batch_size=128, epochs="auto", rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
                  time_budget=None, neighbours=20, neighbour_weight=0.85):
         self.hidden_sizes = hidden_sizes
@@ -259,7 +262,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # training
     # ------------------------------------------------------------------------------------------
     def fit(self, X, Y, eval_set=None, callback=None, resume=False):
-        """Train for ``epochs`` passes over (X, Y).
+        """Train for ``epochs`` passes over (X, Y) (``"auto"``: ``trainer.resolve_epochs``).
 
         resume=False: fresh initialisation. resume=True: continue a model that was stopped by
         its callback (or loaded from a checkpoint) exactly where it stopped, until ``epochs``
@@ -291,7 +294,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             eval_set = self._check_eval_set(eval_set, X, Y)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
-        self._train(X, Y, self.epochs, eval_set, callback)
+        self._train(X, Y, trainer.resolve_epochs(self.epochs, X.shape[0], self.batch_size),
+                    eval_set, callback)
         if self.neighbours > 0 and not self.stopped_:
             # part of training: its seconds count in train_seconds_. A fit its callback stopped
             # is left as it stopped (it may be resumed: building the memory syncs the

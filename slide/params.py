@@ -36,8 +36,8 @@ BIAS_INITS = ("log_prior", "zero")
 LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
-# int_or_none, float_or_none, layers (None or a sequence of layer indices; the bound depends on
-# hidden_sizes)
+# int_or_none, float_or_none, int_or_auto (an int or the string "auto"), layers (None or a
+# sequence of layer indices; the bound depends on hidden_sizes)
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,10 @@ TABLE = (
        "rebuild with fresh hash functions", ge=1, optional=True),
     _p("rehash_decay", "schedule.rehash_decay", "float", 0.02, "lambda: the t-th period is "
        "T_0 * exp(lambda * t)", ge=0, optional=True),
-    _p("epochs", "train.epochs", "int", 3, "passes over the training set (the learning-rate "
-       "schedule spans them)", ge=1),
+    _p("epochs", "train.epochs", "int_or_auto", "auto", "passes over the training set (the "
+       "learning-rate schedule spans them); auto: 3, or more (at most 10) where 3 would be "
+       "fewer than ~625 batches (slide.trainer.resolve_epochs: small training sets, measured "
+       "in bench/results/accuracy.md)", ge=1),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
@@ -269,6 +271,14 @@ def check_value(p: Param, value):
         if value is None:
             return None, None
         kind = kind[:-len("_or_none")]
+    if kind == "int_or_auto":
+        if isinstance(value, str):
+            if value == "auto":
+                return value, None
+            return None, f"must be an integer or 'auto', got {value!r}"
+        if not is_int(value):
+            return None, f"must be an integer or 'auto', got {type_name(value)} ({value!r})"
+        kind = "int"
     if kind == "int" and not is_int(value):
         return None, f"must be an integer, got {type_name(value)} ({value!r})"
     if kind == "float":
@@ -338,7 +348,7 @@ def _doc_allowed(p: Param):
              if b is not None]
     kind = {"int": "integer", "float": "number", "bool": "true / false", "str": "text",
             "int_list": "integers", "table": "table", "int_or_none": "None or integer",
-            "float_or_none": "None or number",
+            "float_or_none": "None or number", "int_or_auto": "`auto` or integer",
             "layers": "None or layer indices"}[p.kind]
     return kind + (" " + ", ".join(parts) if parts else "")
 

@@ -18,6 +18,24 @@ CALLBACK_INFO_KEYS = ("batch", "epoch", "batch_in_epoch", "samples", "loss", "tr
                       "active_mean", "rehashed", "rebuilt")
 
 
+# epochs="auto": enough epochs for about this many batches, 3 at least, 10 at most. Measured
+# with the neighbour vote (bench/results/accuracy.md, round 5): the synthetic eurlex-4k and
+# wiki10-31k (~120 batches an epoch) gain 5-12 points of P@1 from 5-6 epochs over 3 and lose
+# again beyond 8-12; debtags (190 batches) and debdeps (355) lose from 4 epochs on
+AUTO_EPOCH_BATCHES = 625
+AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 10
+
+
+def resolve_epochs(epochs, n_rows, batch_size):
+    """The number of epochs ``epochs`` stands for on ``n_rows`` training rows: itself, or for
+    "auto" the multiple of the batches per epoch nearest to AUTO_EPOCH_BATCHES, clipped to
+    [AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX]."""
+    if epochs != "auto":
+        return int(epochs)
+    per_epoch = max(1, math.ceil(int(n_rows) / int(batch_size)))
+    return int(min(AUTO_EPOCHS_MAX, max(AUTO_EPOCHS_MIN, round(AUTO_EPOCH_BATCHES / per_epoch))))
+
+
 class DivergenceError(RuntimeError):
     """Training produced a non-finite loss."""
 
@@ -181,7 +199,7 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None):
     n = X.shape[0]
     n_batches = (n + bs - 1) // bs
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
-    total_batches = max(int(model.epochs), int(end_epoch_index)) * n_batches
+    total_batches = max(resolve_epochs(model.epochs, n, bs), int(end_epoch_index)) * n_batches
     steps.start(X, Y, n_threads)
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)

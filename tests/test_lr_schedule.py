@@ -90,19 +90,42 @@ def test_checkpoint_resume_continues_the_schedule(tmp_path):
 
 def test_defaults_are_the_measured_schedule():
     # bench/results/accuracy.md: Adam at 1e-2 decayed along a half cosine over 3 epochs beat
-    # the paper's constant 1e-4 (and a constant 1e-3) on debdeps and debtags
+    # the paper's constant 1e-4 (and a constant 1e-3) on debdeps and debtags; more epochs on
+    # small training sets (epochs="auto", round 5)
     defaults = SlideClassifier().get_params()
     assert defaults["learning_rate"] == 1e-2
     assert defaults["lr_schedule"] == "cosine" and defaults["warmup_batches"] == 0
-    assert defaults["epochs"] == 3 and defaults["batch_size"] == 128
+    assert defaults["epochs"] == "auto" and defaults["batch_size"] == 128
     assert tuple(defaults["hidden_sizes"]) == (128,)
-    # a default fit follows that schedule: 3 epochs of 3 batches, cosine from 1e-2
+    # a default fit follows that schedule: 40 rows in batches of 16 are 3 batches an epoch,
+    # so "auto" means the most epochs (10): 30 batches, cosine from 1e-2
     kw = {k: v for k, v in TINY.items() if k != "batch_size"}
     seen = []
-    SlideClassifier(**kw, batch_size=16).fit(
+    model = SlideClassifier(**kw, batch_size=16).fit(
         *tiny_data(), callback=lambda m, info: seen.append(m.optimizer_.learning_rate))
-    np.testing.assert_allclose(seen, [1e-2 * 0.5 * (1 + math.cos(math.pi * k / 9))
-                                      for k in range(9)])
+    assert model.epoch_ == 10
+    np.testing.assert_allclose(seen, [1e-2 * 0.5 * (1 + math.cos(math.pi * k / 30))
+                                      for k in range(30)])
+
+
+@pytest.mark.parametrize("n_rows, batch_size, expected", [
+    (45_472, 128, 3),      # debdeps: 356 batches an epoch, 3 is already > 625 batches
+    (24_242, 128, 3),      # debtags: 190 an epoch, 625 / 190 = 3.3
+    (15_539, 128, 5),      # eurlex-4k preset: 122 an epoch, 5.1
+    (14_146, 128, 6),      # wiki10-31k preset: 111 an epoch, 5.6
+    (40, 16, 10),          # 3 batches an epoch: capped at 10
+    (10**7, 128, 3),       # large sets: never fewer than 3
+    (15_539, 64, 3),       # the count is in batches: 243 an epoch at batch 64
+])
+def test_auto_epochs_aim_at_a_number_of_batches(n_rows, batch_size, expected):
+    assert trainer.resolve_epochs("auto", n_rows, batch_size) == expected
+    assert trainer.resolve_epochs(7, n_rows, batch_size) == 7       # a number is itself
+
+
+@pytest.mark.parametrize("bad", ["Auto", "3", 0, 2.5, None])
+def test_bad_epochs_are_named(bad):
+    with pytest.raises(ValueError, match="epochs"):
+        SlideClassifier(**TINY, epochs=bad).fit(*tiny_data())
 
 
 def test_paper_configs_keep_the_papers_constant_rate():

@@ -18,6 +18,7 @@ from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
                               _latest_good_checkpoint, _run_dir_has_run, read_metrics)
 from slide.config import ConfigError
+from slide.trainer import resolve_epochs
 from slide.fileio import atomic_write, write_text
 
 
@@ -99,7 +100,8 @@ class _Phase:
         self.log = MetricsLog(os.path.join(run_dir, METRICS_FILE))
         n = self.X.shape[0]
         self.batches_per_epoch = max(1, math.ceil(n / t["batch_size"]))
-        self.total_batches = self.batches_per_epoch * t["epochs"]
+        self.epochs = resolve_epochs(t["epochs"], n, t["batch_size"])     # "auto": a number
+        self.total_batches = self.batches_per_epoch * self.epochs
 
     # -- state carried in every checkpoint's ``extra`` so a resumed run continues its clocks
     def _extra(self):
@@ -247,7 +249,7 @@ class _Phase:
                               f"no checkpoint written", self.stop.code)
             if not resumed:
                 _info(f"[{self.label}] training {self.total_batches:,} batches "
-                      f"({self.cfg['train']['epochs']} epoch(s) of {self.batches_per_epoch:,})"
+                      f"({self.epochs} epoch(s) of {self.batches_per_epoch:,})"
                       f" into {self.run_dir}")
             self.stop.immediate = False
             self._warm_up(model)
@@ -305,7 +307,7 @@ class _Phase:
         model.save(os.path.join(self.run_dir, MODEL_FILE), extra=self._extra())
         p1 = self.last_p1 if rec is None else rec["P@1"]
         result = {"phase": self.phase, "sampler": self.sampler_kind, "batches": self.batch,
-                  "epochs": self.cfg["train"]["epochs"], "samples": self.samples,
+                  "epochs": self.epochs, "samples": self.samples,
                   "train_seconds": round(self.train_seconds, 3), "P@1": p1,
                   "compile_seconds": round(self.compile_seconds, 3),
                   "rehashes": self.rehashes, "rebuilds": self.rebuilds}
