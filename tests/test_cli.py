@@ -97,6 +97,19 @@ def test_python_m_entry_point_and_help():
     assert r.returncode == 2 and "--config" in r.stderr
 
 
+def test_train_epochs_auto_is_resolved_from_the_data(tmp_path, capsys):
+    # 600 training rows in batches of 32: 19 an epoch, so "auto" is the cap, 10 epochs
+    cfg, run = tiny_config(tmp_path, epochs='"auto"', eval_every=0, ckpt_every=0)
+    code, out, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 0, err
+    assert "190 batches (10 epoch(s) of 19)" in out
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["slide"]["batches"] == 190 and summary["slide"]["epochs"] == 10
+    cfg, _ = tiny_config(tmp_path, "bad", epochs='"many"')
+    code, out, err = run_cli(["train", "--config", cfg], capsys)
+    assert code != 0 and "train.epochs" in err and "'auto'" in err
+
+
 def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
     cfg, run = tiny_config(tmp_path, epochs=1)
     code, out, err = run_cli(["train", "--config", cfg], capsys)
