@@ -143,9 +143,9 @@ TABLE = (
     _p("rehash_decay", "schedule.rehash_decay", "float", 0.02, "lambda: the t-th period is "
        "T_0 * exp(lambda * t)", ge=0, optional=True),
     _p("epochs", "train.epochs", "int_or_auto", "auto", "passes over the training set (the "
-       "learning-rate schedule spans them); auto: 3, or more (at most 10) where 3 would be "
-       "fewer than ~625 batches (slide.trainer.resolve_epochs: small training sets, measured "
-       "in bench/results/accuracy.md)", ge=1),
+       "learning-rate schedule spans them); auto: the count whose batches come nearest to 625, "
+       "at least 3 and at most 10, so more on small training sets (slide.trainer."
+       "resolve_epochs, measured in bench/results/accuracy.md)", ge=1),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
