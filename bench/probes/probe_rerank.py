@@ -90,5 +90,19 @@ print("test features", round(time.time() - t0, 1), "s")
 print("network alone", p1(Ft[:, 0], Lt, Gt, n))
 print("fixed blend (memory of all rows)", p1(0.15 * Ft[:, 1] + 0.85 * Ft[:, 2], Lt, Gt, n))
 print("gbdt reranker", p1(gb.predict_proba(Ft)[:, 1], Lt, Gt, n))
+# round 5: a linear re-ranker (a weight vector: what a checkpoint could hold as an array)
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+sc = StandardScaler().fit(Fh)
+for C in (0.1, 1.0):
+    lr = LogisticRegression(C=C, max_iter=2000).fit(sc.transform(Fh), Lh)
+    print("logistic reranker C", C, p1(lr.decision_function(sc.transform(Ft)), Lt, Gt, n))
+# with the pairwise products of the features (still a weight vector)
+from sklearn.preprocessing import PolynomialFeatures  # noqa: E402
+poly = PolynomialFeatures(2, include_bias=False).fit(sc.transform(Fh))
+Ph = poly.transform(sc.transform(Fh))
+lr2 = LogisticRegression(C=1.0, max_iter=3000).fit(Ph, Lh)
+print("logistic reranker, pairwise products", p1(lr2.decision_function(
+    poly.transform(sc.transform(Ft))), Lt, Gt, n))
 gb2 = HistGradientBoostingClassifier(max_iter=100).fit(Fh[:, :-1], Lh)
 print("gbdt reranker without centroid cos", p1(gb2.predict_proba(Ft[:, :-1])[:, 1], Lt, Gt, n))
