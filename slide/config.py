@@ -316,8 +316,9 @@ def _check_data_source(cfg: dict, problems: list, check_files=True):
                                  "not both"))
     elif data["preset"] is None and data["train"] is None:
         problems.append(("data", "no data: set data.train (and data.test) to XC files, or "
-                                 "data.preset to a synthetic preset "
-                                 "(e.g. --set data.train=path/train.txt)"))
+                                 "data.preset to a synthetic preset (slide train --train "
+                                 "path/train.txt --test path/test.txt, or --set "
+                                 "data.preset=tiny)"))
     if data["preset"] is not None:
         from slide import synthetic
         presets = synthetic.PRESETS

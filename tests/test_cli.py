@@ -94,7 +94,34 @@ def test_python_m_entry_point_and_help():
         assert cmd in r.stdout
     r = subprocess.run([sys.executable, "-m", "slide.cli", "train"], capture_output=True,
                        text=True, env=env(), timeout=120)
-    assert r.returncode == 2 and "--config" in r.stderr
+    # no configuration and no data: exit 2, saying how to give the data
+    assert r.returncode == 2 and "no data" in r.stderr and "--train" in r.stderr
+
+
+def test_train_from_data_paths_alone(tmp_path, capsys):
+    """slide train --train T --test T: no configuration file, every key at its default
+    (a --set still wins over --train; a path that reads like a number stays a path)."""
+    from slide.synthetic import generate, write_dataset
+    data = tmp_path / "1e3"                 # a TOML literal as a directory name
+    write_dataset(str(data), *generate("tiny", seed=0))
+    out = tmp_path / "run"
+    code, _, err = run_cli(["train", "--train", str(data / "train.txt"), "--test",
+                            str(data / "test.txt"), "--set", f"output_dir={out}",
+                            "--set", "model.hidden_sizes=[16]", "--set", "train.threads=1"],
+                           capsys)
+    assert code == 0, err
+    from slide.config import load_config
+    resolved = load_config(os.path.join(out, "config.toml"))
+    assert resolved["data"]["train"] == str(data / "train.txt")
+    assert resolved["data"]["test"] == str(data / "test.txt")
+    assert resolved["lsh"]["K"] == 6 and resolved["train"]["epochs"] == "auto"   # defaults
+    assert json.load(open(os.path.join(out, "summary.json")))["slide"]["batches"] > 0
+    code, _, err = run_cli(["train", "--train", str(tmp_path / "missing.txt"), "--set",
+                            f"data.train={data / 'train.txt'}", "--set",
+                            f"output_dir={tmp_path / 'run2'}", "--set", "train.epochs=1",
+                            "--set", "model.hidden_sizes=[16]", "--set", "train.threads=1"],
+                           capsys)
+    assert code == 0, err
 
 
 def test_train_epochs_auto_is_resolved_from_the_data(tmp_path, capsys):

@@ -26,11 +26,15 @@ def build_parser():
                "4 checkpoint problem, 5 diverged, 130 Ctrl-C, 143 SIGTERM (see docs/cli.md)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a model from a TOML run configuration",
-                       description="Train from a TOML run configuration. Keys:\n"
-                                   + config_mod.describe_keys(),
+    t = sub.add_parser("train", help="train a model from data files or a TOML run configuration",
+                       description="Train from a TOML run configuration, or from data files "
+                                   "alone (slide train --train T --test T: every key at its "
+                                   "default). Keys:\n" + config_mod.describe_keys(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("--config", "-c", required=True, help="TOML run configuration")
+    t.add_argument("--config", "-c", help="TOML run configuration (default: none, every key "
+                                          "at its default)")
+    t.add_argument("--train", metavar="PATH", help="training file (XC format): data.train")
+    t.add_argument("--test", metavar="PATH", help="test file (XC format): data.test")
     t.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted, e.g. lsh.K=8, "
                         "data.train=path/train.txt, output_dir=runs/x); repeatable")

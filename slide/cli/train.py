@@ -314,8 +314,16 @@ class _Phase:
         return model, result
 
 
+def data_overrides(args):
+    """``--train`` / ``--test`` as ``--set`` overrides (before the user's own ``--set``, which
+    therefore win); the paths as TOML strings, so no path is read as a number or a boolean."""
+    return [f"data.{key}={json.dumps(path)}" for key, path in (("train", args.train),
+                                                                ("test", args.test)) if path]
+
+
 def cmd_train(args):
-    cfg = config_mod.load_config(args.config, args.set)   # ConfigError -> exit 2, no data read
+    # ConfigError -> exit 2, no data read
+    cfg = config_mod.load_config(args.config, data_overrides(args) + list(args.set))
     run_dir = cfg["output_dir"]
     if args.resume and args.overwrite:
         raise CliError("--resume and --overwrite exclude each other", EXIT_USAGE)
