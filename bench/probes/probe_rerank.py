@@ -104,5 +104,10 @@ Ph = poly.transform(sc.transform(Fh))
 lr2 = LogisticRegression(C=1.0, max_iter=3000).fit(Ph, Lh)
 print("logistic reranker, pairwise products", p1(lr2.decision_function(
     poly.transform(sc.transform(Ft))), Lt, Gt, n))
+sc9 = StandardScaler().fit(Fh[:, :-1])
+poly9 = PolynomialFeatures(2, include_bias=False).fit(sc9.transform(Fh[:, :-1]))
+lr3 = LogisticRegression(C=1.0, max_iter=3000).fit(poly9.transform(sc9.transform(Fh[:, :-1])), Lh)
+print("logistic reranker, pairwise products, without centroid cos", p1(lr3.decision_function(
+    poly9.transform(sc9.transform(Ft[:, :-1]))), Lt, Gt, n))
 gb2 = HistGradientBoostingClassifier(max_iter=100).fit(Fh[:, :-1], Lh)
 print("gbdt reranker without centroid cos", p1(gb2.predict_proba(Ft[:, :-1])[:, 1], Lt, Gt, n))
