@@ -1,7 +1,7 @@
 """Engine benchmarks: memory at the full Amazon-670K shape, speed and accuracy of slide's
 LSH-sampled training against slide's own dense mode (every output neuron active).
 
-    python bench/engine_bench.py memory   [--n-train 40000] [--batches 300]
+    python bench/engine_bench.py memory   [--n-train 40000] [--batches 300 | --time-budget S]
     python bench/engine_bench.py speed    [--n-train 100000] [--threads 2]
     python bench/engine_bench.py accuracy [--scale 0.1] [--epochs 3]
     python bench/engine_bench.py profile  [--n-train 20000]
@@ -106,6 +106,8 @@ def child(args):
                threads=numba.get_num_threads(),
                peak_rss_mb_after_data=round(rss_data, 1), peak_rss_mb=round(rss_train, 1),
                model_mb=round((m.network_.W.nbytes + m.network_.B.nbytes) / 2**20, 1))
+    memory = getattr(m.network_, "memory", None)        # the neighbour vote's (a completed fit)
+    rec["neighbour_memory_mb"] = round(memory.nbytes() / 2**20, 1) if memory is not None else 0.0
     if args.evaluate:
         t0 = time.perf_counter()
         rec["P@1"] = round(m.score(Xt, Yt), 4)
@@ -192,6 +194,10 @@ def run_child(data_path, params, batches=None, evaluate=True, threads=None, labe
     rec = json.loads(line[len("RESULT "):])
     rec["label"] = label
     rec["when"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if os.path.dirname(HERE) not in sys.path:
+        sys.path.insert(0, os.path.dirname(HERE))
+    from bench.common import git_commit
+    rec["commit"] = git_commit()
     print(json.dumps(rec), flush=True)
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "a") as f:
@@ -240,6 +246,9 @@ def main():
     ap.add_argument("--data")
     ap.add_argument("--params", default="{}")
     ap.add_argument("--batches", type=int)
+    ap.add_argument("--time-budget", type=float,
+                    help="memory: train this many seconds (a completed fit, so the neighbour "
+                         "vote's memory is built) instead of stopping after --batches")
     ap.add_argument("--evaluate", action="store_true")
     ap.add_argument("--n-train", type=int)
     ap.add_argument("--n-test", type=int, default=5000)
@@ -270,8 +279,15 @@ def main():
             n_train = args.n_train or 40_000
             data = _generate("amazon670k", seed=0, n_train=n_train, n_test=1000)
             _save_data(data_path, *data)
-            run_child(data_path, base, batches=args.batches or 300, evaluate=False,
-                      threads=args.threads, label="memory amazon670k")
+            if args.time_budget:
+                # a fit that ends on its budget completes (the vote's memory is built); one
+                # stopped by the batch callback does not
+                run_child(data_path, dict(base, time_budget=args.time_budget), batches=None,
+                          evaluate=False, threads=args.threads,
+                          label=f"memory amazon670k, {args.time_budget:g} s budget")
+            else:
+                run_child(data_path, base, batches=args.batches or 300, evaluate=False,
+                          threads=args.threads, label="memory amazon670k")
         elif args.what == "refill670k":
             n_train = args.n_train or 40_000
             data = _generate("amazon670k", seed=0, n_train=n_train, n_test=1000)
