@@ -40,10 +40,16 @@ POWER = 16.0
 _BLOCK_ENTRIES = 1 << 24
 
 
-def _l2_rows(H):
+def _l2_rows(H, inplace=False):
+    """Rows of H scaled to unit L2 norm (float32). ``inplace``: H itself is scaled when it is
+    float32 and C-contiguous already (the memory of a large training set is built this way:
+    a second copy of [n_rows, h] was most of the vote's peak memory at Amazon-670K's shape)."""
     H = np.ascontiguousarray(H, dtype=np.float32)
     norms = np.sqrt(np.einsum("ij,ij->i", H, H, dtype=np.float64)).astype(np.float32)
     norms[norms == 0] = 1.0         # an all-zero hidden layer: similarity 0 to every row
+    if inplace:
+        H /= norms[:, None]
+        return H
     return H / norms[:, None]
 
 
@@ -64,14 +70,15 @@ class NeighbourMemory:
             shape=(emb.shape[0], self.n_labels))
 
     @classmethod
-    def build(cls, H, Y):
+    def build(cls, H, Y, copy=True):
         """From the hidden layer ``H`` [n, h] of n training rows and their labels ``Y``
-        (scipy CSR [n, n_labels])."""
+        (scipy CSR [n, n_labels]). ``copy=False``: H (float32, C-contiguous) becomes the
+        memory, normalised in place (for a caller that computed H for this alone)."""
         if H.shape[0] != Y.shape[0]:
             raise ValueError(f"{H.shape[0]} hidden rows for {Y.shape[0]} label rows")
         Y = Y.tocsr()
-        return cls(_l2_rows(H), Y.indptr.astype(np.int64), Y.indices.astype(np.int32),
-                   Y.shape[1])
+        return cls(_l2_rows(H, inplace=not copy), Y.indptr.astype(np.int64),
+                   Y.indices.astype(np.int32), Y.shape[1])
 
     @property
     def n_rows(self):

@@ -189,7 +189,7 @@ class ShardedSlideClassifier(SlideClassifier):
         X, Y = self._check_data(X, Y, fitted=True)
         self._threads()
         self.sync()
-        self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y)
+        self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
         return self
 
     def _neighbour_vote(self):

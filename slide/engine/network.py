@@ -274,7 +274,7 @@ class Network:
     def build_memory(self, X, Y):
         """The neighbour memory (``slide.neighbours``) of the labelled rows (X, Y)."""
         from slide.neighbours import NeighbourMemory
-        self.memory = NeighbourMemory.build(self.hidden(X), Y)
+        self.memory = NeighbourMemory.build(self.hidden(X), Y, copy=False)
         return self.memory
 
     # -- state -------------------------------------------------------------------------------
