@@ -44,8 +44,13 @@ def test_vote_matches_a_row_by_row_reference():
     Y = sp.random(50, 12, density=0.2, random_state=2, format="csr", dtype=np.float32)
     Y.data[:] = 1.0
     Q = rng.normal(size=(9, 6)).astype(np.float32)
+    E0 = E.copy()
     mem = NeighbourMemory.build(E, Y)
     assert np.allclose(np.linalg.norm(mem.emb, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(E, E0)            # the caller's array is left alone
+    A = E0.copy()
+    owned = NeighbourMemory.build(A, Y, copy=False)     # the memory is that array, normalised
+    assert owned.emb is A and np.array_equal(A, mem.emb)
     for k in (1, 5, 50, 80):                      # k beyond the rows: every row votes
         V = mem.vote(Q, k).toarray()
         np.testing.assert_allclose(V, _reference_vote(Q, E, Y, min(k, 50)), atol=1e-5)
