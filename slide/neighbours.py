@@ -45,7 +45,11 @@ def _l2_rows(H, inplace=False):
     float32 and C-contiguous already (the memory of a large training set is built this way:
     a second copy of [n_rows, h] was most of the vote's peak memory at Amazon-670K's shape)."""
     H = np.ascontiguousarray(H, dtype=np.float32)
-    norms = np.sqrt(np.einsum("ij,ij->i", H, H, dtype=np.float64)).astype(np.float32)
+    norms = np.empty(H.shape[0], np.float32)
+    step = 1 << 16      # einsum in float64 casts its operands: block by block, not all of H
+    for a in range(0, H.shape[0], step):
+        blk = H[a:a + step]
+        norms[a:a + step] = np.sqrt(np.einsum("ij,ij->i", blk, blk, dtype=np.float64))
     norms[norms == 0] = 1.0         # an all-zero hidden layer: similarity 0 to every row
     if inplace:
         H /= norms[:, None]
