@@ -301,7 +301,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             # is left as it stopped (it may be resumed: building the memory syncs the
             # optimizer, which would change the resumed trajectory); fit_neighbours builds it
             t0 = time.perf_counter()
-            self.fit_neighbours(X, Y)
+            self._build_memory(X, Y)        # X, Y checked above: no second copy of them
             self.train_seconds_ += time.perf_counter() - t0
 
     def fit_neighbours(self, X, Y):
@@ -313,10 +313,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         this again afterwards. Returns self."""
         self._check_fitted()
         X, Y = self._check_data(X, Y, fitted=True)
+        self._build_memory(X, Y)
+        return self
+
+    def _build_memory(self, X, Y):
+        """``fit_neighbours`` on rows already checked (``_check_data`` copies its input)."""
         self._threads()
         self.sync()
         self.network_.build_memory(X, Y)
-        return self
 
     def _check_neighbour_settings(self):
         """The two settings of the vote, checked at prediction too: ``set_params`` may change

@@ -181,16 +181,12 @@ class ShardedSlideClassifier(SlideClassifier):
 
     # -- the neighbour vote (slide.neighbours): the memory lives in the driver, beside the hidden
     # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
-    def fit_neighbours(self, X, Y):
-        """As ``SlideClassifier.fit_neighbours``: the memory of the labelled rows (X, Y), kept
-        by the driver."""
+    def _build_memory(self, X, Y):
+        """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver."""
         from slide.neighbours import NeighbourMemory
-        self._check_fitted()
-        X, Y = self._check_data(X, Y, fitted=True)
         self._threads()
         self.sync()
         self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
-        return self
 
     def _neighbour_vote(self):
         self._check_neighbour_settings()
