@@ -219,3 +219,33 @@ def test_checkpoint_with_a_broken_serving_index_is_refused(tiny, tmp_path):
     bad_items = write("b.slide", meta, dict(arrays, serve_items=items))
     with pytest.raises(checkpoint.CheckpointError, match="serving index"):
         slide.load(bad_items)
+
+
+def _mips_items_whole(Wo, bo, n_ranges):
+    """The whole-array form of ``mips_items`` (float64 over all of [N, dim + 2] at once), as
+    the serving index computed it before it went block by block."""
+    X = np.hstack([Wo - Wo.mean(axis=0, dtype=np.float64),
+                   (bo - bo.max())[:, None]]).astype(np.float64)
+    norms = np.linalg.norm(X, axis=1)
+    n = norms.shape[0]
+    order = np.argsort(norms, kind="stable")
+    group = np.arange(n, dtype=np.int64) * n_ranges // n
+    last = np.searchsorted(group, group, side="right") - 1
+    scale = np.empty_like(norms)
+    scale[order] = np.maximum(norms[order][last], 1e-30)
+    X /= scale[:, None]
+    aug = np.sqrt(np.maximum(0.0, 1.0 - (norms / scale) ** 2))
+    return np.hstack([X, aug[:, None]]).astype(np.float32)
+
+
+@pytest.mark.parametrize("n_ranges", [1, 4])
+def test_mips_items_block_by_block_equal_the_whole_array_form(n_ranges):
+    from slide.lsh.serving import _mips_blocks
+    rng = np.random.default_rng(5)
+    W = (rng.normal(size=(53, 6)) * rng.random((53, 1))).astype(np.float32)
+    b = rng.normal(size=53).astype(np.float32)
+    ref = _mips_items_whole(W, b, n_ranges)
+    blocks = list(_mips_blocks(W, b, n_ranges, block=7))          # 8 blocks, the last short
+    assert [lo for lo, _, _ in blocks] == list(range(0, 53, 7))
+    np.testing.assert_array_equal(np.vstack([X for _, _, X in blocks]), ref)
+    np.testing.assert_array_equal(mips_items(W, b, n_ranges), ref)

@@ -219,24 +219,43 @@ def _codes(X, P, n_bits, n_tables, block=16384):
     return out
 
 
+def _mips_blocks(Wo, bo, n_ranges, block=1 << 16):
+    """``mips_items`` block by block: yields (lo, hi, float32 rows lo..hi-1). The float64
+    work is done one block at a time (the whole [N, dim + 2] in float64, several copies of it,
+    was 2 GB at 670k labels); each row's values are exactly those of the whole-array form."""
+    n, dim = Wo.shape
+    mean = Wo.mean(axis=0, dtype=np.float64)
+    shifted_b = bo - bo.max()            # float32, as the whole-array form computed it
+
+    def centred(lo, hi):
+        return np.hstack([Wo[lo:hi] - mean, shifted_b[lo:hi, None].astype(np.float64)])
+
+    norms = np.empty(n, np.float64)
+    for lo in range(0, n, block):
+        norms[lo:lo + block] = np.linalg.norm(centred(lo, min(n, lo + block)), axis=1)
+    order = np.argsort(norms, kind="stable")
+    group = np.arange(n, dtype=np.int64) * n_ranges // n       # by rank, ascending norm
+    last = np.searchsorted(group, group, side="right") - 1      # each group's largest norm
+    scale = np.empty_like(norms)
+    scale[order] = np.maximum(norms[order][last], 1e-30)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        X = centred(lo, hi)
+        X /= scale[lo:hi, None]
+        aug = np.sqrt(np.maximum(0.0, 1.0 - (norms[lo:hi] / scale[lo:hi]) ** 2))
+        yield lo, hi, np.hstack([X, aug[:, None]]).astype(np.float32)
+
+
 def mips_items(Wo, bo, n_ranges):
     """[w_j - mean(w) ; b_j - max(b)] / M_s(j) augmented to unit norm, with the labels split
     into ``n_ranges`` equal groups by norm: float32 [N, dim + 2]. Subtracting the mean weight
     row and the largest bias shifts every logit of a row by the same amount (the ranking is
     unchanged) and moves the label vectors off the one common direction they share after
     training (measured: it doubles the recall of SimHash over the raw [w ; b])."""
-    X = np.hstack([Wo - Wo.mean(axis=0, dtype=np.float64),
-                   (bo - bo.max())[:, None]]).astype(np.float64)
-    norms = np.linalg.norm(X, axis=1)
-    n = norms.shape[0]
-    order = np.argsort(norms, kind="stable")
-    group = np.arange(n, dtype=np.int64) * n_ranges // n       # by rank, ascending norm
-    last = np.searchsorted(group, group, side="right") - 1      # each group's largest norm
-    scale = np.empty_like(norms)
-    scale[order] = np.maximum(norms[order][last], 1e-30)
-    X /= scale[:, None]
-    aug = np.sqrt(np.maximum(0.0, 1.0 - (norms / scale) ** 2))
-    return np.hstack([X, aug[:, None]]).astype(np.float32)
+    out = np.empty((Wo.shape[0], Wo.shape[1] + 2), np.float32)
+    for lo, hi, X in _mips_blocks(Wo, bo, n_ranges):
+        out[lo:hi] = X
+    return out
 
 
 def mips_queries(H):
@@ -267,7 +286,10 @@ class ServingIndex:
         cfg = serving_config(n, dim, **overrides)
         rng = np.random.default_rng([int(seed), SERVING_INDEX_KEY])
         P = rng.standard_normal((cfg["n_bits"] * cfg["n_tables"], dim + 2)).astype(np.float32)
-        codes = _codes(mips_items(Wo, bo, cfg["n_ranges"]), P, cfg["n_bits"], cfg["n_tables"])
+        # the items' codes block by block: the [N, dim + 2] items are never whole
+        codes = np.empty((n, cfg["n_tables"]), np.int32)
+        for lo, hi, X in _mips_blocks(Wo, bo, cfg["n_ranges"]):
+            codes[lo:hi] = _codes(X, P, cfg["n_bits"], cfg["n_tables"])
         offsets = np.zeros((cfg["n_tables"], 2 ** cfg["n_bits"] + 1), np.int32)
         items = np.zeros((cfg["n_tables"], n), np.int32)
         build_tables_kernel(np.ascontiguousarray(codes), offsets, items)
