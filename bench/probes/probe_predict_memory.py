@@ -1,0 +1,47 @@
+"""Probe (round 5): peak memory and seconds of prediction at the full Amazon-670K shape.
+
+    python bench/probes/probe_predict_memory.py [train seconds]
+
+The full ``amazon670k`` preset's 490,449 training rows, ``SlideClassifier()`` trained for a
+few seconds (``time_budget``: a completed fit, so the neighbour vote's memory is built), then
+2,000 test rows predicted exactly with the vote, exactly by the network alone, and sparsely
+(the serving index, built at its first use). Prints the peak resident memory of the process
+after each step and the commit of the ``slide`` package it imported (run it with PYTHONPATH
+set to a checkout of another commit to measure that one).
+"""
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import slide
+from slide import SlideClassifier
+from slide.synthetic import generate
+
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(slide.__file__)))
+commit = subprocess.run(["git", "-C", root, "rev-parse", "--short=10", "HEAD"],
+                        capture_output=True, text=True).stdout.strip()
+budget = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+X, Y, Xt, Yt = generate("amazon670k", seed=0, n_train=490449, n_test=2000)
+print(f"slide at {commit}; data: peak {peak_mib():.0f} MiB", flush=True)
+m = SlideClassifier(time_budget=budget, random_state=0, n_threads=2).fit(X, Y)
+print(f"fit ({m.train_seconds_:.1f} s of training): peak {peak_mib():.0f} MiB", flush=True)
+t = time.perf_counter()
+m.predict_topk(Xt, 5)
+print(f"exact, with the vote: {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} MiB",
+      flush=True)
+m.set_params(neighbours=0)
+t = time.perf_counter()
+m.predict_topk(Xt, 5)
+print(f"exact, network alone: {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} MiB",
+      flush=True)
+t = time.perf_counter()
+m.predict_topk(Xt, 5, exact=False)
+print(f"sparse (serving index built): {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} "
+      f"MiB", flush=True)
