@@ -116,3 +116,58 @@ def test_a_failure_half_way_through_a_save_keeps_the_previous_checkpoint(tmp_pat
     back = load(path)
     assert back.extra_ == {"which": "first"} and back.batches_ == 30
 
+
+
+def _saved_small_model(tiny, path):
+    Xtr, Ytr, _, _ = tiny
+    model = SlideClassifier(**dict(V1_PARAMS, epochs=1)).fit(Xtr, Ytr)
+    model.save(path)
+    return model
+
+
+def test_load_reads_each_array_only_to_copy_it(tiny, tmp_path, monkeypatch):
+    """slide.load checks the listed arrays from their headers, builds the model, then reads
+    each saved array when it copies it (a large model is never in memory twice: a 670k-label
+    file peaked at twice its size when every array was read first)."""
+    from collections import Counter
+    path = tmp_path / "m.slide"
+    model = _saved_small_model(tiny, path)
+    npz, meta = checkpoint._open(path)
+    arrays = checkpoint._ArchiveArrays(npz)
+    NpzFile = type(npz)
+    original = NpzFile.__getitem__
+
+    def refuse(self, name):
+        raise AssertionError(f"array {name} read by a shape check")
+    monkeypatch.setattr(NpzFile, "__getitem__", refuse)
+    checkpoint._check_listed_arrays(str(path), meta, arrays)        # headers only
+    monkeypatch.undo()
+    npz.close()
+    reads = Counter()
+
+    def count(self, name):
+        reads[name] += 1
+        return original(self, name)
+    monkeypatch.setattr(NpzFile, "__getitem__", count)
+    back = load(path)
+    monkeypatch.undo()
+    assert reads["W"] <= 2 and reads["opt_MW"] == 1 and reads["__meta__"] == 1    # finite, copy
+    Xte = tiny[2]
+    np.testing.assert_array_equal(back.predict_topk(Xte, 5), model.predict_topk(Xte, 5))
+    np.testing.assert_array_equal(back.network_.W, model.network_.W)
+
+
+def test_a_damaged_array_is_refused_as_unreadable(tiny, tmp_path):
+    import zipfile
+    path = tmp_path / "m.slide"
+    _saved_small_model(tiny, path)
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("W.npy")
+    start = info.header_offset
+    name_len = int.from_bytes(raw[start + 26:start + 28], "little")
+    extra_len = int.from_bytes(raw[start + 28:start + 30], "little")
+    raw[start + 30 + name_len + extra_len + info.file_size // 2] ^= 0xFF   # inside W's data
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="m.slide.*unreadable"):
+        load(path)

@@ -5,14 +5,16 @@
 The full ``amazon670k`` preset's 490,449 training rows, ``SlideClassifier()`` trained for a
 few seconds (``time_budget``: a completed fit, so the neighbour vote's memory is built), then
 2,000 test rows predicted exactly with the vote, exactly by the network alone, and sparsely
-(the serving index, built at its first use). Prints the peak resident memory of the process
-after each step and the commit of the ``slide`` package it imported (run it with PYTHONPATH
-set to a checkout of another commit to measure that one).
+(the serving index, built at its first use); then the model is saved and loaded back by
+``slide.load`` in a fresh process. Prints the peak resident memory of the process after each
+step (and the loading process's own) and the commit of the ``slide`` package it imported (run
+it with PYTHONPATH set to a checkout of another commit to measure that one).
 """
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import slide
@@ -45,3 +47,15 @@ t = time.perf_counter()
 m.predict_topk(Xt, 5, exact=False)
 print(f"sparse (serving index built): {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} "
       f"MiB", flush=True)
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "m.slide")
+    t = time.perf_counter()
+    m.save(path)
+    size = os.path.getsize(path) / 2**20
+    print(f"save: {time.perf_counter() - t:.1f} s, {size:.0f} MiB file", flush=True)
+    code = ("import resource, time, slide; t = time.perf_counter(); slide.load(%r); "
+            "print(f'load (a fresh process): {time.perf_counter() - t:.1f} s, peak "
+            "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB')" % path)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    print(out.stdout.strip() or out.stderr.strip()[-500:], flush=True)
