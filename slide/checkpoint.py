@@ -7,9 +7,10 @@ the optimizer's state (``opt_*``) and each LSH index's tables and hash parameter
 (``lsh<layer>_*``), and the serving index of sparse inference when one was built
 (``serve_*``, settings under ``serving``; optional, so older files load), and the neighbour
 memory of the training rows when the model has one (``nbr_*``, settings under ``neighbours``;
-optional likewise). ``load`` validates everything before it builds a model and raises
-:class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt, truncated, mismatched
-or unsupported file.
+optional likewise). ``load`` checks the format, the metadata and every array's shape and
+dtype (from the headers) before it builds a model, then reads each array as it copies it in,
+and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
+truncated, mismatched or unsupported file.
 
 Format versions: 1 is the only one so far (every file slide has written). A file of another
 version is refused with its version number; files written before the optimizer recorded each
