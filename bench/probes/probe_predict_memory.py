@@ -53,9 +53,12 @@ with tempfile.TemporaryDirectory() as tmp:
     m.save(path)
     size = os.path.getsize(path) / 2**20
     print(f"save: {time.perf_counter() - t:.1f} s, {size:.0f} MiB file", flush=True)
-    code = ("import resource, time, slide; t = time.perf_counter(); slide.load(%r); "
+    # the child's own peak: VmHWM (Linux keeps ru_maxrss across exec, so a child started from
+    # this process would report this process's peak)
+    code = ("import re, time, slide; t = time.perf_counter(); slide.load(%r); "
+            "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]); "
             "print(f'load (a fresh process): {time.perf_counter() - t:.1f} s, peak "
-            "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB')" % path)
+            "{hwm / 1024:.0f} MiB')" % path)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     print(out.stdout.strip() or out.stderr.strip()[-500:], flush=True)
