@@ -57,8 +57,12 @@ with tempfile.TemporaryDirectory() as tmp:
     # this process would report this process's peak)
     code = ("import re, time, slide; t = time.perf_counter(); slide.load(%r); "
             "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]); "
-            "print(f'load (a fresh process): {time.perf_counter() - t:.1f} s, peak "
-            "{hwm / 1024:.0f} MiB')" % path)
+            "print(f'load (a fresh process, slide from {slide.__file__}): "
+            "{time.perf_counter() - t:.1f} s, peak {hwm / 1024:.0f} MiB')" % path)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    # cwd: a "-c" program puts its working directory first on sys.path, which in a checkout
+    # would import that checkout's slide instead of the one measured
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=tmp)
     print(out.stdout.strip() or out.stderr.strip()[-500:], flush=True)
+    print(f"(loaded by slide from {root})", flush=True)
