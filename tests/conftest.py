@@ -1,4 +1,13 @@
 """Helpers shared by test modules."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The ``tiny`` synthetic preset (seed 0): (X_train, Y_train, X_test, Y_test), generated
+    afresh for each module that asks for it."""
+    from slide.synthetic import generate
+    return generate("tiny", seed=0)
 
 
 class FakeClock:

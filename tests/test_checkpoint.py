@@ -9,7 +9,6 @@ import pytest
 from slide import checkpoint
 from slide.checkpoint import CheckpointError, load
 from slide.estimator import SlideClassifier
-from slide.synthetic import generate
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 V1 = os.path.join(DATA, "checkpoint_v1.slide")
@@ -26,11 +25,6 @@ def _sync_at_30(model, info):
     if info["batch"] == 30:
         model.sync()
     return False
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 def test_a_checkpoint_written_before_the_split_loads_and_resumes_exactly(tiny):
@@ -115,7 +109,6 @@ def test_a_failure_half_way_through_a_save_keeps_the_previous_checkpoint(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.slide"]   # no temporary left
     back = load(path)
     assert back.extra_ == {"which": "first"} and back.batches_ == 30
-
 
 
 def _saved_small_model(tiny, path):

@@ -9,7 +9,6 @@ from slide.checkpoint import CheckpointError
 from slide.distributed import ShardedSlideClassifier
 from slide.distributed.checkpoint import from_single, to_single
 from slide.estimator import SlideClassifier
-from slide.synthetic import generate
 
 from conftest import FakeClock
 
@@ -19,11 +18,6 @@ SMALL = dict(sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32, sampler_
              rehash_decay=0.05, batch_size=32, learning_rate=1e-2, lr_schedule="constant",
              n_threads=1, neighbours=0)    # sharded models have no neighbour vote: nor do the
                                            # single-process models they are compared with
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 def _losses(model, X, Y, infos=None, **fit_kw):

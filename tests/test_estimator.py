@@ -9,7 +9,6 @@ from sklearn.base import clone
 
 import slide
 from slide.estimator import CheckpointError, DivergenceError, SlideClassifier, load
-from slide.synthetic import generate
 
 # small LSH settings that suit the tiny set (200 labels)
 # neighbours=0: these tests pin the network's own predictions (the vote: test_neighbours.py)
@@ -17,11 +16,6 @@ SMALL = dict(neighbours=0, K=3, L=10, range_pow=9, bucket_size=32, sampler_budge
              shared_negatives=16,
              rehash_period=5, rebuild_period=20, rehash_decay=0.05, batch_size=32,
              learning_rate=1e-2, lr_schedule="constant", sampler="vanilla")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 def _most_frequent_p1(Ytr, Yte):

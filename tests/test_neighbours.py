@@ -7,15 +7,9 @@ import scipy.sparse as sp
 import slide
 from slide import checkpoint
 from slide.neighbours import POWER, NeighbourMemory
-from slide.synthetic import generate
 
 SMALL = dict(hidden_sizes=(32,), batch_size=32, learning_rate=1e-2, lr_schedule="constant",
              n_threads=1, random_state=0)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 @pytest.fixture(scope="module")

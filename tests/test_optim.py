@@ -6,7 +6,6 @@ import pytest
 from slide import SlideClassifier
 from slide.engine import Network
 from slide.optim import Hyper, adam_flush_rows, adam_lr, adam_rows
-from slide.synthetic import generate
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
@@ -86,11 +85,6 @@ def test_frequency_negatives_weights():
     np.testing.assert_allclose(net.negatives.corr[ids], -np.log(p_in), rtol=1e-5)
     # deterministic in (seed, serial)
     assert np.array_equal(ids, net.negatives.draw(1, 2))
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 SMALL = dict(K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=32, shared_negatives=32,

@@ -5,17 +5,11 @@ import pytest
 import slide
 from slide.lsh.serving import (ServingIndex, _codes, default_prior, mips_items, mips_queries,
                                serving_config)
-from slide.synthetic import generate
 
 # neighbours=0: sparse serving is the network alone, compared here with the exact network
 SMALL = dict(neighbours=0, hidden_sizes=(32,), batch_size=32, learning_rate=1e-2,
              lr_schedule="constant",
              n_threads=1, random_state=0)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return generate("tiny", seed=0)
 
 
 @pytest.fixture(scope="module")

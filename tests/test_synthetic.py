@@ -8,11 +8,6 @@ from slide import synthetic as S
 from slide.metrics import precision_at_k
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return S.generate("tiny", seed=0)
-
-
 def _same(a, b):
     return (a.shape == b.shape and np.array_equal(a.indptr, b.indptr)
             and np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data))

@@ -126,6 +126,16 @@ def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
     return top_z, top_ids, run_max, run_sum
 
 
+def _hidden_blocks(net, X, block):
+    """The last hidden layer of every row (one parallel kernel, before any BLAS call), then
+    ``(lo, hi, H[lo:hi])`` for each block of ``block`` rows."""
+    H_all = hidden(net, X)
+    n = X.shape[0]
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        yield lo, hi, H_all[lo:hi]
+
+
 def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
     """Exact top-k over ALL output neurons: hidden layer of every row (one parallel kernel),
     then BLAS scores of blocks of rows against chunks of the output rows with a running top-k
@@ -136,10 +146,8 @@ def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
     k_eff = min(k, Wo.shape[0])
     out = np.zeros((n, k_eff), np.int64)
     out_scores = np.zeros((n, k_eff), np.float64)
-    H_all = hidden(net, X)
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        out_scores[lo:hi], out[lo:hi] = topk_of_logits(H_all[lo:hi], Wo, bo, k_eff, chunk)
+    for lo, hi, H in _hidden_blocks(net, X, block):
+        out_scores[lo:hi], out[lo:hi] = topk_of_logits(H, Wo, bo, k_eff, chunk)
     return (out, out_scores) if with_scores else out
 
 
@@ -155,11 +163,8 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     k_eff = min(k, Wo.shape[0])
     out = np.zeros((n, k_eff), np.int64)
     out_scores = np.zeros((n, k_eff), np.float64)
-    H_all = hidden(net, X)
     sigmoid = net.loss == "sigmoid"
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        H = H_all[lo:hi]
+    for lo, hi, H in _hidden_blocks(net, X, block):
         top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, k_eff, chunk)
         lse = np.zeros(hi - lo) if sigmoid else run_max + np.log(run_sum)
         V = memory.vote(H, n_neighbours)
@@ -177,12 +182,10 @@ def proba(net, X, memory=None, n_neighbours=0, weight=0.0, block=1024):
     Wo, bo = net.output_view()
     n = X.shape[0]
     out = np.empty((n, Wo.shape[0]), np.float32)
-    H_all = hidden(net, X)
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        p = probabilities(H_all[lo:hi] @ Wo.T + bo, net.loss == "sigmoid")
+    for lo, hi, H in _hidden_blocks(net, X, block):
+        p = probabilities(H @ Wo.T + bo, net.loss == "sigmoid")
         if memory is not None:
-            add_vote(p, memory.vote(H_all[lo:hi], n_neighbours), weight)
+            add_vote(p, memory.vote(H, n_neighbours), weight)
         out[lo:hi] = p
     return out
 
@@ -243,8 +246,6 @@ def scores(net, X, block=1024):
     Wo, bo = net.output_view()
     n = X.shape[0]
     out = np.empty((n, Wo.shape[0]), np.float32)
-    H_all = hidden(net, X)
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        out[lo:hi] = H_all[lo:hi] @ Wo.T + bo
+    for lo, hi, H in _hidden_blocks(net, X, block):
+        out[lo:hi] = H @ Wo.T + bo
     return out
