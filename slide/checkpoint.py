@@ -169,8 +169,8 @@ class _ArchiveArrays:
     def __iter__(self):
         return iter(list(dict.fromkeys(self._names + list(self._set))))
 
-    def get(self, name, default=None):
-        return self[name] if name in self else default
+    def read_all(self):
+        return {name: self[name] for name in self}
 
     def shape_dtype(self, name):
         if name in self._set:
@@ -238,22 +238,13 @@ def _check_format(path, meta):
 
 def read(path):
     """``(meta, arrays)`` of a checkpoint file of a supported version; nothing is built."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(path, "no such file")
+    npz, meta = _open(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if "__meta__" not in z.files:
-                raise CheckpointError(path, "not a slide checkpoint (no metadata entry)")
-            meta = json.loads(z["__meta__"].tobytes().decode())
-            arrays = {k: z[k] for k in z.files if k != "__meta__"}
-    except CheckpointError:
-        raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError,
-            UnicodeDecodeError) as exc:
+        return meta, _ArchiveArrays(npz).read_all()
+    except _Unreadable as exc:
         raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    _check_format(path, meta)
-    return meta, arrays
+    finally:
+        npz.close()
 
 
 def _check_listed_arrays(path, meta, arrays):
@@ -305,14 +296,14 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
                                    dtype=target.dtype)
         if name not in arrays or _shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"optimizer array {name!r} does not fit")
-    if not all(np.isfinite(arrays[n]).all() for n in ("W", "B")):
-        raise CheckpointError(path, "weights contain non-finite values")
 
 
 def _restore(model, path, meta, arrays):
     net = model.network_
-    net.W[:] = arrays["W"]
+    net.W[:] = arrays["W"]         # each array read once, where it is copied
     net.B[:] = arrays["B"]
+    if not (np.isfinite(net.W).all() and np.isfinite(net.B).all()):
+        raise CheckpointError(path, "weights contain non-finite values")
     opt = model.optimizer_
     for name, target in opt.state_arrays().items():
         target[:] = arrays[name]
@@ -343,7 +334,7 @@ def load(path):
         if meta["format"] == ENSEMBLE_FORMAT:
             # the members' arrays are split by prefix: read them all (ensembles of small
             # members; a single model reads each array when it copies it)
-            arrays = {name: arrays[name] for name in arrays}
+            arrays = arrays.read_all()
         _check_listed_arrays(path, meta, arrays)
         if meta["format"] == ENSEMBLE_FORMAT:
             return _load_ensemble(path, meta, arrays)
