@@ -58,6 +58,10 @@ def _model_arrays(model):
         for k, v in net.memory.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"nbr_{k}"] = v
+    if net.reranker is not None:
+        for k, v in net.reranker.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"rr_{k}"] = v
     return arrays
 
 
@@ -82,6 +86,8 @@ def _metadata(model, arrays, extra):
         {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
         "neighbours": None if net.memory is None else
         {k: v for k, v in net.memory.state_dict().items() if not isinstance(v, np.ndarray)},
+        "reranker": None if net.reranker is None else
+        {k: v for k, v in net.reranker.state_dict().items() if not isinstance(v, np.ndarray)},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
     }
@@ -316,6 +322,7 @@ def _restore(model, path, meta, arrays):
     _load_lsh(model, path, meta.get("lsh", {}), arrays)
     _load_serving(model, path, meta.get("serving"), arrays)
     _load_memory(model, path, meta.get("neighbours"), arrays)
+    _load_reranker(model, path, meta.get("reranker"), arrays)
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
 
@@ -470,3 +477,21 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
     if not mem.fits(dim, n_labels):
         raise CheckpointError(path, "neighbour memory does not fit the network")
     return mem
+
+
+def _load_reranker(model, path, reranker_meta, arrays):
+    """Restore the re-ranker (``slide.rerank``), if the file has one (files written before it
+    existed, or by a model fitted without one, have none). It needs the neighbour memory."""
+    from slide.rerank import ReRanker
+    net = model.network_
+    d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
+    if d is None:
+        net.reranker = None
+        return
+    if net.memory is None:
+        raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
+    try:
+        net.reranker = ReRanker.from_state(d, int(net.layout.n_out[-1]),
+                                           int(net.layout.sizes[0]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"re-ranker: {exc}") from None

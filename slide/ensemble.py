@@ -85,8 +85,11 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         self.seed_ = int(seed)
         budget = template.time_budget
         share = None if budget is None else float(budget) / int(self.n_models)
+        # the members' probabilities are averaged (predict_proba, the fixed blend): a member's
+        # re-ranker would go unused and cost it a tenth of its training rows
+        extra = {"rerank": False} if "rerank" in template.get_params(deep=False) else {}
         return [clone(template).set_params(random_state=member_seed(seed, k),
-                                           time_budget=share)
+                                           time_budget=share, **extra)
                 for k in range(int(self.n_models))]
 
     def fit(self, X, Y, eval_set=None, callback=None):

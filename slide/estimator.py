@@ -108,6 +108,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         the memory of the training rows is built at the end of ``fit``). 0: the network alone.
     neighbour_weight : float in [0, 1]
         The vote's share of the blend: (1 - w) * p_network + w * vote.
+    rerank : bool
+        With the vote (``neighbours`` > 0) and at least 2,000 training rows: ``fit`` trains
+        the network on 90 % of the rows (seeded), fits a logistic regression over features of
+        each held-out row's candidates (the network's top 10 and the neighbours' labels) and
+        then builds the memory over every row (``slide.rerank``). Exact ``predict_topk``
+        ranks the candidates by it; ``predict_proba`` stays the fixed blend. False (also
+        after ``fit``, by ``set_params``): the fixed blend everywhere.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
         of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)
@@ -128,7 +135,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs="auto", rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
-                 time_budget=None, neighbours=20, neighbour_weight=0.85):
+                 time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -164,6 +171,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.time_budget = time_budget
         self.neighbours = neighbours
         self.neighbour_weight = neighbour_weight
+        self.rerank = rerank
 
     # ------------------------------------------------------------------------------------------
     # validation
@@ -294,15 +302,30 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             eval_set = self._check_eval_set(eval_set, X, Y)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
-        self._train(X, Y, trainer.resolve_epochs(self.epochs, X.shape[0], self.batch_size),
-                    eval_set, callback)
+        split = self._rerank_split(X.shape[0])
+        n_train = X.shape[0] if split is None else split[0].shape[0]
+        self._train(X, Y, trainer.resolve_epochs(self.epochs, n_train, self.batch_size),
+                    eval_set, callback, rows=None if split is None else split[0])
         if self.neighbours > 0 and not self.stopped_:
             # part of training: its seconds count in train_seconds_. A fit its callback stopped
             # is left as it stopped (it may be resumed: building the memory syncs the
             # optimizer, which would change the resumed trajectory); fit_neighbours builds it
             t0 = time.perf_counter()
-            self._build_memory(X, Y)        # X, Y checked above: no second copy of them
+            self._build_memory(X, Y, split)     # X, Y checked above: no second copy of them
             self.train_seconds_ += time.perf_counter() - t0
+
+    # rows held out for the re-ranker at least (a private knob: the warm-up's tiny fit lowers
+    # it to compile the re-ranker's kernels)
+    _rerank_min_holdout = None
+
+    def _rerank_split(self, n_rows):
+        """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
+        if not (self.rerank and self.neighbours > 0):
+            return None
+        from slide import rerank
+        min_rows = (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
+                    else self._rerank_min_holdout)
+        return rerank.holdout_rows(n_rows, self.seed_, min_rows)
 
     def fit_neighbours(self, X, Y):
         """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with
@@ -316,11 +339,21 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._build_memory(X, Y)
         return self
 
-    def _build_memory(self, X, Y):
-        """``fit_neighbours`` on rows already checked (``_check_data`` copies its input)."""
+    def _build_memory(self, X, Y, split=None):
+        """``fit_neighbours`` on rows already checked (``_check_data`` copies its input);
+        with ``split`` (network rows, held-out rows) the re-ranker is fitted first."""
         self._threads()
         self.sync()
-        self.network_.build_memory(X, Y)
+        if split is None:
+            self.network_.build_memory(X, Y)
+            return
+        from slide.neighbours import NeighbourMemory
+        from slide.rerank import fit_reranker
+        with blas_single_thread():
+            reranker, H = fit_reranker(self.network_, X, Y, split[0], split[1],
+                                       int(self.neighbours), self.seed_)
+        self.network_.memory = NeighbourMemory.build(H, Y, copy=False)
+        self.network_.reranker = reranker
 
     def _check_neighbour_settings(self):
         """The two settings of the vote, checked at prediction too: ``set_params`` may change
@@ -329,6 +362,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
+
+    def _reranks(self):
+        """Whether exact top-k predictions rank by the re-ranker (``slide.rerank``)."""
+        if not isinstance(self.rerank, (bool, np.bool_)):
+            raise ValueError(f"rerank must be a boolean, got {self.rerank!r}")
+        return (bool(self.rerank) and self._neighbour_vote() is not None
+                and self.network_.reranker is not None)
 
     def _neighbour_vote(self):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
@@ -366,8 +406,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         Ye = as_label_matrix(Ye, n_labels=Y.shape[1], n_rows=Xe.shape[0], name="eval_set Y")
         return Xe, Ye
 
-    def _train(self, X, Y, end_epoch, eval_set, callback):
-        trainer.train(self, X, Y, end_epoch, eval_set, callback)
+    def _train(self, X, Y, end_epoch, eval_set, callback, rows=None):
+        trainer.train(self, X, Y, end_epoch, eval_set, callback, rows=rows)
 
     def _ensure_lsh(self):
         trainer.ensure_lsh(self)
@@ -423,6 +463,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.sync()
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
             vote = self._neighbour_vote()
+            if exact and self._reranks():
+                return self.network_.predict_topk_reranked(X, int(k))[0]
             if exact and vote is not None:
                 return self.network_.predict_topk_blended(X, int(k), *vote)[0]
             if exact:
@@ -464,6 +506,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         X = self._check_predict_args(X, k)
         with blas_single_thread():
             vote = self._neighbour_vote()
+            if self._reranks():
+                return self.network_.predict_topk_reranked(X, int(k))
             if vote is not None:
                 return self.network_.predict_topk_blended(X, int(k), *vote)
             return self.network_.predict_topk_exact(X, int(k), with_scores=True)

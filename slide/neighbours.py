@@ -99,22 +99,46 @@ class NeighbourMemory:
         return self.emb.nbytes + self.label_indptr.nbytes + self.label_ids.nbytes
 
     # -- querying ------------------------------------------------------------------------------
-    def vote(self, H, k):
-        """The vote of each query's ``k`` nearest rows: scipy CSR [n, n_labels], float32, each
-        row summing to 1 (empty where no row has a positive similarity)."""
-        k = int(min(k, self.n_rows))
+    def log_counts(self):
+        """log(1 + each label's count among the memory's rows): float64 [n_labels] (cached)."""
+        if getattr(self, "_log_counts", None) is None:
+            self._log_counts = np.log1p(np.bincount(self.label_ids, minlength=self.n_labels)
+                                        .astype(np.float64))
+        return self._log_counts
+
+    def _nearest_blocks(self, H, k):
+        """(first query, nearest memory rows [b, k] int64, their similarities [b, k] float32,
+        best first) per block of queries."""
         Q = _l2_rows(H)
         step = max(1, _BLOCK_ENTRIES // max(self.n_rows, 1))
-        out = []
         for a in range(0, Q.shape[0], step):
             S = Q[a:a + step] @ self.emb.T
             near = np.empty((S.shape[0], k), np.int64)
             sims = np.empty((S.shape[0], k), np.float32)
             nearest_rows(S, k, near, sims)
+            yield a, near, sims
+
+    def nearest(self, H, k):
+        """Each query's ``min(k, n_rows)`` nearest memory rows (cosine similarity of the
+        hidden layers), best first: (ids [n, k] int64, similarities [n, k] float32)."""
+        k = int(min(k, self.n_rows))
+        near = np.empty((H.shape[0], k), np.int64)
+        sims = np.empty((H.shape[0], k), np.float32)
+        for a, nb, sb in self._nearest_blocks(H, k):
+            near[a:a + nb.shape[0]] = nb
+            sims[a:a + nb.shape[0]] = sb
+        return near, sims
+
+    def vote(self, H, k):
+        """The vote of each query's ``k`` nearest rows: scipy CSR [n, n_labels], float32, each
+        row summing to 1 (empty where no row has a positive similarity)."""
+        k = int(min(k, self.n_rows))
+        out = []
+        for a, near, sims in self._nearest_blocks(H, k):
             sims = np.maximum(sims, 0.0) ** POWER
-            rows = np.repeat(np.arange(S.shape[0]), near.shape[1])
+            rows = np.repeat(np.arange(near.shape[0]), near.shape[1])
             weights = sp.csr_matrix((sims.ravel(), (rows, near.ravel())),
-                                    shape=(S.shape[0], self.n_rows))
+                                    shape=(near.shape[0], self.n_rows))
             out.append(weights @ self._labels)
         V = sp.vstack(out).tocsr() if len(out) > 1 else out[0].tocsr()
         totals = np.asarray(V.sum(axis=1)).ravel()

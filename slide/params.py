@@ -159,6 +159,10 @@ TABLE = (
     _p("neighbour_weight", "model.neighbour_weight", "float", 0.85, "the vote's share of that "
        "blend: (1 - w) * p_network + w * vote (measured best on real sets, "
        "bench/results/accuracy.md)", ge=0, le=1, optional=True),
+    _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
+       "of the training rows (at least 2,000 rows needed) and fits a logistic re-ranker of the "
+       "vote's candidates on them (slide.rerank); exact predict_topk ranks by it, "
+       "predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),
     _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "

@@ -132,7 +132,7 @@ def end_epoch(model, epoch, t_epoch, eval_set):
 def _prepare(model, X, Y, n_threads):
     """Scratch sizes, label counts, the log-prior output biases (first batch only), tables."""
     net = model.network_
-    n = X.shape[0]
+    n = Y.shape[0]
     max_labels = int(np.diff(Y.indptr).max()) if n else 1
     net.prepare(int(model.batch_size), n_threads, max(1, max_labels))
     net.set_label_counts(np.bincount(Y.indices, minlength=Y.shape[1]))
@@ -176,6 +176,7 @@ class NetworkSteps:
         # changes
         model.network_.serving = None
         model.network_.memory = None
+        model.network_.reranker = None
 
     def step(self, X, Y, rows, serial, lr, n_threads):
         # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
@@ -188,26 +189,29 @@ class NetworkSteps:
         return maybe_rehash(self.model)
 
 
-def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None):
+def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
     """Train ``model`` from its current position until ``end_epoch_index`` epochs are complete,
     its ``time_budget`` is spent (``model.budget_spent_``) or ``callback`` returns a true value
-    (``model.stopped_``). ``steps``: the model's batch steps (``NetworkSteps`` by default)."""
+    (``model.stopped_``). ``steps``: the model's batch steps (``NetworkSteps`` by default).
+    ``rows``: train on these rows of (X, Y) only (sorted int64; the re-ranker's held-out rows
+    are left out this way, without a copy of X)."""
     from slide.data import iterate_minibatches
     steps = NetworkSteps(model) if steps is None else steps
     n_threads = model._threads()
     bs = int(model.batch_size)
-    n = X.shape[0]
+    n = X.shape[0] if rows is None else rows.shape[0]
     n_batches = (n + bs - 1) // bs
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
     total_batches = max(resolve_epochs(model.epochs, n, bs), int(end_epoch_index)) * n_batches
-    steps.start(X, Y, n_threads)
+    steps.start(X, Y if rows is None else Y[rows], n_threads)
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_
         t_epoch = time.perf_counter()
-        for rows in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
+        for batch in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
+            batch_rows = batch if rows is None else rows[batch]
             if budget and model.train_seconds_ >= budget:
                 # the budget is spent (before this batch; also when a fit resumes after it
                 # was): the schedule has reached its end (time_done), so training ends here
@@ -220,14 +224,14 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None):
             lr = scheduled_learning_rate(
                 float(model.learning_rate), model.lr_schedule, model.warmup_batches, serial,
                 total_batches, model.train_seconds_ / budget if budget else 0.0)
-            done = steps.step(X, Y, rows, serial, lr, n_threads)
+            done = steps.step(X, Y, batch_rows, serial, lr, n_threads)
             if done is None:
                 break           # back at an earlier position: go on from there
             loss, act, extra = done
             if not math.isfinite(loss):
                 raise DivergenceError(serial, epoch, loss)
             model.batches_ = serial
-            model.samples_ += rows.shape[0]
+            model.samples_ += batch_rows.shape[0]
             rehashed, rebuilt = steps.after_step()
             model.train_seconds_ += time.perf_counter() - t0
             model.batch_in_epoch_ += 1

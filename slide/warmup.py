@@ -35,6 +35,7 @@ def config_key(model):
     return (len(tuple(p["hidden_sizes"])), p["sampler"], p["hash_family"], p["loss"],
             p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
+            bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
             int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0,
             None if sparse is None else tuple(sorted(int(layer) for layer in sparse)))
 
@@ -89,6 +90,7 @@ def warm_up(model):
     t0 = time.perf_counter()
     X, Y = tiny_data()
     copy = tiny_copy(model)
+    copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)

@@ -133,9 +133,14 @@ class ShardedSlideClassifier(SlideClassifier):
             self.backend_ = None
 
     # -- training ------------------------------------------------------------------------------
-    def _train(self, X, Y, end_epoch_index, eval_set, callback):
+    def _train(self, X, Y, end_epoch_index, eval_set, callback, rows=None):
         # the loop is SlideClassifier's (slide.trainer.train); only the batch step differs
-        trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self))
+        trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self),
+                      rows=rows)
+
+    def _rerank_split(self, n_rows):
+        # no re-ranker across shards (yet): the fixed blend of the vote, on every row
+        return None
 
     def _recover(self, exc, Y, n_threads):
         """A shard actor died (Ray restarted it empty): every shard and the driver go back to
@@ -181,8 +186,9 @@ class ShardedSlideClassifier(SlideClassifier):
 
     # -- the neighbour vote (slide.neighbours): the memory lives in the driver, beside the hidden
     # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
-    def _build_memory(self, X, Y):
-        """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver."""
+    def _build_memory(self, X, Y, split=None):
+        """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver
+        (``split`` is always None: no re-ranker here)."""
         from slide.neighbours import NeighbourMemory
         self._threads()
         self.sync()

@@ -174,6 +174,20 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     return out, out_scores
 
 
+def topk_reranked(net, X, k, memory, reranker, block=1024):
+    """Exact top-k by the re-ranker (``slide.rerank``) of the candidates of the network and
+    the neighbour vote of ``memory``: (ids [n, k] int64, the re-ranker's probabilities [n, k]
+    float64), best first."""
+    Wo, _ = net.output_view()
+    n = X.shape[0]
+    k_eff = min(k, Wo.shape[0])
+    out = np.zeros((n, k_eff), np.int64)
+    out_scores = np.zeros((n, k_eff), np.float64)
+    for lo, hi, H in _hidden_blocks(net, X, block):
+        out[lo:hi], out_scores[lo:hi] = reranker.topk(net, X[lo:hi], H, memory, k_eff)
+    return out, out_scores
+
+
 def proba(net, X, memory=None, n_neighbours=0, weight=0.0, block=1024):
     """Dense label probabilities [n, n_labels] (float32): the softmax of the logits (the
     per-label sigmoid for loss="sigmoid"), blended with the neighbour vote when ``memory``

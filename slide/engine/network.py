@@ -67,6 +67,7 @@ class Network:
         # slide.neighbours.NeighbourMemory of the training rows: built at the end of a fit
         # (SlideClassifier.fit_neighbours), dropped with the serving index
         self.memory = None
+        self.reranker = None        # slide.rerank.ReRanker over the memory's candidates
         self.spec = Spec(L, self.n_in, self.n_out, self.w_off, self.b_off, self.sparse,
                          self.min_active, self.loss_code, self._lsh_cfg())
         self._pack_lsh()
@@ -266,6 +267,9 @@ class Network:
 
     def predict_topk_blended(self, X, k, n_neighbours, weight, block=1024, chunk=32768):
         return _infer.topk_blended(self, X, k, self.memory, n_neighbours, weight, block, chunk)
+
+    def predict_topk_reranked(self, X, k, block=1024):
+        return _infer.topk_reranked(self, X, k, self.memory, self.reranker, block)
 
     def predict_proba(self, X, n_neighbours=0, weight=0.0, block=1024):
         memory = self.memory if n_neighbours > 0 else None

@@ -1,0 +1,415 @@
+"""The re-ranker: a logistic regression over the candidates of the neighbour vote, fitted on a
+held-out slice of the training rows.
+
+The fixed blend of ``slide.neighbours`` ranks a row's candidate labels -- the network's top
+labels and every label of its nearest training rows -- by (1 - w) * p_network + w * vote. Which
+of the two to trust differs from candidate to candidate (a label many close neighbours carry
+against one the network alone proposes; a frequent label against a rare one), and the network
+never sees the input words directly, which the label trees' per-label linear classifiers do.
+So ``fit`` can learn the ranking instead (``SlideClassifier(rerank=True)``, the default):
+
+1. the network is trained on the rows outside a seeded held-out slice (``HOLDOUT`` of them);
+2. the neighbour memory and the labels' input centroids are built from those rows, and every
+   held-out row's candidates get the ``N_BASE`` features below (``candidate_features``, one
+   Numba pass over the rows);
+3. a logistic regression learns from them which candidates are the row's labels; its input
+   is the standardised features and their pairwise products (``N_TERMS`` weights);
+4. the memory and the centroids are rebuilt over every training row.
+
+The features of candidate label j of a row (``FEATURES``): the network's log-probability and
+probability of j, the vote's share of j, the share of the k nearest rows that carry j, the best
+similarity among them, the rank of the first of them (over k), j's rank in the network's top
+``N_TOP`` (1 when absent), log(1 + j's count among the memory's rows), the nearest row's
+similarity, and the cosine between the row's input and j's input centroid (the unit-L2 sum of
+the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries).
+The last is the trees' kind of evidence: without it the re-ranker gained nothing in the probe
+(``bench/results/accuracy_summary.md``, round 5).
+
+Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
+matrix over every label; the re-ranker scores only candidates). The model stores the
+re-ranker's weights and the centroids as arrays (``rr_*`` in checkpoints).
+"""
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, prange
+
+from slide.lsh.serving import insert_best_first
+from slide.neighbours import POWER
+
+STATE_FORMAT = 1
+FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
+            "network_rank", "log_count", "nearest_similarity", "centroid_cosine")
+N_BASE = len(FEATURES)
+N_TERMS = N_BASE + N_BASE * (N_BASE + 1) // 2      # the features, their squares and products
+N_TOP = 10              # the network's top labels among a row's candidates
+HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker
+MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (65 weights to fit)
+# the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
+# all (at Amazon-670K's 670k labels: 24 per label, 128 MB)
+CENTROID_TERMS = 128
+_CENTROID_ENTRIES = 16 << 20
+_C = 1.0                # the logistic regression's inverse L2 strength (the probe's)
+_MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
+
+
+def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS):
+    """(training rows, held-out rows), sorted int64, or None when ``n_rows`` gives fewer than
+    ``min_rows`` held-out rows. Seeded: a resumed fit trains on the same rows."""
+    n_held = int(HOLDOUT * n_rows)
+    if n_held < max(1, min_rows):
+        return None
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
+    return np.sort(perm[n_held:]).astype(np.int64), np.sort(perm[:n_held]).astype(np.int64)
+
+
+def centroid_terms(n_labels):
+    """Entries kept per label centroid: ``CENTROID_TERMS``, fewer at many labels."""
+    return int(max(8, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
+
+
+# ------------------------------------------------------------------------------------------------
+# label centroids
+
+@njit(cache=True)
+def _prune_rows(indptr, ids, vals, norms, m, out_ptr, out_ids, out_vals):
+    """Each row's m largest values (ids sorted), divided by the row's full norm."""
+    for r in range(indptr.shape[0] - 1):
+        a, b = indptr[r], indptr[r + 1]
+        o = out_ptr[r]
+        keep = b - a
+        if keep > m:
+            order = np.argsort(-vals[a:b])[:m]
+            sel = np.sort(ids[a:b][order])
+            pos = np.searchsorted(ids[a:b], sel)
+            for t in range(m):
+                out_ids[o + t] = sel[t]
+                out_vals[o + t] = vals[a + pos[t]] / norms[r]
+        else:
+            for t in range(keep):
+                out_ids[o + t] = ids[a + t]
+                out_vals[o + t] = vals[a + t] / norms[r]
+
+
+def label_centroids(X, Y, max_terms, block=4096):
+    """Each label's input centroid: the sum of the inputs of its rows, its ``max_terms``
+    largest entries kept, divided by the whole sum's L2 norm (so the cosine to it is the full
+    centroid's, less the dropped entries). CSR parts (indptr int64 [n_labels + 1], ids int32,
+    values float32), labels without rows empty. Label block by label block: the full product
+    is never held at once."""
+    Yc = sp.csc_matrix(Y, dtype=np.float32)
+    X = sp.csr_matrix(X, dtype=np.float32)
+    n_labels = Y.shape[1]
+    parts, counts = [], np.zeros(n_labels, np.int64)
+    for a in range(0, n_labels, block):
+        b = min(n_labels, a + block)
+        C = (Yc[:, a:b].T @ X).tocsr()
+        C.sum_duplicates()
+        C.sort_indices()
+        norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1), np.float64).ravel())
+        norms[norms == 0] = 1.0
+        nnz = np.diff(C.indptr)
+        kept = np.minimum(nnz, max_terms)
+        ptr = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+        ids = np.empty(ptr[-1], np.int32)
+        vals = np.empty(ptr[-1], np.float32)
+        _prune_rows(C.indptr.astype(np.int64), C.indices.astype(np.int32),
+                    C.data.astype(np.float32), norms.astype(np.float32), int(max_terms), ptr,
+                    ids, vals)
+        counts[a:b] = kept
+        parts.append((ids, vals))
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
+    vals = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.float32)
+    return indptr, ids, vals
+
+
+# ------------------------------------------------------------------------------------------------
+# the features
+
+@njit(cache=True, nogil=True)
+def _log_sigmoid(z):
+    if z >= 0:
+        return -np.log1p(np.exp(-z))
+    return z - np.log1p(np.exp(z))
+
+
+@njit(cache=True, parallel=True)
+def candidate_features(top_ids, top_z, lse, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo,
+                       log_count, c_ptr, c_ids, c_val, x_ptr, x_ind, x_dat, cand_ptr, out_ids,
+                       out_feat, out_n):
+    """Per row r: its candidates -- the network's top labels ``top_ids[r]`` (logits ``top_z``,
+    -1 padded) then every label of its nearest memory rows ``near[r]`` (similarities ``sims``,
+    best first; the memory's labels CSR ``m_ptr``/``m_ids``) -- written from ``cand_ptr[r]``
+    into ``out_ids`` with their ``N_BASE`` features in ``out_feat`` (the order of
+    ``FEATURES``); ``out_n[r]``: how many. ``lse``: each row's log-sum-exp of the logits
+    (softmax); ``H``/``Wo``/``bo``: the hidden rows and output layer (the logits of voted labels
+    outside the top); ``c_*``: the label centroids (CSR, ids sorted); ``x_*``: the input rows
+    (CSR, ids sorted)."""
+    n = near.shape[0]
+    k = near.shape[1]
+    n_top_max = top_ids.shape[1]
+    for r in prange(n):
+        a = cand_ptr[r]
+        wsum = 0.0
+        for t in range(k):
+            s = max(sims[r, t], 0.0)
+            wsum += s ** POWER
+        if wsum == 0.0:
+            wsum = 1.0
+        m = 0
+        for t in range(n_top_max):
+            j = top_ids[r, t]
+            if j < 0:
+                continue
+            u = a + m
+            out_ids[u] = j
+            out_feat[u, :] = 0.0
+            out_feat[u, 0] = top_z[r, t]            # the logit, turned into features below
+            out_feat[u, 5] = 1.0
+            out_feat[u, 6] = min(t, N_TOP) / N_TOP
+            m += 1
+        n_top = m
+        for t in range(k):
+            i = near[r, t]
+            if i < 0:
+                continue
+            s = sims[r, t]
+            w = max(s, 0.0) ** POWER / wsum
+            for q in range(m_ptr[i], m_ptr[i + 1]):
+                j = m_ids[q]
+                u = -1
+                for v in range(a, a + m):           # a row's candidates are few (~10-200)
+                    if out_ids[v] == j:
+                        u = v
+                        break
+                if u < 0:
+                    u = a + m
+                    m += 1
+                    out_ids[u] = j
+                    out_feat[u, :] = 0.0
+                    out_feat[u, 0] = np.nan         # logit still to compute
+                    out_feat[u, 5] = 1.0
+                    out_feat[u, 6] = 1.0
+                out_feat[u, 2] += w
+                out_feat[u, 3] += 1.0 / k
+                if s > out_feat[u, 4]:
+                    out_feat[u, 4] = s
+                if t / k < out_feat[u, 5]:
+                    out_feat[u, 5] = t / k
+        out_n[r] = m
+        x0, x1 = x_ptr[r], x_ptr[r + 1]
+        x_norm = 0.0
+        for p in range(x0, x1):
+            x_norm += x_dat[p] * x_dat[p]
+        x_norm = np.sqrt(x_norm)
+        if x_norm == 0.0:
+            x_norm = 1.0
+        nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
+        for u in range(a, a + m):
+            j = out_ids[u]
+            if u - a < n_top:
+                z = out_feat[u, 0]
+            else:
+                z = bo[j]
+                for d in range(H.shape[1]):
+                    z += H[r, d] * Wo[j, d]
+            if sigmoid:
+                lp = _log_sigmoid(z)
+            else:
+                lp = z - lse[r]
+            out_feat[u, 0] = lp
+            out_feat[u, 1] = np.exp(lp)
+            out_feat[u, 7] = log_count[j]
+            out_feat[u, 8] = nearest
+            # cosine to the centroid: a merge of two sorted id lists
+            dot = 0.0
+            p, c, c1 = x0, c_ptr[j], c_ptr[j + 1]
+            while p < x1 and c < c1:
+                if x_ind[p] == c_ids[c]:
+                    dot += x_dat[p] * c_val[c]
+                    p += 1
+                    c += 1
+                elif x_ind[p] < c_ids[c]:
+                    p += 1
+                else:
+                    c += 1
+            out_feat[u, 9] = dot / x_norm
+
+
+@njit(cache=True, parallel=True)
+def segment_topk(cand_ptr, cand_n, cand_ids, scores, k, out_ids, out_scores):
+    """Per row: the k best-scored of its candidates (best first; -1 / -inf padding)."""
+    for r in prange(cand_n.shape[0]):
+        out_ids[r, :] = -1
+        out_scores[r, :] = -np.inf
+        a = cand_ptr[r]
+        for u in range(a, a + cand_n[r]):
+            insert_best_first(scores[u], cand_ids[u], k, out_ids[r], out_scores[r])
+
+
+def expand(F):
+    """The re-ranker's terms of standardised features F [n, N_BASE]: the features, then the
+    product of every pair (i <= j, squares included) in row-major order: [n, N_TERMS]."""
+    n, d = F.shape
+    ii, jj = np.triu_indices(d)
+    out = np.empty((n, d + ii.shape[0]), np.float64)
+    out[:, :d] = F
+    out[:, d:] = F[:, ii] * F[:, jj]
+    return out
+
+
+def features(net, X, H, memory, k_nn, centroids, n_top):
+    """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
+    [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
+    [slots, N_BASE] float64); slots beyond a row's count are unused."""
+    from slide.engine.infer import topk_lse_of_logits
+    Wo, bo = net.output_view()
+    n = H.shape[0]
+    top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
+    sigmoid = net.loss == "sigmoid"
+    lse = np.zeros(n) if sigmoid else run_max + np.log(run_sum)
+    near, sims = memory.nearest(H, k_nn)
+    per_row = np.diff(memory.label_indptr)
+    bound = top_ids.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
+    cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
+    ids = np.full(cand_ptr[-1], -1, np.int64)
+    F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
+    counts = np.zeros(n, np.int64)
+    c_ptr, c_ids, c_val = centroids
+    candidate_features(top_ids, top_z, lse, sigmoid, near, sims, memory.label_indptr,
+                       memory.label_ids, np.ascontiguousarray(H, np.float32), Wo, bo,
+                       memory.log_counts(), c_ptr, c_ids, c_val, X.indptr.astype(np.int64),
+                       X.indices.astype(np.int32, copy=False),
+                       X.data.astype(np.float32, copy=False), cand_ptr, ids, F, counts)
+    return cand_ptr, counts, ids, F
+
+
+def _used(cand_ptr, counts):
+    """The slots holding candidates (row-major): a boolean mask over the slots."""
+    slot_row = np.repeat(np.arange(counts.shape[0]), np.diff(cand_ptr))
+    offset = np.arange(cand_ptr[-1]) - cand_ptr[slot_row]
+    return offset < counts[slot_row], slot_row
+
+
+class ReRanker:
+    """The fitted re-ranker: feature means and scales [N_BASE], coefficients [N_TERMS] and
+    intercept of the logistic regression, the vote's neighbour count ``k_nn`` it was fitted
+    with, and the label centroids (CSR parts)."""
+
+    def __init__(self, mean, scale, coef, intercept, k_nn, centroids):
+        self.mean = np.asarray(mean, np.float64)
+        self.scale = np.asarray(scale, np.float64)
+        self.coef = np.asarray(coef, np.float64)
+        self.intercept = float(intercept)
+        self.k_nn = int(k_nn)
+        self.centroids = centroids
+
+    # -- fitting -------------------------------------------------------------------------------
+    @staticmethod
+    def fit_weights(F, truth, seed=0):
+        """(mean, scale, coef, intercept) of the logistic regression of ``truth`` on the
+        expanded standardised features F, or None when truth has a single class."""
+        from sklearn.linear_model import LogisticRegression
+        if truth.all() or not truth.any():
+            return None
+        if F.shape[0] > _MAX_FIT_CANDIDATES:
+            keep = np.sort(np.random.default_rng(seed).choice(F.shape[0], _MAX_FIT_CANDIDATES,
+                                                              replace=False))
+            F, truth = F[keep], truth[keep]
+        mean = F.mean(axis=0)
+        scale = F.std(axis=0)
+        scale[scale == 0] = 1.0
+        # Newton steps with a Cholesky solve: 7 iterations on debdeps' 228k candidates (1 s);
+        # lbfgs took 350 (13 s) on these ill-scaled product terms
+        lr = LogisticRegression(C=_C, solver="newton-cholesky", max_iter=100)
+        lr.fit(expand((F - mean) / scale), truth)
+        return mean, scale, lr.coef_.ravel(), float(lr.intercept_[0])
+
+    # -- scoring -------------------------------------------------------------------------------
+    def score(self, F):
+        """The logistic regression's decision values of the candidates' features F."""
+        return expand((F - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def topk(self, net, X, H, memory, k):
+        """(ids [n, k] int64, probabilities [n, k] float64) of each row's k best candidates
+        by the re-ranker (the network's top max(k, N_TOP) are candidates, so a row has k
+        unless the output layer has fewer labels)."""
+        n_top = max(int(k), N_TOP)
+        cand_ptr, counts, ids, F = features(net, X, H, memory, self.k_nn, self.centroids,
+                                            n_top)
+        s = np.full(ids.shape[0], -np.inf)
+        used, _ = _used(cand_ptr, counts)
+        s[used] = self.score(F[used])
+        out = np.zeros((H.shape[0], k), np.int64)
+        out_s = np.zeros((H.shape[0], k), np.float64)
+        segment_topk(cand_ptr, counts, ids, s, int(k), out, out_s)
+        with np.errstate(over="ignore"):
+            return out, 1.0 / (1.0 + np.exp(-out_s))
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self):
+        c_ptr, c_ids, c_val = self.centroids
+        return {"format": STATE_FORMAT, "k_nn": self.k_nn, "intercept": self.intercept,
+                "mean": self.mean, "scale": self.scale, "coef": self.coef,
+                "cen_indptr": c_ptr, "cen_ids": c_ids, "cen_values": c_val}
+
+    @classmethod
+    def from_state(cls, d, n_labels, n_features):
+        """ValueError naming what is wrong with a saved re-ranker."""
+        if int(d.get("format", -1)) != STATE_FORMAT:
+            raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
+        for name, size in (("mean", N_BASE), ("scale", N_BASE), ("coef", N_TERMS)):
+            a = d[name]
+            if a.dtype != np.float64 or a.shape != (size,) or not np.isfinite(a).all():
+                raise ValueError(f"re-ranker: {name} must be {size} finite float64 values")
+        if not (d["scale"] > 0).all():
+            raise ValueError("re-ranker: scale must be positive")
+        if not np.isfinite(float(d["intercept"])) or int(d["k_nn"]) < 1:
+            raise ValueError("re-ranker: bad intercept or neighbour count")
+        ptr, ids, val = d["cen_indptr"], d["cen_ids"], d["cen_values"]
+        if (ptr.dtype != np.int64 or ptr.shape != (n_labels + 1,) or ptr[0] != 0
+                or (np.diff(ptr) < 0).any() or ptr[-1] != ids.shape[0]
+                or val.shape != ids.shape):
+            raise ValueError("re-ranker: the centroids' indptr does not fit the label count")
+        if ids.dtype != np.int32 or val.dtype != np.float32 or not np.isfinite(val).all():
+            raise ValueError("re-ranker: centroid ids must be int32, values finite float32")
+        if ids.size and (ids.min() < 0 or ids.max() >= n_features):
+            raise ValueError(f"re-ranker: centroid feature ids outside [0, {n_features})")
+        return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
+                   (ptr, ids, val))
+
+
+def _rows_only(Y, rows):
+    """Y with every row outside ``rows`` emptied (same shape: no copy of the inputs needed to
+    build the centroids of a subset of the rows)."""
+    mask = np.zeros(Y.shape[0], np.float32)
+    mask[rows] = 1.0
+    out = (sp.diags(mask) @ Y).tocsr()
+    out.eliminate_zeros()
+    return out
+
+
+def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0):
+    """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
+    Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
+    last hidden layer of every row of X, for the caller's memory over every row). The memory
+    and centroids of the fitting rows are built here and dropped."""
+    from slide.neighbours import NeighbourMemory
+    H_all = net.hidden(X)
+    terms = centroid_terms(Y.shape[1])
+    memory = NeighbourMemory.build(H_all[fit_rows], Y[fit_rows])
+    cen = label_centroids(X, _rows_only(Y, fit_rows), terms)
+    Xh, Yh = X[held_rows], Y[held_rows].tocsr()
+    Xh.sort_indices()
+    cand_ptr, counts, ids, F = features(net, Xh, H_all[held_rows], memory, k_nn, cen, N_TOP)
+    del memory, cen
+    used, slot_row = _used(cand_ptr, counts)
+    F, ids, slot_row = F[used], ids[used], slot_row[used]
+    n_labels = np.int64(Y.shape[1])
+    true_keys = np.repeat(np.arange(Yh.shape[0], dtype=np.int64), np.diff(Yh.indptr)) \
+        * n_labels + Yh.indices
+    truth = np.isin(slot_row.astype(np.int64) * n_labels + ids, true_keys)
+    weights = ReRanker.fit_weights(F, truth, seed)
+    if weights is None:
+        return None, H_all
+    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms)), H_all

@@ -1,0 +1,270 @@
+"""The re-ranker of the neighbour vote's candidates (slide.rerank): the held-out split, the
+label centroids, the candidates' features against a row-by-row reference, the fitted model's
+predictions, checkpoints, and what partial_fit, fit_neighbours, set_params and ensembles do
+with it."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import slide
+from slide import checkpoint, rerank, warmup
+from slide.neighbours import POWER, NeighbourMemory
+
+SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
+             random_state=0)
+
+
+def keyword_data(n, seed, n_labels=120, n_features=600, noise=0.02):
+    """Rows whose words are their two labels' keywords (6 of each label's 10, drawn afresh per
+    row) plus random words: the input carries the labels, so the cosine to a label's centroid
+    is strong evidence."""
+    rng = np.random.default_rng(seed)
+    keys = np.random.default_rng(99).integers(0, n_features, size=(n_labels, 10))
+    pop = 1.0 / np.arange(1, n_labels + 1)
+    pop /= pop.sum()
+    X = np.zeros((n, n_features), np.float32)
+    Y = np.zeros((n, n_labels), np.float32)
+    for i in range(n):
+        labs = rng.choice(n_labels, 2, replace=False, p=pop)
+        Y[i, labs] = 1
+        for j in labs:
+            X[i, rng.choice(keys[j], 6, replace=False)] += 1
+        X[i, rng.random(n_features) < noise] += 1
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    return sp.csr_matrix(X), sp.csr_matrix(Y)
+
+
+@pytest.fixture(scope="module")
+def data():
+    Xtr, Ytr = keyword_data(2400, 0)
+    Xte, Yte = keyword_data(400, 1)
+    return Xtr, Ytr, Xte, Yte
+
+
+@pytest.fixture(scope="module")
+def model(data):
+    Xtr, Ytr, _, _ = data
+    return slide.SlideClassifier(epochs=2, **SMALL).fit(Xtr, Ytr)
+
+
+def p_at_1(top, Y):
+    return float(np.mean(np.asarray(Y[np.arange(Y.shape[0]), top[:, 0]]).ravel()))
+
+
+def test_holdout_rows_are_a_seeded_disjoint_split():
+    fit_rows, held = rerank.holdout_rows(3000, seed=5)
+    assert held.shape[0] == 300 and fit_rows.shape[0] == 2700
+    assert np.array_equal(np.sort(np.concatenate([fit_rows, held])), np.arange(3000))
+    again = rerank.holdout_rows(3000, seed=5)
+    assert np.array_equal(again[1], held)
+    assert not np.array_equal(rerank.holdout_rows(3000, seed=6)[1], held)
+    assert rerank.holdout_rows(1999, seed=5) is None          # 199 held-out rows: too few
+    assert rerank.holdout_rows(100, seed=5, min_rows=10) is not None
+
+
+def test_label_centroids_keep_the_largest_entries_over_the_full_norm():
+    rng = np.random.default_rng(0)
+    X = sp.random(40, 30, density=0.3, random_state=1, format="csr", dtype=np.float32)
+    Yd = (rng.random((40, 7)) < 0.3).astype(np.float32)
+    Yd[:, 6] = 0                                    # a label without rows
+    Y = sp.csr_matrix(Yd)
+    for m in (3, 30):
+        ptr, ids, vals = rerank.label_centroids(X, Y, m, block=3)   # blocks of 3 labels
+        S = (Y.T @ X).toarray()
+        for j in range(7):
+            row = np.zeros(30)
+            row[ids[ptr[j]:ptr[j + 1]]] = vals[ptr[j]:ptr[j + 1]]
+            assert np.all(np.diff(ids[ptr[j]:ptr[j + 1]]) > 0)      # sorted ids
+            norm = np.linalg.norm(S[j])
+            if norm == 0:
+                assert ptr[j + 1] == ptr[j]
+                continue
+            keep = np.argsort(-S[j], kind="stable")[:min(m, np.count_nonzero(S[j]))]
+            expect = np.zeros(30)
+            expect[keep] = S[j, keep] / norm
+            np.testing.assert_allclose(row, expect, rtol=1e-5, atol=1e-7)
+
+
+def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid):
+    """One row's candidates and features, written out with dicts (the probe's form)."""
+    Wo, bo = net.output_view()
+    z = Wo.astype(np.float64) @ h.astype(np.float64) + bo
+    lse = np.log(np.exp(z - z.max()).sum()) + z.max()
+    top = np.argsort(-z, kind="stable")[:n_top]
+    e = memory.emb.astype(np.float64)
+    s = e @ (h / np.linalg.norm(h))
+    near = np.argsort(-s, kind="stable")[:k]
+    w = np.maximum(s[near], 0) ** POWER
+    w = w / (w.sum() or 1.0)
+    cand = {}
+    for t, j in enumerate(top):
+        cand[int(j)] = dict(rank=t)
+    for t, i in enumerate(near):
+        for j in memory.label_ids[memory.label_indptr[i]:memory.label_indptr[i + 1]]:
+            d = cand.setdefault(int(j), {})
+            d["vote"] = d.get("vote", 0) + w[t]
+            d["count"] = d.get("count", 0) + 1
+            d["best"] = max(d.get("best", 0.0), s[near[t]])
+            d["first"] = min(d.get("first", k), t)
+    counts = np.bincount(memory.label_ids, minlength=memory.n_labels)
+    ptr, ids, vals = centroids
+    xd = x.toarray().ravel()
+    out = {}
+    for j, d in cand.items():
+        lp = -np.log1p(np.exp(-z[j])) if sigmoid else z[j] - lse
+        c = np.zeros_like(xd)
+        c[ids[ptr[j]:ptr[j + 1]]] = vals[ptr[j]:ptr[j + 1]]
+        out[j] = [lp, np.exp(lp), d.get("vote", 0), d.get("count", 0) / k, d.get("best", 0),
+                  d.get("first", k) / k, min(d.get("rank", rerank.N_TOP), rerank.N_TOP)
+                  / rerank.N_TOP, np.log1p(counts[j]), s[near[0]],
+                  xd @ c / np.linalg.norm(xd)]
+    return out
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
+    Xtr, Ytr, Xte, _ = tiny
+    m = slide.SlideClassifier(epochs=1, neighbours=0, loss=loss, **SMALL).fit(Xtr, Ytr)
+    net = m.network_
+    memory = NeighbourMemory.build(net.hidden(Xtr), Ytr)
+    cen = rerank.label_centroids(Xtr, Ytr, 12)
+    X = sp.csr_matrix(Xte[:25] * 3.0, dtype=np.float32)     # rows not of unit norm
+    H = net.hidden(X)
+    k, n_top = 7, 12
+    ptr, counts, ids, F = rerank.features(net, X, H, memory, k, cen, n_top)
+    for r in range(X.shape[0]):
+        ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top, loss == "sigmoid")
+        got = {int(j): F[ptr[r] + u] for u, j in enumerate(ids[ptr[r]:ptr[r] + counts[r]])}
+        assert set(got) == set(ref)
+        for j in ref:
+            np.testing.assert_allclose(got[j], ref[j], rtol=2e-4, atol=2e-5)
+
+
+def test_expand_is_the_features_then_their_pairwise_products():
+    F = np.arange(1.0, 7.0).reshape(2, 3)
+    E = rerank.expand(F)
+    assert E.shape == (2, 3 + 6)
+    np.testing.assert_array_equal(E[1], [4, 5, 6, 16, 20, 24, 25, 30, 36])
+    assert rerank.expand(np.zeros((1, rerank.N_BASE))).shape[1] == rerank.N_TERMS
+
+
+def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, model):
+    Xtr, Ytr, Xte, Yte = data
+    fit_rows, held = rerank.holdout_rows(Xtr.shape[0], model.seed_)
+    assert model.samples_ == 2 * fit_rows.shape[0]          # two epochs of the network's rows
+    net = model.network_
+    assert net.reranker is not None and net.memory.n_rows == Xtr.shape[0]
+    top = model.predict_topk(Xte, k=5)
+    ids, prob = model.predict_topk_scored(Xte, k=5)
+    np.testing.assert_array_equal(ids, top)
+    assert np.all((prob > 0) & (prob < 1)) and np.all(np.diff(prob, axis=1) <= 0)
+    # the order is the re-ranker's decision values over each row's candidates
+    ptr, counts, cid, F = rerank.features(net, Xte, net.hidden(Xte), net.memory,
+                                          net.reranker.k_nn, net.reranker.centroids, 10)
+    s = net.reranker.score(F)
+    for r in range(0, Xte.shape[0], 37):
+        c = cid[ptr[r]:ptr[r] + counts[r]]
+        best = c[np.argsort(-s[ptr[r]:ptr[r] + counts[r]], kind="stable")[:5]]
+        np.testing.assert_array_equal(top[r], best)
+    # the probabilities and rerank=False are the fixed blend
+    blend = model.set_params(rerank=False).predict_topk(Xte, k=5)
+    try:
+        P = model.predict_proba(Xte)
+        np.testing.assert_array_equal(blend, np.argsort(-P, axis=1, kind="stable")[:, :5])
+        assert not np.array_equal(blend, top)
+    finally:
+        model.set_params(rerank=True)
+
+
+def test_the_reranker_uses_the_words_the_network_has_not_learned(data):
+    # one epoch of 5 batches: the network and its hidden-layer vote know little yet, the
+    # rows' words name their labels; the re-ranker learns to use the centroid cosine
+    Xtr, Ytr, Xte, Yte = data
+    m = slide.SlideClassifier(**dict(SMALL, epochs=1, batch_size=512)).fit(Xtr, Ytr)
+    reranked = p_at_1(m.predict_topk(Xte, k=1), Yte)
+    blend = p_at_1(m.set_params(rerank=False).predict_topk(Xte, k=1), Yte)
+    assert reranked > blend + 0.1, (reranked, blend)
+
+
+def test_small_sets_partial_fit_and_fit_neighbours(data, tiny):
+    Xtr, Ytr, Xte, _ = data
+    # 600 rows: 60 held out is too few, the whole set trains the network, the blend ranks
+    small = slide.SlideClassifier(epochs=1, **SMALL).fit(*tiny[:2])
+    assert small.network_.reranker is None and small.samples_ == tiny[0].shape[0]
+    off = slide.SlideClassifier(epochs=1, rerank=False, **SMALL).fit(Xtr, Ytr)
+    assert off.network_.reranker is None and off.samples_ == Xtr.shape[0]
+    m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
+    before = m.network_.reranker
+    m.fit_neighbours(Xtr[:1000], Ytr[:1000])        # a new memory; the re-ranker stays
+    assert m.network_.reranker is before and m.network_.memory.n_rows == 1000
+    m.partial_fit(Xtr, Ytr)                          # the weights change: both go
+    assert m.network_.reranker is None and m.network_.memory is None
+
+
+def test_ensemble_members_do_not_rerank(data):
+    Xtr, Ytr, _, _ = data
+    ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
+    assert all(not m.rerank and m.network_.reranker is None for m in ens.members_)
+
+
+def test_checkpoint_keeps_the_reranker(data, model, tmp_path):
+    _, _, Xte, _ = data
+    model.save(tmp_path / "m.slide")
+    loaded = slide.load(tmp_path / "m.slide")
+    a, b = loaded.network_.reranker, model.network_.reranker
+    np.testing.assert_array_equal(a.coef, b.coef)
+    for x, y in zip(a.centroids, b.centroids):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), model.predict_topk(Xte, k=5))
+
+
+def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path):
+    model.save(tmp_path / "m.slide")
+    meta, arrays = checkpoint.read(tmp_path / "m.slide")
+
+    def write(name, meta, arrays):
+        meta = dict(meta, arrays={k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()})
+        with open(tmp_path / name, "wb") as f:
+            checkpoint._write_arrays(f, meta, arrays)
+        return tmp_path / name
+
+    with pytest.raises(checkpoint.CheckpointError, match="re-ranker arrays"):
+        slide.load(write("a.slide", dict(meta, reranker=None), arrays))
+    with pytest.raises(checkpoint.CheckpointError, match="coef must be 65"):
+        slide.load(write("b.slide", meta, dict(arrays, rr_coef=arrays["rr_coef"][:10])))
+    ids = arrays["rr_cen_ids"].copy()
+    ids[0] = 10_000
+    with pytest.raises(checkpoint.CheckpointError, match="feature ids outside"):
+        slide.load(write("c.slide", meta, dict(arrays, rr_cen_ids=ids)))
+    coef = arrays["rr_coef"].copy()
+    coef[3] = np.inf
+    with pytest.raises(checkpoint.CheckpointError, match="finite"):
+        slide.load(write("d.slide", meta, dict(arrays, rr_coef=coef)))
+    no_memory = {k: v for k, v in arrays.items() if not k.startswith("nbr_")}
+    with pytest.raises(checkpoint.CheckpointError, match="without the neighbour memory"):
+        slide.load(write("e.slide", dict(meta, neighbours=None), no_memory))
+
+
+def test_bad_rerank_setting_is_refused(data, model):
+    with pytest.raises(ValueError, match="rerank"):
+        slide.SlideClassifier(rerank="yes").fit(*data[:2])
+    model.set_params(rerank=2)
+    try:
+        with pytest.raises(ValueError, match="rerank must be a boolean"):
+            model.predict_topk(data[2], k=1)
+    finally:
+        model.set_params(rerank=True)
+
+
+def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypatch):
+    monkeypatch.setattr(warmup, "_WARMED", {})
+    Xtr, Ytr, Xte, Yte = data
+    m = slide.SlideClassifier(**dict(SMALL, epochs=1, loss="sigmoid"))
+    m._validate_params()
+    assert m._warm_up() > 0.0
+    before = warmup.kernel_signatures()
+    assert "slide.rerank.candidate_features" in before
+    m.fit(Xtr, Ytr)
+    m.predict_topk(Xte, k=5)
+    assert m.network_.reranker is not None
+    assert warmup.kernel_signatures() == before
