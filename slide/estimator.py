@@ -110,7 +110,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         The vote's share of the blend: (1 - w) * p_network + w * vote.
     rerank : bool
         With the vote (``neighbours`` > 0) and at least 2,000 training rows: ``fit`` trains
-        the network on 90 % of the rows (seeded), fits a logistic regression over features of
+        the network on 90 % of the rows (seeded; all but 5,000 on large sets), fits a
+        logistic regression over features of
         each held-out row's candidates (the network's top 10 and the neighbours' labels) and
         then builds the memory over every row (``slide.rerank``). Exact ``predict_topk``
         ranks the candidates by it; ``predict_proba`` stays the fixed blend. False (also
@@ -347,12 +348,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if split is None:
             self.network_.build_memory(X, Y)
             return
-        from slide.neighbours import NeighbourMemory
         from slide.rerank import fit_reranker
         with blas_single_thread():
-            reranker, H = fit_reranker(self.network_, X, Y, split[0], split[1],
-                                       int(self.neighbours), self.seed_)
-        self.network_.memory = NeighbourMemory.build(H, Y, copy=False)
+            reranker, memory = fit_reranker(self.network_, X, Y, split[0], split[1],
+                                            int(self.neighbours), self.seed_)
+        self.network_.memory = memory
         self.network_.reranker = reranker
 
     def _check_neighbour_settings(self):

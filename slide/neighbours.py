@@ -106,25 +106,30 @@ class NeighbourMemory:
                                         .astype(np.float64))
         return self._log_counts
 
-    def _nearest_blocks(self, H, k):
+    def _nearest_blocks(self, H, k, exclude=None):
         """(first query, nearest memory rows [b, k] int64, their similarities [b, k] float32,
-        best first) per block of queries."""
+        best first) per block of queries; the memory rows ``exclude`` (indices) are never
+        among them."""
         Q = _l2_rows(H)
         step = max(1, _BLOCK_ENTRIES // max(self.n_rows, 1))
         for a in range(0, Q.shape[0], step):
             S = Q[a:a + step] @ self.emb.T
+            if exclude is not None:
+                S[:, exclude] = -np.inf
             near = np.empty((S.shape[0], k), np.int64)
             sims = np.empty((S.shape[0], k), np.float32)
             nearest_rows(S, k, near, sims)
             yield a, near, sims
 
-    def nearest(self, H, k):
+    def nearest(self, H, k, exclude=None):
         """Each query's ``min(k, n_rows)`` nearest memory rows (cosine similarity of the
-        hidden layers), best first: (ids [n, k] int64, similarities [n, k] float32)."""
+        hidden layers), best first: (ids [n, k] int64, similarities [n, k] float32). The
+        memory rows ``exclude`` (indices; the re-ranker's held-out rows) are left out: -1 /
+        -inf where fewer than k rows remain."""
         k = int(min(k, self.n_rows))
         near = np.empty((H.shape[0], k), np.int64)
         sims = np.empty((H.shape[0], k), np.float32)
-        for a, nb, sb in self._nearest_blocks(H, k):
+        for a, nb, sb in self._nearest_blocks(H, k, exclude):
             near[a:a + nb.shape[0]] = nb
             sims[a:a + nb.shape[0]] = sb
         return near, sims

@@ -160,7 +160,8 @@ TABLE = (
        "blend: (1 - w) * p_network + w * vote (measured best on real sets, "
        "bench/results/accuracy.md)", ge=0, le=1, optional=True),
     _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
-       "of the training rows (at least 2,000 rows needed) and fits a logistic re-ranker of the "
+       "of the training rows (at most 5,000; at least 2,000 rows needed) and fits a logistic "
+       "re-ranker of the "
        "vote's candidates on them (slide.rerank); exact predict_topk ranks by it, "
        "predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",

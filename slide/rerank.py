@@ -8,13 +8,15 @@ against one the network alone proposes; a frequent label against a rare one), an
 never sees the input words directly, which the label trees' per-label linear classifiers do.
 So ``fit`` can learn the ranking instead (``SlideClassifier(rerank=True)``, the default):
 
-1. the network is trained on the rows outside a seeded held-out slice (``HOLDOUT`` of them);
-2. the neighbour memory and the labels' input centroids are built from those rows, and every
-   held-out row's candidates get the ``N_BASE`` features below (``candidate_features``, one
-   Numba pass over the rows);
+1. the network is trained on the rows outside a seeded held-out slice (``HOLDOUT`` of them, at
+   most ``MAX_HOLDOUT_ROWS``);
+2. the neighbour memory of every row is built; each held-out row's candidates (its nearest
+   rows outside the slice, the label centroids and counts of the rows outside it: what a test
+   row sees of rows the network trained on) get the ``N_BASE`` features below
+   (``candidate_features``, one Numba pass over the rows);
 3. a logistic regression learns from them which candidates are the row's labels; its input
    is the standardised features and their pairwise products (``N_TERMS`` weights);
-4. the memory and the centroids are rebuilt over every training row.
+4. the label centroids are rebuilt over every training row.
 
 The features of candidate label j of a row (``FEATURES``): the network's log-probability and
 probability of j, the vote's share of j, the share of the k nearest rows that carry j, the best
@@ -42,7 +44,9 @@ FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "f
 N_BASE = len(FEATURES)
 N_TERMS = N_BASE + N_BASE * (N_BASE + 1) // 2      # the features, their squares and products
 N_TOP = 10              # the network's top labels among a row's candidates
-HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker
+HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker ...
+MAX_HOLDOUT_ROWS = 5000     # ... at most (~300k candidates on debdeps' 4,547 held-out rows;
+                            # their features are float64 [candidates, N_BASE])
 MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (65 weights to fit)
 # the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
 # all (at Amazon-670K's 670k labels: 24 per label, 128 MB)
@@ -53,9 +57,10 @@ _MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted
 
 
 def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS):
-    """(training rows, held-out rows), sorted int64, or None when ``n_rows`` gives fewer than
-    ``min_rows`` held-out rows. Seeded: a resumed fit trains on the same rows."""
-    n_held = int(HOLDOUT * n_rows)
+    """(training rows, held-out rows), sorted int64: ``HOLDOUT`` of the rows, at most
+    ``MAX_HOLDOUT_ROWS``, held out; None when that is fewer than ``min_rows``. Seeded: a
+    resumed fit trains on the same rows."""
+    n_held = min(int(HOLDOUT * n_rows), MAX_HOLDOUT_ROWS)
     if n_held < max(1, min_rows):
         return None
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
@@ -258,17 +263,19 @@ def expand(F):
     return out
 
 
-def features(net, X, H, memory, k_nn, centroids, n_top):
+def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
     [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
-    [slots, N_BASE] float64); slots beyond a row's count are unused."""
+    [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
+    that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
+    memory's)."""
     from slide.engine.infer import topk_lse_of_logits
     Wo, bo = net.output_view()
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
     sigmoid = net.loss == "sigmoid"
     lse = np.zeros(n) if sigmoid else run_max + np.log(run_sum)
-    near, sims = memory.nearest(H, k_nn)
+    near, sims = memory.nearest(H, k_nn, exclude)
     per_row = np.diff(memory.label_indptr)
     bound = top_ids.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
     cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
@@ -278,7 +285,8 @@ def features(net, X, H, memory, k_nn, centroids, n_top):
     c_ptr, c_ids, c_val = centroids
     candidate_features(top_ids, top_z, lse, sigmoid, near, sims, memory.label_indptr,
                        memory.label_ids, np.ascontiguousarray(H, np.float32), Wo, bo,
-                       memory.log_counts(), c_ptr, c_ids, c_val, X.indptr.astype(np.int64),
+                       memory.log_counts() if log_count is None else log_count, c_ptr,
+                       c_ids, c_val, X.indptr.astype(np.int64),
                        X.indices.astype(np.int32, copy=False),
                        X.data.astype(np.float32, copy=False), cand_ptr, ids, F, counts)
     return cand_ptr, counts, ids, F
@@ -392,17 +400,23 @@ def _rows_only(Y, rows):
 def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0):
     """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
-    last hidden layer of every row of X, for the caller's memory over every row). The memory
-    and centroids of the fitting rows are built here and dropped."""
+    neighbour memory of every row). The held-out rows see the memory without themselves and
+    the other held-out rows, and the centroids and label counts of the fitting rows only (what
+    a test row sees of rows the network trained on); no copy of X or of the hidden layer."""
     from slide.neighbours import NeighbourMemory
     H_all = net.hidden(X)
+    H_held = H_all[held_rows]                 # before the memory normalises H_all in place
+    memory = NeighbourMemory.build(H_all, Y, copy=False)
+    del H_all
+    Y_fit = _rows_only(Y, fit_rows)
     terms = centroid_terms(Y.shape[1])
-    memory = NeighbourMemory.build(H_all[fit_rows], Y[fit_rows])
-    cen = label_centroids(X, _rows_only(Y, fit_rows), terms)
+    cen = label_centroids(X, Y_fit, terms)
+    log_count = np.log1p(np.bincount(Y_fit.indices, minlength=Y.shape[1]).astype(np.float64))
     Xh, Yh = X[held_rows], Y[held_rows].tocsr()
     Xh.sort_indices()
-    cand_ptr, counts, ids, F = features(net, Xh, H_all[held_rows], memory, k_nn, cen, N_TOP)
-    del memory, cen
+    cand_ptr, counts, ids, F = features(net, Xh, H_held, memory, k_nn, cen, N_TOP,
+                                        exclude=held_rows, log_count=log_count)
+    del cen, Y_fit
     used, slot_row = _used(cand_ptr, counts)
     F, ids, slot_row = F[used], ids[used], slot_row[used]
     n_labels = np.int64(Y.shape[1])
@@ -411,5 +425,5 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0):
     truth = np.isin(slot_row.astype(np.int64) * n_labels + ids, true_keys)
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:
-        return None, H_all
-    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms)), H_all
+        return None, memory
+    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms)), memory

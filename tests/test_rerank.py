@@ -268,3 +268,19 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     m.predict_topk(Xte, k=5)
     assert m.network_.reranker is not None
     assert warmup.kernel_signatures() == before
+
+
+def test_at_most_max_holdout_rows_are_held_out(monkeypatch):
+    monkeypatch.setattr(rerank, "MAX_HOLDOUT_ROWS", 250)
+    fit_rows, held = rerank.holdout_rows(10_000, seed=1)
+    assert held.shape[0] == 250 and fit_rows.shape[0] == 9_750
+
+
+def test_held_out_rows_never_see_themselves_or_each_other(data, model):
+    Xtr, Ytr, _, _ = data
+    net = model.network_
+    held = rerank.holdout_rows(Xtr.shape[0], model.seed_)[1]
+    near, sims = net.memory.nearest(net.hidden(Xtr[held[:50]]), 20, exclude=held)
+    assert not np.isin(near, held).any() and (near >= 0).all()
+    near_all, _ = net.memory.nearest(net.hidden(Xtr[held[:50]]), 1)
+    np.testing.assert_array_equal(near_all[:, 0], held[:50])     # without it: itself
