@@ -75,57 +75,92 @@ def centroid_terms(n_labels):
 # ------------------------------------------------------------------------------------------------
 # label centroids
 
-@njit(cache=True)
-def _prune_rows(indptr, ids, vals, norms, m, out_ptr, out_ids, out_vals):
-    """Each row's m largest values (ids sorted), divided by the row's full norm."""
-    for r in range(indptr.shape[0] - 1):
-        a, b = indptr[r], indptr[r + 1]
-        o = out_ptr[r]
-        keep = b - a
-        if keep > m:
-            order = np.argsort(-vals[a:b])[:m]
-            sel = np.sort(ids[a:b][order])
-            pos = np.searchsorted(ids[a:b], sel)
-            for t in range(m):
-                out_ids[o + t] = sel[t]
-                out_vals[o + t] = vals[a + pos[t]] / norms[r]
-        else:
+@njit(cache=True, parallel=True)
+def _centroid_kernel(l_ptr, l_rows, x_ptr, x_ind, x_dat, n_features, m, n_chunks, out_ids,
+                     out_vals, out_n):
+    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` in a
+    dense per-thread accumulator, its m largest entries (ties: the lower feature id) written
+    to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole sum's L2 norm;
+    ``out_n[j]``: how many."""
+    n_labels = l_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        acc = np.zeros(n_features, np.float64)
+        seen = np.zeros(n_features, np.bool_)
+        touched = np.empty(n_features, np.int64)
+        for j in range((c * n_labels) // n_chunks, ((c + 1) * n_labels) // n_chunks):
+            nt = 0
+            for q in range(l_ptr[j], l_ptr[j + 1]):
+                r = l_rows[q]
+                for p in range(x_ptr[r], x_ptr[r + 1]):
+                    f = x_ind[p]
+                    if not seen[f]:
+                        seen[f] = True
+                        touched[nt] = f
+                        nt += 1
+                    acc[f] += x_dat[p]
+            vals = np.empty(nt, np.float64)
+            norm = 0.0
+            for t in range(nt):
+                vals[t] = acc[touched[t]]
+                norm += vals[t] * vals[t]
+            norm = np.sqrt(norm)
+            if norm == 0.0:
+                norm = 1.0
+            keep = min(m, nt)
+            if nt > m:
+                # the m-th largest value by partition (O(nt); a full sort of a frequent
+                # label's thousands of features was most of the time), then the larger ones
+                # and as many of the equal ones as fit, lower feature ids first
+                thr = np.partition(vals, nt - m)[nt - m]
+                sel = np.empty(m, np.int64)
+                ns = 0
+                for t in range(nt):
+                    if vals[t] > thr:
+                        sel[ns] = touched[t]
+                        ns += 1
+                if ns < m:
+                    ties = np.empty(nt, np.int64)
+                    n_ties = 0
+                    for t in range(nt):
+                        if vals[t] == thr:
+                            ties[n_ties] = touched[t]
+                            n_ties += 1
+                    ties = np.sort(ties[:n_ties])
+                    for t in range(m - ns):
+                        sel[ns + t] = ties[t]
+                feats = np.sort(sel)
+            else:
+                feats = np.sort(touched[:nt])
             for t in range(keep):
-                out_ids[o + t] = ids[a + t]
-                out_vals[o + t] = vals[a + t] / norms[r]
+                out_ids[j, t] = feats[t]
+                out_vals[j, t] = acc[feats[t]] / norm
+            for t in range(nt):                 # the accumulator back to zero for the next
+                acc[touched[t]] = 0.0
+                seen[touched[t]] = False
+            out_n[j] = keep
 
 
-def label_centroids(X, Y, max_terms, block=4096):
+def label_centroids(X, Y, max_terms):
     """Each label's input centroid: the sum of the inputs of its rows, its ``max_terms``
     largest entries kept, divided by the whole sum's L2 norm (so the cosine to it is the full
-    centroid's, less the dropped entries). CSR parts (indptr int64 [n_labels + 1], ids int32,
-    values float32), labels without rows empty. Label block by label block: the full product
-    is never held at once."""
-    Yc = sp.csc_matrix(Y, dtype=np.float32)
-    X = sp.csr_matrix(X, dtype=np.float32)
-    n_labels = Y.shape[1]
-    parts, counts = [], np.zeros(n_labels, np.int64)
-    for a in range(0, n_labels, block):
-        b = min(n_labels, a + block)
-        C = (Yc[:, a:b].T @ X).tocsr()
-        C.sum_duplicates()
-        C.sort_indices()
-        norms = np.sqrt(np.asarray(C.multiply(C).sum(axis=1), np.float64).ravel())
-        norms[norms == 0] = 1.0
-        nnz = np.diff(C.indptr)
-        kept = np.minimum(nnz, max_terms)
-        ptr = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
-        ids = np.empty(ptr[-1], np.int32)
-        vals = np.empty(ptr[-1], np.float32)
-        _prune_rows(C.indptr.astype(np.int64), C.indices.astype(np.int32),
-                    C.data.astype(np.float32), norms.astype(np.float32), int(max_terms), ptr,
-                    ids, vals)
-        counts[a:b] = kept
-        parts.append((ids, vals))
+    centroid's, less the dropped entries). CSR parts (indptr int64 [n_labels + 1], ids int32
+    sorted, values float32), labels without rows empty. One parallel pass over the labels
+    (scipy's Y.T @ X took 17 s on wiki10-31k's 675 words and 19 labels a row)."""
+    import numba
+    X = sp.csr_matrix(X)
+    Yc = sp.csc_matrix(Y)
+    n_labels, m = Y.shape[1], int(max_terms)
+    ids = np.zeros((n_labels, m), np.int32)
+    vals = np.zeros((n_labels, m), np.float32)
+    counts = np.zeros(n_labels, np.int64)
+    # a dense accumulator per chunk (17 bytes a feature): few chunks, two per thread
+    n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
+    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int64),
+                     X.indptr.astype(np.int64), X.indices.astype(np.int64),
+                     X.data.astype(np.float64), X.shape[1], m, n_chunks, ids, vals, counts)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
-    vals = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.float32)
-    return indptr, ids, vals
+    used = np.arange(m)[None, :] < counts[:, None]
+    return indptr, ids[used], vals[used]
 
 
 # ------------------------------------------------------------------------------------------------

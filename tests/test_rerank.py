@@ -68,8 +68,10 @@ def test_label_centroids_keep_the_largest_entries_over_the_full_norm():
     Yd = (rng.random((40, 7)) < 0.3).astype(np.float32)
     Yd[:, 6] = 0                                    # a label without rows
     Y = sp.csr_matrix(Yd)
-    for m in (3, 30):
-        ptr, ids, vals = rerank.label_centroids(X, Y, m, block=3)   # blocks of 3 labels
+    ones = X.copy()
+    ones.data[:] = 1.0                              # integer sums: many ties at the cut
+    for X, m in ((X, 3), (X, 30), (ones, 3), (ones, 5)):
+        ptr, ids, vals = rerank.label_centroids(X, Y, m)
         S = (Y.T @ X).toarray()
         for j in range(7):
             row = np.zeros(30)
