@@ -432,7 +432,7 @@ def _rows_only(Y, rows):
     return out
 
 
-def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0):
+def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1024):
     """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
     neighbour memory of every row). The held-out rows see the memory without themselves and
@@ -449,15 +449,21 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0):
     log_count = np.log1p(np.bincount(Y_fit.indices, minlength=Y.shape[1]).astype(np.float64))
     Xh, Yh = X[held_rows], Y[held_rows].tocsr()
     Xh.sort_indices()
-    cand_ptr, counts, ids, F = features(net, Xh, H_held, memory, k_nn, cen, N_TOP,
-                                        exclude=held_rows, log_count=log_count)
-    del cen, Y_fit
-    used, slot_row = _used(cand_ptr, counts)
-    F, ids, slot_row = F[used], ids[used], slot_row[used]
     n_labels = np.int64(Y.shape[1])
-    true_keys = np.repeat(np.arange(Yh.shape[0], dtype=np.int64), np.diff(Yh.indptr)) \
-        * n_labels + Yh.indices
-    truth = np.isin(slot_row.astype(np.int64) * n_labels + ids, true_keys)
+    parts_F, parts_truth = [], []
+    for a in range(0, Xh.shape[0], block):      # the logit block stays block x 32768 floats
+        b = min(Xh.shape[0], a + block)
+        cand_ptr, counts, ids, F = features(net, Xh[a:b], H_held[a:b], memory, k_nn, cen,
+                                            N_TOP, exclude=held_rows, log_count=log_count)
+        used, slot_row = _used(cand_ptr, counts)
+        Yb = Yh[a:b]
+        true_keys = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(Yb.indptr)) \
+            * n_labels + Yb.indices
+        parts_truth.append(np.isin(slot_row[used].astype(np.int64) * n_labels + ids[used],
+                                   true_keys))
+        parts_F.append(F[used])
+    del cen, Y_fit
+    F, truth = np.concatenate(parts_F), np.concatenate(parts_truth)
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:
         return None, memory

@@ -286,3 +286,16 @@ def test_held_out_rows_never_see_themselves_or_each_other(data, model):
     assert not np.isin(near, held).any() and (near >= 0).all()
     near_all, _ = net.memory.nearest(net.hidden(Xtr[held[:50]]), 1)
     np.testing.assert_array_equal(near_all[:, 0], held[:50])     # without it: itself
+
+
+def test_fitting_block_by_block_is_fitting_at_once(data, model):
+    Xtr, Ytr, _, _ = data
+    X, Y = model._check_data(Xtr, Ytr)
+    fit_rows, held = rerank.holdout_rows(X.shape[0], model.seed_)
+    whole, _ = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=4096)
+    blocks, memory = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=50)
+    # the same candidates and features up to BLAS rounding (block shapes differ), so the
+    # same weights up to the solver's tolerance
+    np.testing.assert_allclose(blocks.mean, whole.mean, rtol=1e-6)
+    np.testing.assert_allclose(blocks.coef, whole.coef, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(memory.emb, model.network_.memory.emb)
