@@ -23,3 +23,17 @@ class FakeClock:
     def perf_counter(self):
         self.now += self.step
         return self.now
+
+
+@pytest.fixture
+def rewrite_checkpoint(tmp_path):
+    """``write(name, meta, arrays)``: a checkpoint file in tmp_path with these metadata and
+    arrays (the array listing made to match), for tests that damage a saved model."""
+    from slide import checkpoint
+
+    def write(name, meta, arrays):
+        meta = dict(meta, arrays={k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()})
+        with open(tmp_path / name, "wb") as f:
+            checkpoint._write_arrays(f, meta, arrays)
+        return tmp_path / name
+    return write

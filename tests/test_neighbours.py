@@ -160,16 +160,11 @@ def test_checkpoint_keeps_the_memory(tiny, trained, tmp_path):
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), trained.predict_topk(Xte, k=5))
 
 
-def test_checkpoint_with_a_broken_memory_is_refused(tiny, trained, tmp_path):
+def test_checkpoint_with_a_broken_memory_is_refused(tiny, trained, tmp_path, rewrite_checkpoint):
     trained.save(tmp_path / "m.slide")
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
 
-    def write(name, meta, arrays):
-        meta = dict(meta, arrays={k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()})
-        with open(tmp_path / name, "wb") as f:
-            checkpoint._write_arrays(f, meta, arrays)
-        return tmp_path / name
-
+    write = rewrite_checkpoint
     with pytest.raises(checkpoint.CheckpointError, match="neighbour memory arrays"):
         slide.load(write("a.slide", dict(meta, neighbours=None), arrays))
     ids = arrays["nbr_label_ids"].copy()

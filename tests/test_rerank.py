@@ -220,16 +220,11 @@ def test_checkpoint_keeps_the_reranker(data, model, tmp_path):
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), model.predict_topk(Xte, k=5))
 
 
-def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path):
+def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_checkpoint):
     model.save(tmp_path / "m.slide")
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
 
-    def write(name, meta, arrays):
-        meta = dict(meta, arrays={k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()})
-        with open(tmp_path / name, "wb") as f:
-            checkpoint._write_arrays(f, meta, arrays)
-        return tmp_path / name
-
+    write = rewrite_checkpoint
     with pytest.raises(checkpoint.CheckpointError, match="re-ranker arrays"):
         slide.load(write("a.slide", dict(meta, reranker=None), arrays))
     with pytest.raises(checkpoint.CheckpointError, match="coef must be 65"):
