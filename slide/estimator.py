@@ -303,7 +303,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             eval_set = self._check_eval_set(eval_set, X, Y)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
-        split = self._rerank_split(X.shape[0])
+        split = self._rerank_split(X.shape[0], Y.shape[1])
         n_train = X.shape[0] if split is None else split[0].shape[0]
         self._train(X, Y, trainer.resolve_epochs(self.epochs, n_train, self.batch_size),
                     eval_set, callback, rows=None if split is None else split[0])
@@ -319,14 +319,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # it to compile the re-ranker's kernels)
     _rerank_min_holdout = None
 
-    def _rerank_split(self, n_rows):
+    def _rerank_split(self, n_rows, n_labels):
         """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
         if not (self.rerank and self.neighbours > 0):
             return None
         from slide import rerank
         min_rows = (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
                     else self._rerank_min_holdout)
-        return rerank.holdout_rows(n_rows, self.seed_, min_rows)
+        return rerank.holdout_rows(n_rows, self.seed_, min_rows, n_labels)
 
     def fit_neighbours(self, X, Y):
         """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with

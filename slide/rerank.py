@@ -9,7 +9,7 @@ never sees the input words directly, which the label trees' per-label linear cla
 So ``fit`` can learn the ranking instead (``SlideClassifier(rerank=True)``, the default):
 
 1. the network is trained on the rows outside a seeded held-out slice (``HOLDOUT`` of them, at
-   most ``MAX_HOLDOUT_ROWS``);
+   most ``MAX_HOLDOUT_ROWS``, fewer where labels and rows are many: ``holdout_rows``);
 2. the neighbour memory of every row is built; each held-out row's candidates (its nearest
    rows outside the slice, the label centroids and counts of the rows outside it: what a test
    row sees of rows the network trained on) get the ``N_BASE`` features below
@@ -48,6 +48,12 @@ HOLDOUT = 0.1           # share of the training rows held out to fit the re-rank
 MAX_HOLDOUT_ROWS = 5000     # ... at most (~300k candidates on debdeps' 4,547 held-out rows;
                             # their features are float64 [candidates, N_BASE])
 MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (65 weights to fit)
+# each held-out row costs one exact row of logits (n_labels dot products) and one search of
+# the memory (n_rows): at most this many of both in all, but never fewer than
+# LARGE_HOLDOUT_ROWS rows for it (Amazon-670K's 670k labels and 490k rows: 1,000 rows, ~8 s of
+# features instead of 40 s for 5,000; debdeps' 71k: the 10 % is below the bound)
+MAX_HOLDOUT_WORK = 500_000_000
+LARGE_HOLDOUT_ROWS = 1000
 # the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
 # all (at Amazon-670K's 670k labels: 24 per label, 128 MB)
 CENTROID_TERMS = 128
@@ -56,11 +62,13 @@ _C = 1.0                # the logistic regression's inverse L2 strength (the pro
 _MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
 
 
-def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS):
+def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
     """(training rows, held-out rows), sorted int64: ``HOLDOUT`` of the rows, at most
-    ``MAX_HOLDOUT_ROWS``, held out; None when that is fewer than ``min_rows``. Seeded: a
-    resumed fit trains on the same rows."""
-    n_held = min(int(HOLDOUT * n_rows), MAX_HOLDOUT_ROWS)
+    ``MAX_HOLDOUT_ROWS`` and at most ``MAX_HOLDOUT_WORK / (n_labels + n_rows)`` (but that
+    bound never below ``LARGE_HOLDOUT_ROWS``), held out; None when that is fewer than
+    ``min_rows``. Seeded: a resumed fit trains on the same rows."""
+    by_work = max(LARGE_HOLDOUT_ROWS, MAX_HOLDOUT_WORK // max(1, int(n_labels) + int(n_rows)))
+    n_held = min(int(HOLDOUT * n_rows), MAX_HOLDOUT_ROWS, by_work)
     if n_held < max(1, min_rows):
         return None
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
@@ -140,6 +148,22 @@ def _centroid_kernel(l_ptr, l_rows, x_ptr, x_ind, x_dat, n_features, m, n_chunks
             out_n[j] = keep
 
 
+@njit(cache=True)
+def _compact_rows(ids, vals, counts):
+    """Row j's first counts[j] entries of the [n, m] arrays moved to the front of their flat
+    buffers, in place (an entry only ever moves to a lower position); returns how many."""
+    flat_ids = ids.ravel()
+    flat_vals = vals.ravel()
+    m = ids.shape[1]
+    pos = 0
+    for j in range(ids.shape[0]):
+        for t in range(counts[j]):
+            flat_ids[pos] = flat_ids[j * m + t]
+            flat_vals[pos] = flat_vals[j * m + t]
+            pos += 1
+    return pos
+
+
 def label_centroids(X, Y, max_terms):
     """Each label's input centroid: the sum of the inputs of its rows, its ``max_terms``
     largest entries kept, divided by the whole sum's L2 norm (so the cosine to it is the full
@@ -155,12 +179,20 @@ def label_centroids(X, Y, max_terms):
     counts = np.zeros(n_labels, np.int64)
     # a dense accumulator per chunk (17 bytes a feature): few chunks, two per thread
     n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
+    # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
+    # float64 copies of them were 0.6 GB of the fit's peak)
     _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int64),
-                     X.indptr.astype(np.int64), X.indices.astype(np.int64),
-                     X.data.astype(np.float64), X.shape[1], m, n_chunks, ids, vals, counts)
+                     X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                     X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
+                     vals, counts)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    used = np.arange(m)[None, :] < counts[:, None]
-    return indptr, ids[used], vals[used]
+    # compacted in place (a boolean-mask copy beside the [n_labels, m] arrays was twice their
+    # 134 MB at Amazon-670K); copied out only when the slack is large
+    total = _compact_rows(ids, vals, counts)
+    ids, vals = ids.reshape(-1)[:total], vals.reshape(-1)[:total]
+    if total < 0.75 * n_labels * m:
+        ids, vals = ids.copy(), vals.copy()
+    return indptr, ids, vals
 
 
 # ------------------------------------------------------------------------------------------------
@@ -432,7 +464,7 @@ def _rows_only(Y, rows):
     return out
 
 
-def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1024):
+def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
     neighbour memory of every row). The held-out rows see the memory without themselves and
@@ -451,7 +483,9 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1024):
     Xh.sort_indices()
     n_labels = np.int64(Y.shape[1])
     parts_F, parts_truth = [], []
-    for a in range(0, Xh.shape[0], block):      # the logit block stays block x 32768 floats
+    # the logit block stays block x 32768 floats (32 MB; 1,024 rows were 128 MB of the peak
+    # at Amazon-670K)
+    for a in range(0, Xh.shape[0], block):
         b = min(Xh.shape[0], a + block)
         cand_ptr, counts, ids, F = features(net, Xh[a:b], H_held[a:b], memory, k_nn, cen,
                                             N_TOP, exclude=held_rows, log_count=log_count)

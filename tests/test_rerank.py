@@ -152,7 +152,7 @@ def test_expand_is_the_features_then_their_pairwise_products():
 
 def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, model):
     Xtr, Ytr, Xte, Yte = data
-    fit_rows, held = rerank.holdout_rows(Xtr.shape[0], model.seed_)
+    fit_rows, held = rerank.holdout_rows(Xtr.shape[0], model.seed_, n_labels=Ytr.shape[1])
     assert model.samples_ == 2 * fit_rows.shape[0]          # two epochs of the network's rows
     net = model.network_
     assert net.reranker is not None and net.memory.n_rows == Xtr.shape[0]
@@ -273,10 +273,22 @@ def test_at_most_max_holdout_rows_are_held_out(monkeypatch):
     assert held.shape[0] == 250 and fit_rows.shape[0] == 9_750
 
 
+def test_fewer_rows_are_held_out_where_labels_and_rows_are_many():
+    # Amazon-670K's shape: 670k labels and 490k rows -> the floor of 1,000 rows (5,000 would
+    # cost 40 s of exact logits and memory searches)
+    fit_rows, held = rerank.holdout_rows(490_449, seed=0, n_labels=670_091)
+    assert held.shape[0] == rerank.LARGE_HOLDOUT_ROWS
+    assert fit_rows.shape[0] + held.shape[0] == 490_449
+    # 200k labels and 100k rows: the work bound (500M / 300k = 1,666 rows)
+    assert rerank.holdout_rows(100_000, seed=0, n_labels=200_000)[1].shape[0] == 1_666
+    # debdeps' shape: the 10 % is below the bound
+    assert rerank.holdout_rows(45_470, seed=0, n_labels=25_880)[1].shape[0] == 4_547
+
+
 def test_held_out_rows_never_see_themselves_or_each_other(data, model):
     Xtr, Ytr, _, _ = data
     net = model.network_
-    held = rerank.holdout_rows(Xtr.shape[0], model.seed_)[1]
+    held = rerank.holdout_rows(Xtr.shape[0], model.seed_, n_labels=Ytr.shape[1])[1]
     near, sims = net.memory.nearest(net.hidden(Xtr[held[:50]]), 20, exclude=held)
     assert not np.isin(near, held).any() and (near >= 0).all()
     near_all, _ = net.memory.nearest(net.hidden(Xtr[held[:50]]), 1)
@@ -286,7 +298,7 @@ def test_held_out_rows_never_see_themselves_or_each_other(data, model):
 def test_fitting_block_by_block_is_fitting_at_once(data, model):
     Xtr, Ytr, _, _ = data
     X, Y = model._check_data(Xtr, Ytr)
-    fit_rows, held = rerank.holdout_rows(X.shape[0], model.seed_)
+    fit_rows, held = rerank.holdout_rows(X.shape[0], model.seed_, n_labels=Y.shape[1])
     whole, _ = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=4096)
     blocks, memory = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=50)
     # the same candidates and features up to BLAS rounding (block shapes differ), so the

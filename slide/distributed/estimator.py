@@ -138,7 +138,7 @@ class ShardedSlideClassifier(SlideClassifier):
         trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self),
                       rows=rows)
 
-    def _rerank_split(self, n_rows):
+    def _rerank_split(self, n_rows, n_labels):
         # no re-ranker across shards (yet): the fixed blend of the vote, on every row
         return None
 
