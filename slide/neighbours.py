@@ -120,6 +120,7 @@ class NeighbourMemory:
             sims = np.empty((S.shape[0], k), np.float32)
             nearest_rows(S, k, near, sims)
             yield a, near, sims
+            del S           # before the next block's product: one block alive, not two
 
     def nearest(self, H, k, exclude=None):
         """Each query's ``min(k, n_rows)`` nearest memory rows (cosine similarity of the

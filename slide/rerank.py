@@ -55,9 +55,9 @@ MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (65 weight
 MAX_HOLDOUT_WORK = 500_000_000
 LARGE_HOLDOUT_ROWS = 1000
 # the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
-# all (at Amazon-670K's 670k labels: 24 per label, 128 MB)
+# all (at Amazon-670K's 670k labels: 12 per label, 64 MB a build)
 CENTROID_TERMS = 128
-_CENTROID_ENTRIES = 16 << 20
+_CENTROID_ENTRIES = 8 << 20
 _C = 1.0                # the logistic regression's inverse L2 strength (the probe's)
 _MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
 
@@ -84,12 +84,12 @@ def centroid_terms(n_labels):
 # label centroids
 
 @njit(cache=True, parallel=True)
-def _centroid_kernel(l_ptr, l_rows, x_ptr, x_ind, x_dat, n_features, m, n_chunks, out_ids,
-                     out_vals, out_n):
-    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` in a
-    dense per-thread accumulator, its m largest entries (ties: the lower feature id) written
-    to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole sum's L2 norm;
-    ``out_n[j]``: how many."""
+def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
+                     out_ids, out_vals, out_n):
+    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` that
+    ``use_row`` marks, in a dense per-thread accumulator, its m largest entries (ties: the
+    lower feature id) written to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole
+    sum's L2 norm; ``out_n[j]``: how many."""
     n_labels = l_ptr.shape[0] - 1
     for c in prange(n_chunks):
         acc = np.zeros(n_features, np.float64)
@@ -99,6 +99,8 @@ def _centroid_kernel(l_ptr, l_rows, x_ptr, x_ind, x_dat, n_features, m, n_chunks
             nt = 0
             for q in range(l_ptr[j], l_ptr[j + 1]):
                 r = l_rows[q]
+                if not use_row[r]:
+                    continue
                 for p in range(x_ptr[r], x_ptr[r + 1]):
                     f = x_ind[p]
                     if not seen[f]:
@@ -164,12 +166,13 @@ def _compact_rows(ids, vals, counts):
     return pos
 
 
-def label_centroids(X, Y, max_terms):
-    """Each label's input centroid: the sum of the inputs of its rows, its ``max_terms``
-    largest entries kept, divided by the whole sum's L2 norm (so the cosine to it is the full
-    centroid's, less the dropped entries). CSR parts (indptr int64 [n_labels + 1], ids int32
-    sorted, values float32), labels without rows empty. One parallel pass over the labels
-    (scipy's Y.T @ X took 17 s on wiki10-31k's 675 words and 19 labels a row)."""
+def label_centroids(X, Y, max_terms, rows=None):
+    """Each label's input centroid: the sum of the inputs of its rows (of the rows ``rows``
+    only, when given), its ``max_terms`` largest entries kept, divided by the whole sum's L2
+    norm (so the cosine to it is the full centroid's, less the dropped entries). CSR parts
+    (indptr int64 [n_labels + 1], ids int32 sorted, values float32), labels without rows
+    empty. One parallel pass over the labels (scipy's Y.T @ X took 17 s on wiki10-31k's 675
+    words and 19 labels a row)."""
     import numba
     X = sp.csr_matrix(X)
     Yc = sp.csc_matrix(Y)
@@ -181,7 +184,8 @@ def label_centroids(X, Y, max_terms):
     n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
     # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
     # float64 copies of them were 0.6 GB of the fit's peak)
-    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int64),
+    use_row = np.ones(X.shape[0], np.bool_) if rows is None else _row_mask(X.shape[0], rows)
+    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int64), use_row,
                      X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
                      X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
                      vals, counts)
@@ -454,14 +458,19 @@ class ReRanker:
                    (ptr, ids, val))
 
 
-def _rows_only(Y, rows):
-    """Y with every row outside ``rows`` emptied (same shape: no copy of the inputs needed to
-    build the centroids of a subset of the rows)."""
-    mask = np.zeros(Y.shape[0], np.float32)
-    mask[rows] = 1.0
-    out = (sp.diags(mask) @ Y).tocsr()
-    out.eliminate_zeros()
-    return out
+def _row_mask(n_rows, rows):
+    mask = np.zeros(n_rows, np.bool_)
+    mask[rows] = True
+    return mask
+
+
+def label_counts(Y, rows):
+    """How many of the rows ``rows`` of Y (CSR) carry each label: int64 [n_labels] (no copy of
+    Y: a copy of Amazon-670K's labels was 63 MB of the fit's peak)."""
+    use = _row_mask(Y.shape[0], rows)
+    per_row = np.diff(Y.indptr)
+    keep = np.repeat(use, per_row)
+    return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
 
 
 def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
@@ -475,10 +484,9 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
-    Y_fit = _rows_only(Y, fit_rows)
     terms = centroid_terms(Y.shape[1])
-    cen = label_centroids(X, Y_fit, terms)
-    log_count = np.log1p(np.bincount(Y_fit.indices, minlength=Y.shape[1]).astype(np.float64))
+    cen = label_centroids(X, Y, terms, rows=fit_rows)
+    log_count = np.log1p(label_counts(Y, fit_rows).astype(np.float64))
     Xh, Yh = X[held_rows], Y[held_rows].tocsr()
     Xh.sort_indices()
     n_labels = np.int64(Y.shape[1])
@@ -496,7 +504,7 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
         parts_truth.append(np.isin(slot_row[used].astype(np.int64) * n_labels + ids[used],
                                    true_keys))
         parts_F.append(F[used])
-    del cen, Y_fit
+    del cen
     F, truth = np.concatenate(parts_F), np.concatenate(parts_truth)
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:

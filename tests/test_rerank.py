@@ -87,6 +87,18 @@ def test_label_centroids_keep_the_largest_entries_over_the_full_norm():
             np.testing.assert_allclose(row, expect, rtol=1e-5, atol=1e-7)
 
 
+def test_centroids_and_counts_of_a_subset_of_the_rows_are_those_of_the_subset():
+    rng = np.random.default_rng(3)
+    X = sp.random(60, 25, density=0.3, random_state=2, format="csr", dtype=np.float32)
+    Y = sp.csr_matrix((rng.random((60, 9)) < 0.3).astype(np.float32))
+    rows = np.sort(rng.choice(60, 35, replace=False))
+    for got, expect in zip(rerank.label_centroids(X, Y, 4, rows=rows),
+                           rerank.label_centroids(X[rows], Y[rows], 4)):
+        np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(rerank.label_counts(Y, rows),
+                                  np.asarray(Y[rows].sum(axis=0)).ravel().astype(np.int64))
+
+
 def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid):
     """One row's candidates and features, written out with dicts (the probe's form)."""
     Wo, bo = net.output_view()
