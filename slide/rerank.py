@@ -22,10 +22,13 @@ The features of candidate label j of a row (``FEATURES``): the network's log-pro
 probability of j, the vote's share of j, the share of the k nearest rows that carry j, the best
 similarity among them, the rank of the first of them (over k), j's rank in the network's top
 ``N_TOP`` (1 when absent), log(1 + j's count among the memory's rows), the nearest row's
-similarity, and the cosine between the row's input and j's input centroid (the unit-L2 sum of
-the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries).
-The last is the trees' kind of evidence: without it the re-ranker gained nothing in the probe
-(``bench/results/accuracy_summary.md``, round 5).
+similarity, the cosine between the row's input and j's input centroid (the unit-L2 sum of
+the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries),
+and j's score by a linear classifier over the input trained against the network's hard
+negatives (``slide.label_linear``, fitted on the fitting rows). The last two are the trees'
+kind of evidence: without the centroid the re-ranker gained nothing in the probe
+(``bench/results/accuracy_summary.md``, round 5); the linear score added ~0.6 points of P@1 on
+debdeps and debtags (round 7).
 
 Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
 matrix over every label; the re-ranker scores only candidates). The model stores the
@@ -38,16 +41,19 @@ from numba import njit, prange
 from slide.lsh.serving import insert_best_first
 from slide.neighbours import POWER
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2        # 1: the first ten features only (no linear_score); still loaded
 FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
-            "network_rank", "log_count", "nearest_similarity", "centroid_cosine")
+            "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
+            "linear_score")
 N_BASE = len(FEATURES)
+_LINEAR = FEATURES.index("linear_score")     # the last: a format-1 re-ranker uses the others
 N_TERMS = N_BASE + N_BASE * (N_BASE + 1) // 2      # the features, their squares and products
 N_TOP = 10              # the network's top labels among a row's candidates
 HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker ...
-MAX_HOLDOUT_ROWS = 5000     # ... at most (~300k candidates on debdeps' 4,547 held-out rows;
-                            # their features are float64 [candidates, N_BASE])
-MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (65 weights to fit)
+# ... at most MAX_HOLDOUT_ROWS (~300k candidates on debdeps' 4,547 held-out rows; their
+# features are float64 [candidates, N_BASE])
+MAX_HOLDOUT_ROWS = 5000
+MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (77 weights to fit)
 # each held-out row costs one exact row of logits (n_labels dot products) and one search of
 # the memory (n_rows): at most this many of both in all, but never fewer than
 # LARGE_HOLDOUT_ROWS rows for it (Amazon-670K's 670k labels and 490k rows: 1,000 rows, ~8 s of
@@ -334,12 +340,13 @@ def expand(F):
     return out
 
 
-def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None):
+def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
+             linear=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
     [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
-    memory's)."""
+    memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
     from slide.engine.infer import topk_lse_of_logits
     Wo, bo = net.output_view()
     n = H.shape[0]
@@ -360,6 +367,8 @@ def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=
                        c_ids, c_val, X.indptr.astype(np.int64),
                        X.indices.astype(np.int32, copy=False),
                        X.data.astype(np.float32, copy=False), cand_ptr, ids, F, counts)
+    if linear is not None:
+        linear.score_into(X, cand_ptr, counts, ids, F, _LINEAR)
     return cand_ptr, counts, ids, F
 
 
@@ -370,18 +379,26 @@ def _used(cand_ptr, counts):
     return offset < counts[slot_row], slot_row
 
 
+def n_terms(n_features):
+    """The logistic regression's weights over n features: theirs and their pairs'."""
+    return n_features + n_features * (n_features + 1) // 2
+
+
 class ReRanker:
     """The fitted re-ranker: feature means and scales [N_BASE], coefficients [N_TERMS] and
     intercept of the logistic regression, the vote's neighbour count ``k_nn`` it was fitted
-    with, and the label centroids (CSR parts)."""
+    with, the label centroids (CSR parts) and the ``LabelLinear`` classifiers. A re-ranker of
+    a format-1 checkpoint has no classifiers and uses the first N_BASE - 1 features."""
 
-    def __init__(self, mean, scale, coef, intercept, k_nn, centroids):
+    def __init__(self, mean, scale, coef, intercept, k_nn, centroids, linear=None):
         self.mean = np.asarray(mean, np.float64)
         self.scale = np.asarray(scale, np.float64)
         self.coef = np.asarray(coef, np.float64)
         self.intercept = float(intercept)
         self.k_nn = int(k_nn)
         self.centroids = centroids
+        self.linear = linear
+        self.n_features = self.mean.shape[0]
 
     # -- fitting -------------------------------------------------------------------------------
     @staticmethod
@@ -407,6 +424,7 @@ class ReRanker:
     # -- scoring -------------------------------------------------------------------------------
     def score(self, F):
         """The logistic regression's decision values of the candidates' features F."""
+        F = F[:, :self.n_features]
         return expand((F - self.mean) / self.scale) @ self.coef + self.intercept
 
     def topk(self, net, X, H, memory, k):
@@ -415,7 +433,7 @@ class ReRanker:
         unless the output layer has fewer labels)."""
         n_top = max(int(k), N_TOP)
         cand_ptr, counts, ids, F = features(net, X, H, memory, self.k_nn, self.centroids,
-                                            n_top)
+                                            n_top, linear=self.linear)
         s = np.full(ids.shape[0], -np.inf)
         used, _ = _used(cand_ptr, counts)
         s[used] = self.score(F[used])
@@ -428,34 +446,51 @@ class ReRanker:
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self):
         c_ptr, c_ids, c_val = self.centroids
-        return {"format": STATE_FORMAT, "k_nn": self.k_nn, "intercept": self.intercept,
-                "mean": self.mean, "scale": self.scale, "coef": self.coef,
-                "cen_indptr": c_ptr, "cen_ids": c_ids, "cen_values": c_val}
+        d = {"format": STATE_FORMAT if self.linear is not None else 1, "k_nn": self.k_nn,
+             "intercept": self.intercept, "mean": self.mean, "scale": self.scale,
+             "coef": self.coef, "cen_indptr": c_ptr, "cen_ids": c_ids, "cen_values": c_val}
+        if self.linear is not None:
+            d["lin_weights"] = self.linear.weights
+            d["lin_bias"] = self.linear.bias
+        return d
 
     @classmethod
     def from_state(cls, d, n_labels, n_features):
         """ValueError naming what is wrong with a saved re-ranker."""
-        if int(d.get("format", -1)) != STATE_FORMAT:
+        from slide.label_linear import LabelLinear
+        fmt = int(d.get("format", -1))
+        if fmt not in (1, STATE_FORMAT):
             raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
-        for name, size in (("mean", N_BASE), ("scale", N_BASE), ("coef", N_TERMS)):
+        n_feat = N_BASE if fmt == STATE_FORMAT else _LINEAR
+        for name, size in (("mean", n_feat), ("scale", n_feat), ("coef", n_terms(n_feat))):
             a = d[name]
             if a.dtype != np.float64 or a.shape != (size,) or not np.isfinite(a).all():
-                raise ValueError(f"re-ranker: {name} must be {size} finite float64 values")
+                raise ValueError(f"{name} must be {size} finite float64 values")
         if not (d["scale"] > 0).all():
-            raise ValueError("re-ranker: scale must be positive")
+            raise ValueError("scale must be positive")
         if not np.isfinite(float(d["intercept"])) or int(d["k_nn"]) < 1:
-            raise ValueError("re-ranker: bad intercept or neighbour count")
+            raise ValueError("bad intercept or neighbour count")
         ptr, ids, val = d["cen_indptr"], d["cen_ids"], d["cen_values"]
         if (ptr.dtype != np.int64 or ptr.shape != (n_labels + 1,) or ptr[0] != 0
                 or (np.diff(ptr) < 0).any() or ptr[-1] != ids.shape[0]
                 or val.shape != ids.shape):
-            raise ValueError("re-ranker: the centroids' indptr does not fit the label count")
+            raise ValueError("the centroids' indptr does not fit the label count")
         if ids.dtype != np.int32 or val.dtype != np.float32 or not np.isfinite(val).all():
-            raise ValueError("re-ranker: centroid ids must be int32, values finite float32")
+            raise ValueError("centroid ids must be int32, values finite float32")
         if ids.size and (ids.min() < 0 or ids.max() >= n_features):
-            raise ValueError(f"re-ranker: centroid feature ids outside [0, {n_features})")
+            raise ValueError(f"centroid feature ids outside [0, {n_features})")
+        linear = None
+        if fmt == STATE_FORMAT:
+            w, b = d.get("lin_weights"), d.get("lin_bias")
+            if (w is None or b is None or w.dtype != np.float32 or b.dtype != np.float32
+                    or w.ndim != 1 or w.shape[0] < 2 or w.shape[0] & (w.shape[0] - 1)
+                    or b.shape != (n_labels,) or not np.isfinite(w).all()
+                    or not np.isfinite(b).all()):
+                raise ValueError("the linear classifiers must be finite float32 "
+                                 "weights (a power-of-two table) and one bias per label")
+            linear = LabelLinear(w, b)
         return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
-                   (ptr, ids, val))
+                   (ptr, ids, val), linear)
 
 
 def _row_mask(n_rows, rows):
@@ -477,11 +512,15 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
     neighbour memory of every row). The held-out rows see the memory without themselves and
-    the other held-out rows, and the centroids and label counts of the fitting rows only (what
-    a test row sees of rows the network trained on); no copy of X or of the hidden layer."""
+    the other held-out rows, and the centroids, label counts and linear classifiers of the
+    fitting rows only (what a test row sees of rows the network trained on); no copy of X or
+    of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
+    a pass of exact logits over the rows); the centroids are."""
+    from slide.label_linear import LabelLinear
     from slide.neighbours import NeighbourMemory
     H_all = net.hidden(X)
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
+    linear = LabelLinear.fit(net, X, Y, fit_rows, seed, H=H_all)
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
     terms = centroid_terms(Y.shape[1])
@@ -496,7 +535,8 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     for a in range(0, Xh.shape[0], block):
         b = min(Xh.shape[0], a + block)
         cand_ptr, counts, ids, F = features(net, Xh[a:b], H_held[a:b], memory, k_nn, cen,
-                                            N_TOP, exclude=held_rows, log_count=log_count)
+                                            N_TOP, exclude=held_rows, log_count=log_count,
+                                            linear=linear)
         used, slot_row = _used(cand_ptr, counts)
         Yb = Yh[a:b]
         true_keys = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(Yb.indptr)) \
@@ -509,4 +549,5 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:
         return None, memory
-    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms)), memory
+    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms),
+                    linear=linear), memory

@@ -8,6 +8,7 @@ import scipy.sparse as sp
 
 import slide
 from slide import checkpoint, rerank, warmup
+from slide.label_linear import LabelLinear
 from slide.neighbours import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
@@ -99,7 +100,22 @@ def test_centroids_and_counts_of_a_subset_of_the_rows_are_those_of_the_subset():
                                   np.asarray(Y[rows].sum(axis=0)).ravel().astype(np.int64))
 
 
-def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid):
+_M64 = (1 << 64) - 1
+
+
+def _reference_linear(linear, x, j):
+    """The linear score of label j for row x, the hash written out with Python integers."""
+    xd = x.toarray().ravel()
+    norm = np.linalg.norm(xd)
+    s = 0.0
+    for f in np.flatnonzero(xd):
+        h = ((int(f) * 0x9E3779B97F4A7C15) & _M64) ^ ((int(j) * 0xC2B2AE3D27D4EB4F) & _M64)
+        h ^= h >> 29
+        s += xd[f] * linear.weights[h & (linear.weights.shape[0] - 1)]
+    return linear.bias[j] + (s / norm if norm > 0 else 0.0)
+
+
+def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=None):
     """One row's candidates and features, written out with dicts (the probe's form)."""
     Wo, bo = net.output_view()
     z = Wo.astype(np.float64) @ h.astype(np.float64) + bo
@@ -131,7 +147,8 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid):
         out[j] = [lp, np.exp(lp), d.get("vote", 0), d.get("count", 0) / k, d.get("best", 0),
                   d.get("first", k) / k, min(d.get("rank", rerank.N_TOP), rerank.N_TOP)
                   / rerank.N_TOP, np.log1p(counts[j]), s[near[0]],
-                  xd @ c / np.linalg.norm(xd)]
+                  xd @ c / np.linalg.norm(xd),
+                  0.0 if linear is None else _reference_linear(linear, x, j)]
     return out
 
 
@@ -145,13 +162,19 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
     X = sp.csr_matrix(Xte[:25] * 3.0, dtype=np.float32)     # rows not of unit norm
     H = net.hidden(X)
     k, n_top = 7, 12
-    ptr, counts, ids, F = rerank.features(net, X, H, memory, k, cen, n_top)
-    for r in range(X.shape[0]):
-        ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top, loss == "sigmoid")
-        got = {int(j): F[ptr[r] + u] for u, j in enumerate(ids[ptr[r]:ptr[r] + counts[r]])}
-        assert set(got) == set(ref)
-        for j in ref:
-            np.testing.assert_allclose(got[j], ref[j], rtol=2e-4, atol=2e-5)
+    rng = np.random.default_rng(1)
+    linear = LabelLinear(rng.normal(size=1 << 10).astype(np.float32),
+                         rng.normal(size=Ytr.shape[1]).astype(np.float32))
+    for lin in (None, linear):
+        ptr, counts, ids, F = rerank.features(net, X, H, memory, k, cen, n_top, linear=lin)
+        for r in range(X.shape[0]):
+            ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top,
+                                      loss == "sigmoid", lin)
+            got = {int(j): F[ptr[r] + u]
+                   for u, j in enumerate(ids[ptr[r]:ptr[r] + counts[r]])}
+            assert set(got) == set(ref)
+            for j in ref:
+                np.testing.assert_allclose(got[j], ref[j], rtol=2e-4, atol=2e-5)
 
 
 def test_expand_is_the_features_then_their_pairwise_products():
@@ -174,7 +197,9 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
     assert np.all((prob > 0) & (prob < 1)) and np.all(np.diff(prob, axis=1) <= 0)
     # the order is the re-ranker's decision values over each row's candidates
     ptr, counts, cid, F = rerank.features(net, Xte, net.hidden(Xte), net.memory,
-                                          net.reranker.k_nn, net.reranker.centroids, 10)
+                                          net.reranker.k_nn, net.reranker.centroids, 10,
+                                          linear=net.reranker.linear)
+    assert net.reranker.linear is not None and np.any(F[:, -1] != 0)
     s = net.reranker.score(F)
     for r in range(0, Xte.shape[0], 37):
         c = cid[ptr[r]:ptr[r] + counts[r]]
@@ -239,7 +264,7 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
     write = rewrite_checkpoint
     with pytest.raises(checkpoint.CheckpointError, match="re-ranker arrays"):
         slide.load(write("a.slide", dict(meta, reranker=None), arrays))
-    with pytest.raises(checkpoint.CheckpointError, match="coef must be 65"):
+    with pytest.raises(checkpoint.CheckpointError, match="re-ranker: coef must be 77"):
         slide.load(write("b.slide", meta, dict(arrays, rr_coef=arrays["rr_coef"][:10])))
     ids = arrays["rr_cen_ids"].copy()
     ids[0] = 10_000
@@ -249,9 +274,39 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
     coef[3] = np.inf
     with pytest.raises(checkpoint.CheckpointError, match="finite"):
         slide.load(write("d.slide", meta, dict(arrays, rr_coef=coef)))
+    for broken in ({"rr_lin_weights": arrays["rr_lin_weights"][:-1]},
+                   {"rr_lin_bias": arrays["rr_lin_bias"][:-1]},
+                   {"rr_lin_weights": arrays["rr_lin_weights"].astype(np.float64)}):
+        with pytest.raises(checkpoint.CheckpointError, match="linear classifiers"):
+            slide.load(write("f.slide", meta, dict(arrays, **broken)))
     no_memory = {k: v for k, v in arrays.items() if not k.startswith("nbr_")}
     with pytest.raises(checkpoint.CheckpointError, match="without the neighbour memory"):
         slide.load(write("e.slide", dict(meta, neighbours=None), no_memory))
+
+
+def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
+        data, model, tmp_path, rewrite_checkpoint):
+    # format 1 (written before the linear classifiers): ten features, 65 weights
+    _, _, Xte, _ = data
+    model.save(tmp_path / "m.slide")
+    meta, arrays = checkpoint.read(tmp_path / "m.slide")
+    ii, jj = np.triu_indices(rerank.N_BASE)
+    pairs = np.flatnonzero((ii < rerank.N_BASE - 1) & (jj < rerank.N_BASE - 1))
+    keep = np.concatenate([np.arange(rerank.N_BASE - 1), rerank.N_BASE + pairs])
+    old = {k: v for k, v in arrays.items() if not k.startswith("rr_lin_")}
+    old.update(rr_mean=arrays["rr_mean"][:-1], rr_scale=arrays["rr_scale"][:-1],
+               rr_coef=arrays["rr_coef"][keep])
+    loaded = slide.load(rewrite_checkpoint("old.slide",
+                                           dict(meta, reranker=dict(meta["reranker"], format=1)),
+                                           old))
+    rr = loaded.network_.reranker
+    assert rr.linear is None and rr.coef.shape == (65,)
+    net = loaded.network_
+    expect = rerank.ReRanker(arrays["rr_mean"][:-1], arrays["rr_scale"][:-1],
+                             arrays["rr_coef"][keep], rr.intercept, rr.k_nn,
+                             rr.centroids).topk(net, Xte, net.hidden(Xte), net.memory, 5)[0]
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), expect)
+    assert not np.array_equal(expect, model.predict_topk(Xte, k=5))
 
 
 def test_bad_rerank_setting_is_refused(data, model):

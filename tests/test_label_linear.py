@@ -1,0 +1,83 @@
+"""The per-label linear classifiers of the re-ranker's linear_score (slide.label_linear)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import slide
+from slide import label_linear
+from slide.label_linear import LabelLinear
+from test_rerank import SMALL, keyword_data
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    Xtr, Ytr = keyword_data(2400, 0)
+    Xte, Yte = keyword_data(400, 1)
+    m = slide.SlideClassifier(epochs=1, neighbours=0, **SMALL).fit(Xtr, Ytr)
+    return m.network_, Xtr, Ytr, Xte, Yte
+
+
+def test_training_pairs_are_the_true_labels_then_the_other_top_labels():
+    top = np.array([[3, 1, 7], [2, -1, 5], [0, 4, 6]])
+    Y = sp.csr_matrix(np.array([[0, 1, 0, 1, 0, 0, 0, 0],
+                                [0, 0, 0, 0, 0, 0, 0, 0],
+                                [1, 0, 0, 0, 1, 0, 1, 0]], np.float32))
+    ptr, labels, targets = label_linear.training_pairs(top, Y.indptr.astype(np.int64),
+                                                       Y.indices.astype(np.int64))
+    np.testing.assert_array_equal(ptr, [0, 3, 5, 8])
+    np.testing.assert_array_equal(labels, [1, 3, 7, 2, 5, 0, 4, 6])
+    np.testing.assert_array_equal(targets, [1, 1, 0, 0, 0, 1, 1, 1])
+
+
+def test_table_bits_follow_the_updates_within_bounds():
+    assert label_linear.table_bits(10) == label_linear.MIN_BITS
+    assert label_linear.table_bits(3_000_000) == 22
+    assert label_linear.table_bits(10 ** 12) == label_linear.MAX_BITS
+
+
+def _rank_of_truth(scores_of, net, X, Y, n_top=10):
+    """Share of rows whose best-scored label among the network's top n_top and their true
+    labels is a true one."""
+    from slide.engine.infer import topk_of_logits
+    Wo, bo = net.output_view()
+    _, top = topk_of_logits(net.hidden(X), Wo, bo, n_top)
+    hits = 0
+    for r in range(X.shape[0]):
+        cand = np.union1d(top[r], Y[r].indices)
+        s = scores_of(r, cand)
+        hits += Y[r, cand[np.argmax(s)]] > 0
+    return hits / X.shape[0]
+
+
+def test_fit_learns_the_words_that_name_each_label(fitted):
+    net, Xtr, Ytr, Xte, Yte = fitted
+    lin = LabelLinear.fit(net, Xtr, Ytr, np.arange(Xtr.shape[0]), seed=0)
+    X = sp.csr_matrix(Xte)
+
+    def linear(r, cand):
+        F = np.zeros((cand.shape[0], 1))
+        lin.score_into(X[r], np.array([0, cand.shape[0]], np.int64),
+                       np.array([cand.shape[0]]), cand.astype(np.int64), F, 0)
+        return F[:, 0]
+
+    def prior(r, cand):
+        return np.log1p(np.asarray(Ytr.sum(axis=0)).ravel()[cand])
+
+    # the words name the labels: the classifiers pick a true label among the hard negatives
+    # far more often than the label frequency does
+    acc, base = _rank_of_truth(linear, net, X, Yte), _rank_of_truth(prior, net, X, Yte)
+    assert acc > 0.9 and acc > base + 0.2
+
+
+def test_fit_uses_at_most_max_work_rows(fitted, monkeypatch):
+    net, Xtr, Ytr, _, _ = fitted
+    seen = []
+    real = label_linear.training_pairs
+
+    def spy(top, y_ptr, y_ids):
+        seen.append(top.shape[0])
+        return real(top, y_ptr, y_ids)
+    monkeypatch.setattr(label_linear, "training_pairs", spy)
+    monkeypatch.setattr(label_linear, "MAX_WORK", 300 * Ytr.shape[1])
+    LabelLinear.fit(net, Xtr, Ytr, np.arange(Xtr.shape[0]), seed=0)
+    assert seen == [300]
