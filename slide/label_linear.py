@@ -144,7 +144,9 @@ class LabelLinear:
         """Train on the rows ``rows`` of X, Y (CSR) against the hard negatives of the network
         ``net``; at most ``MAX_WORK / n_labels`` of the rows (a seeded subset). ``H``: the
         last hidden layer of every row of X, when at hand."""
-        from slide.engine.infer import topk_lse_of_logits
+        import numba
+        from threadpoolctl import threadpool_limits
+        from slide.engine.infer import topk_ids_of_logits
         n_labels = Y.shape[1]
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x11AB])
         rows = np.asarray(rows, np.int64)
@@ -153,10 +155,13 @@ class LabelLinear:
             rows = np.sort(rng.choice(rows, n_use, replace=False))
         Wo, bo = net.output_view()
         top = np.empty((rows.shape[0], min(N_NEGATIVES, n_labels)), np.int64)
-        for a in range(0, rows.shape[0], _BLOCK):
-            block = rows[a:a + _BLOCK]
-            Hb = net.hidden(X[block]) if H is None else H[block]
-            top[a:a + block.shape[0]] = topk_lse_of_logits(Hb, Wo, bo, top.shape[1])[1]
+        # BLAS on every thread here (fit holds it to one beside Numba's kernels): the top-k
+        # fold between its products is short, and the products are most of this fit's time
+        with threadpool_limits(numba.get_num_threads(), user_api="blas"):
+            for a in range(0, rows.shape[0], _BLOCK):
+                block = rows[a:a + _BLOCK]
+                Hb = net.hidden(X[block]) if H is None else H[block]
+                top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1])
         Yr = Y[rows]
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))

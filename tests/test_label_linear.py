@@ -81,3 +81,18 @@ def test_fit_uses_at_most_max_work_rows(fitted, monkeypatch):
     monkeypatch.setattr(label_linear, "MAX_WORK", 300 * Ytr.shape[1])
     LabelLinear.fit(net, Xtr, Ytr, np.arange(Xtr.shape[0]), seed=0)
     assert seen == [300]
+
+
+def test_topk_ids_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
+    from slide.engine.infer import topk_ids_of_logits
+    rng = np.random.default_rng(4)
+    # small integers: every dot product exact, so ties are ties in any BLAS blocking
+    H = rng.integers(-3, 4, size=(50, 8)).astype(np.float32)
+    Wo = rng.integers(-3, 4, size=(300, 8)).astype(np.float32)
+    Wo[200:] = Wo[:100]                     # labels 200..299 tie with 0..99
+    bo = np.zeros(300, np.float32)
+    got = topk_ids_of_logits(H, Wo, bo, 7, chunk=64)     # several chunks
+    S = H @ Wo.T
+    expect = np.argsort(-S, axis=1, kind="stable")[:, :7]
+    np.testing.assert_array_equal(got, expect)
+    assert topk_ids_of_logits(H, Wo[:5], bo[:5], 7).shape == (50, 5)
