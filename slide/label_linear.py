@@ -26,7 +26,9 @@ LEARNING_RATE = 0.2     # Adagrad's
 MAX_BITS = 24           # at most 2**24 weights (64 MB, float32)
 MIN_BITS = 16
 MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negatives, at most
-_BLOCK = 2048           # rows whose logits are computed at once
+_BLOCK_ENTRIES = 8 << 20    # logits computed at once, at most (32 MB: 2,048 rows x 32,768
+                            # labels were 268 MB of the fit's peak at Amazon-670K)
+_CHUNK = 32768          # output rows per product
 
 
 @njit(cache=True, inline="always")
@@ -91,9 +93,12 @@ def training_pairs(top_ids, y_ptr, y_ids):
 
 @njit(cache=True, parallel=True)
 def train_epoch(x_ptr, x_ind, x_dat, rows, order, pair_ptr, pair_labels, pair_targets,
-                weights, weight_g2, bias, bias_g2, mask, learning_rate):
+                table, bias, bias_g2, mask, learning_rate):
     """One Adagrad pass over the rows ``rows[order]`` (HOGWILD: threads update the shared table
-    without locks), each row's pairs ``pair_ptr[i]:pair_ptr[i + 1]`` in turn."""
+    without locks), each row's pairs ``pair_ptr[i]:pair_ptr[i + 1]`` in turn. ``table``
+    [2**bits, 2]: each slot's weight beside its squared-gradient sum, so an update finds both
+    in the cache line its score read (the table is far larger than the caches: two lines a
+    slot were twice the time)."""
     for q in prange(order.shape[0]):
         i = order[q]
         r = rows[i]
@@ -101,15 +106,18 @@ def train_epoch(x_ptr, x_ind, x_dat, rows, order, pair_ptr, pair_labels, pair_ta
         inv_norm = _inv_norm(x_dat, p0, p1)
         for u in range(pair_ptr[i], pair_ptr[i + 1]):
             j = pair_labels[u]
-            z = _score(x_ind, x_dat, p0, p1, inv_norm, j, weights, bias, mask)
+            z = 0.0
+            for p in range(p0, p1):
+                z += x_dat[p] * table[_slot(x_ind[p], j, mask), 0]
+            z = bias[j] + z * inv_norm
             g = 1.0 / (1.0 + np.exp(-z)) - pair_targets[u]
             bias_g2[j] += g * g
             bias[j] -= learning_rate * g / np.sqrt(bias_g2[j] + 1e-8)
             for p in range(p0, p1):
                 h = _slot(x_ind[p], j, mask)
                 gw = g * x_dat[p] * inv_norm
-                weight_g2[h] += gw * gw
-                weights[h] -= learning_rate * gw / np.sqrt(weight_g2[h] + 1e-8)
+                table[h, 1] += gw * gw
+                table[h, 0] -= learning_rate * gw / np.sqrt(table[h, 1] + 1e-8)
 
 
 @njit(cache=True, parallel=True)
@@ -158,10 +166,12 @@ class LabelLinear:
         # BLAS on every thread here (fit holds it to one beside Numba's kernels): the top-k
         # fold between its products is short, and the products are most of this fit's time
         with threadpool_limits(numba.get_num_threads(), user_api="blas"):
-            for a in range(0, rows.shape[0], _BLOCK):
-                block = rows[a:a + _BLOCK]
+            step = max(64, _BLOCK_ENTRIES // min(_CHUNK, n_labels))
+            for a in range(0, rows.shape[0], step):
+                block = rows[a:a + step]
                 Hb = net.hidden(X[block]) if H is None else H[block]
-                top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1])
+                top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1],
+                                                               _CHUNK)
         Yr = Y[rows]
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))
@@ -171,16 +181,15 @@ class LabelLinear:
         x_dat = X.data.astype(np.float32, copy=False)
         row_nnz = np.diff(x_ptr)[rows]
         bits = table_bits(int((np.diff(pair_ptr) * row_nnz).sum()))
-        weights = np.zeros(1 << bits, np.float32)
-        weight_g2 = np.zeros(1 << bits, np.float32)
+        table = np.zeros((1 << bits, 2), np.float32)
         counts = np.bincount(labels[targets > 0], minlength=n_labels).astype(np.float64)
         bias = np.log((counts + 0.5) / (rows.shape[0] + 1.0)).astype(np.float32)
         bias_g2 = np.zeros(n_labels, np.float32)
         for _ in range(EPOCHS):
             train_epoch(x_ptr, x_ind, x_dat, rows, rng.permutation(rows.shape[0]), pair_ptr,
-                        labels, targets, weights, weight_g2, bias, bias_g2,
-                        np.int64((1 << bits) - 1), np.float32(LEARNING_RATE))
-        return cls(weights, bias)
+                        labels, targets, table, bias, bias_g2, np.int64((1 << bits) - 1),
+                        np.float32(LEARNING_RATE))
+        return cls(np.ascontiguousarray(table[:, 0]), bias)
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
         """``F[u, col]``: the score of each used candidate slot u (rows of X)."""

@@ -373,3 +373,15 @@ def test_fitting_block_by_block_is_fitting_at_once(data, model):
     np.testing.assert_allclose(blocks.mean, whole.mean, rtol=1e-6)
     np.testing.assert_allclose(blocks.coef, whole.coef, rtol=1e-3, atol=1e-4)
     np.testing.assert_array_equal(memory.emb, model.network_.memory.emb)
+
+
+def test_newton_logistic_is_scikit_learns_logistic_regression_block_by_block():
+    from sklearn.linear_model import LogisticRegression
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(3000, 4))
+    y = Z[:, 0] + 0.7 * Z[:, 1] * Z[:, 2] + rng.normal(size=3000) > 1.0
+    ref = LogisticRegression(C=0.5, solver="newton-cholesky").fit(rerank.expand(Z), y)
+    for block in (3000, 257):
+        w = rerank.newton_logistic(Z, y, 0.5, block=block)
+        np.testing.assert_allclose(w[:-1], ref.coef_.ravel(), rtol=1e-5, atol=1e-6)
+        assert abs(w[-1] - ref.intercept_[0]) < 1e-5

@@ -56,7 +56,8 @@ def full_centroids(Xr, Yr):
 
 def dump(Xr, Yr, H, cen, exclude, log_count, C_full):
     cand_ptr, counts, ids, F = rerank.features(net, Xr, H, memory, rr.k_nn, cen, rerank.N_TOP,
-                                               exclude=exclude, log_count=log_count)
+                                               exclude=exclude, log_count=log_count,
+                                               linear=rr.linear)
     used, slot_row = rerank._used(cand_ptr, counts)
     rows, labs = slot_row[used].astype(np.int64), ids[used]
     Yr = sp.csr_matrix(Yr)

@@ -98,13 +98,31 @@ for a in range(0, Hf.shape[0], 2048):
     _, top, _, _ = topk_lse_of_logits(Hf[a:a + 2048], Wo, bo, TMAX)
     parts_ids.append(top)
 top = np.concatenate(parts_ids)
-for T, BITS, EPOCHS, LR in CONFIGS:
+for config in CONFIGS:
+    T, BITS, EPOCHS, LR = config[:4]
+    COOC = config[4] if len(config) > 4 else 0     # co-occurrence negatives per row
     Yf = Y[fit_rows]
+    Yfc = Yf.tocsc()
+    crng = np.random.default_rng(1)
     c_ptr = [0]
     c_ids, c_y = [], []
     for i in range(len(fit_rows)):
         true = Yf.indices[Yf.indptr[i]:Yf.indptr[i + 1]]
         neg = np.setdiff1d(top[i, :T], true)
+        if COOC:
+            # the other labels of rows that share a true label: what the neighbour vote
+            # proposes at prediction
+            extra = []
+            for _ in range(3):
+                if not len(true):
+                    break
+                lab = true[crng.integers(len(true))]
+                col = Yfc.indices[Yfc.indptr[lab]:Yfc.indptr[lab + 1]]
+                r2 = col[crng.integers(len(col))]
+                extra.append(Yf.indices[Yf.indptr[r2]:Yf.indptr[r2 + 1]])
+            if extra:
+                extra = np.setdiff1d(np.setdiff1d(np.concatenate(extra), true), neg)[:COOC]
+                neg = np.concatenate([neg, extra])
         c_ids += [true, neg]
         c_y += [np.ones(len(true)), np.zeros(len(neg))]
         c_ptr.append(c_ptr[-1] + len(true) + len(neg))
@@ -136,7 +154,7 @@ for T, BITS, EPOCHS, LR in CONFIGS:
         return o
 
     d = np.load(DUMP)
-    out = DUMP.replace(".npz", f"_lin_T{T}_B{BITS}_E{EPOCHS}_lr{LR}.npz")
+    out = DUMP.replace(".npz", f"_lin_T{T}_B{BITS}_E{EPOCHS}_lr{LR}_c{COOC}.npz")
     np.savez(out, sh=pair_scores(X[held_rows], d["rh"], d["lh"]),
              st=pair_scores(Xte, d["rt"], d["lt"]))
     print("saved", out)

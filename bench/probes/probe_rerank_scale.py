@@ -14,6 +14,8 @@ import threading
 import time
 
 from slide import SlideClassifier, rerank
+from slide.engine.network import Network
+from slide.label_linear import LabelLinear
 from slide.neighbours import NeighbourMemory
 from slide.synthetic import generate
 
@@ -62,7 +64,8 @@ print(f"data: X nnz {X.nnz}, Y nnz {Y.nnz}; rss {rss_mib():.0f} MiB", flush=True
 print("held-out rows", rerank.holdout_rows(X.shape[0], 0, n_labels=Y.shape[1])[1].shape[0])
 for owner, attr in ((rerank, "fit_reranker"), (rerank, "label_centroids"), (rerank, "features"),
                     (rerank.ReRanker, "fit_weights"), (NeighbourMemory, "build"),
-                    (NeighbourMemory, "nearest"), (rerank, "label_counts")):
+                    (NeighbourMemory, "nearest"), (rerank, "label_counts"),
+                    (Network, "hidden"), (LabelLinear, "fit")):
     wrap(owner, attr)
 _peak[0] = 0.0
 m = SlideClassifier(time_budget=budget, random_state=0, n_threads=2).fit(X, Y)
