@@ -110,12 +110,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         The vote's share of the blend: (1 - w) * p_network + w * vote.
     rerank : bool
         With the vote (``neighbours`` > 0) and at least 2,000 training rows: ``fit`` trains
-        the network on 90 % of the rows (seeded; all but 5,000 on large sets), fits a
-        logistic regression over features of
-        each held-out row's candidates (the network's top 10 and the neighbours' labels) and
-        then builds the memory over every row (``slide.rerank``). Exact ``predict_topk``
-        ranks the candidates by it; ``predict_proba`` stays the fixed blend. False (also
-        after ``fit``, by ``set_params``): the fixed blend everywhere.
+        the network on 90 % of the rows (seeded; all but 5,000 on large sets, fewer held out
+        where labels and rows are many), trains per-label linear classifiers over the input
+        on those rows against the network's top labels (``slide.label_linear``), fits a
+        logistic regression over features of each held-out row's candidates (the network's
+        top 10 and the neighbours' labels; their scores, counts, input-centroid cosine and
+        linear classifier score) and then builds the memory over every row
+        (``slide.rerank``). Exact ``predict_topk`` ranks the candidates by it;
+        ``predict_proba`` stays the fixed blend. False (also after ``fit``, by
+        ``set_params``): the fixed blend everywhere.
     rehash_period, rebuild_period, rehash_decay :
         Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
         of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)

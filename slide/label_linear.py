@@ -155,6 +155,7 @@ class LabelLinear:
         last hidden layer of every row of X, when at hand."""
         import numba
         from threadpoolctl import threadpool_limits
+        from slide.data.inputs import take_rows
         from slide.engine.infer import topk_ids_of_logits
         n_labels = Y.shape[1]
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x11AB])
@@ -170,10 +171,10 @@ class LabelLinear:
             step = max(64, _BLOCK_ENTRIES // min(_CHUNK, n_labels))
             for a in range(0, rows.shape[0], step):
                 block = rows[a:a + step]
-                Hb = net.hidden(X[block]) if H is None else H[block]
+                Hb = net.hidden(take_rows(X, block)) if H is None else H[block]
                 top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1],
                                                                _CHUNK)
-        Yr = Y[rows]
+        Yr = take_rows(Y, rows)
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))
         del top, Yr

@@ -150,7 +150,8 @@ TABLE = (
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "
-       "The neighbour memory (model.neighbours) is built after the budget, its seconds counted. "
+       "The neighbour memory (model.neighbours) is built and the re-ranker (model.rerank) "
+       "fitted after the budget, their seconds counted (~10 s at Amazon-670K's shape). "
        "Not bit-reproducible (the clock decides); None: no budget", gt=0),
     _p("neighbours", "model.neighbours", "int", 20, "exact predictions blend the network's "
        "probabilities with the label vote of the query's nearest training rows in the last "
@@ -160,9 +161,10 @@ TABLE = (
        "blend: (1 - w) * p_network + w * vote (measured best on real sets, "
        "bench/results/accuracy.md)", ge=0, le=1, optional=True),
     _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
-       "of the training rows (at most 5,000; at least 2,000 rows needed) and fits a logistic "
-       "re-ranker of the "
-       "vote's candidates on them (slide.rerank); exact predict_topk ranks by it, "
+       "of the training rows (at most 5,000, fewer at many labels; at least 2,000 rows "
+       "needed), trains per-label linear classifiers over the input against the network's "
+       "hard negatives (slide.label_linear) and fits a logistic re-ranker of the vote's "
+       "candidates on the held-out rows (slide.rerank); exact predict_topk ranks by it, "
        "predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),

@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from slide.data.inputs import take_rows
 from slide.lsh.serving import insert_best_first
 from slide.neighbours import POWER
 
@@ -580,7 +581,7 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     terms = centroid_terms(Y.shape[1])
     cen = label_centroids(X, Y, terms, rows=fit_rows)
     log_count = np.log1p(label_counts(Y, fit_rows).astype(np.float64))
-    Xh, Yh = X[held_rows], Y[held_rows].tocsr()
+    Xh, Yh = take_rows(X, held_rows), take_rows(Y, held_rows)
     Xh.sort_indices()
     n_labels = np.int64(Y.shape[1])
     parts_F, parts_truth = [], []

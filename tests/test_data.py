@@ -381,3 +381,18 @@ def test_iterate_minibatches():
         kw.update(bad)
         with pytest.raises(ValueError):
             list(iterate_minibatches(**kw))
+
+
+def test_take_rows_is_row_indexing_without_casting_the_whole_matrix():
+    from slide.data.inputs import slice_rows, take_rows
+    dense = sp.random(50, 30, density=0.2, random_state=3, dtype=np.float32).toarray()
+    dense[7] = 0                                    # an empty row
+    A = sp.csr_matrix(dense)
+    A.indptr = A.indptr.astype(np.int64)            # int64 indptr beside int32 ids
+    rows = np.array([7, 3, 49, 3, 0])
+    got = take_rows(A, rows)
+    assert got.shape == (5, 30) and got.dtype == np.float32
+    np.testing.assert_array_equal(got.toarray(), A.toarray()[rows])
+    assert take_rows(A, np.zeros(0, np.int64)).shape == (0, 30)
+    for lo, hi in ((0, 50), (5, 9), (7, 8), (20, 20)):
+        np.testing.assert_array_equal(slice_rows(A, lo, hi).toarray(), A.toarray()[lo:hi])

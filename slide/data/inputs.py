@@ -21,6 +21,30 @@ def _index_dtype_ok(m):
     return m
 
 
+def take_rows(A, rows):
+    """The rows ``rows`` (any order, repeats allowed) of the CSR matrix A as a new CSR matrix.
+    scipy's ``A[rows]`` first casts the whole of A's index arrays to one dtype where indptr
+    and indices differ (int64 indptr beside int32 indices): an int64 copy of Amazon-670K's
+    37M input ids, 0.3 GB, to take 1,000 rows."""
+    rows = np.asarray(rows, np.int64)
+    starts = A.indptr[rows].astype(np.int64)
+    lens = A.indptr[rows + 1].astype(np.int64) - starts
+    indptr = np.zeros(rows.shape[0] + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    gather = np.repeat(starts - indptr[:-1], lens) + np.arange(indptr[-1])
+    return sp.csr_matrix((A.data[gather], A.indices[gather], indptr),
+                         shape=(rows.shape[0], A.shape[1]))
+
+
+def slice_rows(A, lo, hi):
+    """Rows lo..hi-1 of the CSR matrix A (``A[lo:hi]`` without scipy's whole-matrix index
+    cast; see ``take_rows``)."""
+    p0, p1 = int(A.indptr[lo]), int(A.indptr[hi])
+    return sp.csr_matrix((A.data[p0:p1], A.indices[p0:p1],
+                          (A.indptr[lo:hi + 1] - p0).astype(np.int64)),
+                         shape=(hi - lo, A.shape[1]))
+
+
 def as_feature_matrix(X, n_features=None, name="X"):
     """Validate ``X`` (scipy sparse or dense 2-D) and return canonical CSR.
 

@@ -204,13 +204,15 @@ def topk_reranked(net, X, k, memory, reranker, block=1024):
     """Exact top-k by the re-ranker (``slide.rerank``) of the candidates of the network and
     the neighbour vote of ``memory``: (ids [n, k] int64, the re-ranker's probabilities [n, k]
     float64), best first."""
+    from slide.data.inputs import slice_rows
     Wo, _ = net.output_view()
     n = X.shape[0]
     k_eff = min(k, Wo.shape[0])
     out = np.zeros((n, k_eff), np.int64)
     out_scores = np.zeros((n, k_eff), np.float64)
     for lo, hi, H in _hidden_blocks(net, X, block):
-        out[lo:hi], out_scores[lo:hi] = reranker.topk(net, X[lo:hi], H, memory, k_eff)
+        out[lo:hi], out_scores[lo:hi] = reranker.topk(net, slice_rows(X, lo, hi), H, memory,
+                                                      k_eff)
     return out, out_scores
 
 
