@@ -26,9 +26,9 @@ LEARNING_RATE = 0.2     # Adagrad's
 MAX_BITS = 24           # at most 2**24 weights (64 MB, float32)
 MIN_BITS = 16
 MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negatives, at most
-# logits computed at once, at most (32 MB: 2,048 rows x 32,768 labels were 268 MB of the
+# logits computed at once, at most (16 MB: 2,048 rows x 32,768 labels were 268 MB of the
 # fit's peak at Amazon-670K)
-_BLOCK_ENTRIES = 8 << 20
+_BLOCK_ENTRIES = 4 << 20
 _CHUNK = 32768          # output rows per product
 
 

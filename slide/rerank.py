@@ -62,9 +62,9 @@ MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (77 weight
 MAX_HOLDOUT_WORK = 500_000_000
 LARGE_HOLDOUT_ROWS = 1000
 # the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
-# all (at Amazon-670K's 670k labels: 12 per label, 64 MB a build)
+# all (at least 8 a label: at Amazon-670K's 670k labels 43 MB a build; 128 up to 32k labels)
 CENTROID_TERMS = 128
-_CENTROID_ENTRIES = 8 << 20
+_CENTROID_ENTRIES = 4 << 20
 _C = 1.0                # the logistic regression's inverse L2 strength (the probe's)
 _MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
 
@@ -192,7 +192,8 @@ def label_centroids(X, Y, max_terms, rows=None):
     # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
     # float64 copies of them were 0.6 GB of the fit's peak)
     use_row = np.ones(X.shape[0], np.bool_) if rows is None else _row_mask(X.shape[0], rows)
-    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int64), use_row,
+    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int32, copy=False),
+                     use_row,
                      X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
                      X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
                      vals, counts)
