@@ -10,7 +10,8 @@ label (Slice, Jain et al. 2019, trains such classifiers on a shortlist of negati
   started at the label's log prior;
 - logistic loss on each fitting row's true labels (positives) and the network's top
   ``N_NEGATIVES`` other labels (hard negatives: those the re-ranker must tell apart), input
-  rows at unit L2 norm; Adagrad, ``EPOCHS`` passes, HOGWILD over the rows like the network.
+  rows cut to their ``MAX_ROW_TERMS`` largest entries and at unit L2 norm; Adagrad,
+  ``EPOCHS`` passes, HOGWILD over the rows like the network.
 
 The network's top labels of every fitting row cost one exact row of logits each (n_labels dot
 products), so at most ``MAX_WORK / n_labels`` rows are used (all of debdeps' 41k; ~3k at
@@ -18,9 +19,14 @@ Amazon-670K's 670k labels, where the feature is weak and the re-ranker learns to
 Measured in ``bench/results/accuracy_summary.md`` (round 7).
 """
 import numpy as np
+import scipy.sparse as sp
 from numba import njit, prange
 
 N_NEGATIVES = 10        # the network's top labels per row that are trained as negatives
+# the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
+# ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test
+# rows, and 13 s of training, for no gain there); debdeps' rows have ~52
+MAX_ROW_TERMS = 128
 EPOCHS = 5
 LEARNING_RATE = 0.2     # Adagrad's
 MAX_BITS = 24           # at most 2**24 weights (64 MB, float32)
@@ -133,6 +139,34 @@ def score_candidates(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, weights, bias, 
             out[u, col] = _score(x_ind, x_dat, p0, p1, inv_norm, ids[u], weights, bias, mask)
 
 
+@njit(cache=True, parallel=True)
+def _strongest_entries(x_ptr, x_dat, m, keep):
+    """keep[p]: whether entry p is among its row's m largest in magnitude (ties: the earlier
+    entry)."""
+    for r in prange(x_ptr.shape[0] - 1):
+        p0, p1 = x_ptr[r], x_ptr[r + 1]
+        if p1 - p0 <= m:
+            keep[p0:p1] = True
+            continue
+        order = np.argsort(-np.abs(x_dat[p0:p1]), kind="mergesort")
+        for t in range(m):
+            keep[p0 + order[t]] = True
+
+
+def strongest_terms(X, m=MAX_ROW_TERMS):
+    """The CSR rows of X cut to their m largest entries in magnitude (ids in their order);
+    X itself when no row is longer."""
+    x_ptr = X.indptr.astype(np.int64)
+    if X.shape[0] == 0 or np.diff(x_ptr).max() <= m:
+        return X
+    keep = np.zeros(X.nnz, np.bool_)
+    _strongest_entries(x_ptr, X.data, int(m), keep)
+    indptr = np.zeros(X.shape[0] + 1, np.int64)
+    row_of = np.repeat(np.arange(X.shape[0]), np.diff(x_ptr))
+    np.cumsum(np.bincount(row_of[keep], minlength=X.shape[0]), out=indptr[1:])
+    return sp.csr_matrix((X.data[keep], X.indices[keep], indptr), shape=X.shape)
+
+
 def table_bits(n_updates):
     """Bits of the weight table for ``n_updates`` (feature, label) updates an epoch: about one
     slot per update, within [MIN_BITS, MAX_BITS]."""
@@ -178,23 +212,25 @@ class LabelLinear:
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))
         del top, Yr
-        x_ptr = X.indptr.astype(np.int64)
-        x_ind = X.indices.astype(np.int32, copy=False)
-        x_dat = X.data.astype(np.float32, copy=False)
-        row_nnz = np.diff(x_ptr)[rows]
-        bits = table_bits(int((np.diff(pair_ptr) * row_nnz).sum()))
+        Xr = strongest_terms(take_rows(X, rows))        # the training rows, in order
+        x_ptr = Xr.indptr.astype(np.int64)
+        x_ind = Xr.indices.astype(np.int32, copy=False)
+        x_dat = Xr.data.astype(np.float32, copy=False)
+        bits = table_bits(int((np.diff(pair_ptr) * np.diff(x_ptr)).sum()))
         table = np.zeros((1 << bits, 2), np.float32)
         counts = np.bincount(labels[targets > 0], minlength=n_labels).astype(np.float64)
         bias = np.log((counts + 0.5) / (rows.shape[0] + 1.0)).astype(np.float32)
         bias_g2 = np.zeros(n_labels, np.float32)
+        local = np.arange(rows.shape[0], dtype=np.int64)
         for _ in range(EPOCHS):
-            train_epoch(x_ptr, x_ind, x_dat, rows, rng.permutation(rows.shape[0]), pair_ptr,
+            train_epoch(x_ptr, x_ind, x_dat, local, rng.permutation(rows.shape[0]), pair_ptr,
                         labels, targets, table, bias, bias_g2, np.int64((1 << bits) - 1),
                         np.float32(LEARNING_RATE))
         return cls(np.ascontiguousarray(table[:, 0]), bias)
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
         """``F[u, col]``: the score of each used candidate slot u (rows of X)."""
+        X = strongest_terms(X)
         score_candidates(cand_ptr, counts, ids, X.indptr.astype(np.int64),
                          X.indices.astype(np.int32, copy=False),
                          X.data.astype(np.float32, copy=False), self.weights, self.bias,

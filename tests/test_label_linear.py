@@ -96,3 +96,30 @@ def test_topk_ids_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
     expect = np.argsort(-S, axis=1, kind="stable")[:, :7]
     np.testing.assert_array_equal(got, expect)
     assert topk_ids_of_logits(H, Wo[:5], bo[:5], 7).shape == (50, 5)
+
+
+def test_rows_are_cut_to_their_strongest_entries_for_the_classifiers():
+    X = sp.csr_matrix(np.array([[0.1, -0.9, 0.0, 0.5, 0.5, 0.2],
+                                [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                                [0.3, 0.0, 0.0, 0.0, 0.0, 0.0],
+                                [0.4, 0.4, 0.4, 0.0, 0.0, 0.0]], np.float32))
+    assert label_linear.strongest_terms(X, 5) is X           # no row is longer
+    got = label_linear.strongest_terms(X, 2).toarray()
+    expect = np.array([[0, -0.9, 0, 0.5, 0, 0],        # ties: the earlier entry
+                       [0, 0, 0, 0, 0, 0],
+                       [0.3, 0, 0, 0, 0, 0],
+                       [0.4, 0.4, 0, 0, 0, 0]], np.float32)
+    np.testing.assert_array_equal(got, expect)
+    # a cut row scores as its cut form would, renormalised
+    rng = np.random.default_rng(2)
+    lin = LabelLinear(rng.normal(size=1 << 8).astype(np.float32),
+                      rng.normal(size=4).astype(np.float32))
+    wide = sp.csr_matrix(rng.random((1, 300)).astype(np.float32))
+    cut = label_linear.strongest_terms(wide)
+    assert cut.nnz == label_linear.MAX_ROW_TERMS
+    F = np.zeros((4, 2))
+    ptr, n, ids = np.array([0, 4], np.int64), np.array([4]), np.arange(4, dtype=np.int64)
+    lin.score_into(wide, ptr, n, ids, F, 0)
+    label_linear.score_candidates(ptr, n, ids, cut.indptr.astype(np.int64), cut.indices,
+                                  cut.data, lin.weights, lin.bias, lin.mask, F, 1)
+    np.testing.assert_allclose(F[:, 0], F[:, 1], rtol=1e-6)
