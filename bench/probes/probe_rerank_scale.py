@@ -28,9 +28,18 @@ def rss_mib():
         return int(f.read().split()[1]) * PAGE
 
 
+_events = []          # (seconds, what): step starts and ends, and each new process maximum
+_T0 = time.perf_counter()
+_max = [0.0]
+
+
 def sampler():
     while True:
-        _peak[0] = max(_peak[0], rss_mib())
+        now = rss_mib()
+        _peak[0] = max(_peak[0], now)
+        if now > _max[0]:
+            _max[0] = now
+            _events.append((time.perf_counter() - _T0, f"new maximum {now:.0f} MiB"))
         time.sleep(0.01)
 
 
@@ -51,7 +60,9 @@ def step(name, fn):
     _peak[0] = rss_mib()
     before = _peak[0]
     t = time.perf_counter()
+    _events.append((t - _T0, f"start {name}"))
     out = fn()
+    _events.append((time.perf_counter() - _T0, f"end {name}"))
     print(f"{name:40s} {time.perf_counter() - t:7.1f} s   rss {before:7.0f} -> peak "
           f"{_peak[0]:7.0f} MiB", flush=True)
     _peak[0] = max(outer, _peak[0])
@@ -71,3 +82,8 @@ _peak[0] = 0.0
 m = SlideClassifier(time_budget=budget, random_state=0, n_threads=2).fit(X, Y)
 print(f"fit: {m.train_seconds_:.1f} s of training; peak of the process "
       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", flush=True)
+print("timeline of the fit's last 60 s: step starts/ends and new maxima")
+last = _events[-1][0]
+for t, what in _events:
+    if t > last - 60 and (not what.startswith("new maximum") or float(what.split()[2]) > 2000):
+        print(f"{t:8.2f} {what}")
