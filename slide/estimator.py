@@ -359,19 +359,17 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_.reranker = reranker
 
     def _check_neighbour_settings(self):
-        """The two settings of the vote, checked at prediction too: ``set_params`` may change
-        them after ``fit``."""
-        for name in ("neighbours", "neighbour_weight"):
+        """The settings of the vote and its re-ranker, checked at prediction too:
+        ``set_params`` may change them after ``fit``."""
+        for name in ("neighbours", "neighbour_weight", "rerank"):
             _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
 
     def _reranks(self):
         """Whether exact top-k predictions rank by the re-ranker (``slide.rerank``)."""
-        if not isinstance(self.rerank, (bool, np.bool_)):
-            raise ValueError(f"rerank must be a boolean, got {self.rerank!r}")
-        return (bool(self.rerank) and self._neighbour_vote() is not None
-                and self.network_.reranker is not None)
+        vote = self._neighbour_vote()       # checks the vote's settings, rerank among them
+        return bool(self.rerank) and vote is not None and self.network_.reranker is not None
 
     def _neighbour_vote(self):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""

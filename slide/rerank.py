@@ -39,6 +39,7 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
+from slide.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.lsh.serving import insert_best_first
 from slide.neighbours import POWER
 
@@ -331,17 +332,6 @@ def segment_topk(cand_ptr, cand_n, cand_ids, scores, k, out_ids, out_scores):
             insert_best_first(scores[u], cand_ids[u], k, out_ids[r], out_scores[r])
 
 
-def expand(F):
-    """The re-ranker's terms of standardised features F [n, N_BASE]: the features, then the
-    product of every pair (i <= j, squares included) in row-major order: [n, N_TERMS]."""
-    n, d = F.shape
-    ii, jj = np.triu_indices(d)
-    out = np.empty((n, d + ii.shape[0]), np.float64)
-    out[:, :d] = F
-    out[:, d:] = F[:, ii] * F[:, jj]
-    return out
-
-
 def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
              linear=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
@@ -374,74 +364,11 @@ def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=
     return cand_ptr, counts, ids, F
 
 
-def _logistic_pass(Z, truth, w, C, block, with_derivatives):
-    """C x the log-loss of the rows Z (expanded block by block, a column of ones last) at
-    weights w, and with ``with_derivatives`` its gradient and Hessian."""
-    d = w.shape[0]
-    loss, grad, hess = 0.0, np.zeros(d), np.zeros((d, d))
-    for a in range(0, Z.shape[0], block):
-        E = np.empty((min(block, Z.shape[0] - a), d))
-        E[:, :-1] = expand(Z[a:a + block])
-        E[:, -1] = 1.0
-        z = E @ w
-        y = truth[a:a + block]
-        # log(1 + exp(-z)) for the true, log(1 + exp(z)) for the others, without overflow
-        loss += np.logaddexp(0.0, np.where(y, -z, z)).sum()
-        if with_derivatives:
-            p = 0.5 * (1.0 + np.tanh(0.5 * z))        # the sigmoid, without overflow
-            grad += E.T @ (p - y)
-            hess += (E * (p * (1.0 - p))[:, None]).T @ E
-    return C * loss, C * grad, C * hess
-
-
-def newton_logistic(Z, truth, C, block=16384, max_iter=100, tol=1e-4):
-    """Weights (the ``expand`` terms of the rows Z, then the intercept) minimising C x the
-    log-loss + half the squared norm of the weights, intercept unpenalised: scikit-learn's
-    LogisticRegression(C) objective. Newton steps with a halving line search until the mean
-    gradient per row is below ``tol`` (where scikit-learn's newton-cholesky stops at its
-    default tol: the same weights). The gradient and Hessian are summed block by block, so
-    memory stays ``block`` x N_TERMS floats at any candidate count (scikit-learn's solver held
-    three [candidates, N_TERMS] float64 copies: 0.27 GB at Amazon-670K). One pass over the
-    rows a step: the pass that tests a step also gives the derivatives there."""
-    d = n_terms(Z.shape[1]) + 1
-    penalty = np.ones(d)
-    penalty[-1] = 0.0
-    truth = truth.astype(np.float64)
-    w = np.zeros(d)
-    loss, grad, hess = _logistic_pass(Z, truth, w, C, block, True)
-    f = loss
-    for _ in range(max_iter):
-        g = grad + penalty * w
-        if abs(g).max() <= tol * C * Z.shape[0]:
-            break
-        h = hess.copy()
-        h[np.diag_indices(d)] += penalty
-        try:
-            step = np.linalg.solve(h, g)
-        except np.linalg.LinAlgError:       # pragma: no cover - the penalty keeps it definite
-            step = np.linalg.lstsq(h, g, rcond=None)[0]
-        t = 1.0
-        while True:
-            candidate = w - t * step
-            loss, grad_c, hess_c = _logistic_pass(Z, truth, candidate, C, block, True)
-            f_new = loss + 0.5 * (penalty * candidate) @ candidate
-            if f_new <= f or t < 1e-6:
-                break
-            t *= 0.5
-        w, f, grad, hess = candidate, f_new, grad_c, hess_c
-    return w
-
-
 def _used(cand_ptr, counts):
     """The slots holding candidates (row-major): a boolean mask over the slots."""
     slot_row = np.repeat(np.arange(counts.shape[0]), np.diff(cand_ptr))
     offset = np.arange(cand_ptr[-1]) - cand_ptr[slot_row]
     return offset < counts[slot_row], slot_row
-
-
-def n_terms(n_features):
-    """The logistic regression's weights over n features: theirs and their pairs'."""
-    return n_features + n_features * (n_features + 1) // 2
 
 
 class ReRanker:

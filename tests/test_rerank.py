@@ -312,10 +312,11 @@ def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
 def test_bad_rerank_setting_is_refused(data, model):
     with pytest.raises(ValueError, match="rerank"):
         slide.SlideClassifier(rerank="yes").fit(*data[:2])
-    model.set_params(rerank=2)
     try:
-        with pytest.raises(ValueError, match="rerank must be a boolean"):
-            model.predict_topk(data[2], k=1)
+        for bad in (2, 0):          # 0 too: not taken for False
+            model.set_params(rerank=bad)
+            with pytest.raises(ValueError, match="rerank must be true or false, got an integer"):
+                model.predict_topk(data[2], k=1)
     finally:
         model.set_params(rerank=True)
 

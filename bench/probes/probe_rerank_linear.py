@@ -24,6 +24,7 @@ from numba import njit, prange
 from slide import SlideClassifier
 from slide.data import read_xc
 from slide.engine.infer import topk_lse_of_logits
+from slide.label_linear import _slot as slot   # the hash slide.label_linear was built with
 
 name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 CONFIGS = json.loads(sys.argv[4]) if len(sys.argv) > 4 else [[20, 24, 5, 0.2]]
@@ -39,14 +40,6 @@ def l2(A):
     A = (sp.diags(1 / nr) @ A).tocsr().astype(np.float32)
     A.sort_indices()
     return A
-
-
-@njit(cache=True, inline="always")
-def slot(f, j, mask):
-    h = (np.uint64(f) * np.uint64(0x9E3779B97F4A7C15)) ^ \
-        (np.uint64(j) * np.uint64(0xC2B2AE3D27D4EB4F))
-    h ^= h >> np.uint64(29)
-    return np.int64(h & np.uint64(mask))
 
 
 @njit(cache=True)
