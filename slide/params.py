@@ -151,7 +151,7 @@ TABLE = (
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "
        "The neighbour memory (model.neighbours) is built and the re-ranker (model.rerank) "
-       "fitted after the budget, their seconds counted (~10 s at Amazon-670K's shape). "
+       "fitted after the budget, their seconds counted (~26 s at Amazon-670K's shape). "
        "Not bit-reproducible (the clock decides); None: no budget", gt=0),
     _p("neighbours", "model.neighbours", "int", 20, "exact predictions blend the network's "
        "probabilities with the label vote of the query's nearest training rows in the last "
