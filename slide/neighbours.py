@@ -36,8 +36,12 @@ STATE_FORMAT = 1
 # similarities are raised to this power before voting: the nearest of the k rows count most
 # (measured on debdeps/debtags, 1 to 48: 16 at the top by < 0.004 P@1, 1 close behind)
 POWER = 16.0
-# a block of queries is scored against every memory row at once: at most this many floats
+# a block of queries is scored against every memory row: as many queries as make this many
+# similarities (each block reads the memory once) ...
 _BLOCK_ENTRIES = 1 << 24
+# ... computed in chunks of memory rows of at most this many similarities each (the 64 MB
+# block was the top of the re-ranker fit's peak at Amazon-670K's 490k memory rows)
+_CHUNK_ENTRIES = 1 << 22
 
 
 def _l2_rows(H, inplace=False):
@@ -112,15 +116,22 @@ class NeighbourMemory:
         among them."""
         Q = _l2_rows(H)
         step = max(1, _BLOCK_ENTRIES // max(self.n_rows, 1))
+        cols = max(1, _CHUNK_ENTRIES // step)
+        ex = None if exclude is None else np.unique(np.asarray(exclude, np.int64))
         for a in range(0, Q.shape[0], step):
-            S = Q[a:a + step] @ self.emb.T
-            if exclude is not None:
-                S[:, exclude] = -np.inf
-            near = np.empty((S.shape[0], k), np.int64)
-            sims = np.empty((S.shape[0], k), np.float32)
-            nearest_rows(S, k, near, sims)
+            q = Q[a:a + step]
+            near = np.empty((q.shape[0], k), np.int64)
+            sims = np.empty((q.shape[0], k), np.float32)
+            near[:] = -1
+            sims[:] = -np.inf
+            for c0 in range(0, self.n_rows, cols):
+                c1 = min(self.n_rows, c0 + cols)
+                S = q @ self.emb[c0:c1].T
+                if ex is not None:
+                    S[:, ex[np.searchsorted(ex, c0):np.searchsorted(ex, c1)] - c0] = -np.inf
+                nearest_rows(S, k, near, sims, c0)
+                del S       # before the next chunk's product: one chunk alive, not two
             yield a, near, sims
-            del S           # before the next block's product: one block alive, not two
 
     def nearest(self, H, k, exclude=None):
         """Each query's ``min(k, n_rows)`` nearest memory rows (cosine similarity of the
@@ -179,19 +190,18 @@ class NeighbourMemory:
 
 
 @njit(cache=True, parallel=True)
-def nearest_rows(S, k, out_ids, out_sims):
-    """Per row of the similarity block S [n, m]: the k largest entries' columns and values,
-    best first (one pass with an insertion-sorted list: k is small; np.argpartition over the
-    block took most of a query's time)."""
+def nearest_rows(S, k, out_ids, out_sims, base):
+    """Fold the similarity block S [n, m] (memory rows ``base``..``base + m - 1``) into each
+    row's k largest so far (``out_ids``/``out_sims``, best first; start them at -1 / -inf):
+    one pass with an insertion-sorted list (k is small; np.argpartition over the block took
+    most of a query's time). Ties: the lower memory row first."""
     for r in prange(S.shape[0]):
         ids = out_ids[r]
         vals = out_sims[r]
-        vals[:] = -np.inf
-        ids[:] = -1
         row = S[r]
         for j in range(row.shape[0]):
             if row[j] > vals[k - 1]:
-                insert_best_first(row[j], j, k, ids, vals)
+                insert_best_first(row[j], base + j, k, ids, vals)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -255,3 +255,23 @@ def test_bad_settings_are_refused(tiny):
         m.set_params(neighbours=20, neighbour_weight=0.85)
     with pytest.raises(ValueError, match="hidden rows"):
         NeighbourMemory.build(np.zeros((3, 2), np.float32), sp.csr_matrix((4, 5)))
+
+
+def test_nearest_in_chunks_of_memory_rows_is_nearest_at_once(monkeypatch):
+    import slide.neighbours as nb
+    rng = np.random.default_rng(5)
+    # small integers: ties among the similarities, broken the same way in any chunking
+    H = rng.integers(-2, 3, size=(300, 6)).astype(np.float32)
+    Y = sp.csr_matrix((rng.random((300, 9)) < 0.3).astype(np.float32))
+    memory = NeighbourMemory.build(H, Y)
+    Q = rng.integers(-2, 3, size=(40, 6)).astype(np.float32)
+    exclude = rng.choice(300, 60, replace=False)
+    whole = [memory.nearest(Q, 7), memory.nearest(Q, 7, exclude)]
+    monkeypatch.setattr(nb, "_BLOCK_ENTRIES", 300 * 8)       # 8 queries a block ...
+    monkeypatch.setattr(nb, "_CHUNK_ENTRIES", 8 * 37)        # ... 37 memory rows a chunk
+    for (ids, sims), exc in zip(whole, (None, exclude)):
+        got_ids, got_sims = memory.nearest(Q, 7, exc)
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_sims, sims)
+        if exc is not None:
+            assert not np.isin(got_ids, exc).any()

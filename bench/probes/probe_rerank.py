@@ -42,8 +42,8 @@ def features(mem, Cen, prior, X, Y=None, K=20, ntop=10):
     S = m.predict_scores(X).astype(np.float64)
     mx = S.max(1); lse = np.log(np.exp(S - mx[:, None]).sum(1)) + mx
     Q = _l2_rows(H); Sim = Q @ mem.emb.T
-    near = np.empty((H.shape[0], K), np.int64); sims = np.empty((H.shape[0], K), np.float32)
-    nearest_rows(Sim, K, near, sims)
+    near = np.full((H.shape[0], K), -1, np.int64); sims = np.full((H.shape[0], K), -np.inf, np.float32)
+    nearest_rows(Sim, K, near, sims, 0)
     top = np.argsort(-S, axis=1)[:, :ntop]
     feats, labels, groups, cands = [], [], [], []
     for r in range(H.shape[0]):

@@ -57,9 +57,9 @@ def prec(top, k=5):
 
 
 def vote(sim):
-    near = np.empty((sim.shape[0], K), np.int64)
-    sims = np.empty((sim.shape[0], K), np.float32)
-    nearest_rows(np.ascontiguousarray(sim, dtype=np.float32), K, near, sims)
+    near = np.full((sim.shape[0], K), -1, np.int64)
+    sims = np.full((sim.shape[0], K), -np.inf, np.float32)
+    nearest_rows(np.ascontiguousarray(sim, dtype=np.float32), K, near, sims, 0)
     w = np.maximum(sims, 0) ** POWER
     w /= np.maximum(w.sum(1, keepdims=True), 1e-30)
     A = sp.csr_matrix((w.ravel(), near.ravel(), np.arange(0, w.size + 1, K)),
