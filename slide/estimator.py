@@ -348,6 +348,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         with ``split`` (network rows, held-out rows) the re-ranker is fitted first."""
         self._threads()
         self.sync()
+        self.network_.release_scratch()
         if split is None:
             self.network_.build_memory(X, Y)
             return

@@ -112,6 +112,7 @@ def topk_ids_of_logits(H, Wo, bo, k, chunk=32768):
     top_z = np.full((H.shape[0], k), -np.inf, np.float32)
     for c0, S in logit_chunks(H, Wo, bo, chunk):
         fold_topk(S, c0, k, top_ids, top_z)
+        del S
     return top_ids
 
 
@@ -124,6 +125,7 @@ def logit_chunks(H, Wo, bo, chunk):
         S = H @ Wo[c0:c1].T
         S += bo[c0:c1]
         yield c0, S
+        del S       # before the next chunk's product (the caller drops its reference too)
 
 
 def topk_of_logits(H, Wo, bo, k, chunk=32768):
@@ -134,6 +136,7 @@ def topk_of_logits(H, Wo, bo, k, chunk=32768):
     best_i = np.zeros((H.shape[0], 0), np.int64)
     for c0, S in logit_chunks(H, Wo, bo, chunk):
         best_s, best_i = topk_merge(best_s, best_i, S, c0, k)
+        del S
     return best_s, best_i
 
 
@@ -149,6 +152,7 @@ def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
     run_sum = np.zeros(n, np.float64)
     for c0, S in logit_chunks(H, Wo, bo, chunk):
         fold_logits(S, c0, k, top_ids, top_z, run_max, run_sum)
+        del S       # one logit block alive at a time, not two
     return top_z, top_ids, run_max, run_sum
 
 

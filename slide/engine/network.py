@@ -188,6 +188,15 @@ class Network:
         self.losses = np.zeros(batch_size, np.float64)
         self._scratch_key = key
 
+    def release_scratch(self):
+        """Drop the per-fit scratch (``prepare`` allocates it again for the next training):
+        nothing after training reads it, and the end of ``fit`` (the neighbour memory, the
+        re-ranker) is where a large model's memory peaks."""
+        for name in ("sc", "store", "out_rows", "losses"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        self._scratch_key = None
+
     # -- training ----------------------------------------------------------------------------
     def set_label_counts(self, counts):
         """Training-label counts (length n_labels) for frequency-proportional negatives."""
