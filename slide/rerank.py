@@ -63,7 +63,7 @@ MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (77 weight
 MAX_HOLDOUT_WORK = 500_000_000
 LARGE_HOLDOUT_ROWS = 1000
 # the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
-# all (at least 8 a label: at Amazon-670K's 670k labels 43 MB a build; 128 up to 32k labels)
+# all (at least 4 a label: at Amazon-670K's 670k labels 6, 32 MB a build; 128 up to 32k labels)
 CENTROID_TERMS = 128
 _CENTROID_ENTRIES = 4 << 20
 _C = 1.0                # the logistic regression's inverse L2 strength (the probe's)
@@ -85,7 +85,7 @@ def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
 
 def centroid_terms(n_labels):
     """Entries kept per label centroid: ``CENTROID_TERMS``, fewer at many labels."""
-    return int(max(8, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
+    return int(max(4, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -491,7 +491,7 @@ def label_counts(Y, rows):
     return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
 
 
-def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
+def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
     """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
     neighbour memory of every row). The held-out rows see the memory without themselves and
@@ -513,8 +513,8 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=256):
     Xh.sort_indices()
     n_labels = np.int64(Y.shape[1])
     parts_F, parts_truth = [], []
-    # the logit block stays block x 32768 floats (32 MB; 1,024 rows were 128 MB of the peak
-    # at Amazon-670K)
+    # the logit block stays block x 32768 floats (16 MB; 1,024 rows were 128 MB of the peak
+    # at Amazon-670K, 256 rows 32 MB of what stayed above rerank=False)
     for a in range(0, Xh.shape[0], block):
         b = min(Xh.shape[0], a + block)
         cand_ptr, counts, ids, F = features(net, Xh[a:b], H_held[a:b], memory, k_nn, cen,
