@@ -30,6 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from slide.engine.infer import fold_topk
 from slide.lsh.serving import insert_best_first
 
 STATE_FORMAT = 1
@@ -120,16 +121,14 @@ class NeighbourMemory:
         ex = None if exclude is None else np.unique(np.asarray(exclude, np.int64))
         for a in range(0, Q.shape[0], step):
             q = Q[a:a + step]
-            near = np.empty((q.shape[0], k), np.int64)
-            sims = np.empty((q.shape[0], k), np.float32)
-            near[:] = -1
-            sims[:] = -np.inf
+            near = np.full((q.shape[0], k), -1, np.int64)
+            sims = np.full((q.shape[0], k), -np.inf, np.float32)
             for c0 in range(0, self.n_rows, cols):
                 c1 = min(self.n_rows, c0 + cols)
                 S = q @ self.emb[c0:c1].T
                 if ex is not None:
                     S[:, ex[np.searchsorted(ex, c0):np.searchsorted(ex, c1)] - c0] = -np.inf
-                nearest_rows(S, k, near, sims, c0)
+                fold_topk(S, c0, k, near, sims)     # the running top-k over the chunks
                 del S       # before the next chunk's product: one chunk alive, not two
             yield a, near, sims
 
@@ -187,21 +186,6 @@ class NeighbourMemory:
         if ids.dtype != np.int32 or (ids.size and (ids.min() < 0 or ids.max() >= n_labels)):
             raise ValueError(f"neighbour memory: label ids outside [0, {n_labels})")
         return cls(emb, indptr, ids, n_labels)
-
-
-@njit(cache=True, parallel=True)
-def nearest_rows(S, k, out_ids, out_sims, base):
-    """Fold the similarity block S [n, m] (memory rows ``base``..``base + m - 1``) into each
-    row's k largest so far (``out_ids``/``out_sims``, best first; start them at -1 / -inf):
-    one pass with an insertion-sorted list (k is small; np.argpartition over the block took
-    most of a query's time). Ties: the lower memory row first."""
-    for r in prange(S.shape[0]):
-        ids = out_ids[r]
-        vals = out_sims[r]
-        row = S[r]
-        for j in range(row.shape[0]):
-            if row[j] > vals[k - 1]:
-                insert_best_first(row[j], base + j, k, ids, vals)
 
 
 # ------------------------------------------------------------------------------------------------

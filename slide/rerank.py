@@ -49,7 +49,7 @@ FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "f
             "linear_score")
 N_BASE = len(FEATURES)
 _LINEAR = FEATURES.index("linear_score")     # the last: a format-1 re-ranker uses the others
-N_TERMS = N_BASE + N_BASE * (N_BASE + 1) // 2      # the features, their squares and products
+N_TERMS = n_terms(N_BASE)       # the features, their squares and products
 N_TOP = 10              # the network's top labels among a row's candidates
 HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker ...
 # ... at most MAX_HOLDOUT_ROWS (~300k candidates on debdeps' 4,547 held-out rows; their

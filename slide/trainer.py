@@ -196,6 +196,7 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=Non
     ``rows``: train on these rows of (X, Y) only (sorted int64; the re-ranker's held-out rows
     are left out this way, without a copy of X)."""
     from slide.data import iterate_minibatches
+    from slide.data.inputs import take_rows
     steps = NetworkSteps(model) if steps is None else steps
     n_threads = model._threads()
     bs = int(model.batch_size)
@@ -203,7 +204,8 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=Non
     n_batches = (n + bs - 1) // bs
     # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
     total_batches = max(resolve_epochs(model.epochs, n, bs), int(end_epoch_index)) * n_batches
-    steps.start(X, Y if rows is None else Y[rows], n_threads)
+    # take_rows: scipy's Y[rows] would cast all of Y's label ids to int64 first
+    steps.start(X, Y if rows is None else take_rows(Y, rows), n_threads)
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False

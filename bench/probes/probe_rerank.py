@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 from slide.data import read_xc
 from slide import SlideClassifier
-from slide.neighbours import NeighbourMemory, nearest_rows, _l2_rows, POWER
+from slide.engine.infer import fold_topk
+from slide.neighbours import NeighbourMemory, _l2_rows, POWER
 from sklearn.ensemble import HistGradientBoostingClassifier
 name = sys.argv[1]; hold = float(sys.argv[2])
 base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]
@@ -43,7 +44,7 @@ def features(mem, Cen, prior, X, Y=None, K=20, ntop=10):
     mx = S.max(1); lse = np.log(np.exp(S - mx[:, None]).sum(1)) + mx
     Q = _l2_rows(H); Sim = Q @ mem.emb.T
     near = np.full((H.shape[0], K), -1, np.int64); sims = np.full((H.shape[0], K), -np.inf, np.float32)
-    nearest_rows(Sim, K, near, sims, 0)
+    fold_topk(Sim, 0, K, near, sims)
     top = np.argsort(-S, axis=1)[:, :ntop]
     feats, labels, groups, cands = [], [], [], []
     for r in range(H.shape[0]):

@@ -20,7 +20,8 @@ import scipy.sparse as sp
 
 from slide import SlideClassifier
 from slide.data import read_xc
-from slide.neighbours import POWER, _l2_rows, nearest_rows
+from slide.engine.infer import fold_topk
+from slide.neighbours import POWER, _l2_rows
 
 name = sys.argv[1]
 base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]
@@ -59,7 +60,7 @@ def prec(top, k=5):
 def vote(sim):
     near = np.full((sim.shape[0], K), -1, np.int64)
     sims = np.full((sim.shape[0], K), -np.inf, np.float32)
-    nearest_rows(np.ascontiguousarray(sim, dtype=np.float32), K, near, sims, 0)
+    fold_topk(np.ascontiguousarray(sim, dtype=np.float32), 0, K, near, sims)
     w = np.maximum(sims, 0) ** POWER
     w /= np.maximum(w.sum(1, keepdims=True), 1e-30)
     A = sp.csr_matrix((w.ravel(), near.ravel(), np.arange(0, w.size + 1, K)),
