@@ -83,8 +83,8 @@ def test_fit_uses_at_most_max_work_rows(fitted, monkeypatch):
     assert seen == [300]
 
 
-def test_topk_ids_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
-    from slide.engine.infer import topk_ids_of_logits
+def test_topk_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
+    from slide.engine.infer import topk_ids_of_logits, topk_of_logits
     rng = np.random.default_rng(4)
     # small integers: every dot product exact, so ties are ties in any BLAS blocking
     H = rng.integers(-3, 4, size=(50, 8)).astype(np.float32)
@@ -95,7 +95,11 @@ def test_topk_ids_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
     S = H @ Wo.T
     expect = np.argsort(-S, axis=1, kind="stable")[:, :7]
     np.testing.assert_array_equal(got, expect)
+    scores, ids = topk_of_logits(H, Wo, bo, 7, chunk=64)
+    np.testing.assert_array_equal(ids, expect)
+    np.testing.assert_array_equal(scores, np.take_along_axis(S, expect, axis=1))
     assert topk_ids_of_logits(H, Wo[:5], bo[:5], 7).shape == (50, 5)
+    assert topk_of_logits(H, Wo[:5], bo[:5], 7)[0].shape == (50, 5)
 
 
 def test_rows_are_cut_to_their_strongest_entries_for_the_classifiers():

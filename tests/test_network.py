@@ -204,7 +204,7 @@ def test_rehash_and_rebuild_keep_every_neuron_findable():
     assert n_checks >= 6 and len(seeds) >= 3                # rebuilds drew new functions
 
 
-def test_topk_merge_and_exact_predict_match_numpy():
+def test_exact_predict_matches_numpy():
     rng = np.random.default_rng(4)
     X, Y = _data(rng, 30, 50, 77)
     net = Network((50, 6, 5, 77), [False, False, False], [0, 0, 0], seed=4)
