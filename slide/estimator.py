@@ -96,7 +96,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     batch_size : minibatch size.
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
-        training sets, enough for about 625 batches (at most 10; ``slide.trainer.resolve_epochs``).
+        training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
+        10; ``slide.trainer.resolve_epochs``), run over the rows the network trains on (the
+        re-ranker's held-out rows left out; ``planned_batches``).
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
         stops (``budget_spent_`` then says so), with the learning-rate schedule planned to end
@@ -307,9 +309,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
         split = self._rerank_split(X.shape[0], Y.shape[1])
-        n_train = X.shape[0] if split is None else split[0].shape[0]
-        self._train(X, Y, trainer.resolve_epochs(self.epochs, n_train, self.batch_size),
-                    eval_set, callback, rows=None if split is None else split[0])
+        self._train(X, Y, self.planned_batches(X.shape[0], Y.shape[1])[0], eval_set, callback,
+                    rows=None if split is None else split[0])
         if self.neighbours > 0 and not self.stopped_:
             # part of training: its seconds count in train_seconds_. A fit its callback stopped
             # is left as it stopped (it may be resumed: building the memory syncs the
@@ -322,14 +323,33 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # it to compile the re-ranker's kernels)
     _rerank_min_holdout = None
 
+    def _n_held(self, n_rows, n_labels):
+        """Rows of n_rows that ``fit`` holds out for the re-ranker (0: no re-ranker)."""
+        if not (self.rerank and self.neighbours > 0):
+            return 0
+        from slide import rerank
+        return rerank.n_holdout(n_rows, n_labels, self._holdout_min_rows())
+
+    def _holdout_min_rows(self):
+        from slide import rerank
+        return (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
+                else self._rerank_min_holdout)
+
     def _rerank_split(self, n_rows, n_labels):
         """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
-        if not (self.rerank and self.neighbours > 0):
+        if self._n_held(n_rows, n_labels) == 0:
             return None
         from slide import rerank
-        min_rows = (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
-                    else self._rerank_min_holdout)
-        return rerank.holdout_rows(n_rows, self.seed_, min_rows, n_labels)
+        return rerank.holdout_rows(n_rows, self.seed_, self._holdout_min_rows(), n_labels)
+
+    def planned_batches(self, n_rows, n_labels):
+        """(epochs, batches an epoch) that ``fit`` trains on n_rows rows of n_labels labels.
+        ``epochs="auto"`` resolves from all n_rows (``trainer.resolve_epochs``; the rule was
+        measured on whole training sets), the epochs then run over the rows the network trains
+        on (the re-ranker's held-out rows left out)."""
+        epochs = trainer.resolve_epochs(self.epochs, n_rows, self.batch_size)
+        n_train = int(n_rows) - self._n_held(n_rows, n_labels)
+        return epochs, max(1, -(-n_train // int(self.batch_size)))
 
     def fit_neighbours(self, X, Y):
         """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with
@@ -367,10 +387,19 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             if problem:
                 raise ValueError(f"{name} {problem}")
 
-    def _reranks(self):
-        """Whether exact top-k predictions rank by the re-ranker (``slide.rerank``)."""
+    def _exact_topk(self, X, k, with_scores):
+        """Exact top-k of checked rows X (BLAS held to one thread by the caller): ranked by
+        the re-ranker when the model has one and ``rerank`` is on, else the network's
+        probabilities blended with the neighbour vote when it has its memory, else the logits.
+        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits)."""
         vote = self._neighbour_vote()       # checks the vote's settings, rerank among them
-        return bool(self.rerank) and vote is not None and self.network_.reranker is not None
+        if vote is not None and self.rerank and self.network_.reranker is not None:
+            out = self.network_.predict_topk_reranked(X, k)
+        elif vote is not None:
+            out = self.network_.predict_topk_blended(X, k, *vote)
+        else:
+            return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
+        return out if with_scores else out[0]
 
     def _neighbour_vote(self):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
@@ -454,23 +483,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         Measured (``bench/results/serving.md``): the prior list, not the LSH, carries the
         recall of the exact top-k."""
         self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
         if prior_candidates is not None and (not is_int(prior_candidates)
                                              or prior_candidates < 0):
             raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
+        X = self._check_predict_args(X, k)
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
-            vote = self._neighbour_vote()
-            if exact and self._reranks():
-                return self.network_.predict_topk_reranked(X, int(k))[0]
-            if exact and vote is not None:
-                return self.network_.predict_topk_blended(X, int(k), *vote)[0]
             if exact:
-                return self.network_.predict_topk_exact(X, int(k))
+                return self._exact_topk(X, int(k), with_scores=False)
             if prior_candidates is None:
                 from slide.lsh.serving import default_prior
                 prior_candidates = default_prior(self.network_.layout.n_out[-1])
@@ -507,12 +527,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         float64): the blended probability with the neighbour vote, else the logit."""
         X = self._check_predict_args(X, k)
         with blas_single_thread():
-            vote = self._neighbour_vote()
-            if self._reranks():
-                return self.network_.predict_topk_reranked(X, int(k))
-            if vote is not None:
-                return self.network_.predict_topk_blended(X, int(k), *vote)
-            return self.network_.predict_topk_exact(X, int(k), with_scores=True)
+            return self._exact_topk(X, int(k), with_scores=True)
 
     def predict_proba(self, X):
         """Dense label probabilities [n, n_labels] (float32) of exact inference: the softmax

@@ -70,14 +70,21 @@ _C = 1.0                # the logistic regression's inverse L2 strength (the pro
 _MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
 
 
-def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
-    """(training rows, held-out rows), sorted int64: ``HOLDOUT`` of the rows, at most
+def n_holdout(n_rows, n_labels=0, min_rows=MIN_HOLDOUT_ROWS):
+    """The number of rows ``holdout_rows`` holds out of n_rows: ``HOLDOUT`` of them, at most
     ``MAX_HOLDOUT_ROWS`` and at most ``MAX_HOLDOUT_WORK / (n_labels + n_rows)`` (but that
-    bound never below ``LARGE_HOLDOUT_ROWS``), held out; None when that is fewer than
-    ``min_rows``. Seeded: a resumed fit trains on the same rows."""
+    bound never below ``LARGE_HOLDOUT_ROWS``); 0 (no re-ranker) when that is fewer than
+    ``min_rows``."""
     by_work = max(LARGE_HOLDOUT_ROWS, MAX_HOLDOUT_WORK // max(1, int(n_labels) + int(n_rows)))
     n_held = min(int(HOLDOUT * n_rows), MAX_HOLDOUT_ROWS, by_work)
-    if n_held < max(1, min_rows):
+    return n_held if n_held >= max(1, min_rows) else 0
+
+
+def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
+    """(training rows, held-out rows), sorted int64: ``n_holdout`` rows held out, a seeded
+    draw (a resumed fit trains on the same rows); None when ``n_holdout`` is 0."""
+    n_held = n_holdout(n_rows, n_labels, min_rows)
+    if n_held == 0:
         return None
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
     return np.sort(perm[n_held:]).astype(np.int64), np.sort(perm[:n_held]).astype(np.int64)

@@ -202,8 +202,10 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=Non
     bs = int(model.batch_size)
     n = X.shape[0] if rows is None else rows.shape[0]
     n_batches = (n + bs - 1) // bs
-    # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on)
-    total_batches = max(resolve_epochs(model.epochs, n, bs), int(end_epoch_index)) * n_batches
+    # the schedule spans ``epochs`` epochs (or up to end_epoch_index, if partial_fit goes on);
+    # "auto" resolves from all of X's rows, as fit does (``planned_batches``)
+    total_batches = max(resolve_epochs(model.epochs, X.shape[0], bs),
+                        int(end_epoch_index)) * n_batches
     # take_rows: scipy's Y[rows] would cast all of Y's label ids to int64 first
     steps.start(X, Y if rows is None else take_rows(Y, rows), n_threads)
     model.stopped_ = False

@@ -18,7 +18,6 @@ from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
                               _latest_good_checkpoint, _run_dir_has_run, read_metrics)
 from slide.config import ConfigError
-from slide.trainer import resolve_epochs
 from slide.fileio import atomic_write, write_text
 
 
@@ -98,10 +97,8 @@ class _Phase:
         self.ckpt_every = t["checkpoint_every_batches"]
         self.ckpts = Checkpoints(run_dir, t["keep_checkpoints"])
         self.log = MetricsLog(os.path.join(run_dir, METRICS_FILE))
-        n = self.X.shape[0]
-        self.batches_per_epoch = max(1, math.ceil(n / t["batch_size"]))
-        self.epochs = resolve_epochs(t["epochs"], n, t["batch_size"])     # "auto": a number
-        self.total_batches = self.batches_per_epoch * self.epochs
+        # epochs and batches: the model's plan (``run``), the re-ranker's held-out rows left out
+        self.epochs = self.batches_per_epoch = self.total_batches = None
 
     # -- state carried in every checkpoint's ``extra`` so a resumed run continues its clocks
     def _extra(self):
@@ -202,6 +199,8 @@ class _Phase:
             model, resumed = self._resume(), True
         else:
             model, resumed = self._fresh(est), False
+        self.epochs, self.batches_per_epoch = model.planned_batches(*self.Y.shape)
+        self.total_batches = self.batches_per_epoch * self.epochs
         if self.batch >= self.total_batches:
             self.finished = True
 

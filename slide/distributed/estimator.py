@@ -138,9 +138,9 @@ class ShardedSlideClassifier(SlideClassifier):
         trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self),
                       rows=rows)
 
-    def _rerank_split(self, n_rows, n_labels):
+    def _n_held(self, n_rows, n_labels):
         # no re-ranker across shards (yet): the fixed blend of the vote, on every row
-        return None
+        return 0
 
     def _recover(self, exc, Y, n_threads):
         """A shard actor died (Ray restarted it empty): every shard and the driver go back to
