@@ -148,16 +148,20 @@ def _hidden_blocks(net, X, block):
         yield lo, hi, H_all[lo:hi]
 
 
+def _topk_outputs(n_rows, k, n_out):
+    """k capped at the label count, and the zeroed (ids int64, scores float64) [n_rows, k] that
+    an exact top-k fills block by block."""
+    k_eff = min(k, n_out)
+    return k_eff, np.zeros((n_rows, k_eff), np.int64), np.zeros((n_rows, k_eff), np.float64)
+
+
 def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
     """Exact top-k over ALL output neurons: hidden layer of every row (one parallel kernel),
     then BLAS scores of blocks of rows against chunks of the output rows with a running top-k
     (only BLAS after the kernel: alternating Numba's OpenMP pool and OpenBLAS's threads makes
     each spin against the other). ``with_scores``: (ids, their logits as float64)."""
     Wo, bo = net.output_view()
-    n = X.shape[0]
-    k_eff = min(k, Wo.shape[0])
-    out = np.zeros((n, k_eff), np.int64)
-    out_scores = np.zeros((n, k_eff), np.float64)
+    k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
     for lo, hi, H in _hidden_blocks(net, X, block):
         out_scores[lo:hi], out[lo:hi] = topk_of_logits(H, Wo, bo, k_eff, chunk)
     return (out, out_scores) if with_scores else out
@@ -171,10 +175,7 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
     Returns (ids [n, k] int64, their blended scores [n, k] float64)."""
     from slide.neighbours import blend_block, voted_logits
     Wo, bo = net.output_view()
-    n = X.shape[0]
-    k_eff = min(k, Wo.shape[0])
-    out = np.zeros((n, k_eff), np.int64)
-    out_scores = np.zeros((n, k_eff), np.float64)
+    k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
     sigmoid = net.loss == "sigmoid"
     for lo, hi, H in _hidden_blocks(net, X, block):
         top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, k_eff, chunk)
@@ -192,10 +193,7 @@ def topk_reranked(net, X, k, memory, reranker, block=1024):
     float64), best first."""
     from slide.data.inputs import slice_rows
     Wo, _ = net.output_view()
-    n = X.shape[0]
-    k_eff = min(k, Wo.shape[0])
-    out = np.zeros((n, k_eff), np.int64)
-    out_scores = np.zeros((n, k_eff), np.float64)
+    k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
     for lo, hi, H in _hidden_blocks(net, X, block):
         out[lo:hi], out_scores[lo:hi] = reranker.topk(net, slice_rows(X, lo, hi), H, memory,
                                                       k_eff)
