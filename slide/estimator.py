@@ -114,7 +114,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         With the vote (``neighbours`` > 0) and at least 2,000 training rows: ``fit`` trains
         the network on 90 % of the rows (seeded; all but 5,000 on large sets, fewer held out
         where labels and rows are many), trains per-label linear classifiers over the input
-        on those rows against the network's top labels (``slide.label_linear``), fits a
+        on those rows (one-vs-rest where labels are few, else against the network's top
+        labels: ``slide.label_linear``), fits a
         logistic regression over features of each held-out row's candidates (the network's
         top 10 and the neighbours' labels; their scores, counts, input-centroid cosine and
         linear classifier score) and then builds the memory over every row

@@ -17,6 +17,15 @@ The network's top labels of every fitting row cost one exact row of logits each 
 products), so at most ``MAX_WORK / n_labels`` rows are used (all of debdeps' 41k; ~3k at
 Amazon-670K's 670k labels, where the feature is weak and the re-ranker learns to weigh it so).
 Measured in ``bench/results/accuracy_summary.md`` (round 7).
+
+Where the labels are few enough that every row can afford a logistic loss on every label
+(rows x row terms x labels x ``OVR_EPOCHS`` at most ``MAX_OVR_WORK``: debtags' 581 labels, not
+debdeps' 26k), ``fit_classifiers`` trains ``OneVsRest`` instead: a dense weight per (input
+feature, label) over the ``MAX_OVR_WEIGHTS // n_labels`` most frequent features, every other
+label a negative of every row, so that any word can argue against any label. Its step is
+Adagrad with the squared-gradient sums factored into a sum per feature and one per label
+(G[f, j] ~ R[f] C[j] / sum(R), as Adafactor does for its moments): a per-weight sum was twice
+the memory and twice the time, and less accurate (round 9).
 """
 import numpy as np
 import scipy.sparse as sp
@@ -36,6 +45,14 @@ MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negativ
 # fit's peak at Amazon-670K)
 _BLOCK_ENTRIES = 4 << 20
 _CHUNK = 32768          # output rows per product
+# one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
+# 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (128 MB float32; debtags'
+# 33.8k features x 581 labels are 79 MB: at 2**24, its 5k single-row features dropped, P@1
+# varied twice as much over seeds)
+OVR_EPOCHS = 3
+OVR_LEARNING_RATE = 0.2
+MAX_OVR_WORK = 1_000_000_000
+MAX_OVR_WEIGHTS = 1 << 25
 
 
 @njit(cache=True, inline="always")
@@ -235,3 +252,173 @@ class LabelLinear:
                          X.indices.astype(np.int32, copy=False),
                          X.data.astype(np.float32, copy=False), self.weights, self.bias,
                          self.mask, F, int(col))
+
+    def state(self):
+        return {"lin_weights": self.weights, "lin_bias": self.bias}
+
+
+# ------------------------------------------------------------------------------------------------
+# one-vs-rest (few labels)
+
+@njit(cache=True, parallel=True)
+def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g2, label_g2,
+              total_g2, bias, bias_g2, learning_rate):
+    """One pass of the logistic loss of every label over the rows ``order`` (each row's
+    labels ``y_ids[y_ptr[r]:y_ptr[r + 1]]`` positive, the others negative; HOGWILD). Input
+    feature f is row ``slot[f]`` of ``weights`` [kept features, n_labels] (-1: not kept). The
+    step of weight (f, j) is Adagrad's with its squared-gradient sum taken as
+    feature_g2[f] * label_g2[j] / total_g2[0] (sums over the other index); the bias has its
+    own Adagrad sum."""
+    n_labels = bias.shape[0]
+    for q in prange(order.shape[0]):
+        r = order[q]
+        p0, p1 = x_ptr[r], x_ptr[r + 1]
+        inv_norm = _inv_norm(x_dat, p0, p1)
+        g = np.zeros(n_labels, np.float32)
+        kept_sq = 0.0                           # the squared norm of the kept entries
+        for p in range(p0, p1):
+            k = slot[x_ind[p]]
+            if k < 0:
+                continue
+            v = x_dat[p] * inv_norm
+            kept_sq += v * v
+            for j in range(n_labels):
+                g[j] += v * weights[k, j]
+        for j in range(n_labels):
+            g[j] = 1.0 / (1.0 + np.exp(-(bias[j] + g[j])))
+        for t in range(y_ptr[r], y_ptr[r + 1]):
+            g[y_ids[t]] -= 1.0
+        g_sq = 0.0
+        step = np.empty(n_labels, np.float32)
+        for j in range(n_labels):
+            gj2 = g[j] * g[j]
+            g_sq += gj2
+            bias_g2[j] += gj2
+            bias[j] -= learning_rate * g[j] / np.sqrt(bias_g2[j] + 1e-8)
+            label_g2[j] += gj2 * kept_sq
+        total_g2[0] += g_sq * kept_sq
+        for j in range(n_labels):
+            step[j] = learning_rate * g[j] / np.sqrt(label_g2[j] + 1e-12)
+        for p in range(p0, p1):
+            k = slot[x_ind[p]]
+            if k < 0:
+                continue
+            v = x_dat[p] * inv_norm
+            feature_g2[k] += v * v * g_sq
+            a = v / np.sqrt(feature_g2[k] / max(total_g2[0], 1e-12) + 1e-12)
+            for j in range(n_labels):
+                weights[k, j] -= a * step[j]
+
+
+@njit(cache=True, parallel=True)
+def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, out, col):
+    """``out[u, col]``: the one-vs-rest score of row r's candidate ``ids[u]`` for each of its
+    ``counts[r]`` slots from ``cand_ptr[r]``."""
+    for r in prange(counts.shape[0]):
+        p0, p1 = x_ptr[r], x_ptr[r + 1]
+        inv_norm = _inv_norm(x_dat, p0, p1)
+        for u in range(cand_ptr[r], cand_ptr[r] + counts[r]):
+            j = ids[u]
+            z = 0.0
+            for p in range(p0, p1):
+                k = slot[x_ind[p]]
+                if k >= 0:
+                    z += x_dat[p] * weights[k, j]
+            out[u, col] = bias[j] + z * inv_norm
+
+
+def ovr_affordable(X, rows, n_labels):
+    """Whether one-vs-rest over the rows ``rows`` of X (CSR) is within ``MAX_OVR_WORK``."""
+    terms = np.minimum(np.diff(X.indptr)[rows], MAX_ROW_TERMS).sum()
+    return float(terms) * n_labels * OVR_EPOCHS <= MAX_OVR_WORK
+
+
+def kept_features(X, n_labels):
+    """slot int32 [n_features]: the weight row of each of the ``MAX_OVR_WEIGHTS // n_labels``
+    features of X (CSR) in the most rows (ties: the lower id), -1 for the others and for
+    features in no row."""
+    df = np.bincount(X.indices, minlength=X.shape[1])
+    n_keep = int(min((df > 0).sum(), max(1, MAX_OVR_WEIGHTS // max(1, n_labels))))
+    keep = np.sort(np.argsort(-df, kind="stable")[:n_keep])
+    slot = np.full(X.shape[1], -1, np.int32)
+    slot[keep] = np.arange(n_keep, dtype=np.int32)
+    return slot
+
+
+class OneVsRest:
+    """The fitted one-vs-rest classifiers: ``weights`` float32 [kept features, n_labels],
+    ``slot`` int32 [n_features] (each feature's row of weights, -1: none) and ``bias`` float32
+    [n_labels]."""
+
+    def __init__(self, weights, slot, bias):
+        self.weights = np.ascontiguousarray(weights, np.float32)
+        self.slot = np.asarray(slot, np.int32)
+        self.bias = np.asarray(bias, np.float32)
+
+    @classmethod
+    def fit(cls, X, Y, rows, seed=0):
+        """``OVR_EPOCHS`` passes over the rows ``rows`` of X, Y (CSR), in a seeded order."""
+        from slide.data.inputs import take_rows
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x0F12])
+        Xr = strongest_terms(take_rows(X, np.asarray(rows, np.int64)))
+        Yr = take_rows(Y, np.asarray(rows, np.int64))
+        n_labels = Y.shape[1]
+        slot = kept_features(Xr, n_labels)
+        weights = np.zeros((int(slot.max()) + 1, n_labels), np.float32)
+        y_ids = Yr.indices.astype(np.int64)
+        counts = np.bincount(y_ids, minlength=n_labels).astype(np.float64)
+        bias = np.log((counts + 0.5) / (Xr.shape[0] + 1.0)).astype(np.float32)
+        sums = (np.zeros(weights.shape[0]), np.zeros(n_labels), np.zeros(1),)
+        bias_g2 = np.zeros(n_labels, np.float32)
+        args = (Xr.indptr.astype(np.int64), Xr.indices.astype(np.int32, copy=False),
+                Xr.data.astype(np.float32, copy=False), slot, Yr.indptr.astype(np.int64),
+                y_ids)
+        for _ in range(OVR_EPOCHS):
+            ovr_epoch(*args, rng.permutation(Xr.shape[0]), weights, *sums, bias, bias_g2,
+                      np.float32(OVR_LEARNING_RATE))
+        return cls(weights, slot, bias)
+
+    def score_into(self, X, cand_ptr, counts, ids, F, col):
+        """``F[u, col]``: the score of each used candidate slot u (rows of X)."""
+        X = strongest_terms(X)
+        score_ovr(cand_ptr, counts, ids, X.indptr.astype(np.int64),
+                  X.indices.astype(np.int32, copy=False), X.data.astype(np.float32, copy=False),
+                  self.slot, self.weights, self.bias, F, int(col))
+
+    def state(self):
+        return {"ovr_weights": self.weights, "ovr_slot": self.slot, "lin_bias": self.bias}
+
+
+def fit_classifiers(net, X, Y, rows, seed=0, H=None):
+    """The linear_score classifiers of the rows ``rows`` of X, Y: ``OneVsRest`` where it is
+    affordable (``ovr_affordable``), else ``LabelLinear`` against the network's hard
+    negatives."""
+    if ovr_affordable(X, np.asarray(rows, np.int64), Y.shape[1]):
+        return OneVsRest.fit(X, Y, rows, seed)
+    return LabelLinear.fit(net, X, Y, rows, seed, H=H)
+
+
+def classifiers_from_state(d, n_labels, n_features):
+    """The classifiers saved by ``state`` (``ovr_*`` keys: ``OneVsRest``, else ``LabelLinear``);
+    ValueError naming what is wrong."""
+    b = d.get("lin_bias")
+    if b is None or b.dtype != np.float32 or b.shape != (n_labels,) \
+            or not np.isfinite(b).all():
+        raise ValueError("the linear classifiers need one finite float32 bias per label")
+    if "ovr_weights" in d:
+        w, slot = d["ovr_weights"], d.get("ovr_slot")
+        if slot is None or slot.dtype != np.int32 or slot.shape != (n_features,):
+            raise ValueError(f"the one-vs-rest slots must be {n_features} int32 values")
+        if w.dtype != np.float32 or w.ndim != 2 or w.shape[1] != n_labels \
+                or not np.isfinite(w).all():
+            raise ValueError("the one-vs-rest weights must be finite float32 "
+                             f"[features, {n_labels}]")
+        if slot.min() < -1 or slot.max() >= w.shape[0]:
+            raise ValueError(f"the one-vs-rest slots must lie in [-1, {w.shape[0]})")
+        return OneVsRest(w, slot, b)
+    w = d.get("lin_weights")
+    if w is None or w.dtype != np.float32 or w.ndim != 1 or w.shape[0] < 2 \
+            or w.shape[0] & (w.shape[0] - 1) or not np.isfinite(w).all():
+        raise ValueError("the linear classifiers must be finite float32 weights (a "
+                         "power-of-two table)")
+    return LabelLinear(w, b)

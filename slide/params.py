@@ -162,8 +162,8 @@ TABLE = (
        "bench/results/accuracy.md)", ge=0, le=1, optional=True),
     _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
        "of the training rows (at most 5,000, fewer at many labels; at least 2,000 rows "
-       "needed), trains per-label linear classifiers over the input against the network's "
-       "hard negatives (slide.label_linear) and fits a logistic re-ranker of the vote's "
+       "needed), trains per-label linear classifiers over the input (one-vs-rest where labels "
+       "are few, else against the network's hard negatives: slide.label_linear) and fits a logistic re-ranker of the vote's "
        "candidates on the held-out rows (slide.rerank); exact predict_topk ranks by it, "
        "predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",

@@ -24,11 +24,12 @@ similarity among them, the rank of the first of them (over k), j's rank in the n
 ``N_TOP`` (1 when absent), log(1 + j's count among the memory's rows), the nearest row's
 similarity, the cosine between the row's input and j's input centroid (the unit-L2 sum of
 the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries),
-and j's score by a linear classifier over the input trained against the network's hard
-negatives (``slide.label_linear``, fitted on the fitting rows). The last two are the trees'
-kind of evidence: without the centroid the re-ranker gained nothing in the probe
-(``bench/results/accuracy_summary.md``, round 5); the linear score added ~0.6 points of P@1 on
-debdeps and debtags (round 7).
+and j's score by a linear classifier over the input (``slide.label_linear``, fitted on the
+fitting rows: one-vs-rest where the labels are few, else against the network's hard negatives).
+The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
+in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
+added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.2 more
+(round 9).
 
 Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
 matrix over every label; the re-ranker scores only candidates). The model stores the
@@ -43,7 +44,9 @@ from slide.logistic import expand, n_terms, newton_logistic  # noqa: F401 (reran
 from slide.lsh.serving import insert_best_first
 from slide.neighbours import POWER
 
-STATE_FORMAT = 2        # 1: the first ten features only (no linear_score); still loaded
+# 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
+# OneVsRest classifiers (slide.label_linear); all loaded
+STATE_FORMATS = (1, 2, 3)
 FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
             "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
             "linear_score")
@@ -436,22 +439,22 @@ class ReRanker:
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self):
         c_ptr, c_ids, c_val = self.centroids
-        d = {"format": STATE_FORMAT if self.linear is not None else 1, "k_nn": self.k_nn,
-             "intercept": self.intercept, "mean": self.mean, "scale": self.scale,
-             "coef": self.coef, "cen_indptr": c_ptr, "cen_ids": c_ids, "cen_values": c_val}
+        d = {"format": 1, "k_nn": self.k_nn, "intercept": self.intercept, "mean": self.mean,
+             "scale": self.scale, "coef": self.coef, "cen_indptr": c_ptr, "cen_ids": c_ids,
+             "cen_values": c_val}
         if self.linear is not None:
-            d["lin_weights"] = self.linear.weights
-            d["lin_bias"] = self.linear.bias
+            d.update(self.linear.state())
+            d["format"] = 3 if "ovr_weights" in d else 2
         return d
 
     @classmethod
     def from_state(cls, d, n_labels, n_features):
         """ValueError naming what is wrong with a saved re-ranker."""
-        from slide.label_linear import LabelLinear
+        from slide.label_linear import classifiers_from_state
         fmt = int(d.get("format", -1))
-        if fmt not in (1, STATE_FORMAT):
+        if fmt not in STATE_FORMATS:
             raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
-        n_feat = N_BASE if fmt == STATE_FORMAT else _LINEAR
+        n_feat = _LINEAR if fmt == 1 else N_BASE
         for name, size in (("mean", n_feat), ("scale", n_feat), ("coef", n_terms(n_feat))):
             a = d[name]
             if a.dtype != np.float64 or a.shape != (size,) or not np.isfinite(a).all():
@@ -470,15 +473,10 @@ class ReRanker:
         if ids.size and (ids.min() < 0 or ids.max() >= n_features):
             raise ValueError(f"centroid feature ids outside [0, {n_features})")
         linear = None
-        if fmt == STATE_FORMAT:
-            w, b = d.get("lin_weights"), d.get("lin_bias")
-            if (w is None or b is None or w.dtype != np.float32 or b.dtype != np.float32
-                    or w.ndim != 1 or w.shape[0] < 2 or w.shape[0] & (w.shape[0] - 1)
-                    or b.shape != (n_labels,) or not np.isfinite(w).all()
-                    or not np.isfinite(b).all()):
-                raise ValueError("the linear classifiers must be finite float32 "
-                                 "weights (a power-of-two table) and one bias per label")
-            linear = LabelLinear(w, b)
+        if fmt > 1:
+            if (fmt == 3) != ("ovr_weights" in d):
+                raise ValueError(f"format {fmt} does not match the classifiers saved")
+            linear = classifiers_from_state(d, n_labels, n_features)
         return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
                    (ptr, ids, val), linear)
 
@@ -506,11 +504,11 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
     fitting rows only (what a test row sees of rows the network trained on); no copy of X or
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
     a pass of exact logits over the rows); the centroids are."""
-    from slide.label_linear import LabelLinear
+    from slide.label_linear import fit_classifiers
     from slide.neighbours import NeighbourMemory
     H_all = net.hidden(X)
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
-    linear = LabelLinear.fit(net, X, Y, fit_rows, seed, H=H_all)
+    linear = fit_classifiers(net, X, Y, fit_rows, seed, H=H_all)
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
     terms = centroid_terms(Y.shape[1])

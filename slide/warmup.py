@@ -92,6 +92,8 @@ def warm_up(model):
     copy = tiny_copy(model)
     copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    if copy.network_.reranker is not None:
+        _warm_linear(copy.network_, X, Y)
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)
     metrics.evaluate(Y, top, ks=(1, 3, 5),
@@ -99,6 +101,19 @@ def warm_up(model):
     seconds = time.perf_counter() - t0
     _WARMED[key] = seconds
     return seconds
+
+
+def _warm_linear(net, X, Y):
+    """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
+    which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
+    from slide.label_linear import LabelLinear, OneVsRest
+    rows = np.arange(X.shape[0], dtype=np.int64)
+    ptr = np.arange(X.shape[0] + 1, dtype=np.int64)
+    counts = np.ones(X.shape[0], np.int64)
+    ids = Y.indices[Y.indptr[:-1]].astype(np.int64)         # each row's first label
+    F = np.zeros((X.shape[0], 1))
+    for fitted in (LabelLinear.fit(net, X, Y, rows), OneVsRest.fit(X, Y, rows)):
+        fitted.score_into(X, ptr, counts, ids, F, 0)
 
 
 def kernel_signatures():

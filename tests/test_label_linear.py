@@ -5,7 +5,7 @@ import scipy.sparse as sp
 
 import slide
 from slide import label_linear
-from slide.label_linear import LabelLinear
+from slide.label_linear import LabelLinear, OneVsRest
 from test_rerank import SMALL, keyword_data
 
 
@@ -127,3 +127,105 @@ def test_rows_are_cut_to_their_strongest_entries_for_the_classifiers():
     label_linear.score_candidates(ptr, n, ids, cut.indptr.astype(np.int64), cut.indices,
                                   cut.data, lin.weights, lin.bias, lin.mask, F, 1)
     np.testing.assert_allclose(F[:, 0], F[:, 1], rtol=1e-6)
+
+
+# -- one-vs-rest ---------------------------------------------------------------------------------
+
+def _reference_ovr_step(x, kept, y, W, slot, feature_g2, label_g2, total_g2, bias, bias_g2,
+                        lr):
+    """One row's step of ``ovr_epoch`` in numpy (float64), in place."""
+    v = x / np.linalg.norm(x)
+    fs = [f for f in np.flatnonzero(x) if kept[f]]
+    z = bias + sum(v[f] * W[slot[f]] for f in fs)
+    g = 1.0 / (1.0 + np.exp(-z)) - y
+    bias_g2 += g * g
+    bias -= lr * g / np.sqrt(bias_g2 + 1e-8)
+    kept_sq = sum(v[f] ** 2 for f in fs)
+    label_g2 += g * g * kept_sq
+    total_g2 += (g * g).sum() * kept_sq
+    step = lr * g / np.sqrt(label_g2 + 1e-12)
+    for f in fs:
+        feature_g2[slot[f]] += v[f] ** 2 * (g * g).sum()
+        W[slot[f]] -= v[f] / np.sqrt(feature_g2[slot[f]] / total_g2[0] + 1e-12) * step
+
+
+def test_ovr_epoch_is_factored_adagrad_on_every_label():
+    rng = np.random.default_rng(3)
+    Xd = np.array([[0.5, 0.0, 2.0, 0.0, 1.0, 0.0],
+                   [0.0, 1.5, 0.3, 0.0, 0.0, 0.7],
+                   [1.0, 0.0, 0.0, 0.0, 0.2, 0.9]])
+    Yd = np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 1, 1]], np.float64)
+    slot = np.array([0, 1, 2, -1, 3, -1], np.int32)     # features 3 and 5 not kept
+    X, Y = sp.csr_matrix(Xd, dtype=np.float32), sp.csr_matrix(Yd, dtype=np.float32)
+    W = rng.normal(size=(4, 4)).astype(np.float32)
+    state = [W, np.full(4, 0.5), np.full(4, 0.25), np.array([1.0]),
+             rng.normal(size=4).astype(np.float32), np.full(4, 0.1, np.float32)]
+    ref = [a.astype(np.float64) for a in state]
+    for r in (0, 2, 1, 0):                  # one row a call: the order of a single thread
+        label_linear.ovr_epoch(X.indptr.astype(np.int64), X.indices, X.data, slot,
+                               Y.indptr.astype(np.int64), Y.indices.astype(np.int64),
+                               np.array([r]), *state, np.float32(0.3))
+        _reference_ovr_step(Xd[r], slot >= 0, Yd[r], ref[0], slot, *ref[1:], 0.3)
+    for got, expect in zip(state, ref):
+        np.testing.assert_allclose(got, expect, rtol=2e-5, atol=1e-6)
+
+
+def test_kept_features_are_the_most_frequent_within_the_weight_budget(monkeypatch):
+    # document frequencies 3, 0, 5, 3, 1, 5
+    rows = [[0, 2, 3, 5], [0, 2, 3, 5], [0, 2, 3, 5, 4], [2, 5], [2, 5]]
+    X = sp.csr_matrix((np.ones(sum(map(len, rows)), np.float32), np.concatenate(rows),
+                       np.cumsum([0] + [len(r) for r in rows])), shape=(5, 6))
+    np.testing.assert_array_equal(label_linear.kept_features(X, 2), [0, -1, 1, 2, 3, 4])
+    monkeypatch.setattr(label_linear, "MAX_OVR_WEIGHTS", 7)     # 3 features of 2 labels
+    # 2 and 5 (five rows), then 0 before 3 (three rows each: the lower id)
+    np.testing.assert_array_equal(label_linear.kept_features(X, 2), [0, -1, 1, -1, -1, 2])
+
+
+def test_ovr_scores_are_the_bias_plus_the_kept_weights_over_the_unit_row():
+    rng = np.random.default_rng(5)
+    X = sp.random(6, 20, density=0.4, random_state=2, format="csr", dtype=np.float32)
+    slot = np.full(20, -1, np.int32)
+    slot[::2] = np.arange(10)                           # the odd features not kept
+    ovr = OneVsRest(rng.normal(size=(10, 7)).astype(np.float32), slot,
+                    rng.normal(size=7).astype(np.float32))
+    ptr = np.arange(0, 6 * 7 + 1, 7, dtype=np.int64)
+    ids = np.tile(np.arange(7, dtype=np.int64), 6)
+    F = np.zeros((42, 2))
+    ovr.score_into(X, ptr, np.full(6, 7, np.int64), ids, F, 1)
+    Xd = X.toarray()
+    Wfull = np.zeros((20, 7))
+    Wfull[::2] = ovr.weights
+    norms = np.linalg.norm(Xd, axis=1, keepdims=True)
+    expect = ovr.bias + (Xd / np.where(norms > 0, norms, 1)) @ Wfull
+    np.testing.assert_allclose(F[:, 1].reshape(6, 7), expect, rtol=1e-5, atol=1e-6)
+    assert (F[:, 0] == 0).all()
+
+
+def test_ovr_fit_learns_the_words_that_name_each_label(fitted):
+    net, Xtr, Ytr, Xte, Yte = fitted
+    ovr = OneVsRest.fit(Xtr, Ytr, np.arange(Xtr.shape[0]), seed=0)
+    assert ovr.weights.shape == (int((np.bincount(Xtr.indices) > 0).sum()), Ytr.shape[1])
+    X = sp.csr_matrix(Xte)
+
+    def linear(r, cand):
+        F = np.zeros((cand.shape[0], 1))
+        ovr.score_into(X[r], np.array([0, cand.shape[0]], np.int64),
+                       np.array([cand.shape[0]]), cand.astype(np.int64), F, 0)
+        return F[:, 0]
+
+    def prior(r, cand):
+        return np.log1p(np.asarray(Ytr.sum(axis=0)).ravel()[cand])
+
+    acc, base = _rank_of_truth(linear, net, X, Yte), _rank_of_truth(prior, net, X, Yte)
+    assert acc > 0.9 and acc > base + 0.2
+
+
+def test_the_classifiers_are_one_vs_rest_only_within_the_work_bound(fitted, monkeypatch):
+    net, Xtr, Ytr, _, _ = fitted
+    rows = np.arange(0, Xtr.shape[0], 2)
+    work = float(np.minimum(np.diff(Xtr.indptr)[rows], label_linear.MAX_ROW_TERMS).sum()
+                 * Ytr.shape[1] * label_linear.OVR_EPOCHS)
+    monkeypatch.setattr(label_linear, "MAX_OVR_WORK", work)
+    assert isinstance(label_linear.fit_classifiers(net, Xtr, Ytr, rows), OneVsRest)
+    monkeypatch.setattr(label_linear, "MAX_OVR_WORK", work - 1)
+    assert isinstance(label_linear.fit_classifiers(net, Xtr, Ytr, rows), LabelLinear)

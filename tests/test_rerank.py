@@ -194,7 +194,7 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
     top = model.predict_topk(Xte, k=5)
     ids, prob = model.predict_topk_scored(Xte, k=5)
     np.testing.assert_array_equal(ids, top)
-    assert np.all((prob > 0) & (prob < 1)) and np.all(np.diff(prob, axis=1) <= 0)
+    assert np.all((prob > 0) & (prob <= 1)) and np.all(np.diff(prob, axis=1) <= 0)
     # the order is the re-ranker's decision values over each row's candidates
     ptr, counts, cid, F = rerank.features(net, Xte, net.hidden(Xte), net.memory,
                                           net.reranker.k_nn, net.reranker.centroids, 10,
@@ -274,14 +274,55 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
     coef[3] = np.inf
     with pytest.raises(checkpoint.CheckpointError, match="finite"):
         slide.load(write("d.slide", meta, dict(arrays, rr_coef=coef)))
-    for broken in ({"rr_lin_weights": arrays["rr_lin_weights"][:-1]},
-                   {"rr_lin_bias": arrays["rr_lin_bias"][:-1]},
-                   {"rr_lin_weights": arrays["rr_lin_weights"].astype(np.float64)}):
-        with pytest.raises(checkpoint.CheckpointError, match="linear classifiers"):
+    # the one-vs-rest classifiers (the tiny set's labels are few)
+    assert meta["reranker"]["format"] == 3
+    slot = arrays["rr_ovr_slot"].copy()
+    slot[slot.argmax()] = arrays["rr_ovr_weights"].shape[0]
+    for broken, match in (({"rr_lin_bias": arrays["rr_lin_bias"][:-1]}, "bias per label"),
+                          ({"rr_ovr_weights": arrays["rr_ovr_weights"][:, :-1]}, "weights"),
+                          ({"rr_ovr_weights": arrays["rr_ovr_weights"].astype(np.float64)},
+                           "weights"),
+                          ({"rr_ovr_slot": arrays["rr_ovr_slot"][:-1]}, "slots"),
+                          ({"rr_ovr_slot": slot}, "slots must lie")):
+        with pytest.raises(checkpoint.CheckpointError, match=match):
             slide.load(write("f.slide", meta, dict(arrays, **broken)))
+    with pytest.raises(checkpoint.CheckpointError, match="format 2 does not match"):
+        slide.load(write("g.slide", dict(meta, reranker=dict(meta["reranker"], format=2)),
+                         arrays))
     no_memory = {k: v for k, v in arrays.items() if not k.startswith("nbr_")}
     with pytest.raises(checkpoint.CheckpointError, match="without the neighbour memory"):
         slide.load(write("e.slide", dict(meta, neighbours=None), no_memory))
+
+
+@pytest.fixture(scope="module")
+def hashed_model(data):
+    """The defaults' model with the hashed hard-negative classifiers (one-vs-rest made
+    unaffordable)."""
+    from slide import label_linear
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(label_linear, "MAX_OVR_WORK", 0)
+        return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
+
+
+def test_checkpoint_keeps_the_hashed_classifiers_and_refuses_broken_ones(
+        data, hashed_model, tmp_path, rewrite_checkpoint):
+    _, _, Xte, _ = data
+    assert isinstance(hashed_model.network_.reranker.linear, LabelLinear)
+    hashed_model.save(tmp_path / "m.slide")
+    loaded = slide.load(tmp_path / "m.slide")
+    np.testing.assert_array_equal(loaded.network_.reranker.linear.weights,
+                                  hashed_model.network_.reranker.linear.weights)
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5),
+                                  hashed_model.predict_topk(Xte, k=5))
+    meta, arrays = checkpoint.read(tmp_path / "m.slide")
+    assert meta["reranker"]["format"] == 2
+    for broken in ({"rr_lin_weights": arrays["rr_lin_weights"][:-1]},
+                   {"rr_lin_weights": arrays["rr_lin_weights"].astype(np.float64)}):
+        with pytest.raises(checkpoint.CheckpointError, match="power-of-two table"):
+            slide.load(rewrite_checkpoint("f.slide", meta, dict(arrays, **broken)))
+    with pytest.raises(checkpoint.CheckpointError, match="format 3 does not match"):
+        slide.load(rewrite_checkpoint(
+            "g.slide", dict(meta, reranker=dict(meta["reranker"], format=3)), arrays))
 
 
 def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
@@ -293,7 +334,7 @@ def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
     ii, jj = np.triu_indices(rerank.N_BASE)
     pairs = np.flatnonzero((ii < rerank.N_BASE - 1) & (jj < rerank.N_BASE - 1))
     keep = np.concatenate([np.arange(rerank.N_BASE - 1), rerank.N_BASE + pairs])
-    old = {k: v for k, v in arrays.items() if not k.startswith("rr_lin_")}
+    old = {k: v for k, v in arrays.items() if not k.startswith(("rr_lin_", "rr_ovr_"))}
     old.update(rr_mean=arrays["rr_mean"][:-1], rr_scale=arrays["rr_scale"][:-1],
                rr_coef=arrays["rr_coef"][keep])
     loaded = slide.load(rewrite_checkpoint("old.slide",
@@ -321,17 +362,26 @@ def test_bad_rerank_setting_is_refused(data, model):
         model.set_params(rerank=True)
 
 
-def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypatch):
+@pytest.mark.parametrize("ovr", [True, False])
+def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypatch, ovr):
+    # the warm-up's tiny set always affords one-vs-rest; the real fit may not
+    from slide import label_linear
     monkeypatch.setattr(warmup, "_WARMED", {})
     Xtr, Ytr, Xte, Yte = data
     m = slide.SlideClassifier(**dict(SMALL, epochs=1, loss="sigmoid"))
     m._validate_params()
     assert m._warm_up() > 0.0
     before = warmup.kernel_signatures()
-    assert "slide.rerank.candidate_features" in before
+    for kernel in ("rerank.candidate_features", "label_linear.ovr_epoch",
+                   "label_linear.score_ovr", "label_linear.train_epoch",
+                   "label_linear.score_candidates"):
+        assert before.get("slide." + kernel, 0) > 0
+    if not ovr:
+        monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)
     m.fit(Xtr, Ytr)
     m.predict_topk(Xte, k=5)
-    assert m.network_.reranker is not None
+    assert isinstance(m.network_.reranker.linear,
+                      label_linear.OneVsRest if ovr else label_linear.LabelLinear)
     assert warmup.kernel_signatures() == before
 
 
