@@ -46,13 +46,13 @@ MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negativ
 _BLOCK_ENTRIES = 4 << 20
 _CHUNK = 32768          # output rows per product
 # one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
-# 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (128 MB float32; debtags'
-# 33.8k features x 581 labels are 79 MB: at 2**24, its 5k single-row features dropped, P@1
-# varied twice as much over seeds)
+# 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (64 MB float32; debtags'
+# 33.8k features x 581 labels would be 79 MB: its 5k single-row features dropped, the same
+# P@1 and P@5 over 5 seeds, round 9)
 OVR_EPOCHS = 3
 OVR_LEARNING_RATE = 0.2
 MAX_OVR_WORK = 1_000_000_000
-MAX_OVR_WEIGHTS = 1 << 25
+MAX_OVR_WEIGHTS = 1 << 24
 
 
 @njit(cache=True, inline="always")
