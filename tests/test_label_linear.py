@@ -144,12 +144,16 @@ def _reference_ovr_step(x, kept, y, W, slot, feature_g2, label_g2, total_g2, bia
     label_g2 += g * g * kept_sq
     total_g2 += (g * g).sum() * kept_sq
     step = lr * g / np.sqrt(label_g2 + 1e-12)
+    clipped = 0
     for f in fs:
         feature_g2[slot[f]] += v[f] ** 2 * (g * g).sum()
-        W[slot[f]] -= v[f] / np.sqrt(feature_g2[slot[f]] / total_g2[0] + 1e-12) * step
+        delta = v[f] / np.sqrt(feature_g2[slot[f]] / total_g2[0] + 1e-12) * step
+        clipped += int((np.abs(delta) > lr).sum())
+        W[slot[f]] -= np.clip(delta, -lr, lr)
+    return clipped
 
 
-def test_ovr_epoch_is_factored_adagrad_on_every_label():
+def test_ovr_epoch_is_factored_adagrad_on_every_label_with_steps_clipped():
     rng = np.random.default_rng(3)
     Xd = np.array([[0.5, 0.0, 2.0, 0.0, 1.0, 0.0],
                    [0.0, 1.5, 0.3, 0.0, 0.0, 0.7],
@@ -161,11 +165,13 @@ def test_ovr_epoch_is_factored_adagrad_on_every_label():
     state = [W, np.full(4, 0.5), np.full(4, 0.25), np.array([1.0]),
              rng.normal(size=4).astype(np.float32), np.full(4, 0.1, np.float32)]
     ref = [a.astype(np.float64) for a in state]
+    clipped = 0
     for r in (0, 2, 1, 0):                  # one row a call: the order of a single thread
         label_linear.ovr_epoch(X.indptr.astype(np.int64), X.indices, X.data, slot,
                                Y.indptr.astype(np.int64), Y.indices.astype(np.int64),
                                np.array([r]), *state, np.float32(0.3))
-        _reference_ovr_step(Xd[r], slot >= 0, Yd[r], ref[0], slot, *ref[1:], 0.3)
+        clipped += _reference_ovr_step(Xd[r], slot >= 0, Yd[r], ref[0], slot, *ref[1:], 0.3)
+    assert 0 < clipped < 4 * 3 * 4         # some steps clipped to the learning rate, not all
     for got, expect in zip(state, ref):
         np.testing.assert_allclose(got, expect, rtol=2e-5, atol=1e-6)
 
