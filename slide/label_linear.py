@@ -26,9 +26,9 @@ label a negative of every row, so that any word can argue against any label. Its
 Adagrad with the squared-gradient sums factored into a sum per feature and one per label
 (G[f, j] ~ R[f] C[j] / sum(R), as Adafactor does for its moments) and each step clipped to
 Adagrad's own bound, the learning rate (the factored sum can be far below a weight's own: a
-rare feature with a rarely wrong label; unclipped, a fit on 2 threads diverged one time in
-three). A per-weight sum was twice the memory and 2.5 times the time, for a lower P@5
-(round 9).
+rare feature with a rarely wrong label; unclipped, two of three fits on 2 threads diverged,
+``bench/probes/probe_ovr_alone.py``). A per-weight sum was twice the memory and 2.5 times
+the time, for a lower P@1 and P@5 (round 9).
 """
 import numpy as np
 import scipy.sparse as sp
@@ -292,7 +292,6 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
         for t in range(y_ptr[r], y_ptr[r + 1]):
             g[y_ids[t]] -= 1.0
         g_sq = 0.0
-        step = np.empty(n_labels, np.float32)
         for j in range(n_labels):
             gj2 = g[j] * g[j]
             g_sq += gj2
@@ -300,8 +299,8 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
             bias[j] -= learning_rate * g[j] / np.sqrt(bias_g2[j] + 1e-8)
             label_g2[j] += gj2 * kept_sq
         total_g2[0] += g_sq * kept_sq
-        for j in range(n_labels):
-            step[j] = learning_rate * g[j] / np.sqrt(label_g2[j] + 1e-12)
+        for j in range(n_labels):           # g becomes each label's factor of the step
+            g[j] = learning_rate * g[j] / np.sqrt(label_g2[j] + 1e-12)
         for p in range(p0, p1):
             k = slot[x_ind[p]]
             if k < 0:
@@ -312,7 +311,7 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
             for j in range(n_labels):
                 # the factored sum can be far below the weight's own (a rare feature with a
                 # rarely wrong label): each step clipped to Adagrad's bound, learning_rate
-                weights[k, j] -= min(max(a * step[j], -learning_rate), learning_rate)
+                weights[k, j] -= min(max(a * g[j], -learning_rate), learning_rate)
 
 
 @njit(cache=True, parallel=True)

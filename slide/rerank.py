@@ -28,7 +28,7 @@ and j's score by a linear classifier over the input (``slide.label_linear``, fit
 fitting rows: one-vs-rest where the labels are few, else against the network's hard negatives).
 The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
 in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
-added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.2 more
+added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
 (round 9).
 
 Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
