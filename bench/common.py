@@ -34,13 +34,14 @@ import scipy.sparse as sp
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = REPO / "bench" / "out" / "cache"
-SYSTEMS = ("slide", "slide_dense", "tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai",
-           "napkinxc")
+SYSTEMS = ("slide", "slide_lsh", "slide_dense", "tf", "tf_sampled", "torch", "omikuji",
+           "omikuji_bonsai", "napkinxc")
 BASELINES = ("tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai", "napkinxc")
 # label trees fit in one call: no batches, no epochs, no training curve
 ONE_SHOT = ("omikuji", "omikuji_bonsai", "napkinxc")
 LABELS = {
     "slide": "slide (sampled softmax)",
+    "slide_lsh": "slide, LSH sampler (sampler='vanilla')",
     "slide_dense": "slide, full softmax (sampler='dense')",
     "tf": "TensorFlow-CPU, full softmax",
     "tf_sampled": "TensorFlow-CPU, sampled softmax",

@@ -42,8 +42,9 @@ SLIDE_FLAGS = {  # flag -> SlideClassifier keyword (passed only when given)
     "rehash_period": int, "rebuild_period": int, "rehash_decay": float, "loss": str,
     "optimizer": str,
 }
-ORDER = ("slide", "slide_dense", "tf", "torch", "tf_sampled", "omikuji", "omikuji_bonsai",
-         "napkinxc")  # slide first: tf_sampled's default negatives come from slide's active set
+# slide first: tf_sampled's default negatives come from slide's active set
+ORDER = ("slide", "slide_lsh", "slide_dense", "tf", "torch", "tf_sampled", "omikuji",
+         "omikuji_bonsai", "napkinxc")
 
 
 def parse_args(argv=None):
@@ -63,7 +64,8 @@ def parse_args(argv=None):
                    "(default: all cores)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--systems", default="slide,tf,tf_sampled,torch",
-                   help="comma list from slide, slide_dense, tf, tf_sampled, torch")
+                   help="comma list from slide, slide_lsh, slide_dense, tf, tf_sampled, torch, "
+                        "omikuji, omikuji_bonsai, napkinxc")
     ev = p.add_mutually_exclusive_group()
     ev.add_argument("--eval-every-batches", type=int, default=None)
     ev.add_argument("--eval-every-seconds", type=float, default=None,

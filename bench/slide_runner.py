@@ -33,8 +33,10 @@ def make_params(spec, threads):
     params.update(hidden_sizes=(int(spec["hidden"]),), learning_rate=float(spec["lr"]),
                   batch_size=int(spec["batch_size"]), epochs=int(spec["epochs"]),
                   n_threads=int(threads), random_state=int(spec["seed"]))
-    if spec["system"] == "slide_dense":
-        params["sampler"] = "dense"
+    # the variants are the same estimator with one sampler forced (the default is "random")
+    forced = {"slide_dense": "dense", "slide_lsh": "vanilla"}.get(spec["system"])
+    if forced is not None:
+        params["sampler"] = forced
     known = inspect.signature(_estimator_class().__init__).parameters
     unknown = sorted(k for k in params if k not in known)
     if unknown:

@@ -25,6 +25,7 @@ from bench import common  # noqa: E402
 # run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads) -> (Recorder, final, extra).
 RUNNERS = {
     "slide": ("bench.slide_runner", "run"),
+    "slide_lsh": ("bench.slide_runner", "run"),
     "slide_dense": ("bench.slide_runner", "run"),
     "tf": ("bench.baselines.tf_dense", "run_dense"),
     "tf_sampled": ("bench.baselines.tf_dense", "run_sampled"),

@@ -143,36 +143,36 @@ def test_compare_end_to_end(tmp_path, capsys, monkeypatch):
 
 
 def test_scaling_end_to_end(tmp_path, capsys):
-    systems = ["slide"] + (["tf"] if HAS_TF else ["torch"] if HAS_TORCH else [])
-    summary = scaling.main(["--preset", "tiny", "--labels", "100,200", "--thread-labels", "200",
-                            "--threads-list", "1", "--systems", ",".join(systems),
-                            "--warmup", "1", "--slide-batches", "3", "--baseline-batches", "2",
-                            "--batch-size", "32", "--out", str(tmp_path / "s"),
-                            "--cache-dir", str(tmp_path / "cache")])
+    # every point trains one whole epoch (96 points = 3 batches of 32), the LSH variant too:
+    # its first table build is inside the epoch's seconds
+    systems = ["slide", "slide_lsh"] + (["tf"] if HAS_TF else ["torch"] if HAS_TORCH else [])
+    args = ["--preset", "tiny", "--labels", "100,200", "--thread-labels", "200",
+            "--threads-list", "1", "--epoch-points", "96", "--batch-size", "32",
+            "--cache-dir", str(tmp_path / "cache")]
+    summary = scaling.main(args + ["--systems", ",".join(systems), "--out", str(tmp_path / "s")])
     rows = summary["rows"]
     assert {(r["system"], r["n_labels"]) for r in rows} == {(s, n) for s in systems
                                                              for n in (100, 200)}
     for r in rows:
-        timed = 3 if r["system"] == "slide" else 2
-        assert r["timed_batches"] == timed
-        assert r["seconds_per_batch"] > 0
-        assert r["extrapolated_epoch_seconds"] == pytest.approx(
-            r["seconds_per_batch"] * math.ceil(100_000 / 32))
+        assert r["batches"] == 3
+        assert r["epoch_seconds"] > 0
+        assert r["seconds_per_batch"] == pytest.approx(r["epoch_seconds"] / 3)
+        assert 0 < r["first_batch_seconds"] <= r["epoch_seconds"]
+        assert (r["rehashes"] is None) == (r["system"] not in ("slide", "slide_lsh"))
     data = json.loads((tmp_path / "s" / "scaling.json").read_text())
     assert set(data["loglog_slope_vs_labels"]) == set(systems)
     assert (tmp_path / "s" / "scaling.png").exists() == HAS_MPL
+    md = (tmp_path / "s" / "scaling.md").read_text()
+    assert "measured whole" in md and "extrapolated" not in md
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| ")
-    if len(systems) > 1:
+    if len(systems) > 2:
         # --reuse: the baseline's points come from the cache, not a new subprocess
-        again = scaling.main(["--preset", "tiny", "--labels", "100,200", "--thread-labels", "200",
-                              "--threads-list", "1", "--systems", systems[1], "--warmup", "1",
-                              "--slide-batches", "3", "--baseline-batches", "2",
-                              "--batch-size", "32", "--out", str(tmp_path / "s2"),
-                              "--cache-dir", str(tmp_path / "cache"), "--reuse"])
-        first = {r["n_labels"]: r for r in rows if r["system"] == systems[1]}
+        again = scaling.main(args + ["--systems", systems[2], "--out", str(tmp_path / "s2"),
+                                     "--reuse"])
+        first = {r["n_labels"]: r for r in rows if r["system"] == systems[2]}
         for r in again["rows"]:
             assert r["source"].startswith("reused")
-            assert r["seconds_per_batch"] == first[r["n_labels"]]["seconds_per_batch"]
+            assert r["epoch_seconds"] == first[r["n_labels"]]["epoch_seconds"]
 
 
 def test_loglog_slope():
