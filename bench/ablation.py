@@ -18,9 +18,16 @@ the first configuration -- under 2 std of the difference is called noise) and ``
 import argparse
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
 
 
 def configs(size):
@@ -182,6 +189,7 @@ def markdown(table, meta):
             ("normaliser_ratio", "{:.3f}")]
     lines = [f"# Ablation: {meta['data']} ({meta['n_labels']} labels, {meta['n_train']} train "
              f"rows), size {meta['size']}, {meta['seeds']} seeds, {meta['epochs']} epoch(s)", "",
+             f"Commit: {meta.get('commit', 'unknown')}.", "",
              f"Target mean active size {meta['size']} (labels included); each configuration's "
              "shared-negative draw count was calibrated on short probe fits so that its "
              "measured active size matches (active_train = mean over every training batch, "
@@ -282,6 +290,8 @@ def main(argv=None):
     unknown = [n for n in names if n not in allc]
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}; choose from {list(allc)}")
+    commit = common.git_commit()
+    print(f"commit: {commit}", flush=True)
     X, Y, Xt, Yt, data = load(args)
     base = dict(hidden_sizes=(args.hidden,), learning_rate=args.lr, n_threads=args.threads,
                 K=args.K, L=args.L, range_pow=args.range_pow)
@@ -306,13 +316,14 @@ def main(argv=None):
                   f"PSP@5 {r['PSP@5']:.4f} {r['seconds_per_epoch']:.2f} s/epoch active "
                   f"{r['active_train']:.0f} mass {r.get('mass', float('nan')):.3f}",
                   flush=True)
-    meta = dict(data=data, n_labels=int(Y.shape[1]), n_train=int(X.shape[0]), size=args.size,
+    meta = dict(commit=commit,
+                data=data, n_labels=int(Y.shape[1]), n_train=int(X.shape[0]), size=args.size,
                 seeds=args.seeds, epochs=args.epochs, ref=names[0], test_rows=int(Xt.shape[0]),
                 eval_rows=args.eval_rows, configs={n: allc[n] for n in names},
                 curves=mean_curves(results, names))
     table = summarise(results, names, names[0])
     with open(args.out + ".json", "w") as f:
-        json.dump(dict(meta=meta, results=results), f, indent=1)
+        json.dump(dict(commit=commit, meta=meta, results=results), f, indent=1)
     with open(args.out + ".md", "w") as f:
         f.write(markdown(table, meta))
     plot(meta["curves"], args.out + ".png")

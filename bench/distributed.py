@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
@@ -96,11 +99,11 @@ def _sub(cfg, timeout):
     return {"error": (p.stderr or p.stdout)[-500:]}
 
 
-def _md(labels, rows, args):
+def _md(labels, rows, args, commit):
     base = next((r for r in rows if r["config"] == "single process"), None)
     mb = 1 / 2**20
     lines = [f"\n## {labels:,} labels, {args.n_train:,} training points, 1 epoch "
-             f"({time.strftime('%Y-%m-%d %H:%M')})\n",
+             f"({time.strftime('%Y-%m-%d %H:%M')}, commit {commit})\n",
              "| configuration | s / epoch | vs single | P@1 | bytes / batch | driver peak RSS "
              "(MB) | shard peak RSS (MB) | shard arrays (MB) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -132,17 +135,22 @@ def main():
     if args.one:
         print("RESULT " + json.dumps(run_one(json.loads(args.one))), flush=True)
         return
+    # the driver only: the measured subprocesses (--one) do not import bench.common
+    from bench import common
+    commit = common.git_commit()
     rows = []
     base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test)
     for S in [int(s) for s in args.shards.split(",") if s.strip()]:
         r = _sub({**base, "shards": S}, args.timeout)
         r["config"] = "single process" if S == 0 else f"{S} shard{'s' * (S > 1)} (Ray)"
+        r["commit"] = commit
         print(r, flush=True)
         rows.append(r)
     if args.cap_mb:
         for S in (1, 4):
             r = _sub({**base, "shards": S, "cap": int(args.cap_mb * 2**20)}, args.timeout)
             r["config"] = f"{S} shard{'s' * (S > 1)}, RLIMIT_DATA {args.cap_mb:.0f} MB per actor"
+            r["commit"] = commit
             print(r, flush=True)
             rows.append(r)
     from slide.fileio import write_text
@@ -151,8 +159,8 @@ def main():
     md = RESULTS / "distributed.md"
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"
-    write_text(md, old + _md(args.labels, rows, args))
-    print(_md(args.labels, rows, args))
+    write_text(md, old + _md(args.labels, rows, args, commit))
+    print(_md(args.labels, rows, args, commit))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _child(preset, write_dir, seed):
@@ -57,7 +61,10 @@ def main():
     if a.child:
         _child(a.presets[0], a.write, a.seed)
         return
-    print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
+    # the parent only: the measured children (--child) do not import bench.common
+    from bench import common
+    print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}, "
+          f"commit {common.git_commit()}")
     print("| preset | generate (s) | write (s) | peak RSS (MB) | baseline RSS (MB) | CSR size (MB) "
           "| train nnz | nnz/pt (target) | labels/pt (target) | labels seen in train "
           "| label count median / mean / max | top-1% labels' share |")

@@ -10,12 +10,18 @@ Usage: python bench/learnability.py tiny eurlex-4k amazon670k:n_train=50000,n_te
 """
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from slide.synthetic import generate
 from slide.metrics import precision_at_k
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
 
 
 def topk_dense_rows(S, k):
@@ -92,5 +98,6 @@ def run(spec, seed=0):
 
 
 if __name__ == "__main__":
+    print(f"commit: {common.git_commit()}", flush=True)
     for spec in sys.argv[1:]:
         run(spec)

@@ -18,8 +18,14 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,6 +129,7 @@ def main(argv=None):
     ap.add_argument("--reuse", action="store_true", help="reuse an existing file at --path")
     ap.add_argument("--out-md", default=None, help="also write the table to this file")
     args = ap.parse_args(argv)
+    commit = common.git_commit()
 
     sys.path.insert(0, ROOT)
     from slide.data import write_xc
@@ -163,7 +170,7 @@ def main(argv=None):
                                 + list(argv if argv is not None else sys.argv[1:])) + "`",
         f"Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
         f"NumPy {np.__version__}, SciPy {scipy.__version__}, Numba {numba.__version__}; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {commit}.",
         "",
         "Peak = high-water RSS during the load minus RSS just before it, in a fresh process "
         "after imports and kernel warm-up. CSR = data + indices + indptr of X and Y.",

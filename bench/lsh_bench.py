@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -26,6 +27,11 @@ from numba import njit
 from slide._rng import stream_seed
 from slide.lsh import LSHIndex, hash_dense_into, sample_into, scratch_sizes
 from slide.lsh.samplers import SAMPLERS
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
 
 
 def planted(N, dim, nq, seed=0):
@@ -83,6 +89,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64, help="queries per dense batch matmul")
     ap.add_argument("--out", default=None, help="write a markdown report here")
     args = ap.parse_args()
+    commit = common.git_commit()
     N, dim, nq = args.n, args.dim, args.queries
     lines = []
 
@@ -95,7 +102,8 @@ def main():
     say(f"# LSH benchmark: {N:,} neurons x {dim}, {nq} queries")
     say()
     say(f"Machine: {platform.processor() or platform.machine()}, {numba.config.NUMBA_NUM_THREADS} numba "
-        f"threads, numpy {np.__version__}, numba {numba.__version__}. Command: "
+        f"threads, numpy {np.__version__}, numba {numba.__version__}, "
+        f"commit {commit}. Command: "
         f"`flock /tmp/slide-bench.lock .venv/bin/python bench/lsh_bench.py {' '.join(sys.argv[1:])}`")
     say()
     say(f"Load average at start (the machine is shared; other jobs inflate timings): "

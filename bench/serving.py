@@ -19,13 +19,20 @@ method seconds (the hidden layer is computed inside each timed call, as in servi
 import argparse
 import itertools
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import slide
 from slide.lsh.serving import ServingIndex, serving_config
 from slide.trainer import blas_single_thread
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
 
 
 def load_data(args):
@@ -124,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    commit = common.git_commit()
+    print(f"commit: {commit}", flush=True)
     X, Y, Xt, Yt, data = load_data(args)
     Xt, Yt = Xt[:args.test_rows], Yt[:args.test_rows]
     Xt.indptr = Xt.indptr.astype(np.int64)
@@ -131,7 +140,8 @@ def main(argv=None):
     k = args.k
     exact, t_exact = best_of(lambda: model.predict_topk(Xt, k=k), args.repeats)
     n_labels = int(Y.shape[1])
-    res = dict(data=data, n_labels=n_labels, n_train=int(X.shape[0]), rows=int(Xt.shape[0]),
+    res = dict(commit=commit,
+               data=data, n_labels=n_labels, n_train=int(X.shape[0]), rows=int(Xt.shape[0]),
                hidden=int(model.network_.layout.n_in[-1]), train_seconds=train_s,
                exact_seconds=t_exact, exact_P1=p_at_1(Yt, exact),
                derived=serving_config(n_labels, int(model.network_.layout.n_in[-1])))
