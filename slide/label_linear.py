@@ -48,6 +48,10 @@ MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negativ
 # fit's peak at Amazon-670K)
 _BLOCK_ENTRIES = 4 << 20
 _CHUNK = 32768          # output rows per product
+# where the labels fit one chunk, at least this many rows a product: taller products keep BLAS
+# busier (debdeps' 25,880 labels: 162 -> 512 rows a block, the hard negatives of 34k rows
+# 3.7 -> 2.8 s on 2 cores; 53 MB of logits). Beyond one chunk _BLOCK_ENTRIES alone bounds it.
+_MIN_BLOCK_ROWS = 512
 # one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
 # 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (64 MB float32; debtags'
 # 33.8k features x 581 labels would be 79 MB: its 5k single-row features dropped, the same
@@ -81,6 +85,29 @@ def _inv_norm(x_dat, p0, p1):
     for p in range(p0, p1):
         n += x_dat[p] * x_dat[p]
     return 1.0 / np.sqrt(n) if n > 0 else 0.0
+
+
+def hard_negatives(net, X, rows, k, H=None):
+    """The ids [len(rows), min(k, n_labels)] of the k highest logits of ``net`` for each of
+    the rows ``rows`` of X, best first (``H``: the last hidden layer of every row of X, when
+    at hand). Blocks of rows, each one BLAS product per chunk of labels."""
+    import numba
+    from threadpoolctl import threadpool_limits
+    from slide.data.inputs import take_rows
+    from slide.engine.infer import topk_ids_of_logits
+    Wo, bo = net.output_view()
+    n_labels = Wo.shape[0]
+    top = np.empty((rows.shape[0], min(k, n_labels)), np.int64)
+    floor = _MIN_BLOCK_ROWS if n_labels <= _CHUNK else 64
+    step = max(floor, _BLOCK_ENTRIES // min(_CHUNK, n_labels))
+    # BLAS on every thread here (fit holds it to one beside Numba's kernels): the top-k fold
+    # between its products is short, and the products are most of the classifiers' fit
+    with threadpool_limits(numba.get_num_threads(), user_api="blas"):
+        for a in range(0, rows.shape[0], step):
+            block = rows[a:a + step]
+            Hb = net.hidden(take_rows(X, block)) if H is None else H[block]
+            top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1], _CHUNK)
+    return top
 
 
 @njit(cache=True)
@@ -207,27 +234,14 @@ class LabelLinear:
         """Train on the rows ``rows`` of X, Y (CSR) against the hard negatives of the network
         ``net``; at most ``MAX_WORK / n_labels`` of the rows (a seeded subset). ``H``: the
         last hidden layer of every row of X, when at hand."""
-        import numba
-        from threadpoolctl import threadpool_limits
         from slide.data.inputs import take_rows
-        from slide.engine.infer import topk_ids_of_logits
         n_labels = Y.shape[1]
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x11AB])
         rows = np.asarray(rows, np.int64)
         n_use = int(min(rows.shape[0], max(1, MAX_WORK // max(1, n_labels))))
         if n_use < rows.shape[0]:
             rows = np.sort(rng.choice(rows, n_use, replace=False))
-        Wo, bo = net.output_view()
-        top = np.empty((rows.shape[0], min(N_NEGATIVES, n_labels)), np.int64)
-        # BLAS on every thread here (fit holds it to one beside Numba's kernels): the top-k
-        # fold between its products is short, and the products are most of this fit's time
-        with threadpool_limits(numba.get_num_threads(), user_api="blas"):
-            step = max(64, _BLOCK_ENTRIES // min(_CHUNK, n_labels))
-            for a in range(0, rows.shape[0], step):
-                block = rows[a:a + step]
-                Hb = net.hidden(take_rows(X, block)) if H is None else H[block]
-                top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1],
-                                                               _CHUNK)
+        top = hard_negatives(net, X, rows, N_NEGATIVES, H)
         Yr = take_rows(Y, rows)
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))

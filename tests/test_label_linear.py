@@ -89,6 +89,33 @@ def test_fit_uses_at_most_max_work_rows(fitted, monkeypatch):
     assert seen == [300]
 
 
+# one block; blocks of 64 rows and chunks of 40 labels; blocks of 8 rows
+@pytest.mark.parametrize("min_rows, entries, chunk",
+                         [(512, 4 << 20, 32768), (8, 640, 40), (8, 300 * 7, 32768)])
+def test_hard_negatives_are_each_rows_top_logits_in_any_blocking(monkeypatch, min_rows,
+                                                                 entries, chunk):
+    # the same ids as a dense argsort of the logits, however rows and labels are blocked
+    # (integer weights: every product exact, ties are ties)
+    from slide import label_linear
+    rng = np.random.default_rng(5)
+    H = rng.integers(-3, 4, size=(120, 8)).astype(np.float32)
+    Wo = rng.integers(-3, 4, size=(300, 8)).astype(np.float32)
+    bo = rng.integers(-2, 3, size=300).astype(np.float32)
+
+    class Net:
+        def output_view(self):
+            return Wo, bo
+
+    monkeypatch.setattr(label_linear, "_MIN_BLOCK_ROWS", min_rows)
+    monkeypatch.setattr(label_linear, "_BLOCK_ENTRIES", entries)
+    monkeypatch.setattr(label_linear, "_CHUNK", chunk)
+    rows = np.sort(rng.choice(120, 100, replace=False)).astype(np.int64)
+    got = label_linear.hard_negatives(Net(), None, rows, 6, H)
+    S = H[rows] @ Wo.T + bo
+    expect = np.argsort(-S, axis=1, kind="stable")[:, :6]
+    np.testing.assert_array_equal(got, expect)
+
+
 def test_topk_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
     from slide.engine.infer import topk_ids_of_logits, topk_of_logits
     rng = np.random.default_rng(4)
