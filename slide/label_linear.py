@@ -50,7 +50,8 @@ _BLOCK_ENTRIES = 4 << 20
 _CHUNK = 32768          # output rows per product
 # where the labels fit one chunk, at least this many rows a product: taller products keep BLAS
 # busier (debdeps' 25,880 labels: 162 -> 512 rows a block, the hard negatives of 34k rows
-# 3.7 -> 2.8 s on 2 cores; 53 MB of logits). Beyond one chunk _BLOCK_ENTRIES alone bounds it.
+# ~4.2 -> ~2.9 s on 2 cores, accuracy_probes.log; 53 MB of logits). Beyond one chunk
+# _BLOCK_ENTRIES alone bounds it.
 _MIN_BLOCK_ROWS = 512
 # one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
 # 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (64 MB float32; debtags'
