@@ -72,17 +72,15 @@ def summarise(spec, rec, meta, extra):
         start = rec.batch_end[e * bpe - 1] if e else 0.0
         epoch_seconds.append(rec.batch_end[(e + 1) * bpe - 1] - start)
     samples = common.samples_done(n, meta["n_train"], spec["batch_size"])
-    w = int(spec.get("warmup_batches") or 0)
-    steady = None
-    if n > w + 1:
-        base = rec.batch_end[w - 1] if w else 0.0
-        steady = (rec.batch_end[-1] - base) / (n - w)
+    # no spec sets untimed warm-up batches any more (compilation is outside the clock, and
+    # the scaling sweep trains whole epochs): the mean batch of a partial run (--max-batches)
+    steady = total / n if n > 1 else None
     out = {
         "system": spec["system"], "label": common.LABELS.get(spec["system"], spec["system"]),
         "n_batches": n, "batches_per_epoch": bpe, "samples": samples,
         "train_seconds": total, "epoch_seconds": epoch_seconds,
         "samples_per_second": samples / total if total > 0 else None,
-        # time per batch after the warm-up batches, and the epoch time it extrapolates to
+        # time per batch, and the epoch time it extrapolates to (partial runs)
         "steady_seconds_per_batch": steady,
         "extrapolated_epoch_seconds": steady * bpe if steady is not None else None,
         "eval_seconds_total": rec.eval_seconds,
