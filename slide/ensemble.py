@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
     ClassifierMixin = object
     clone = None
 
-from slide.params import is_int
+from slide.params import check_k, is_int
 
 # rows scored at once: the block's dense probabilities stay near 64 MB at any label count
 _BLOCK_ENTRIES = 1 << 24
@@ -154,12 +154,10 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         scored (``exact=False``, the members' LSH serving, is not offered for an ensemble);
         ``prior_candidates`` is accepted for ``SlideClassifier``'s signature and unused."""
         self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        k = check_k(k, self.n_labels_)
         if not exact:
             raise ValueError("SlideEnsemble scores every label: exact=False is not supported "
                              "(serve a member with exact=False instead)")
-        k = int(min(k, self.n_labels_))
         out = []
         for p in self._blocks(X):
             if k < p.shape[1]:

@@ -208,7 +208,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
         return hs, tuple(sorted(set(int(l) for l in sparse)))
 
-    def _check_data(self, X, Y=None, fitted=False):
+    def _check_data(self, X, Y=None, fitted=False, training=False):
+        """Canonical CSR of X (and Y) through ``slide.data``'s validators, which every entry
+        point that reaches a kernel goes through. ``training``: Y must have a positive label
+        (a model cannot learn from none; rows without labels are fine)."""
         from slide.data import as_feature_matrix, as_label_matrix
         n_features = self.n_features_in_ if fitted else None
         X = as_feature_matrix(X, n_features=n_features, name="X")
@@ -219,6 +222,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return X
         n_labels = self.n_labels_ if fitted else None
         Y = as_label_matrix(Y, n_labels=n_labels, n_rows=X.shape[0], name="Y")
+        if training and Y.nnz == 0:
+            raise ValueError(f"Y has no positive labels (all {Y.shape[0]} rows are empty): "
+                             "nothing to train on")
         if Y.shape[1] == 0:
             raise ValueError("Y has no label columns")
         Y.indptr = Y.indptr.astype(np.int64, copy=False)
@@ -304,7 +310,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""
         hs, sparse = self._validate_params()
         fitted = resume and self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted)
+        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
         if eval_set is not None:
             eval_set = self._check_eval_set(eval_set, X, Y)
         if not fitted:
@@ -415,7 +421,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         hs, sparse = self._validate_params()
         compile_seconds = self._warm_up()
         fitted = self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted)
+        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
         self.compile_seconds_ = compile_seconds
@@ -517,10 +523,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return X
 
     def _check_predict_args(self, X, k):
-        """``_prepare_inference`` after checking that k is a positive integer."""
+        """``_prepare_inference`` after checking that k is a positive integer, at most
+        ``n_labels_``."""
         self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        params_mod.check_k(k, self.n_labels_)
         return self._prepare_inference(X)
 
     def predict_topk_scored(self, X, k=5):

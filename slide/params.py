@@ -212,6 +212,16 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def check_k(k, n_labels):
+    """``k`` of a top-k prediction: a positive integer, at most ``n_labels`` (scikit-learn
+    raises rather than return fewer columns than asked for, or pad them). Returns int(k)."""
+    if not is_int(k) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if k > n_labels:
+        raise ValueError(f"k = {int(k)} is more than the model's n_labels = {int(n_labels)}")
+    return int(k)
+
+
 def is_real(v) -> bool:
     """A finite Python or NumPy number, not a bool."""
     return (isinstance(v, (int, float, np.integer, np.floating))

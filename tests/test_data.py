@@ -347,6 +347,86 @@ def test_as_label_matrix():
         as_label_matrix(np.array([0, 1]))
 
 
+def _csr_unchecked(data, indices, indptr, shape, cls=sp.csr_matrix):
+    """A compressed matrix as scipy builds it from raw arrays: without checking the ids."""
+    return cls((np.asarray(data, np.float32), np.asarray(indices), np.asarray(indptr)),
+               shape=shape)
+
+
+@pytest.mark.parametrize("cls", [sp.csr_matrix, sp.csr_array])
+def test_sparse_ids_are_bounds_checked_before_conversion(cls):
+    """scipy accepts ids outside the shape; the kernels would read or write out of bounds
+    (issue 28: a segfault, heap corruption, or silently wrong predictions)."""
+    ptr = [0, 1, 2, 3, 5]
+    ok = [0, 1, 2, 3, 4]
+    for bad_id in (35, 30, 1_000_000, -1):
+        ind = list(ok)
+        ind[3] = bad_id
+        X = _csr_unchecked(np.ones(5), ind, ptr, (4, 30), cls)
+        with pytest.raises(ValueError, match=f"X row 3 has feature id {bad_id}, but X has 30 "
+                                             "columns"):
+            as_feature_matrix(X)
+        Y = _csr_unchecked(np.ones(5), [i % 30 if i != bad_id else bad_id for i in ind], ptr,
+                           (4, 30), cls)
+        with pytest.raises(ValueError, match=f"Y row 3 has label id {bad_id}, but Y has 30 "
+                                             "columns"):
+            as_label_matrix(Y)
+    # CSC: the ids are row ids
+    Xc = _csr_unchecked(np.ones(2), [0, 7], [0, 1, 2], (4, 2), sp.csc_matrix)
+    with pytest.raises(ValueError, match="X \\(CSC\\) column 1 has row id 7, but X has 4 rows"):
+        as_feature_matrix(Xc)
+    # COO: both coordinates
+    coo = sp.coo_matrix((np.ones(2), (np.array([0, 1]), np.array([2, 0]))), shape=(2, 3))
+    coo.col[0] = 3
+    with pytest.raises(ValueError, match="X row 0 has feature id 3, but X has 3 columns"):
+        as_feature_matrix(coo)
+    coo.col[0] = 2
+    coo.row[1] = -2
+    with pytest.raises(ValueError, match="Y entry 1 has row id -2, but Y has 2 rows"):
+        as_label_matrix(coo)
+    # malformed pointers
+    X = _csr_unchecked(np.ones(5), ok, ptr, (4, 30))
+    X.indptr = np.array([0, 2, 1, 3, 5])
+    with pytest.raises(ValueError, match="X's CSR indptr decreases at row 1"):
+        as_feature_matrix(X)
+    X.indptr = np.array([1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="indptr starts at 1"):
+        as_feature_matrix(X)
+    X.indptr = np.array([0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="indptr ends at 4, but there are 5 stored entries"):
+        as_feature_matrix(X)
+    X.indptr = np.array([0, 1, 5])
+    with pytest.raises(ValueError, match="indptr has 3 entries, expected 5"):
+        as_feature_matrix(X)
+    X.indptr = np.array(ptr)
+    X.data = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="5 indices, 4 values"):
+        as_feature_matrix(X)
+    # in range: unsorted and duplicate ids are summed and sorted, as before
+    X = _csr_unchecked([1, 2, 3], [29, 0, 29], [0, 3], (1, 30), cls)
+    M = as_feature_matrix(X)
+    _assert_canonical(M)
+    assert M.indices.tolist() == [0, 29] and M.data.tolist() == [2.0, 4.0]
+
+
+def test_a_stray_label_id_in_label_lists_warns():
+    """A mistyped id (here 90000 among ids below 50) silently widened the output layer."""
+    lists = [[i % 50, (i * 7) % 50] for i in range(100)] + [[90000]]
+    with pytest.warns(UserWarning, match="label id 90000 is more than 10 times the next "
+                                         "largest \\(49\\)"):
+        M = as_label_matrix(lists)
+    assert M.shape == (101, 90001)
+    with pytest.raises(ValueError, match=r"Y\[100\] contains label 90000 >= n_labels = 50"):
+        as_label_matrix(lists, n_labels=50)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        as_label_matrix(lists[:-1])                      # dense ids
+        as_label_matrix([[0], [5]])                      # small ids
+        as_label_matrix([[3], [90000]] + [[i * 3000] for i in range(30)])  # spread out
+        as_label_matrix(lists, n_labels=90001)           # the count is given
+
+
 def test_write_xc_validates(tmp_path):
     with pytest.raises(ValueError, match="Y has 1 rows, expected 2"):
         write_xc(tmp_path / "x.txt", np.ones((2, 2)), [[0]])

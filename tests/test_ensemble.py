@@ -1,5 +1,6 @@
 """``SlideEnsemble``: members seeded apart, probabilities averaged, one checkpoint file."""
 import numpy as np
+import scipy.sparse as sp
 import pytest
 
 import slide
@@ -134,3 +135,18 @@ def test_unfitted_and_sparse_inference_are_refused(fitted, data):
         fitted.predict_topk(data[0], exact=False)
     with pytest.raises(ValueError, match="k must be"):
         fitted.predict_topk(data[0], k=0)
+
+
+def test_bad_ids_and_k_beyond_the_labels_are_refused(fitted, data):
+    X = data[0]
+    n = fitted.n_labels_
+    with pytest.raises(ValueError, match=f"k = {n + 1} is more than the model's n_labels = {n}"):
+        fitted.predict_topk(X, k=n + 1)
+    row = int(np.flatnonzero(np.diff(X.indptr) > 0)[0])
+    ind = X.indices.copy()
+    ind[X.indptr[row]] = X.shape[1] + 3
+    Xb = sp.csr_matrix((X.data, ind, X.indptr), shape=X.shape)
+    for call in (lambda: fitted.predict_topk(Xb, k=2), lambda: fitted.predict_proba(Xb),
+                 lambda: fitted.score(Xb, data[1])):
+        with pytest.raises(ValueError, match=f"X row {row} has feature id {X.shape[1] + 3}"):
+            call()

@@ -282,6 +282,65 @@ def test_bad_inputs_raise(tiny, trained):
         SlideClassifier().predict_topk(Xte)
 
 
+def _with_id(M, row, new_id):
+    """M (CSR) with the first stored id of ``row`` replaced, built as scipy builds a matrix
+    from raw arrays: without checking the id against the shape."""
+    ind = M.indices.copy()
+    ind[M.indptr[row]] = new_id
+    return sp.csr_matrix((M.data, ind, M.indptr), shape=M.shape)
+
+
+def test_out_of_range_sparse_ids_raise_at_every_entry_point(tiny, trained):
+    """Issue 28: an id outside the matrix's columns used to reach the kernels (predictions
+    returned silently, a negative id trained silently; ids far out segfault, which the
+    subprocess cases of tests/test_fuzz.py cover)."""
+    Xtr, Ytr, Xte, Yte = tiny
+    d = Xte.shape[1]
+    row = int(np.flatnonzero(np.diff(Xte.indptr) > 0)[0])
+    for bad_id in (d, d + 5, -1):
+        Xb = _with_id(Xte, row, bad_id)
+        msg = f"X row {row} has feature id {bad_id}, but X has {d} columns"
+        for call in (lambda: trained.predict_topk(Xb, k=3),
+                     lambda: trained.predict_topk(Xb, k=3, exact=False),
+                     lambda: trained.predict_proba(Xb),
+                     lambda: trained.predict_scores(Xb),
+                     lambda: trained.score(Xb, Yte),
+                     lambda: SlideClassifier(**SMALL).fit(_with_id(Xtr, row, bad_id), Ytr),
+                     lambda: clone(trained).partial_fit(_with_id(Xtr, row, bad_id), Ytr)):
+            with pytest.raises(ValueError, match=msg.replace("(", "\\(")):
+                call()
+    yrow = int(np.flatnonzero(np.diff(Ytr.indptr) > 0)[0])
+    L = Ytr.shape[1]
+    with pytest.raises(ValueError, match=f"Y row {yrow} has label id {L + 4}, but Y has {L} "
+                                         "columns"):
+        SlideClassifier(**dict(SMALL, output_bias_init="zero")).fit(
+            Xtr, _with_id(Ytr, yrow, L + 4))
+    with pytest.raises(ValueError, match=f"Y row {yrow} has label id {L}"):
+        trained.score(Xtr, _with_id(Ytr, yrow, L))
+
+
+def test_topk_beyond_the_label_count_raises(trained, tiny):
+    Xte = tiny[2]
+    n = trained.n_labels_
+    assert trained.predict_topk(Xte[:3], k=n).shape == (3, n)
+    for exact in (True, False):
+        with pytest.raises(ValueError, match=f"k = {n + 1} is more than the model's n_labels = "
+                                             f"{n}"):
+            trained.predict_topk(Xte[:3], k=n + 1, exact=exact)
+    with pytest.raises(ValueError, match="k = "):
+        trained.predict_topk_scored(Xte[:3], k=n + 1)
+
+
+def test_labels_without_any_positive_raise_at_fit(tiny):
+    Xtr, Ytr = tiny[0], tiny[1]
+    empty = sp.csr_matrix(Ytr.shape, dtype=np.float32)
+    for call in (lambda: SlideClassifier(**SMALL).fit(Xtr, empty),
+                 lambda: SlideClassifier(**SMALL).partial_fit(Xtr, empty),
+                 lambda: SlideClassifier(**SMALL).fit(Xtr, [[]] * Xtr.shape[0])):
+        with pytest.raises(ValueError, match="Y has no positive labels"):
+            call()
+
+
 def test_divergence_raises_naming_the_batch(tiny):
     Xtr, Ytr, _, _ = tiny
     m = SlideClassifier(**dict(SMALL, optimizer="sgd", learning_rate=1e30, random_state=0,

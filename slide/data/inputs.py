@@ -45,19 +45,110 @@ def slice_rows(A, lo, hi):
                          shape=(hi - lo, A.shape[1]))
 
 
+def _checked_sparse(A, name, id_word):
+    """Canonical CSR of the scipy sparse ``A`` (any format, matrix or array), after checking its
+    index structure with vectorised NumPy.
+
+    scipy builds ``csr_matrix((data, indices, indptr), shape=...)`` (and its CSC / COO
+    siblings) without checking that the ids fit the shape; such a matrix reaches the kernels,
+    which index without bounds checks (a segfault or heap corruption, or silently wrong
+    results). So before any conversion -- itself compiled code that trusts the arrays -- ids
+    must lie in ``[0, n)``, the pointer array must start at 0, never decrease and end at the
+    stored entry count, and the arrays' lengths must agree. Raises ``ValueError`` naming
+    ``name``, the row and the offending id, e.g. "X row 3 has feature id 35, but X has 30
+    columns". The returned CSR may hold unsorted / duplicate ids (the callers sum and sort)."""
+    if A.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got a {A.ndim}-D sparse array")
+    n_rows, n_cols = (int(v) for v in A.shape)
+    fmt = A.format
+    if fmt not in ("csr", "csc", "coo"):
+        # LIL, DOK, DIA and BSR: convert to COO in NumPy first (LIL and DOK check ids on
+        # insertion; BSR's block ids are checked as COO coordinates below)
+        try:
+            A = A.tocoo()
+        except Exception as exc:
+            raise ValueError(f"{name} is a malformed {fmt.upper()} sparse matrix: {exc}") from None
+        fmt = "coo"
+    data = np.asarray(A.data)
+    if data.ndim != 1:
+        raise ValueError(f"{name}'s sparse data must be 1-D, got shape {data.shape}")
+    if fmt == "coo":
+        coords = getattr(A, "coords", None)
+        row, col = (coords if coords is not None else (A.row, A.col))
+        row, col = np.asarray(row), np.asarray(col)
+        for what, a in (("row", row), ("column", col)):
+            if a.ndim != 1 or a.dtype.kind not in "iu":
+                raise ValueError(f"{name}'s COO {what} ids must be a 1-D integer array, got "
+                                 f"{a.dtype} of shape {a.shape}")
+        if not row.shape[0] == col.shape[0] == data.shape[0]:
+            raise ValueError(f"{name}'s COO arrays disagree in length: {row.shape[0]} row ids, "
+                             f"{col.shape[0]} column ids, {data.shape[0]} values")
+        if row.size:
+            bad = np.flatnonzero((row < 0) | (row >= n_rows))
+            if bad.size:
+                raise ValueError(f"{name} entry {int(bad[0])} has row id {int(row[bad[0]])}, but "
+                                 f"{name} has {n_rows} rows")
+            bad = np.flatnonzero((col < 0) | (col >= n_cols))
+            if bad.size:
+                raise ValueError(f"{name} row {int(row[bad[0]])} has {id_word} id "
+                                 f"{int(col[bad[0]])}, but {name} has {n_cols} columns")
+        return sp.csr_matrix((data, (row.astype(np.int64), col.astype(np.int64))),
+                             shape=(n_rows, n_cols))
+    # compressed: CSR rows (ids are columns) or CSC columns (ids are rows)
+    indptr, indices = np.asarray(A.indptr), np.asarray(A.indices)
+    n_major, n_minor = (n_rows, n_cols) if fmt == "csr" else (n_cols, n_rows)
+    major, minor = ("row", "column") if fmt == "csr" else ("column", "row")
+    for what, a in (("indptr", indptr), ("indices", indices)):
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise ValueError(f"{name}'s {fmt.upper()} {what} must be a 1-D integer array, got "
+                             f"{a.dtype} of shape {a.shape}")
+    if indptr.shape[0] != n_major + 1:
+        raise ValueError(f"{name}'s {fmt.upper()} indptr has {indptr.shape[0]} entries, expected "
+                         f"{n_major + 1} ({n_major} {major}s + 1)")
+    if indices.shape[0] != data.shape[0]:
+        raise ValueError(f"{name}'s {fmt.upper()} arrays disagree in length: "
+                         f"{indices.shape[0]} indices, {data.shape[0]} values")
+    if int(indptr[0]) != 0:
+        raise ValueError(f"{name}'s {fmt.upper()} indptr starts at {int(indptr[0])}, not 0")
+    steps = np.diff(indptr)
+    if steps.size and int(steps.min()) < 0:
+        at = int(np.flatnonzero(steps < 0)[0])
+        raise ValueError(f"{name}'s {fmt.upper()} indptr decreases at {major} {at} "
+                         f"({int(indptr[at])} -> {int(indptr[at + 1])})")
+    if int(indptr[-1]) != indices.shape[0]:
+        raise ValueError(f"{name}'s {fmt.upper()} indptr ends at {int(indptr[-1])}, but there are "
+                         f"{indices.shape[0]} stored entries")
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= n_minor:
+            pos = int(np.flatnonzero((indices < 0) | (indices >= n_minor))[0])
+            at = int(np.searchsorted(indptr, pos, side="right") - 1)
+            bad_id = int(indices[pos])
+            if fmt == "csr":
+                raise ValueError(f"{name} row {at} has {id_word} id {bad_id}, but {name} has "
+                                 f"{n_cols} columns")
+            raise ValueError(f"{name} (CSC) column {at} has row id {bad_id}, but {name} has "
+                             f"{n_rows} rows")
+    cls = sp.csr_matrix if fmt == "csr" else sp.csc_matrix
+    M = cls((data, indices, indptr), shape=(n_rows, n_cols), copy=True)
+    return M if fmt == "csr" else M.tocsr()
+
+
 def as_feature_matrix(X, n_features=None, name="X"):
     """Validate ``X`` (scipy sparse or dense 2-D) and return canonical CSR.
 
     Canonical: float32 data, int32 sorted indices, duplicates summed. Raises ``ValueError``
     naming ``name`` for a wrong dimensionality, non-numeric or non-finite values, values outside
-    the float32 range, or a column count different from ``n_features``.
+    the float32 range, a column count different from ``n_features``, or a sparse matrix whose
+    index arrays do not fit its shape (a feature id outside ``[0, n_columns)``, a malformed
+    indptr; ``_checked_sparse``, checked before any conversion).
     """
     if sp.issparse(X):
         if X.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got a {X.ndim}-D sparse array")
         if X.dtype.kind not in "biuf":
             raise ValueError(f"{name} must have a real numeric dtype, got {X.dtype}")
-        M = sp.csr_matrix(X, copy=True)
+        M = _checked_sparse(X, name, "feature")
     else:
         try:
             arr = np.asarray(X)
@@ -90,6 +181,23 @@ def as_feature_matrix(X, n_features=None, name="X"):
     return M
 
 
+def _warn_if_stray_label(ids, name):
+    """UserWarning when the label count inferred from label lists looks set by one mistyped id:
+    more than half of the ids ``0 .. max`` unused and the largest id more than 10 times the
+    second largest distinct one (and above 10). The output layer has ``max + 1`` neurons, so
+    one stray id would silently widen it (pass ``n_labels`` to make it an error instead)."""
+    distinct = np.unique(ids)
+    if distinct.size < 2:
+        return
+    top, second = int(distinct[-1]), int(distinct[-2])
+    if 2 * distinct.size < top + 1 and top > 10 * max(second, 1):
+        import warnings
+        warnings.warn(f"{name}: label id {top} is more than 10 times the next largest ({second}) "
+                      f"and {top + 1 - distinct.size} of the {top + 1} inferred label ids are "
+                      "unused: is it mistyped? (pass n_labels to check the ids against it)",
+                      UserWarning, stacklevel=4)
+
+
 def _labels_from_lists(Y, n_labels, name):
     lens = np.empty(len(Y), dtype=np.int64)
     parts = []
@@ -119,6 +227,7 @@ def _labels_from_lists(Y, n_labels, name):
     top = int(ind.max()) + 1 if ind.size else 0
     if n_labels is None:
         n_labels = top
+        _warn_if_stray_label(ind, name)
     elif top > n_labels:
         row = next(i for i, a in enumerate(parts) if a.size and a.max() >= n_labels)
         raise ValueError(f"{name}[{row}] contains label {int(parts[row].max())} >= n_labels = "
@@ -133,9 +242,12 @@ def as_label_matrix(Y, n_labels=None, n_rows=None, name="Y"):
     """Validate labels and return canonical CSR (float32 ones, int32 sorted indices).
 
     Accepts a scipy sparse 0/1 matrix, a dense 0/1 NumPy array, or a Python list (or tuple) of
-    label lists (a Python list is always read as label lists, never as a dense matrix). Repeated
+    label lists (a Python list is always read as label lists, never as a dense matrix; without
+    ``n_labels`` the label count is the largest id + 1, with a ``UserWarning`` when that id looks
+    mistyped: see ``_warn_if_stray_label``). Repeated
     labels count once. Raises ``ValueError`` naming ``name`` for negative, non-integer or
-    out-of-range labels, values other than 0/1, or a row count different from ``n_rows``.
+    out-of-range labels (in a sparse matrix: an id outside its columns or a malformed indptr,
+    checked before any conversion: ``_checked_sparse``), values other than 0/1, or a row count different from ``n_rows``.
     """
     if n_labels is not None and (not isinstance(n_labels, (int, np.integer)) or n_labels < 0):
         raise ValueError(f"n_labels must be a non-negative integer, got {n_labels!r}")
@@ -143,9 +255,7 @@ def as_label_matrix(Y, n_labels=None, n_rows=None, name="Y"):
         M = _labels_from_lists(Y, n_labels, name)
     else:
         if sp.issparse(Y):
-            if Y.ndim != 2:
-                raise ValueError(f"{name} must be 2-D, got a {Y.ndim}-D sparse array")
-            M = sp.csr_matrix(Y, copy=True)
+            M = _checked_sparse(Y, name, "label")
         else:
             arr = np.asarray(Y)
             if arr.ndim != 2:

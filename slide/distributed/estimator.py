@@ -14,7 +14,7 @@ import numpy as np
 
 from slide import trainer
 from slide.estimator import SlideClassifier
-from slide.params import is_int
+from slide.params import check_k, is_int
 from slide.trainer import blas_single_thread
 
 BACKENDS = ("ray", "local")
@@ -262,8 +262,7 @@ class ShardedSlideClassifier(SlideClassifier):
         best)."""
         from slide.lsh.serving import default_prior
         self._check_fitted()
-        if not is_int(k) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        check_k(k, self.n_labels_)
         if prior_candidates is None:
             prior_candidates = default_prior(self.n_labels_)
         if not is_int(prior_candidates) or prior_candidates < 0:
