@@ -16,21 +16,45 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 # ----------------------------------------------------------------------------------------------
 # Stream ids: what a draw is for. Every ``stream_seed`` call in slide names one of these, so two
 # purposes never share a sequence by accident. The values are fixed by the trained models and
-# checkpoints they reproduce (tests/test_golden.py): never renumber one.
+# checkpoints they reproduce (tests/test_golden.py): never renumber one without regenerating it.
+#
+# Disjointness rule (tests/test_rng.py enumerates it): the two per-serial families take every id
+# ``base + 16 * serial`` (serial >= 0, unbounded), i.e. all ids >= base of residue 7 (training)
+# or 12 (sparse inference) modulo 16; every other stream is a fixed id (or, for the layer
+# weights, ``init_stream(l)``) of another residue. Until issue 28, DOPH (103 = 7 + 16 * 6), the
+# table seed (203 = 11 + 16 * 12) and layer l = 3, 7, 15, ... (1015 = 7 + 16 * 63) shared ids
+# with the per-serial streams; 103 and the sparse-inference base moved, layers 0-3 kept theirs.
 # ----------------------------------------------------------------------------------------------
 STREAM_SAMPLE = 7            # engine, per (batch serial, sample position): sampler, random fill;
-STREAM_PREDICT = 11          # engine, per (call, sample) at sparse inference; both are offset
+STREAM_PREDICT = 12          # engine, per (call, sample) at sparse inference; both are offset
 STREAM_SERIAL_STRIDE = 16    # by serial * 16 (call * 16), so each batch has its own stream
+SERIAL_RESIDUES = (STREAM_SAMPLE % STREAM_SERIAL_STRIDE, STREAM_PREDICT % STREAM_SERIAL_STRIDE)
 STREAM_SIMHASH = 101         # lsh.hashes: SimHash projection keys
 STREAM_DWTA = 102            # lsh.hashes: DWTA probe key
-STREAM_DOPH = 103            # lsh.hashes: DOPH per-table keys
+STREAM_DOPH = 104            # lsh.hashes: DOPH per-table keys (103 until issue 28)
 STREAM_ORDER = 201           # lsh.index: insertion order of a table
 STREAM_RESERVOIR = 202       # lsh.index: reservoir draws of a table
 STREAM_TABLE_SEED = 203      # lsh.index: table seed of a build generation
 STREAM_SAMPLE_BATCH = 301    # lsh.samplers.sample_batch: per query row
 STREAM_LAYER_SEED = 500      # engine: hash-function seed of a sparse layer's index
 STREAM_REBUILD = 501         # lsh.index: seed of the next hash functions at a rebuild
-STREAM_INIT = 1000           # layers.init_params: weights of layer l use STREAM_INIT + l
+STREAM_SHARD_SEED = 600      # distributed.shard: seed of shard q > 0
+STREAM_INIT = 1000           # layers.init_params: weights of layer l use init_stream(l)
+FIXED_STREAMS = (STREAM_SIMHASH, STREAM_DWTA, STREAM_DOPH, STREAM_ORDER, STREAM_RESERVOIR,
+                 STREAM_TABLE_SEED, STREAM_SAMPLE_BATCH, STREAM_LAYER_SEED, STREAM_REBUILD,
+                 STREAM_SHARD_SEED)
+
+
+def init_stream(layer):
+    """Stream id of layer ``layer``'s initial weights: STREAM_INIT + layer for layers 0-3 (the
+    ids every model so far was initialised with), then four ids per 16 (residues 8-11 modulo
+    16), so that no layer count reaches a per-serial stream (residues 7 and 12)."""
+    layer = int(layer)
+    if layer < 0:
+        raise ValueError(f"layer must be >= 0, got {layer}")
+    return STREAM_INIT + STREAM_SERIAL_STRIDE * (layer // 4) + layer % 4
+
+
 SHARED_NEGATIVES_KEY = 0x5EED  # engine: numpy Generator key (seed, serial, key) of a batch's
                                # shared negatives (drawn in Python, not by the counter RNG)
 SERVING_INDEX_KEY = 0x5E7E   # lsh.serving: numpy Generator key (seed, key) of the serving

@@ -5,11 +5,28 @@ generated data sets) goes through ``atomic_write``: the bytes go to a temporary 
 target's directory, are flushed and fsync'ed, and only then renamed over the target; the
 directory is fsync'ed so the rename survives a crash. A failure at any point (a full disk, an
 exception raised by the writer, Ctrl-C) leaves the previous file intact and no temporary file
-behind.
+behind. The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the
+umask), not ``mkstemp``'s 0600.
 """
 import contextlib
 import os
 import tempfile
+
+
+def _current_umask():
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere it can only be
+    read by setting it (``os.umask`` returns the old one) and setting it back, which another
+    thread creating a file in between would see."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory):
@@ -44,6 +61,9 @@ def atomic_write(path, mode="wb", encoding=None):
         else:
             f = os.fdopen(fd, "wb")
         with f:
+            # mkstemp creates the file 0600 whatever the umask; give it the mode open() would
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o666 & ~_current_umask())
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from slide._rng import STREAM_INIT, stream_seed, splitmix64
+from slide._rng import init_stream, stream_seed, splitmix64
 
 # fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
 # stay observable so a diverging run is detected (np.isfinite would be folded away otherwise)
@@ -129,7 +129,7 @@ def init_params(layout, seed):
     wo = layout.w_off
     for l in range(layout.n_layers):
         std = np.sqrt(2.0 / (layout.sizes[l] + layout.sizes[l + 1]))
-        _init_normal(W, int(wo[l]), int(wo[l + 1]), std, np.uint64(seed), np.uint64(STREAM_INIT + l))
+        _init_normal(W, int(wo[l]), int(wo[l + 1]), std, np.uint64(seed), np.uint64(init_stream(l)))
     return W, B
 
 

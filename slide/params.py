@@ -146,7 +146,11 @@ TABLE = (
        "learning-rate schedule spans them); auto: the count whose batches come nearest to 625, "
        "at least 3 and at most 10, so more on small training sets (slide.trainer."
        "resolve_epochs, measured in bench/results/accuracy.md)", ge=1),
-    _p("batch_size", "train.batch_size", "int", 128, "samples per batch", ge=1),
+    # le: the training kernels stamp a sample's active-set marks serial * 2**20 + position + 1
+    # (slide/engine/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer
+    # than 2**20 samples
+    _p("batch_size", "train.batch_size", "int", 128, "samples per batch (below 2**20: the "
+       "per-batch stamps of the active sets)", ge=1, le=2**20 - 1),
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "

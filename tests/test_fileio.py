@@ -31,3 +31,20 @@ def test_bad_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match="mode"):
         with atomic_write(tmp_path / "x", mode="a"):
             pass
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002, 0o000])
+def test_written_files_get_the_mode_the_umask_allows(tmp_path, umask):
+    """mkstemp's 0600 leaked into every checkpoint and config (issue 28): a file written
+    atomically has the mode a plain open() would give it, new or replacing one."""
+    old = os.umask(umask)
+    try:
+        write_text(tmp_path / "a.txt", "x")
+        write_bytes(tmp_path / "a.txt", b"y")       # replacing keeps the same rule
+        with atomic_write(tmp_path / "b.bin") as f:
+            f.write(b"z")
+    finally:
+        os.umask(old)
+    for name in ("a.txt", "b.bin"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~umask, name

@@ -28,10 +28,10 @@ class HiddenLayer:
         self.B = np.zeros(self.layout.n_biases, np.float32)
         if init:
             from slide.distributed.kernels import init_rows_like_global
-            from slide._rng import STREAM_INIT
+            from slide._rng import init_stream
             # init_params' Glorot std of layer 0 (fan-in: the input features)
             std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
-            init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(STREAM_INIT))
+            init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(init_stream(0)))
         self.GW = np.zeros_like(self.W)
         self.GB = np.zeros_like(self.B)
         lay = self.layout

@@ -12,7 +12,7 @@ Protocol of one training batch (``slide.distributed.driver``):
 """
 import numpy as np
 
-from slide._rng import derived_seed
+from slide._rng import STREAM_SHARD_SEED, derived_seed
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
 from slide.engine import Network
@@ -20,7 +20,6 @@ from slide.engine.infer import topk_lse_of_logits, topk_of_logits
 from slide.optim import SparseOptimizer
 from slide.schedule import RehashSchedule
 
-STREAM_SHARD_SEED = 600      # seed of shard q > 0: derived_seed(seed, STREAM_SHARD_SEED, q)
 
 
 def shard_ranges(n_labels, n_shards):
@@ -84,12 +83,12 @@ class OutputShard:
 
     def _init_rows(self):
         """The single-process initial weights of rows [lo, hi) (zero biases)."""
-        from slide._rng import STREAM_INIT
+        from slide._rng import init_stream
         n_f, h = int(self.config["n_features"]), self.n_hidden
         W, _ = self.net.output_view()
         std = np.sqrt(2.0 / (h + self.n_labels))
         init_rows_like_global(W.reshape(-1), n_f * h, n_f * h + self.lo * h, std,
-                              np.uint64(self.config["seed"]), np.uint64(STREAM_INIT + 1))
+                              np.uint64(self.config["seed"]), np.uint64(init_stream(1)))
 
     # -- setup ---------------------------------------------------------------------------------
     def prepare(self, batch_size, n_chunks, max_labels, counts, n_samples, log_prior):

@@ -56,6 +56,8 @@ def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out
         for s in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
             x_idx = X.ind[X.ptr[s]:X.ptr[s + 1]]
             x_val = X.dat[X.ptr[s]:X.ptr[s + 1]]
+            # STREAM_PREDICT is a compile-time constant here: its change (issue 28) needed this
+            # file to change too, or Numba's cache would have kept the old id
             rng = stream_seed(seed, STREAM_PREDICT + call * STREAM_SERIAL_STRIDE, s)
             # the prior ids are forced as the labels are in training (the sampler skips them)
             forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, prior, no_shared,
