@@ -2,7 +2,7 @@
 
 Run from the repository root with the code whose behaviour is to be pinned:
 
-    PYTHONPATH=$PWD python tests/make_golden.py
+    PYTHONPATH=$PWD python tests/make_golden.py [CASE ...]    (no case named: all of them)
 
 Each case trains a small model through ``SlideClassifier`` (one thread, fixed seed, short
 rehash/rebuild periods so both happen during the run) and records sha256 + float sums of the
@@ -110,12 +110,20 @@ def resumed_digest(X, Y):
     return digest(model.network_.W)
 
 
-def main():
+def main(only=()):
+    """Regenerate every case, or only the cases named in ``only`` (the others, and the
+    checkpoint unless "default" is named, are kept from the current fixture)."""
     os.makedirs(DATA, exist_ok=True)
     X, Y, X_test, _ = data()
     out = {"shape": SHAPE, "base": {k: list(v) if isinstance(v, tuple) else v
                                     for k, v in BASE.items()}, "cases": {}}
-    for name in CASES:
+    unknown = [name for name in only if name not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; cases: {list(CASES)}")
+    if only:
+        with open(GOLDEN_JSON) as f:
+            out = json.load(f)
+    for name in (only or CASES):
         model = train_case(name, X, Y)
         out["cases"][name] = fingerprint(model, X_test)
         if name == "default":
@@ -130,4 +138,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(sys.argv[1:]))
