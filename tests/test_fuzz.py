@@ -77,7 +77,8 @@ def test_feature_validator_accepts_exactly_the_valid_matrices(case):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.one_of(st.integers(-2, 9), st.floats(-1, 9), st.text(max_size=1)),
+@given(st.lists(st.lists(st.one_of(st.integers(-2, 9), st.floats(-1, 9),
+                                   st.text(alphabet="ab x", max_size=1)),
                          max_size=4), min_size=1, max_size=5),
        st.sampled_from([None, 8]))
 def test_label_validator_on_label_lists(lists, n_labels):
