@@ -12,9 +12,12 @@ dtype (from the headers) before it builds a model, then reads each array as it c
 and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
 truncated, mismatched or unsupported file.
 
-Format versions: 1 is the only one so far (every file slide has written). A file of another
-version is refused with its version number; files written before the optimizer recorded each
-row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up to date.
+Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (the catch-up of
+rows idle since an earlier step reads it: without it, the first sync after a load applied the
+pending momentum at the base rate, not the schedule's). Version-1 files load with every past
+step at the base learning rate (exact at a constant schedule); files written before the
+optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
+to date. A file of another version is refused with its version number.
 """
 import json
 import os
@@ -26,8 +29,8 @@ from slide.fileio import atomic_write
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 
 class CheckpointError(ValueError):
@@ -46,6 +49,7 @@ def _model_arrays(model):
     net = model.network_
     arrays = {"W": net.W, "B": net.B}
     arrays.update(model.optimizer_.state_arrays())
+    arrays["opt_rates"] = model.optimizer_.step_rates
     for l, idx in net.indices.items():
         for k, v in idx.state_dict().items():
             if isinstance(v, np.ndarray):
@@ -302,6 +306,14 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
                                    dtype=target.dtype)
         if name not in arrays or _shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"optimizer array {name!r} does not fit")
+    steps = int(meta["opt_t"])
+    if "opt_rates" in arrays:
+        if _shape_dtype(arrays, "opt_rates") != ((steps + 1,), np.dtype(np.float64)):
+            raise CheckpointError(path, f"optimizer array 'opt_rates' does not fit (one "
+                                        f"float64 rate per step: {steps + 1} entries)")
+    elif meta["version"] >= 2:
+        raise CheckpointError(path, "optimizer array 'opt_rates' is missing (format 2 "
+                                    "records every step's rate)")
 
 
 def _restore(model, path, meta, arrays):
@@ -313,7 +325,15 @@ def _restore(model, path, meta, arrays):
     opt = model.optimizer_
     for name, target in opt.state_arrays().items():
         target[:] = arrays[name]
-    opt.t = int(meta["opt_t"])
+    if "opt_rates" in arrays:
+        try:
+            opt.set_step_rates(arrays["opt_rates"])
+        except ValueError as exc:
+            raise CheckpointError(path, str(exc)) from None
+    else:
+        # format 1 did not record the steps' rates: the base rate's, which that code's
+        # first sync after a load used too (exact for a constant schedule)
+        opt.set_step_rates(opt.constant_rates(int(meta["opt_t"])))
     model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
                         epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
                         train_seconds=float(meta["train_seconds"]),

@@ -70,7 +70,7 @@ def _rewrite_meta(src, dst, **changes):
         np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
 
 
-@pytest.mark.parametrize("version", [2, 0, None])
+@pytest.mark.parametrize("version", [3, 0, None])
 def test_other_format_versions_are_refused_naming_both_versions(tmp_path, version):
     bad = tmp_path / "future.slide"
     _rewrite_meta(V1, bad, version=version)
@@ -78,7 +78,7 @@ def test_other_format_versions_are_refused_naming_both_versions(tmp_path, versio
         load(bad)
     msg = str(e.value)
     assert str(bad) in msg and f"format version {version!r}" in msg
-    assert f"reads version {checkpoint.FORMAT_VERSION}" in msg
+    assert f"reads version {', '.join(map(str, checkpoint.SUPPORTED_VERSIONS))}" in msg
 
 
 def test_a_failure_half_way_through_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
@@ -164,3 +164,22 @@ def test_a_damaged_array_is_refused_as_unreadable(tiny, tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="m.slide.*unreadable"):
         load(path)
+
+
+@pytest.mark.parametrize("stop_at", [7, 45, 100])
+def test_a_model_saved_mid_run_predicts_after_loading_what_it_predicted(tiny, tmp_path, stop_at):
+    """Issue 28: the first sync after loading (every prediction) applies the rows' pending
+    momentum steps; it must use the rates those steps had under the cosine schedule (the
+    optimizer's record of them is saved), not the base rate the loaded model starts with."""
+    Xtr, Ytr, Xte, _ = tiny
+    kw = dict(hidden_sizes=(16,), batch_size=32, epochs=6, lr_schedule="cosine",
+              random_state=2, n_threads=1, neighbours=0)
+    model = SlideClassifier(**kw).fit(Xtr, Ytr, callback=lambda m, i: i["batch"] >= stop_at)
+    assert model.batches_ == stop_at and model.batch_in_epoch_ != 0    # mid-epoch
+    assert model.optimizer_.pending
+    path = tmp_path / "mid.slide"
+    model.save(path)
+    loaded = load(path)
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), model.predict_topk(Xte, k=5))
+    np.testing.assert_array_equal(loaded.predict_proba(Xte), model.predict_proba(Xte))
+    np.testing.assert_array_equal(loaded.network_.W, model.network_.W)

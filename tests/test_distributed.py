@@ -387,3 +387,18 @@ def test_sharded_model_follows_a_time_budget_like_one_process(tiny, monkeypatch)
     assert runs[1][2] == runs[0][2] >= 3
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-4)
     assert runs[1][1] == runs[0][1]
+
+
+def test_a_sharded_model_saved_mid_run_predicts_after_loading_what_it_predicted(tiny, tmp_path):
+    """Issue 28, sharded: the driver and every shard record the scheduled rates of their
+    steps, so the first sync after loading catches rows up at those rates."""
+    Xtr, Ytr, Xte, _ = tiny
+    kw = dict(SMALL, n_shards=2, backend="local", epochs=3, random_state=5,
+              lr_schedule="cosine")
+    m = ShardedSlideClassifier(**kw)
+    m.fit(Xtr, Ytr, callback=lambda mm, i: i["batch"] >= 30)
+    assert m.batches_ == 30 and m.batch_in_epoch_ != 0
+    m.save(tmp_path / "ck")
+    loaded = slide.load(tmp_path / "ck")
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, 5), m.predict_topk(Xte, 5))
+    np.testing.assert_array_equal(loaded.predict_proba(Xte), m.predict_proba(Xte))
