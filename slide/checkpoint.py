@@ -17,7 +17,10 @@ rows idle since an earlier step reads it: without it, the first sync after a loa
 pending momentum at the base rate, not the schedule's). Version-1 files load with every past
 step at the base learning rate (exact at a constant schedule); files written before the
 optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
-to date. A file of another version is refused with its version number.
+to date; every hyperparameter a version-1 file does not record (it was written before the
+parameter existed) is pinned to the behaviour of the code that wrote it
+(``UNRECORDED_PARAMS``), never to today's default. Version 2 records them all. A file of
+another version is refused with its version number.
 """
 import json
 import os
@@ -31,6 +34,47 @@ FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
+
+# The hyperparameters a checkpoint may not record, by the format version from which every file
+# records them: a file of an older version was written by code that may have predated some of
+# them (``params`` is the writer's ``get_params()``), and each one it lacks is pinned to the
+# value that reproduces what that code did -- never to today's default, which would change a
+# loaded model's predictions or its resumed training (rerank=True would hold out a tenth of
+# rows the network already trained on). The commit that added each parameter, for the record.
+# A parameter added later bumps FORMAT_VERSION and gets an entry under the new version.
+UNRECORDED_PARAMS = {
+    2: {
+        "shared_negatives": 0,          # 602d820: no negatives shared by a batch before
+        "sampling_correction": False,   # 28bf736: no logQ correction before
+        "negative_power": 0.0,          # 5ae6175: shared negatives were uniform before
+        "output_bias_init": "zero",     # 5ae6175: output biases started at zero before
+        "lr_schedule": "constant",      # d1dff5a: a constant learning rate before
+        "warmup_batches": 0,            # d1dff5a
+        "time_budget": None,            # 492f367: no budget before
+        "neighbours": 0,                # 753cf9e: exact predictions by the network alone
+        "neighbour_weight": 0.85,       # 753cf9e (unused with neighbours=0)
+        "rerank": False,                # 1d10254: no held-out rows, no re-ranker before
+    },
+}
+
+
+def pin_unrecorded_params(path, params, version, names=None):
+    """``params`` (a file's recorded hyperparameters, format ``version``) completed with
+    UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s)
+    that a file of that version may lack; CheckpointError naming a parameter it must record
+    and does not."""
+    from slide.estimator import SlideClassifier
+    params = dict(params)
+    for name in SlideClassifier._get_param_names() if names is None else names:
+        if name in params:
+            continue
+        pinned = [pins[name] for since, pins in sorted(UNRECORDED_PARAMS.items())
+                  if version < since and name in pins]
+        if not pinned:
+            raise CheckpointError(path, f"the hyperparameter {name!r} is not recorded (a "
+                                        f"format-{version} file records it)")
+        params[name] = pinned[0]
+    return params
 
 
 class CheckpointError(ValueError):
@@ -275,11 +319,8 @@ def _build_model(path, meta):
     """An unfitted-then-built ``SlideClassifier`` of the saved hyperparameters, sizes and seed
     (its weights still the fresh initialisation)."""
     from slide.estimator import SlideClassifier
-    params = dict(meta["params"])
+    params = pin_unrecorded_params(path, meta["params"], meta["version"])
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
-    # checkpoints written before the learning-rate schedule existed trained at a constant rate
-    params.setdefault("lr_schedule", "constant")
-    params.setdefault("warmup_batches", 0)
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = SlideClassifier(**params)
@@ -396,7 +437,8 @@ def _load_ensemble(path, meta, arrays):
         members.append(_load_model(path, member_meta, own))
     if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
         raise CheckpointError(path, "ensemble members differ in their input or label count")
-    ensemble = SlideEnsemble(estimator=_unfitted(meta["estimator"]), n_models=n,
+    template = pin_unrecorded_params(path, meta["estimator"], meta["version"])
+    ensemble = SlideEnsemble(estimator=_unfitted(template), n_models=n,
                              random_state=meta["random_state"])
     ensemble.seed_ = int(meta["seed"])
     ensemble._set_members(members)

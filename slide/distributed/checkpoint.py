@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from slide.checkpoint import CheckpointError
+from slide.checkpoint import CheckpointError, pin_unrecorded_params
 from slide.fileio import atomic_write, write_text
 
 MANIFEST = "manifest.json"
@@ -152,7 +152,10 @@ def load(path, backend=None, ray_address=None):
     path = os.fspath(path)
     man = read_manifest(path)
     dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
-    params = dict(dmeta["params"])
+    # the sharded format has not changed since before the vote and its re-ranker existed: a
+    # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
+    # format-1 single-process file's does (slide.checkpoint.UNRECORDED_PARAMS)
+    params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
     if backend is not None:
         params["backend"] = backend
