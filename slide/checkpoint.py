@@ -12,9 +12,15 @@ dtype (from the headers) before it builds a model, then reads each array as it c
 and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
 truncated, mismatched or unsupported file.
 
-Format versions: 1 is the only one so far (every file slide has written). A file of another
-version is refused with its version number; files written before the optimizer recorded each
-row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up to date.
+Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (the catch-up of
+rows idle since an earlier step reads it: without it, the first sync after a load applied the
+pending momentum at the base rate, not the schedule's). Version-1 files load with every past
+step at the base learning rate (exact at a constant schedule); files written before the
+optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
+to date; every hyperparameter a version-1 file does not record (it was written before the
+parameter existed) is pinned to the behaviour of the code that wrote it
+(``UNRECORDED_PARAMS``), never to today's default. Version 2 records them all. A file of
+another version is refused with its version number.
 """
 import json
 import os
@@ -26,8 +32,49 @@ from slide.fileio import atomic_write
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+
+# The hyperparameters a checkpoint may not record, by the format version from which every file
+# records them: a file of an older version was written by code that may have predated some of
+# them (``params`` is the writer's ``get_params()``), and each one it lacks is pinned to the
+# value that reproduces what that code did -- never to today's default, which would change a
+# loaded model's predictions or its resumed training (rerank=True would hold out a tenth of
+# rows the network already trained on). The commit that added each parameter, for the record.
+# A parameter added later bumps FORMAT_VERSION and gets an entry under the new version.
+UNRECORDED_PARAMS = {
+    2: {
+        "shared_negatives": 0,          # 602d820: no negatives shared by a batch before
+        "sampling_correction": False,   # 28bf736: no logQ correction before
+        "negative_power": 0.0,          # 5ae6175: shared negatives were uniform before
+        "output_bias_init": "zero",     # 5ae6175: output biases started at zero before
+        "lr_schedule": "constant",      # d1dff5a: a constant learning rate before
+        "warmup_batches": 0,            # d1dff5a
+        "time_budget": None,            # 492f367: no budget before
+        "neighbours": 0,                # 753cf9e: exact predictions by the network alone
+        "neighbour_weight": 0.85,       # 753cf9e (unused with neighbours=0)
+        "rerank": False,                # 1d10254: no held-out rows, no re-ranker before
+    },
+}
+
+
+def pin_unrecorded_params(path, params, version, names=None):
+    """``params`` (a file's recorded hyperparameters, format ``version``) completed with
+    UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s)
+    that a file of that version may lack; CheckpointError naming a parameter it must record
+    and does not."""
+    from slide.estimator import SlideClassifier
+    params = dict(params)
+    for name in SlideClassifier._get_param_names() if names is None else names:
+        if name in params:
+            continue
+        pinned = [pins[name] for since, pins in sorted(UNRECORDED_PARAMS.items())
+                  if version < since and name in pins]
+        if not pinned:
+            raise CheckpointError(path, f"the hyperparameter {name!r} is not recorded (a "
+                                        f"format-{version} file records it)")
+        params[name] = pinned[0]
+    return params
 
 
 class CheckpointError(ValueError):
@@ -46,6 +93,7 @@ def _model_arrays(model):
     net = model.network_
     arrays = {"W": net.W, "B": net.B}
     arrays.update(model.optimizer_.state_arrays())
+    arrays["opt_rates"] = model.optimizer_.step_rates
     for l, idx in net.indices.items():
         for k, v in idx.state_dict().items():
             if isinstance(v, np.ndarray):
@@ -271,11 +319,8 @@ def _build_model(path, meta):
     """An unfitted-then-built ``SlideClassifier`` of the saved hyperparameters, sizes and seed
     (its weights still the fresh initialisation)."""
     from slide.estimator import SlideClassifier
-    params = dict(meta["params"])
+    params = pin_unrecorded_params(path, meta["params"], meta["version"])
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
-    # checkpoints written before the learning-rate schedule existed trained at a constant rate
-    params.setdefault("lr_schedule", "constant")
-    params.setdefault("warmup_batches", 0)
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = SlideClassifier(**params)
@@ -302,6 +347,14 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
                                    dtype=target.dtype)
         if name not in arrays or _shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"optimizer array {name!r} does not fit")
+    steps = int(meta["opt_t"])
+    if "opt_rates" in arrays:
+        if _shape_dtype(arrays, "opt_rates") != ((steps + 1,), np.dtype(np.float64)):
+            raise CheckpointError(path, f"optimizer array 'opt_rates' does not fit (one "
+                                        f"float64 rate per step: {steps + 1} entries)")
+    elif meta["version"] >= 2:
+        raise CheckpointError(path, "optimizer array 'opt_rates' is missing (format 2 "
+                                    "records every step's rate)")
 
 
 def _restore(model, path, meta, arrays):
@@ -313,7 +366,15 @@ def _restore(model, path, meta, arrays):
     opt = model.optimizer_
     for name, target in opt.state_arrays().items():
         target[:] = arrays[name]
-    opt.t = int(meta["opt_t"])
+    if "opt_rates" in arrays:
+        try:
+            opt.set_step_rates(arrays["opt_rates"])
+        except ValueError as exc:
+            raise CheckpointError(path, str(exc)) from None
+    else:
+        # format 1 did not record the steps' rates: the base rate's, which that code's
+        # first sync after a load used too (exact for a constant schedule)
+        opt.set_step_rates(opt.constant_rates(int(meta["opt_t"])))
     model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
                         epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
                         train_seconds=float(meta["train_seconds"]),
@@ -376,7 +437,8 @@ def _load_ensemble(path, meta, arrays):
         members.append(_load_model(path, member_meta, own))
     if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
         raise CheckpointError(path, "ensemble members differ in their input or label count")
-    ensemble = SlideEnsemble(estimator=_unfitted(meta["estimator"]), n_models=n,
+    template = pin_unrecorded_params(path, meta["estimator"], meta["version"])
+    ensemble = SlideEnsemble(estimator=_unfitted(template), n_models=n,
                              random_state=meta["random_state"])
     ensemble.seed_ = int(meta["seed"])
     ensemble._set_members(members)

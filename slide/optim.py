@@ -9,14 +9,26 @@ afterwards so the buffers are all-zero again between batches.
 Adam semantics. ``"adam"`` (the default) gives every row the trajectory of *dense* Adam, as
 TensorFlow and PyTorch apply it, at sparse cost: in a batch that does not touch a row, dense Adam
 still moves it by its decaying momentum (``m <- beta1 m``, ``v <- beta2 v``,
-``w -= lr m / sqrt(v)``). Those zero-gradient steps have a closed form -- after a row's last
-touch at step s, the steps s+1..s+n move it by ``lr * m_s / sqrt(v_s) * sum_{j=1..n} r^j`` with
-``r = beta1 / sqrt(beta2)`` -- so each row records the step of its last update (``T``) and the
-next touch (or ``flush``, before inference) applies the missed steps at once. This matters
-for extreme classification: a label seen once in an epoch gets about ten times the push of one
-lazy step (the momentum keeps acting), which is how a dense network learns rare labels within
-one epoch. Approximations: the missed steps use the current bias-corrected step size and
-ignore epsilon's effect on the decayed ``v``.
+``w -= c_k m / sqrt(v)``, where ``c_k = lr_k sqrt(1 - beta2^k) / (1 - beta1^k)`` is step k's
+bias-corrected rate under the learning-rate schedule). Those zero-gradient steps have a closed
+form -- after a row's last touch at step s, step k > s moves it by
+``c_k r^(k-s) m_s / sqrt(v_s)`` with ``r = beta1 / sqrt(beta2)`` -- so each row records the
+step of its last update (``T``) and its next touch (or ``flush``, before inference) applies
+the missed steps at once: ``m_s / sqrt(v_s) * sum_k c_k r^(k-s)``.
+
+The optimizer records every step's ``c_k`` (``SparseOptimizer.step_rates``: a float64 table
+indexed by step, part of its state and of every checkpoint) and, per block of ``RATE_BLOCK``
+steps, the discounted prefix sums ``P[k] = sum_{i=block start..k} c_i r^(i - block start)``,
+so a row's sum costs a few block lookups whatever its idle gap (``discounted_rate_sum``: the
+blocks after the first step whose weight ``r^(k-s)`` is below ``TAIL_WEIGHT`` (1e-16) are
+dropped; what they would add is below ``1e-16 * max_k c_k / (1 - r)``, at the default betas
+after 351 steps, so at most 7 blocks). The catch-up is therefore dense Adam's trajectory
+under any schedule, up to float rounding and one approximation: epsilon is added to the row's
+``sqrt(v_s)`` rather than to each missed step's decayed ``sqrt(beta2^j v_s)`` (negligible
+unless ``v`` is of the order of ``eps^2``). A row's momentum keeps acting after its last
+touch, which matters for extreme classification: a label seen once in an epoch gets about ten
+times the push of one lazy step, which is how a dense network learns rare labels within one
+epoch.
 ``"lazy_adam"`` (TensorFlow's ``LazyAdamOptimizer``, PyTorch's ``SparseAdam``): a row's moments
 decay only in the batches that touch it, and untouched rows do not move at all.
 Both use the global step count ``t`` for the bias correction. A row is a layer-0 input feature
@@ -46,17 +58,70 @@ class Moments(NamedTuple):
 
 class Hyper(NamedTuple):
     """One step's settings: bias-corrected step size ``lr_t`` (plain lr for SGD), Adam's betas
-    and epsilon, and the global step count ``t``."""
+    and epsilon, the global step count ``t``, and the record of every step's rate:
+    ``rates[k]`` = c_k for k <= t and its discounted block prefix sums ``rate_sums``
+    (``extend_rate_sums``), from which the catch-up takes the missed steps' rates."""
     lr_t: float
     beta1: float
     beta2: float
     eps: float
     t: int
+    rates: np.ndarray
+    rate_sums: np.ndarray
 
 
 def adam_lr(learning_rate, beta1, beta2, t):
     """Bias-corrected step size of Adam at step ``t`` (1-based)."""
     return learning_rate * np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+
+
+# the discounted prefix sums of the step rates restart every RATE_BLOCK steps, so a sum over
+# a block is one subtraction and its weight r^(block start - s) stays in float64's range
+RATE_BLOCK = 64
+# the catch-up drops the blocks after the first step whose weight r^(k-s) is below this
+# (module docstring: the bound of what they would add)
+TAIL_WEIGHT = 1e-16
+
+
+def block_powers(beta1, beta2):
+    """r^j for j < RATE_BLOCK (float64; r = beta1 / sqrt(beta2)), the weights inside a block
+    of prefix sums."""
+    r = float(beta1) / float(np.sqrt(float(beta2)))
+    return np.array([r ** j for j in range(RATE_BLOCK)], np.float64)
+
+
+@njit(cache=True, nogil=True)
+def extend_rate_sums(rates, sums, powers, lo, hi):
+    """sums[k] for lo <= k < hi from rates[k] and sums[k - 1]: the discounted prefix sums
+    ``sums[k] = sum_{i=b..k} rates[i] * r^(i-b)`` of k's block (b = its first step). The one
+    writer of them (no fastmath), step by step during training and all at once when a saved
+    state is loaded, so both give the same bits."""
+    for k in range(lo, hi):
+        j = k % RATE_BLOCK
+        if j == 0:
+            sums[k] = rates[k]
+        else:
+            sums[k] = sums[k - 1] + rates[k] * powers[j]
+
+
+@njit(cache=True, nogil=True)
+def discounted_rate_sum(sums, s, e, r):
+    """sum_{k=s+1..e} c_k r^(k-s) (e > s) from the block prefix sums ``sums`` of the rates c:
+    one subtraction per block of RATE_BLOCK steps, stopping after the first block whose next
+    step's weight r^(k-s) is below TAIL_WEIGHT, so a row idle for any number of steps costs a
+    few blocks. Not fastmath: the difference of two prefix sums is the delicate part (its
+    relative error is ~1e-16 * r^-RATE_BLOCK / (1 - r), ~1e-12, far below float32's)."""
+    total = 0.0
+    k = s + 1
+    while k <= e:
+        b = (k // RATE_BLOCK) * RATE_BLOCK
+        hi = min(e, b + RATE_BLOCK - 1)
+        part = sums[hi] if k == b else sums[hi] - sums[k - 1]
+        total += part * r ** (b - s)
+        k = hi + 1
+        if r ** (k - s) < TAIL_WEIGHT:
+            break
+    return total
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -92,23 +157,25 @@ def _adam_row(w, mm, vv, gg, k, fused_output):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _missed_steps(last, t, beta1, beta2):
+def _missed_steps(last, t, hyper):
     """Closed form of the zero-gradient Adam steps a row updated at step ``last`` missed before
-    step ``t`` (steps last+1 .. t-1): (sum of r^j, beta1^n, beta2^n, n)."""
+    step ``t`` (steps last+1 .. t-1): (sum of c_k r^(k-last) over them, beta1^n, beta2^n, n)."""
     n = t - 1 - last
     if last <= 0 or n <= 0:
         return 0.0, 1.0, 1.0, 0
-    r = beta1 / np.sqrt(beta2)
-    return r * (1.0 - r ** n) / (1.0 - r), beta1 ** n, beta2 ** n, n
+    r = hyper.beta1 / np.sqrt(hyper.beta2)
+    return (discounted_rate_sum(hyper.rate_sums, last, t - 1, r), hyper.beta1 ** n,
+            hyper.beta2 ** n, n)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _catch_up(w, mm, vv, last, t, hyper):
-    """Apply to one row the zero-gradient steps it missed between steps ``last`` and ``t``."""
-    srt, d1, d2, n = _missed_steps(last, t, hyper.beta1, hyper.beta2)
+    """Apply to one row the zero-gradient steps it missed between steps ``last`` and ``t``,
+    each at its own recorded rate (``hyper.rate_sums``)."""
+    srt, d1, d2, n = _missed_steps(last, t, hyper)
     if n == 0:
         return
-    lrs = np.float32(hyper.lr_t * srt)
+    lrs = np.float32(srt)
     f1 = np.float32(d1)
     f2 = np.float32(d2)
     ep = np.float32(hyper.eps)
@@ -253,12 +320,14 @@ def adam_flush_rows(W, M, V, T, w_base, n_rows, row_len, hyper):
 
 
 class SparseOptimizer:
-    """Owns the optimizer state (moments, step records, step count) of a network's flat
-    parameters (``layout``: ``slide.layers.Layout``).
+    """Owns the optimizer state (moments, step records, step count, the rate of every step)
+    of a network's flat parameters (``layout``: ``slide.layers.Layout``).
 
-    ``step(...)`` applies one update to the touched rows and biases listed by the engine;
-    ``flush()`` brings every row up to date (``"adam"`` only; a no-op otherwise) and must run
-    before the weights are used for inference.
+    ``step(...)`` applies one update to the touched rows and biases listed by the engine at
+    the current ``learning_rate`` (the trainer sets it before each batch); ``flush()`` brings
+    every row up to date (``"adam"`` only; a no-op otherwise) and must run before the weights
+    are used for inference. ``step_rates`` records every step's rate (Adam: bias-corrected),
+    which the catch-up reads: it is state, saved with the moments.
     """
 
     def __init__(self, kind, layout, learning_rate, beta1=0.9, beta2=0.999, epsilon=1e-8):
@@ -270,7 +339,6 @@ class SparseOptimizer:
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.epsilon = float(epsilon)
-        self.t = 0
         n_weights, n_biases = layout.n_weights, layout.n_biases
         if kind in ("adam", "lazy_adam"):
             self.MW = np.zeros(n_weights, dtype=np.float32)
@@ -287,6 +355,89 @@ class SparseOptimizer:
         else:
             self.TW = np.zeros(0, dtype=np.int32)
             self.TB = np.zeros(0, dtype=np.int32)
+        # the rate of every step so far (index = step, entry 0 unused; grown by doubling) and
+        # its block prefix sums, which the catch-up kernels read through Hyper
+        self._powers = block_powers(self.beta1, self.beta2)
+        self._t = 0
+        self._rates = np.zeros(RATE_BLOCK, np.float64)
+        self._rate_sums = np.zeros(RATE_BLOCK, np.float64)
+
+    # -- the step count and the rate of each step ---------------------------------------------
+    def _rate_of(self, learning_rate, t):
+        """Step t's rate: Adam's bias-corrected step size, SGD's learning rate."""
+        if self.kind == "sgd":
+            return float(learning_rate)
+        return float(adam_lr(learning_rate, self.beta1, self.beta2, t))
+
+    def next_step(self):
+        """Advance the step count by one at the current ``learning_rate`` and record the
+        step's rate (O(1): one table entry and its prefix sum; the table doubles when full)."""
+        t = self._t + 1
+        if t >= self._rates.shape[0]:
+            rates = np.zeros(2 * self._rates.shape[0], np.float64)
+            sums = np.zeros_like(rates)
+            rates[:t] = self._rates[:t]
+            sums[:t] = self._rate_sums[:t]
+            self._rates, self._rate_sums = rates, sums
+        self._rates[t] = self._rate_of(self.learning_rate, t)
+        extend_rate_sums(self._rates, self._rate_sums, self._powers, t, t + 1)
+        self._t = t
+
+    @property
+    def t(self):
+        """Steps taken so far."""
+        return self._t
+
+    @t.setter
+    def t(self, value):
+        """Set the step count; steps beyond those recorded count as taken at the current
+        ``learning_rate`` (``set_step_rates`` gives each step's rate)."""
+        value = int(value)
+        if value < 0:
+            raise ValueError(f"optimizer step count must be non-negative, got {value}")
+        known = min(value, self._t)
+        rates = np.concatenate([self._rates[:known + 1],
+                                self.constant_rates(value)[known + 1:]])
+        self.set_step_rates(rates)
+
+    @property
+    def step_rates(self):
+        """The rate of every step so far, ``[0, c_1, ..., c_t]`` (float64, a read-only view)."""
+        view = self._rates[:self._t + 1]
+        view.flags.writeable = False
+        return view
+
+    def set_step_rates(self, rates):
+        """Continue after ``len(rates) - 1`` steps taken at these rates (the ``step_rates`` of
+        a saved optimizer); ValueError unless they are a non-empty 1-D float64 array of finite
+        non-negative numbers."""
+        rates = np.asarray(rates)
+        if rates.ndim != 1 or rates.shape[0] < 1 or rates.dtype != np.float64:
+            raise ValueError(f"optimizer step rates must be a non-empty 1-D float64 array, got "
+                             f"shape {rates.shape} and dtype {rates.dtype}")
+        if not (np.isfinite(rates).all() and (rates >= 0).all()):
+            raise ValueError("optimizer step rates must be finite and non-negative")
+        t = rates.shape[0] - 1
+        cap = RATE_BLOCK
+        while cap <= t:
+            cap *= 2
+        self._rates = np.zeros(cap, np.float64)
+        self._rates[1:t + 1] = rates[1:]
+        self._rate_sums = np.zeros(cap, np.float64)
+        extend_rate_sums(self._rates, self._rate_sums, self._powers, 0, t + 1)
+        self._t = t
+
+    def constant_rates(self, t):
+        """The rates of ``t`` steps all taken at the current ``learning_rate`` (for a state
+        saved before the rates were recorded)."""
+        k = np.arange(t + 1, dtype=np.float64)
+        if self.kind == "sgd":
+            rates = np.full(t + 1, self.learning_rate, np.float64)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rates = adam_lr(self.learning_rate, self.beta1, self.beta2, k)
+        rates[0] = 0.0
+        return rates
 
     @property
     def _adam(self):
@@ -297,14 +448,18 @@ class SparseOptimizer:
         return Moments(self.MW, self.VW, self.MB, self.VB, self.TW, self.TB)
 
     def _hyper(self):
-        lr_t = adam_lr(self.learning_rate, self.beta1, self.beta2, max(self.t, 1))
-        return Hyper(float(lr_t), self.beta1, self.beta2, self.epsilon, int(self.t))
+        """The kernels' bundle at the current step: its recorded rate, betas, eps, the rate
+        record."""
+        t = self._t
+        lr_t = self._rates[t] if t > 0 else self._rate_of(self.learning_rate, 1)
+        return Hyper(float(lr_t), self.beta1, self.beta2, self.epsilon, int(t), self._rates,
+                     self._rate_sums)
 
     def step(self, params, touched, n_rows, n_bias):
         """One step on the rows and biases a batch touched: ``params`` (W, B, GW, GB) and
         ``touched`` (starts, lens, rowids, bias_ids) are ``slide.engine.arrays`` bundles;
         the first ``n_rows`` / ``n_bias`` entries are used."""
-        self.t += 1
+        self.next_step()
         W, B, GW, GB = params.W, params.B, params.GW, params.GB
         if self._adam:
             h = self._hyper()
@@ -324,11 +479,8 @@ class SparseOptimizer:
         if mom.TW.shape[0]:
             mom = mom._replace(TW=self.TW[int(lay.row_off[last]):int(lay.row_off[last + 1])],
                                TB=self.TB[int(lay.b_off[last]):int(lay.b_off[last + 1])])
-        if self._adam:
-            h, kind = self._hyper(), KIND_ADAM
-        else:
-            h, kind = Hyper(self.learning_rate, self.beta1, self.beta2, self.epsilon,
-                            int(self.t)), KIND_SGD
+        h = self._hyper()
+        kind = KIND_ADAM if self._adam else KIND_SGD
         output_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), out_rows,
                     n_uniq, store)
 
@@ -358,12 +510,14 @@ class SparseOptimizer:
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self):
-        """{"meta": JSON-able settings and step count, "arrays": the moments and step records
-        (copies)}. ``SparseOptimizer.from_state(layout, state)`` rebuilds an optimizer that
+        """{"meta": JSON-able settings and step count, "arrays": the moments, step records and
+        step rates (copies)}. ``SparseOptimizer.from_state(layout, state)`` rebuilds an optimizer that
         continues exactly."""
         meta = {"kind": self.kind, "learning_rate": self.learning_rate, "beta1": self.beta1,
                 "beta2": self.beta2, "epsilon": self.epsilon, "t": int(self.t)}
-        return {"meta": meta, "arrays": {k: v.copy() for k, v in self.state_arrays().items()}}
+        arrays = {k: v.copy() for k, v in self.state_arrays().items()}
+        arrays["opt_rates"] = self.step_rates.copy()
+        return {"meta": meta, "arrays": arrays}
 
     @classmethod
     def from_state(cls, layout, state):
@@ -381,7 +535,15 @@ class SparseOptimizer:
         t = meta["t"]
         if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t < 0:
             raise ValueError(f"optimizer state: t must be a non-negative integer, got {t!r}")
-        opt.t = int(t)
+        if "opt_rates" in arrays:
+            rates = np.asarray(arrays["opt_rates"])
+            if rates.shape != (int(t) + 1,):
+                raise ValueError(f"optimizer state: 'opt_rates' has shape {rates.shape}, "
+                                 f"expected ({int(t) + 1},) (one rate per step)")
+            opt.set_step_rates(rates)
+        else:
+            # saved before the rates were recorded: the past steps as at the saved rate
+            opt.set_step_rates(opt.constant_rates(int(t)))
         for name, target in opt.state_arrays().items():
             if name not in arrays:
                 raise ValueError(f"optimizer state lacks array {name!r}")

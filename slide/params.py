@@ -122,8 +122,8 @@ TABLE = (
        "with probability ~ (training count + 1) ** power (0: uniform)", ge=0, le=2,
        optional=True),
     _p("optimizer", "optimizer.name", "str", "adam", "adam: rows a batch skipped catch up on "
-       "dense Adam's momentum at their next touch (close to dense Adam, exact after ~1,000 "
-       "steps); lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
+       "dense Adam's momentum at their next touch, each missed step at its own scheduled "
+       "rate (dense Adam's trajectory); lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
     _p("learning_rate", "optimizer.learning_rate", "float", 1e-2, "step size (the peak of the "
        "schedule; measured best on real sets, bench/results/accuracy.md; the SLIDE paper used "
        "1e-4 with a constant rate)", gt=0),

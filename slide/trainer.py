@@ -179,8 +179,8 @@ class NetworkSteps:
         model.network_.reranker = None
 
     def step(self, X, Y, rows, serial, lr, n_threads):
-        # the optimizer reads its learning_rate at every step (and at the epoch-end sync,
-        # which therefore uses the rate of the epoch's last batch)
+        # the optimizer reads its learning_rate at every step and records the step's rate
+        # (a later sync catches rows up at the rates of the steps they missed)
         self.model.optimizer_.learning_rate = lr
         loss, act = _train_one_batch(self.model, X, Y, rows, serial)
         return loss, act, {}

@@ -70,7 +70,7 @@ def _rewrite_meta(src, dst, **changes):
         np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
 
 
-@pytest.mark.parametrize("version", [2, 0, None])
+@pytest.mark.parametrize("version", [3, 0, None])
 def test_other_format_versions_are_refused_naming_both_versions(tmp_path, version):
     bad = tmp_path / "future.slide"
     _rewrite_meta(V1, bad, version=version)
@@ -78,7 +78,7 @@ def test_other_format_versions_are_refused_naming_both_versions(tmp_path, versio
         load(bad)
     msg = str(e.value)
     assert str(bad) in msg and f"format version {version!r}" in msg
-    assert f"reads version {checkpoint.FORMAT_VERSION}" in msg
+    assert f"reads version {', '.join(map(str, checkpoint.SUPPORTED_VERSIONS))}" in msg
 
 
 def test_a_failure_half_way_through_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
@@ -164,3 +164,82 @@ def test_a_damaged_array_is_refused_as_unreadable(tiny, tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="m.slide.*unreadable"):
         load(path)
+
+
+@pytest.mark.parametrize("stop_at", [7, 45, 100])
+def test_a_model_saved_mid_run_predicts_after_loading_what_it_predicted(tiny, tmp_path, stop_at):
+    """Issue 28: the first sync after loading (every prediction) applies the rows' pending
+    momentum steps; it must use the rates those steps had under the cosine schedule (the
+    optimizer's record of them is saved), not the base rate the loaded model starts with."""
+    Xtr, Ytr, Xte, _ = tiny
+    kw = dict(hidden_sizes=(16,), batch_size=32, epochs=6, lr_schedule="cosine",
+              random_state=2, n_threads=1, neighbours=0)
+    model = SlideClassifier(**kw).fit(Xtr, Ytr, callback=lambda m, i: i["batch"] >= stop_at)
+    assert model.batches_ == stop_at and model.batch_in_epoch_ != 0    # mid-epoch
+    assert model.optimizer_.pending
+    path = tmp_path / "mid.slide"
+    model.save(path)
+    loaded = load(path)
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), model.predict_topk(Xte, k=5))
+    np.testing.assert_array_equal(loaded.predict_proba(Xte), model.predict_proba(Xte))
+    np.testing.assert_array_equal(loaded.network_.W, model.network_.W)
+
+
+# what a format-1 file written before each parameter existed lacks, and the behaviour it had
+PRE_PARAMETER_BEHAVIOUR = dict(shared_negatives=0, sampling_correction=False, negative_power=0.0,
+                               output_bias_init="zero", lr_schedule="constant", warmup_batches=0,
+                               time_budget=None, neighbours=0, neighbour_weight=0.85,
+                               rerank=False)
+
+
+def _as_format_1(src, dst, drop):
+    """The checkpoint ``src`` rewritten as format 1: without the step rates (format 2) and
+    without the parameters ``drop`` (as a file written before they existed)."""
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes())
+    del arrays["opt_rates"], meta["arrays"]["opt_rates"]
+    meta["version"] = 1
+    for name in drop:
+        del meta["params"][name]
+    with open(dst, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+
+
+def test_parameters_an_old_file_does_not_record_keep_the_behaviour_it_was_written_with(
+        tiny, tmp_path):
+    """A format-1 file written before the vote and its re-ranker existed must not resume with
+    today's defaults (rerank=True would hold out a tenth of the rows the network already
+    trained on): each parameter it lacks is pinned to what the code that wrote it did."""
+    path = tmp_path / "new.slide"
+    _saved_small_model(tiny, path)
+    old = tmp_path / "old.slide"
+    _as_format_1(path, old, drop=PRE_PARAMETER_BEHAVIOUR)
+    m = load(old)
+    assert {k: m.get_params()[k] for k in PRE_PARAMETER_BEHAVIOUR} == PRE_PARAMETER_BEHAVIOUR
+    assert m._n_held(20_000, 100) == 0           # a resumed fit holds no row out
+    assert SlideClassifier()._n_held(20_000, 100) > 0
+    # a parameter the file records keeps its recorded value
+    assert m.get_params()["hidden_sizes"] == V1_PARAMS["hidden_sizes"]
+
+
+def test_a_format_2_file_must_record_every_parameter_and_the_step_rates(tiny, tmp_path):
+    path = tmp_path / "new.slide"
+    _saved_small_model(tiny, path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes())
+    no_param = dict(meta, params={k: v for k, v in meta["params"].items() if k != "rerank"})
+    _write(tmp_path / "no_param.slide", no_param, arrays)
+    with pytest.raises(CheckpointError, match="no_param.slide.*'rerank'"):
+        load(tmp_path / "no_param.slide")
+    del arrays["opt_rates"]
+    no_rates = dict(meta, arrays={k: v for k, v in meta["arrays"].items() if k != "opt_rates"})
+    _write(tmp_path / "no_rates.slide", no_rates, arrays)
+    with pytest.raises(CheckpointError, match="no_rates.slide.*'opt_rates' is missing"):
+        load(tmp_path / "no_rates.slide")
+
+
+def _write(path, meta, arrays):
+    with open(path, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)

@@ -387,3 +387,45 @@ def test_sharded_model_follows_a_time_budget_like_one_process(tiny, monkeypatch)
     assert runs[1][2] == runs[0][2] >= 3
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-4)
     assert runs[1][1] == runs[0][1]
+
+
+def test_a_sharded_model_saved_mid_run_predicts_after_loading_what_it_predicted(tiny, tmp_path):
+    """Issue 28, sharded: the driver and every shard record the scheduled rates of their
+    steps, so the first sync after loading catches rows up at those rates."""
+    Xtr, Ytr, Xte, _ = tiny
+    kw = dict(SMALL, n_shards=2, backend="local", epochs=3, random_state=5,
+              lr_schedule="cosine")
+    m = ShardedSlideClassifier(**kw)
+    m.fit(Xtr, Ytr, callback=lambda mm, i: i["batch"] >= 30)
+    assert m.batches_ == 30 and m.batch_in_epoch_ != 0
+    m.save(tmp_path / "ck")
+    loaded = slide.load(tmp_path / "ck")
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, 5), m.predict_topk(Xte, 5))
+    np.testing.assert_array_equal(loaded.predict_proba(Xte), m.predict_proba(Xte))
+
+
+def test_a_sharded_checkpoint_without_the_later_parameters_keeps_its_behaviour(tiny, tmp_path):
+    """A driver file written before the neighbour vote existed loads with the network alone
+    (neighbours=0, the behaviour of the code that wrote it), not today's default vote."""
+    import json
+    Xtr, Ytr, _, _ = tiny
+    m = ShardedSlideClassifier(**dict(SMALL, n_shards=2, backend="local", epochs=1,
+                                      random_state=1))
+    m.fit(Xtr, Ytr, callback=lambda mm, i: i["batch"] >= 3)
+    m.save(tmp_path / "ck")
+    man = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    driver = tmp_path / "ck" / man["driver"]
+    with np.load(driver) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes())
+    for name in ("neighbours", "neighbour_weight", "rerank", "time_budget"):
+        del meta["params"][name]
+    with open(driver, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    loaded = slide.load(tmp_path / "ck")
+    assert (loaded.neighbours, loaded.rerank, loaded.time_budget) == (0, False, None)
+    del meta["params"]["batch_size"]            # recorded by every sharded file
+    with open(driver, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    with pytest.raises(CheckpointError, match="'batch_size'"):
+        slide.load(tmp_path / "ck")

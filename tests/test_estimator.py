@@ -357,3 +357,25 @@ def test_hash_settings_are_unused_by_the_default_random_sampler(tiny):
     m.fit(Xtr, Ytr)
     assert m.sampler == "random"
     assert not m.network_.uses_tables and m.network_.indices == {}
+
+
+def test_a_diverged_batch_leaves_no_gradient_behind(tiny):
+    """A diverged batch is never applied, and its gradient must not outlive it: the finite
+    samples of the batch added theirs to the shared buffers, and a fit resumed after the
+    DivergenceError (or a partial_fit) would otherwise add it to its next step."""
+    Xtr, Ytr, _, _ = tiny
+    m = SlideClassifier(**dict(SMALL, hidden_sizes=(16, 16), epochs=1, random_state=0,
+                               n_threads=1))
+    def poison_one_feature(model, info):
+        if info["batch"] == 2:
+            # one input feature's first-layer row becomes NaN: the samples that have it give a
+            # NaN loss (and no gradient), the other samples of the batch add their gradient
+            lay = model.network_.layout
+            feature = int(Xtr.indices[Xtr.indptr[40]])
+            lay.weight_view(model.network_.W, 0)[feature] = np.nan
+        return False
+
+    with pytest.raises(DivergenceError):
+        m.fit(Xtr, Ytr, callback=poison_one_feature)
+    assert m.batches_ == 2                   # batch 3 diverged and was not applied
+    assert not m.network_.GW.any() and not m.network_.GB.any()

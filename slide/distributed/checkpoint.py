@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from slide.checkpoint import CheckpointError
+from slide.checkpoint import CheckpointError, pin_unrecorded_params
 from slide.fileio import atomic_write, write_text
 
 MANIFEST = "manifest.json"
@@ -51,6 +51,7 @@ def _driver_state(model):
             "history": model.history_, "schedule": model.schedule_.state()}
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     arrays = {k: v for k, v in hid.state_arrays().items()}
+    arrays["opt_rates"] = hid.optimizer.step_rates
     mem = getattr(model, "memory_", None)
     meta["neighbours"] = None
     if mem is not None:
@@ -116,7 +117,17 @@ def restore_driver(model, path, man):
         if a is None or a.shape != target.shape:
             raise CheckpointError(path, f"driver array {name!r} is missing or does not fit")
         target[...] = a
-    hid.optimizer.t = int(meta["opt_t"])
+    rates = arrays.get("opt_rates")
+    if rates is None:
+        # written before the optimizer recorded its steps' rates: as at the base rate
+        rates = hid.optimizer.constant_rates(int(meta["opt_t"]))
+    if rates.shape != (int(meta["opt_t"]) + 1,):
+        raise CheckpointError(path, f"driver array 'opt_rates' has shape {rates.shape}, "
+                                    f"expected ({int(meta['opt_t']) + 1},)")
+    try:
+        hid.optimizer.set_step_rates(rates)
+    except ValueError as exc:
+        raise CheckpointError(path, f"driver: {exc}") from None
     model.schedule_.set_state(meta["schedule"])
     # the touched-row stamps hold batch serials: after a rollback the same serials come again
     hid.reset_stamps()
@@ -141,7 +152,10 @@ def load(path, backend=None, ray_address=None):
     path = os.fspath(path)
     man = read_manifest(path)
     dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
-    params = dict(dmeta["params"])
+    # the sharded format has not changed since before the vote and its re-ranker existed: a
+    # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
+    # format-1 single-process file's does (slide.checkpoint.UNRECORDED_PARAMS)
+    params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
     if backend is not None:
         params["backend"] = backend
@@ -185,7 +199,7 @@ def to_single(model):
                 "opt_TW": 1, "opt_TB": hs[0]}[name]
         target[:cut] = mine
         target[cut:] = np.concatenate([p["arrays"][f"opt_{name}"][skip:] for p in parts])
-    opt.t = hid.optimizer.t
+    opt.set_step_rates(hid.optimizer.step_rates)
     single._set_position(batches=model.batches_, samples=model.samples_, epoch=model.epoch_,
                          batch_in_epoch=model.batch_in_epoch_,
                          train_seconds=model.train_seconds_, history=list(model.history_))
@@ -229,7 +243,7 @@ def from_single(single, n_shards, backend="local", ray_address=None):
                     so[name][H:] = o[name][n0b + lo:n0b + hi]
             if so["opt_TW"].shape[0]:
                 so["opt_TW"][1:] = o["opt_TW"][r0 + lo:r0 + hi]
-            sh.opt.t = single.optimizer_.t
+            sh.opt.set_step_rates(single.optimizer_.step_rates)
             sh.schedule.set_state(single.schedule_.state())
             files.append(os.path.join(tmp, f"shard-{q}.npz"))
             write_part(files[-1], sh.state_dict())
@@ -244,7 +258,7 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     for name, target in hid.optimizer.state_arrays().items():
         if target.shape[0]:
             target[:] = o[name][:cuts[name]]
-    hid.optimizer.t = single.optimizer_.t
+    hid.optimizer.set_step_rates(single.optimizer_.step_rates)
     model.schedule_.set_state(single.schedule_.state())
     model._set_position(batches=single.batches_, samples=single.samples_, epoch=single.epoch_,
                         batch_in_epoch=single.batch_in_epoch_,

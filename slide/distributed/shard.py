@@ -141,7 +141,7 @@ class OutputShard:
         nu = output_entries(sc.ids[:nb], sc.n_act[:nb], sc.s_off[OUT],
                             net.store.d_store.shape[1], net.out_rows, np.int64(serial))
         self.opt.learning_rate = float(learning_rate)
-        self.opt.t += 1          # the step count the single-process optimizer.step advances
+        self.opt.next_step()     # what the single-process optimizer.step does first
         self.opt.step_output(net.W, net.B, net.out_rows, nu, net.store)
         self._maybe_rehash(serial)
         return dH

@@ -219,6 +219,12 @@ class Network:
         loss = float(losses.mean())
         if math.isfinite(loss):
             self.update(X, rows, serial, optimizer)
+        else:
+            # the batch's finite samples left their gradient in the shared buffers (the
+            # optimizer step zeroes them, and it does not run): a fit resumed after the
+            # DivergenceError would add it to its next step. Rare, so all of them.
+            self.GW[:] = 0.0
+            self.GB[:] = 0.0
         return loss, float(self.sc.n_act[:rows.shape[0], -1].mean())
 
     def train_batch_dense(self, X, Y, rows, serial, optimizer):
