@@ -524,7 +524,7 @@ def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only(
     draw probabilities (count + 1) / sum(count + 1) and its log-prior biases
     log((count + 1) / (n_fit + n_labels)) count the fitting rows only (computed here; a fit
     at learning rate 1e-7 leaves the biases of the first batch at their init)."""
-    net, X, Y, _, _ = _leak_setup()
+    _, X, Y, _, _ = _leak_setup()
     m = slide.SlideClassifier(hidden_sizes=(16,), batch_size=64, epochs=1, learning_rate=1e-7,
                               lr_schedule="constant", n_threads=1, random_state=0,
                               neighbours=5, shared_negatives=8)
