@@ -1,5 +1,25 @@
 """Helpers shared by test modules."""
+import os
+import sys
+
 import pytest
+
+
+def _cpus_available():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:       # not Linux
+        return os.cpu_count() or 1
+
+
+# The two-thread tests (HOGWILD against one thread) need a pool of 2 Numba threads. Numba sizes
+# its pool from the CPUs this process may run on (sched_getaffinity: 1 under a one-CPU cpuset or
+# taskset, even on a 2-core machine) or from NUMBA_NUM_THREADS, read once when numba is first
+# imported -- which is after this file. So the suite asks for at least 2; on one CPU the two
+# threads interleave, which is all those tests need (they compare results, not times).
+assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
+if int(os.environ.get("NUMBA_NUM_THREADS") or _cpus_available()) < 2:
+    os.environ["NUMBA_NUM_THREADS"] = "2"
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,58 @@ def test_dense_shards_give_the_full_softmax_gradient():
     assert np.abs(gW0).max() > 1e-3 and np.abs(gWo).max() > 1e-3   # not a vacuous check
 
 
+def test_three_shards_sampled_step_equals_the_single_process_step():
+    """One batch of the sampled path (sampler "random", the default's kernels: active-set
+    selection, sampling correction, row-path update) with 3 shards against the single-process
+    engine on the same active set: min_active = n_labels makes every label active in both
+    (each shard pads to all of its rows; the uniform-fill offset log(U / |R|) is then 0), so
+    the two compute the same full softmax and one SGD step of lr 1 moves every weight by the
+    same gradient, up to the order of float32 sums. Same seed: the same initial weights, the
+    log-prior biases (the shards' from their local counts) and the same batch."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(5)
+    n, F, H, C = 16, 30, 8, 20
+    X = sp.random(n, F, density=0.3, random_state=6, format="csr", dtype=np.float32)
+    Yd = (rng.random((n, C)) < 0.12).astype(np.float32)
+    Yd[np.arange(n), rng.integers(0, C, n)] = 1.0
+    Y = sp.csr_matrix(Yd)
+    kw = dict(hidden_sizes=(H,), sampler="random", min_active=C, shared_negatives=0,
+              optimizer="sgd", learning_rate=1.0, lr_schedule="constant", batch_size=n,
+              epochs=1, random_state=7, n_threads=1, neighbours=0)
+    single = SlideClassifier(**kw)
+    sharded = ShardedSlideClassifier(n_shards=3, backend="local", **kw)
+    for m in (single, sharded):
+        m._build(F, C, *m._validate_params())
+    W0, b0 = single.network_.layout.weight_view(single.network_.W, 0).copy(), \
+        single.network_.layout.bias_view(single.network_.B, 0).copy()
+    Wo0 = single.network_.output_view()[0].copy()
+    Wo0_sh = np.concatenate([sh.net.output_view()[0] for sh in sharded.backend_.shards])
+    np.testing.assert_array_equal(Wo0_sh, Wo0)                     # the same start
+    np.testing.assert_array_equal(sharded.hidden_.W.reshape(F, H), W0)
+    infos = {}
+    for name, m in (("single", single), ("sharded", sharded)):
+        m.fit(X, Y, resume=True,
+              callback=lambda m, info, name=name: infos.setdefault(name, info))
+    assert infos["single"]["active_mean"] == C                     # all active: 20 labels
+    assert infos["sharded"]["active_mean"] == pytest.approx(C)      # 7 + 7 + 6 rows
+    assert infos["sharded"]["loss"] == pytest.approx(infos["single"]["loss"], rel=1e-6)
+    Wo1, bo1 = single.network_.output_view()
+    Wo1_sh = np.concatenate([sh.net.output_view()[0] for sh in sharded.backend_.shards])
+    bo1_sh = np.concatenate([sh.net.output_view()[1] for sh in sharded.backend_.shards])
+    W1 = single.network_.layout.weight_view(single.network_.W, 0)
+    b1 = single.network_.layout.bias_view(single.network_.B, 0)
+    # the steps (minus the gradients), compared to float32 tolerance of their size
+    prior = np.log((Yd.sum(axis=0) + 1.0) / (n + C))       # the biases before the step
+    for a0, got, ref in ((Wo0, Wo1_sh, Wo1), (prior, bo1_sh, bo1),
+                         (W0, sharded.hidden_.W.reshape(F, H), W1),
+                         (b0, sharded.hidden_.B, b1)):
+        step_ref = ref - a0
+        step_got = got - a0
+        tol = 1e-5 * np.abs(step_ref).max() + 1e-6
+        np.testing.assert_allclose(step_got, step_ref, rtol=0, atol=tol)
+        assert np.abs(step_ref).max() > 1e-3                       # the step is not nothing
+
+
 def test_one_shard_follows_the_single_process_engine(tiny):
     """Same seed, one thread: one shard draws the same active sets, shared negatives and
     initial weights as the single process; only the order of float operations differs (the

@@ -98,6 +98,69 @@ def test_default_loss_matches_brute_force(min_active):
     assert kinds - {"none"} == {0: set(), 150: {"mixed"}, 32: {"dropped"}}[min_active]
 
 
+def _random_sampler_net(min_active, n_shared, seed=4):
+    """A tiny network with SlideClassifier's default output layer: sampler "random" (no LSH),
+    frequency-drawn shared negatives with the sampling correction, optional uniform fill."""
+    net = Network((40, 16, C), [False, True], [0, min_active], seed=seed,
+                  shared_negatives=n_shared, correct=True, negative_power=1.0)
+    assert not net.uses_tables
+    net.W *= 8.0
+    net.B[:] = np.random.default_rng(seed).normal(0, 0.3, net.B.shape)
+    counts = np.random.default_rng(seed + 1).zipf(1.5, C).clip(max=500)
+    net.set_label_counts(counts)
+    return net, counts
+
+
+@pytest.mark.parametrize("min_active", [0, 150, 32])
+def test_random_sampler_loss_matches_sampled_softmax_from_draw_probabilities(min_active):
+    """The default sampler's loss and gradients against the sampled softmax written from its
+    definition in float64. Per draw probability q_j = (count_j + 1) / sum(count + 1) and n
+    draws, a shared negative j (not a label) is in the set with P_j = 1 - (1 - q_j)^n and its
+    logit is offset by -log P_j (Horvitz-Thompson); the labels are exact (offset 0). With a
+    uniform fill F present for every draw (min_active - |y| > n), shared and fill estimate
+    the rest half each: shared log((1 + 1/P_j) / 2), fill log((C - |y| - |S \\ y|) / |F|)
+    + log(1/2); a fill present only for some draws gets no mass. One label is chosen among
+    the drawn neurons (so a correction wrongly given to a label shows)."""
+    n_sh = 30
+    net, counts = _random_sampler_net(min_active, n_sh)
+    q = (counts + 1.0) / (counts + 1.0).sum()
+    P = 1.0 - (1.0 - q) ** n_sh
+    rng = np.random.default_rng(21)
+    for serial in (1, 2, 3):
+        drawn = net.negatives.draw(net.seed, serial)        # the ids only
+        # a drawn label that is far from certain to be drawn, and one label not drawn
+        lab_in = drawn[np.argmin(P[drawn])]
+        assert P[lab_in] < 0.5
+        lab_out = rng.choice(np.setdiff1d(np.arange(C), drawn))
+        lab = np.sort(np.array([lab_in, lab_out], np.int32))
+        idx = np.sort(rng.choice(40, 6, replace=False)).astype(np.int32)
+        val = rng.uniform(0.2, 1.0, 6).astype(np.float32)
+        L, gW, gB, act = net.sample_loss_and_grads(idx, val, lab, serial=serial,
+                                                   return_active=True)
+        a = act[1]
+        # the active set: the labels, the drawn ids that are not labels, the fill
+        sh = np.setdiff1d(drawn, lab)
+        assert a[:2].tolist() == lab.tolist()
+        assert sorted(a[2:2 + len(sh)].tolist()) == sh.tolist()
+        fill = a[2 + len(sh):]
+        assert len(a) == max(min_active, 2 + len(sh)) and len(set(a.tolist())) == len(a)
+        assert not np.isin(fill, drawn).any() and not np.isin(fill, lab).any()
+        off = np.zeros(C)
+        if len(fill) and min_active - 2 > n_sh:          # the fill is there for every draw
+            off[sh] = np.log((1.0 + 1.0 / P[sh]) / 2.0)
+            off[fill] = np.log((C - 2 - len(sh)) / len(fill)) + np.log(0.5)
+        else:
+            off[sh] = -np.log(P[sh])
+            off[fill] = -1e4            # no softmax mass (the reference takes no -inf)
+        assert (len(fill) > 0) == (min_active > 0)
+        Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax",
+                                  active=[None, a], offset=off)
+        assert L == pytest.approx(Lr, rel=1e-5)
+        np.testing.assert_allclose(gW, gWr, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(gB, gBr, rtol=1e-4, atol=1e-6)
+        assert np.abs(net.layout.bias_view(gBr, 1)[sh]).max() > 1e-4   # the draw carries mass
+
+
 def test_sigmoid_with_sampled_output_layer_matches_reference():
     """Binary cross-entropy over the active outputs only (no sampling correction), with the
     labels and shared negatives forced and LSH candidates added."""
@@ -135,8 +198,7 @@ def _batch_gradients(net, X, Y, rows, n_threads):
 
 
 def test_batch_gradient_at_one_and_two_threads_agrees():
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs 2 Numba threads")
+    assert numba.config.NUMBA_NUM_THREADS >= 2       # tests/conftest.py asks for 2
     rng = np.random.default_rng(13)
     X, Y = _data(rng, 64, 40, C, nnz=8, ny=2)
     net, _ = _default_net(50)

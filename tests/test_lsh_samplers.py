@@ -201,10 +201,13 @@ def test_undersized_scratch_truncates_instead_of_failing():
 def test_sample_batch_is_deterministic_and_thread_independent():
     idx, Q = small_index(seed=6)
     forced = [[1, 2], [], [3]] * (len(Q) // 3) + [[]] * (len(Q) % 3)
-    a, ca = sample_batch("threshold", Q, idx.offsets, idx.items, idx.n_neurons, 30, threshold=2,
-                         forced=forced, min_active=40, seed=9)
     old = numba.get_num_threads()
     try:
+        # two threads (tests/conftest.py asks for a pool of 2; an earlier fit may have left
+        # the process at one) against one
+        numba.set_num_threads(2)
+        a, ca = sample_batch("threshold", Q, idx.offsets, idx.items, idx.n_neurons, 30,
+                             threshold=2, forced=forced, min_active=40, seed=9)
         numba.set_num_threads(1)
         b, cb = sample_batch("threshold", Q, idx.offsets, idx.items, idx.n_neurons, 30, threshold=2,
                              forced=forced, min_active=40, seed=9)

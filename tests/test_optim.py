@@ -166,10 +166,19 @@ def test_log_prior_bias_init(tiny):
 
     SlideClassifier(**SMALL).fit(X, Y, callback=grab)
     b = first["b"]
-    expect = np.log((counts + 1.0) / (X.shape[0] + Y.shape[1]))
+    # computed here from the definition: log((count + 1) / (n_samples + n_labels))
+    n, n_labels = X.shape[0], Y.shape[1]
+    expect = np.array([np.log((float(c) + 1.0) / (n + n_labels)) for c in counts])
     # one Adam step of size ~lr moves a bias by at most ~lr * (1 + momentum catch-up)
     assert np.abs(b - expect).max() < 0.1
     assert b[np.argmax(counts)] > b[counts == 0].max() + 2
+    # the init itself, to float32 rounding: a step of 1e-7 moves no bias by more than ~1e-7,
+    # while an off-by-one in the count (log((c + 2) / (c + 1)) >= 0.0025 here) or in the
+    # denominator (log((n + L + 1) / (n + L)) = 1.25e-3 with 600 rows and 200 labels) is
+    # 10-100 times the tolerance
+    assert 1.0 / (n + n_labels) > 1e-3 and counts.max() < 400
+    SlideClassifier(**dict(SMALL, learning_rate=1e-7)).fit(X, Y, callback=grab)
+    np.testing.assert_allclose(first["b"], expect, rtol=0, atol=1e-4)
     SlideClassifier(**SMALL, output_bias_init="zero").fit(X, Y, callback=grab)
     assert np.abs(first["b"]).max() < 0.1
 

@@ -436,3 +436,112 @@ def test_newton_logistic_is_scikit_learns_logistic_regression_block_by_block():
         w = rerank.newton_logistic(Z, y, 0.5, block=block)
         np.testing.assert_allclose(w[:-1], ref.coef_.ravel(), rtol=1e-5, atol=1e-6)
         assert abs(w[-1] - ref.intercept_[0]) < 1e-5
+
+
+def _leak_setup():
+    """300 rows, 50 features, 12 labels; the held-out rows are every fifth row and label 11
+    is carried by held-out rows only (and label 10 by two of them beside its fitting rows)."""
+    rng = np.random.default_rng(8)
+    n, n_f, n_l = 300, 50, 12
+    X = sp.random(n, n_f, density=0.15, random_state=8, format="csr", dtype=np.float32)
+    X.data += 0.1
+    Yd = np.zeros((n, n_l), np.float32)
+    for i in range(n):
+        Yd[i, rng.choice(n_l - 1, 2, replace=False)] = 1.0
+    held = np.arange(0, n, 5, dtype=np.int64)
+    fit_rows = np.setdiff1d(np.arange(n), held).astype(np.int64)
+    Yd[held[::3], n_l - 1] = 1.0
+    X, Y = sp.csr_matrix(X), sp.csr_matrix(Yd)
+    X.indptr = X.indptr.astype(np.int64)
+    Y.indptr = Y.indptr.astype(np.int64)
+    from slide.engine import Network
+    net = Network((n_f, 16, n_l), [False, True], [0, 0], seed=2)
+    net.W *= 4.0
+    return net, X, Y, fit_rows, held
+
+
+@pytest.mark.parametrize("ovr", [True, False])
+def test_the_reranker_is_fitted_on_what_the_fitting_rows_alone_give(monkeypatch, ovr):
+    """The held-out rows' features come from the fitting rows only: the label centroids, the
+    log-counts and the linear classifiers handed to ``features`` are those of the fitting
+    rows, computed here from the definitions (the centroid: the unit-L2 sum of the inputs of
+    a label's fitting rows -- all 50 features kept; the count: how many fitting rows carry
+    it) and, for the classifiers, a fit on the fitting rows taken out of X, Y. Label 11,
+    carried by held-out rows only, has no centroid, count 0 and a classifier that never saw
+    a positive."""
+    import numba
+    from slide import label_linear
+    if not ovr:
+        monkeypatch.setattr(label_linear, "ovr_affordable", lambda *a: False)
+    net, X, Y, fit_rows, held = _leak_setup()
+    seen = []
+    real = rerank.features
+
+    def spy(*args, **kw):
+        seen.append((args[5], kw["log_count"], kw["linear"], kw["exclude"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rerank, "features", spy)
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)        # the classifiers' HOGWILD epochs, reproducibly
+    try:
+        reranker, memory = rerank.fit_reranker(net, X, Y, fit_rows, held, 5, seed=3)
+        Xf, Yf = X[fit_rows], Y[fit_rows]
+        Xf.indptr, Yf.indptr = Xf.indptr.astype(np.int64), Yf.indptr.astype(np.int64)
+        if ovr:
+            ref = label_linear.OneVsRest.fit(Xf, Yf, np.arange(len(fit_rows)), seed=3)
+        else:
+            ref = label_linear.LabelLinear.fit(net, Xf, Yf, np.arange(len(fit_rows)), seed=3)
+    finally:
+        numba.set_num_threads(old)
+    assert reranker is not None and seen
+    Yfd, Xfd = Yf.toarray().astype(np.float64), Xf.toarray().astype(np.float64)
+    S = Yfd.T @ Xfd                                            # [labels, features]
+    norms = np.linalg.norm(S, axis=1, keepdims=True)
+    cen_ref = S / np.where(norms > 0, norms, 1.0)
+    counts = Yfd.sum(axis=0)
+    assert counts[11] == 0 and np.asarray(Y[held].sum(axis=0)).ravel()[11] > 0
+    for (c_ptr, c_ids, c_val), log_count, linear, exclude in seen:
+        cen = np.zeros_like(cen_ref)
+        for j in range(cen.shape[0]):
+            cen[j, c_ids[c_ptr[j]:c_ptr[j + 1]]] = c_val[c_ptr[j]:c_ptr[j + 1]]
+        np.testing.assert_allclose(cen, cen_ref, rtol=1e-5, atol=1e-7)
+        assert c_ptr[12] == c_ptr[11]                     # label 11: no centroid
+        np.testing.assert_allclose(log_count, np.log1p(counts), rtol=1e-12)
+        assert type(linear) is type(ref) is (label_linear.OneVsRest if ovr
+                                             else label_linear.LabelLinear)
+        np.testing.assert_array_equal(linear.bias, ref.bias)
+        np.testing.assert_array_equal(linear.weights, ref.weights)
+        np.testing.assert_array_equal(exclude, held)
+    assert reranker.linear is seen[0][2]
+    # the kept re-ranker's centroids are rebuilt over every row (step 4): label 11 has one
+    c_ptr = reranker.centroids[0]
+    assert c_ptr[12] > c_ptr[11]
+
+
+def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only():
+    """With a held-out split the network trains on the fitting rows: its shared negatives'
+    draw probabilities (count + 1) / sum(count + 1) and its log-prior biases
+    log((count + 1) / (n_fit + n_labels)) count the fitting rows only (computed here; a fit
+    at learning rate 1e-7 leaves the biases of the first batch at their init)."""
+    _, X, Y, _, _ = _leak_setup()
+    m = slide.SlideClassifier(hidden_sizes=(16,), batch_size=64, epochs=1, learning_rate=1e-7,
+                              lr_schedule="constant", n_threads=1, random_state=0,
+                              neighbours=5, shared_negatives=8)
+    m._rerank_min_holdout = 1          # 300 rows: 30 held out
+    first = {}
+
+    def grab(model, info):
+        if not first:
+            lay = model.network_.layout
+            first["b"] = lay.bias_view(model.network_.B, lay.n_layers - 1).copy()
+
+    m.fit(X, Y, callback=grab)
+    fit_rows, held = rerank.holdout_rows(X.shape[0], m.seed_, 1, Y.shape[1])
+    assert len(held) == 30 and m.samples_ == len(fit_rows) and m.network_.reranker is not None
+    counts = Y.toarray()[fit_rows].sum(axis=0).astype(np.float64)
+    assert not np.array_equal(counts, Y.toarray().sum(axis=0))     # the split matters
+    np.testing.assert_allclose(m.network_.negatives.q, (counts + 1.0) / (counts + 1.0).sum(),
+                               rtol=1e-12)
+    np.testing.assert_allclose(first["b"], np.log((counts + 1.0) / (len(fit_rows) + 12)),
+                               rtol=0, atol=1e-5)
