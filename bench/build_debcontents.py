@@ -26,8 +26,9 @@ fetch into one without touching the system's.
 
 Split, tf-idf and output files as ``build_debdeps``: fixed seeded 80/20 split, idf from the
 training split, tokens with train df < 2 dropped, rows L2-normalised; ``train.txt``/``test.txt``
-(XC format, ``slide.write_xc``), ``labels.txt``, ``features.txt``, ``source.json`` (input names,
-sizes, sha256, the archive's Release date, shape, label statistics, git commit of this script).
+(XC format, ``slide.write_xc``), ``labels.txt``, ``features.txt``, ``train_points.txt`` /
+``test_points.txt`` (the package of each row), ``source.json`` (input names, sizes, sha256, the
+archive's Release date, shape, label statistics, git commit of this script).
 """
 from __future__ import annotations
 
@@ -185,7 +186,8 @@ def build(packages_path, translations_path, contents_paths, seed, min_label_coun
                            np.int64)), shape=(len(rows), len(kept)))
     too_common = sorted(((c, b) for b, c in counts.items()
                          if c > max_label_share * len(label_sets)), reverse=True)
-    stats = {"packages_in_index": len(pkgs), "contents_lines": n_lines,
+    stats = {"point_names": [pkgs[i]["Package"] for i in rows],
+             "packages_in_index": len(pkgs), "contents_lines": n_lines,
              "packages_in_contents": len(files),
              "index_packages_with_files": len(cand),
              "distinct_basenames": len(counts),
@@ -240,6 +242,8 @@ def main(argv=None):
     write_xc(out / "test.txt", X[te], Y[te])
     (out / "labels.txt").write_text("\n".join(labels) + "\n")
     (out / "features.txt").write_text("\n".join(vocab) + "\n")
+    for name, idx in (("train_points.txt", tr), ("test_points.txt", te)):   # package per row
+        (out / name).write_text("".join(stats["point_names"][i] + "\n" for i in idx))
     Ytr = Y[tr]
     has_long = translations is not None and Path(translations).exists()
     inputs = [_describe(packages)] + [_describe(c) for c in contents]
@@ -267,7 +271,13 @@ def main(argv=None):
         if len(counts) else {},
         "labels_per_point_quantiles": {str(q): float(np.quantile(per_point, q)) for q in qs}
         if len(per_point) else {},
-        "build": stats, "labels_whole_set": label_statistics(Y),
+        # a few documentation / icon / font packages install thousands of shared file names
+        "points_with_gt_1000_labels": int((per_point > 1000).sum()),
+        "points_with_ge_2048_labels": int((per_point >= 2048).sum()),
+        "occurrence_share_of_points_with_gt_1000_labels":
+            float(per_point[per_point > 1000].sum() / max(1, per_point.sum())),
+        "build": {k: v for k, v in stats.items() if k != "point_names"},
+        "labels_whole_set": label_statistics(Y),
         "labels_train": label_statistics(Ytr),
         "files_sha256": {f: _sha256(out / f) for f in ("train.txt", "test.txt", "labels.txt")},
         "seconds": round(time.perf_counter() - t0, 1),

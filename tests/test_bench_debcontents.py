@@ -91,6 +91,12 @@ def test_build_end_to_end(tmp_path):
     # labels per point, train + test: alpha/beta 2, gamma 3, delta 1, pkg0..3 1, pkg5 1
     assert sorted(np.diff(Y_tr.indptr).tolist() + np.diff(Y_te.indptr).tolist()) == \
         [1, 1, 1, 1, 1, 1, 2, 2, 3]
+    names = (tmp_path / "out" / "train_points.txt").read_text().split() + \
+        (tmp_path / "out" / "test_points.txt").read_text().split()
+    assert sorted(names) == sorted(["alpha", "beta", "gamma", "delta", "pkg0", "pkg1", "pkg2",
+                                    "pkg3", "pkg5"])
+    n_lab = dict(zip(names, np.diff(Y_tr.indptr).tolist() + np.diff(Y_te.indptr).tolist()))
+    assert n_lab["gamma"] == 3 and n_lab["alpha"] == 2 and n_lab["pkg5"] == 1
     first = (tmp_path / "out" / "train.txt").read_text().splitlines()
     assert first[0] == f"7 {src['n_features']} 4"                  # XC header
     assert all(line.split(" ")[0] and all(":" in t for t in line.split(" ")[1:])
@@ -99,6 +105,7 @@ def test_build_end_to_end(tmp_path):
     assert on_disk["files_sha256"] == src["files_sha256"]
     assert on_disk["labels_whole_set"]["label_occurrences"] == Y_tr.nnz + Y_te.nnz == 13
     assert on_disk["label_frequency_quantiles"]["1.0"] == 4.0      # lib.so in pkg0..3
+    assert on_disk["points_with_gt_1000_labels"] == 0
     again = bc.main(["--lists", str(lists), "--out", str(tmp_path / "out2"),
                      "--max-label-share", "0.5"])
     assert again["files_sha256"] == src["files_sha256"]            # deterministic
