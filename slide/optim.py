@@ -283,25 +283,50 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
         g = g_out[c]
         for u in range(c, n_uniq, n_chunks):
             j = uniq[u]
-            gb = _row_gradient(u, out_rows, store, g)
-            base = w_off + np.int64(j) * n_in
-            w = W[base:base + n_in]
-            e = b_off + j
-            if kind == KIND_ADAM:
-                mw = MW[base:base + n_in]
-                vw = VW[base:base + n_in]
-                if TW.shape[0] > 0:
-                    _catch_up(w, mw, vw, TW[j], t, hyper)
-                    _catch_up(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], TB[j], t, hyper)
-                    TW[j] = t
-                    TB[j] = t
-                _adam_row(w, mw, vw, g[:n_in], k, True)
-                g[n_in] = gb
-                _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], g[n_in:], k, False)
-            else:
-                for i in range(n_in):
-                    w[i] -= lr * g[i]
-                B[e] -= lr * gb
+            g[n_in] = _row_gradient(u, out_rows, store, g)
+            _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
+                             b_off + j, j, g[:n_in], g[n_in:], hyper, k, kind, lr, t)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, k, kind, lr, t):
+    """One output neuron's update from its gradient: row ``W[base:base+len(g)]`` gets ``g``,
+    bias ``B[e]`` gets ``gb[0]``; Adam (after the missed steps, when the layer's step records
+    ``TW``/``TB`` are not empty) or SGD."""
+    n_in = g.shape[0]
+    w = W[base:base + n_in]
+    if kind == KIND_ADAM:
+        mw = MW[base:base + n_in]
+        vw = VW[base:base + n_in]
+        if TW.shape[0] > 0:
+            _catch_up(w, mw, vw, TW[j], t, hyper)
+            _catch_up(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], TB[j], t, hyper)
+            TW[j] = t
+            TB[j] = t
+        _adam_row(w, mw, vw, g, k, True)
+        _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
+    else:
+        for i in range(n_in):
+            w[i] -= lr * g[i]
+        B[e] -= lr * gb[0]
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial):
+    """The update of the output rows ``rows`` (distinct) from their batch gradient ``dW[i]``
+    / ``db[i]`` (the batched engine's shared block, ``slide.engine.block``): as
+    ``output_step`` does for one row, in parallel over rows; ``stamp[j] = serial`` records the
+    update for the incremental rehash."""
+    MW, VW, MB, VB, TW, TB = mom
+    k = _consts(hyper)
+    lr = np.float32(hyper.lr_t)
+    t = hyper.t
+    n_in = dW.shape[1]
+    for i in prange(rows.shape[0]):
+        j = rows[i]
+        stamp[j] = serial
+        _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
+                         j, dW[i], db[i:i + 1], hyper, k, kind, lr, t)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -475,14 +500,29 @@ class SparseOptimizer:
         batch: it uses the same step count)."""
         lay = self.layout
         last = lay.n_layers - 1
+        mom, h, kind = self._output_args()
+        output_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), out_rows,
+                    n_uniq, store)
+
+    def _output_args(self):
+        """(moments with the output layer's step records, hyper, kind) of the output layer's
+        row updates."""
+        lay = self.layout
+        last = lay.n_layers - 1
         mom = self.moments
         if mom.TW.shape[0]:
             mom = mom._replace(TW=self.TW[int(lay.row_off[last]):int(lay.row_off[last + 1])],
                                TB=self.TB[int(lay.b_off[last]):int(lay.b_off[last + 1])])
-        h = self._hyper()
-        kind = KIND_ADAM if self._adam else KIND_SGD
-        output_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), out_rows,
-                    n_uniq, store)
+        return mom, self._hyper(), KIND_ADAM if self._adam else KIND_SGD
+
+    def step_block(self, W, B, rows, dW, db, stamp, serial):
+        """The batched engine's shared block of the output layer (``block_step``; after
+        ``step`` of the same batch, like ``step_output``)."""
+        mom, h, kind = self._output_args()
+        lay = self.layout
+        last = lay.n_layers - 1
+        block_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), rows, dW,
+                   db, stamp, np.int64(serial))
 
     @property
     def pending(self):

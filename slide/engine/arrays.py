@@ -72,6 +72,25 @@ class Store(NamedTuple):
     d_store: np.ndarray      # [batch, output capacity] float32
 
 
+class Block(NamedTuple):
+    """The batched engine's per-fit buffers (``slide.engine.block``): per sample its hidden
+    activations and deltas, the column in the shared block S of each of its active output
+    ids, its extras (active ids outside S) and counts; per thread a logit buffer; the block's
+    weights, products and gradients."""
+    acts: np.ndarray         # [batch, a_off[last]] float32: hidden layers, per sample
+    dels: np.ndarray         # [batch, a_off[last]] float32
+    col: np.ndarray          # [batch, output capacity] int32: column in S, -1: an extra
+    extra: np.ndarray        # [batch, output capacity] int32: the extras' ids
+    counts: np.ndarray       # [batch, 3] int64: n_c, n_s (select_active's layout), n_extra
+    zbuf: np.ndarray         # [threads, output capacity] float32
+    WS: np.ndarray           # [n_shared, h] float32: rows of S
+    bS: np.ndarray           # [n_shared] float32
+    Z: np.ndarray            # [batch, n_shared] float32: logits, then their deltas
+    dH: np.ndarray           # [batch, h] float32
+    dWS: np.ndarray          # [n_shared, h] float32
+    dbS: np.ndarray          # [n_shared] float32
+
+
 class Csr(NamedTuple):
     ptr: np.ndarray
     ind: np.ndarray
@@ -195,6 +214,25 @@ def make_store(sc, n_layers, n_in_last, batch_size, row_path):
     cap = int(sc.a_off[last + 1] - sc.a_off[last])
     return Store(np.zeros((batch_size, int(n_in_last)), np.float32),
                  np.zeros((batch_size, cap), np.float32))
+
+
+def make_block(sc, n_layers, n_in_last, batch_size, n_threads, n_shared):
+    """``Block`` buffers for batches of ``batch_size`` (``sc``: the fit's ``Scratch``)."""
+    last = n_layers - 1
+    n_hid = int(sc.a_off[last])
+    cap = int(sc.a_off[last + 1] - sc.a_off[last])
+    h = int(n_in_last)
+    ns = max(int(n_shared), 1)
+    return Block(acts=np.zeros((batch_size, n_hid), np.float32),
+                 dels=np.zeros((batch_size, n_hid), np.float32),
+                 col=np.zeros((batch_size, cap), np.int32),
+                 extra=np.zeros((batch_size, cap), np.int32),
+                 counts=np.zeros((batch_size, 3), np.int64),
+                 zbuf=np.zeros((n_threads, cap), np.float32),
+                 WS=np.zeros((ns, h), np.float32), bS=np.zeros(ns, np.float32),
+                 Z=np.zeros((batch_size, ns), np.float32),
+                 dH=np.zeros((batch_size, h), np.float32),
+                 dWS=np.zeros((ns, h), np.float32), dbS=np.zeros(ns, np.float32))
 
 
 def make_output_rows(stamp, n_out_last, n_in_last, batch_size, cap, n_chunks):

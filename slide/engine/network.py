@@ -6,16 +6,17 @@ import math
 import numpy as np
 
 from slide._rng import STREAM_LAYER_SEED, derived_seed
-from slide.engine import batch as _batch, infer as _infer
+from slide.engine import batch as _batch, block as _block, infer as _infer
 from slide.engine.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
-                                 make_output_rows, make_scratch, make_store, make_touched,
-                                 pack_tables)
+                                 make_block, make_output_rows, make_scratch, make_store,
+                                 make_touched, pack_tables)
 from slide.engine.dense import train_batch_dense
 from slide.engine.negatives import SharedNegatives
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
 STATE_FORMAT = 1
-_SCRATCH_ATTRS = ("GW", "GB", "sc", "store", "out_rows", "losses", "_scratch_key")
+_SCRATCH_ATTRS = ("GW", "GB", "sc", "store", "out_rows", "losses", "block", "_scratch_key")
+ENGINES = ("batched", "per_sample")
 
 
 class Network:
@@ -28,7 +29,7 @@ class Network:
     """
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
-                 shared_negatives=0, correct=True, negative_power=0.0):
+                 shared_negatives=0, correct=True, negative_power=0.0, engine="batched"):
         from slide.layers import Layout, init_params
         self.layout = lay = Layout(tuple(int(s) for s in sizes))
         L = lay.n_layers
@@ -48,6 +49,12 @@ class Network:
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
         self.GB = np.zeros(int(lay.b_off[-2]) if self.row_path else lay.n_biases, np.float32)
         self.correct = bool(correct)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        # "batched": a sampled output layer's shared negatives go through BLAS for the whole
+        # batch (slide.engine.block); "per_sample": every sample scores them in its own loops
+        # (slide.engine.batch, the reference the batched engine is tested against)
+        self.engine = engine
         self.negatives = SharedNegatives(int(shared_negatives) if self.sparse[-1] else 0,
                                          negative_power, int(lay.n_out[-1]))
         self.n_in, self.n_out = lay.n_in, lay.n_out
@@ -186,13 +193,20 @@ class Network:
             self.out_rows = make_output_rows(self.out_stamp, lay.n_out[-1], lay.n_in[-1],
                                              batch_size, cap, n_chunks)
         self.losses = np.zeros(batch_size, np.float64)
+        self.block = None
+        if self.batched:
+            import numba
+            # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
+            self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
+                                    max(int(n_chunks), numba.config.NUMBA_NUM_THREADS),
+                                    self.n_shared)
         self._scratch_key = key
 
     def release_scratch(self):
         """Drop the per-fit scratch (``prepare`` allocates it again for the next training):
         nothing after training reads it, and the end of ``fit`` (the neighbour memory, the
         re-ranker) is where a large model's memory peaks."""
-        for name in ("sc", "store", "out_rows", "losses"):
+        for name in ("sc", "store", "out_rows", "losses", "block"):
             if hasattr(self, name):
                 setattr(self, name, None)
         self._scratch_key = None
@@ -202,7 +216,15 @@ class Network:
         """Training-label counts (length n_labels) for frequency-proportional negatives."""
         self.negatives.set_label_counts(counts)
 
+    @property
+    def batched(self):
+        """Whether batches take the batched engine (a sampled output layer after hidden
+        layers, ``engine="batched"``)."""
+        return self.row_path and self.engine == "batched"
+
     def forward_backward(self, X, Y, rows, seed, serial):
+        if self.batched:
+            return _block.forward_backward(self, X, Y, rows, seed, serial)
         return _batch.forward_backward(self, X, Y, rows, seed, serial)
 
     def touched(self, X, rows, serial):
@@ -210,7 +232,10 @@ class Network:
         return _batch.touched(self, X, rows, serial)
 
     def update(self, X, rows, serial, optimizer):
-        _batch.update(self, X, rows, serial, optimizer)
+        if self.batched:
+            _block.update(self, X, rows, serial, optimizer)
+        else:
+            _batch.update(self, X, rows, serial, optimizer)
 
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active

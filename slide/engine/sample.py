@@ -147,13 +147,24 @@ def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, labels, share
     see ``select_active``. Returns (finite, n_c, n_s): ``finite`` is False when a hidden layer
     came out non-finite (a diverging run: it must not reach the hash functions; the caller
     reports NaN and nothing is updated); n_c, n_s: the last sparse layer's layout."""
+    return forward_into(params, spec, tables, sc, c, sc.acts[c], ids, n_act, x_idx, x_val,
+                        labels, shared, rng, serial, True)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, labels, shared,
+                 rng, serial, compute_last):
+    """``forward`` with the activations written to ``acts`` (the thread's row of ``sc.acts``,
+    or a per-sample row: the batched engine keeps every sample's hidden layers until its
+    backward pass) and the thread's scratch row ``c`` for the sampler. ``compute_last``
+    False: the output layer's active set is selected but its logits are not computed (the
+    batched engine computes them for the whole batch, ``slide.engine.block``)."""
     W, B = params.W, params.B
     n_layers = spec.n_layers
     last = n_layers - 1
     no_lab = labels[:0]
     no_shared = shared[:0]
     a_off, s_off = sc.a_off, sc.s_off
-    acts = sc.acts[c]
     n_c = n_s = 0
     n0 = spec.n_out[0]
     a0 = acts[a_off[0]:a_off[1]]
@@ -190,6 +201,8 @@ def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, labels, share
             n_act[l] = cnt
         else:
             n_act[l] = spec.n_out[l]
+        if l == last and not compute_last:
+            break
         rows_forward(W, B, spec.w_off[l], spec.b_off[l], spec.n_in[l], not spec.sparse[l - 1],
                      id_in, a_in, n_act[l - 1], not spec.sparse[l], id_l, n_act[l], l != last,
                      a_l)
@@ -312,7 +325,6 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
     HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
     (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
     the batch (``slide.optim.output_step``)."""
-    W, GW, GB = params.W, params.GW, params.GB
     last = spec.n_layers - 1
     a_off, s_off = sc.a_off, sc.s_off
     acts = sc.acts[c]
@@ -331,13 +343,26 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
         else:
             for i in range(spec.n_in[last]):
                 h_store[i] = a_in[i]
-    for l in range(last, 0, -1):
+    backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, last,
+                  not row_path)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, top,
+                  accumulate_top):
+    """Back-propagate one sample from layer ``top``'s deltas (``dels`` at layer ``top``) down
+    to the input, adding the gradients into GW/GB (racy, HOGWILD); layer ``top``'s own weight
+    gradient is added only with ``accumulate_top``. ``top`` = 0: the deltas of the first
+    layer are already in place (the batched engine formed them from its block products)."""
+    W, GW, GB = params.W, params.GW, params.GB
+    sparse = spec.sparse
+    for l in range(top, 0, -1):
         a_in = acts[a_off[l - 1]:a_off[l]]
         d_in = dels[a_off[l - 1]:a_off[l]]
         rows_backward(W, GW, GB, spec.w_off[l], spec.b_off[l], spec.n_in[l], not sparse[l - 1],
                       ids[s_off[l - 1]:s_off[l]], a_in, n_act[l - 1], not sparse[l],
                       ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in,
-                      not (row_path and l == last))
+                      accumulate_top or l != top)
         for m in range(n_act[l - 1]):
             if a_in[m] <= 0.0:       # ReLU mask (a_in is the post-ReLU activation)
                 d_in[m] = 0.0

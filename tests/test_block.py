@@ -1,0 +1,79 @@
+"""The batched engine (slide.engine.block) against the per-sample reference path
+(slide.engine.batch): the same losses, gradients and updates to float32 tolerance, for every
+sampler, both losses, dense and sparse hidden layers, with and without a random fill."""
+import numba
+import numpy as np
+import pytest
+
+from slide.engine import Network
+from slide.optim import SparseOptimizer
+from test_network import _data
+
+C = 300
+LSH = dict(family="dwta", K=2, L=4, range_pow=6, bucket_size=8, policy="fifo", budget=40,
+           threshold=2)
+
+
+def _net(engine, sampler, loss, sparse_hidden, min_active, seed=3):
+    lsh = dict(LSH, sampler=sampler)
+    net = Network((40, 16, C), [sparse_hidden, True], [8 if sparse_hidden else 0, min_active],
+                  loss=loss, seed=seed, lsh=lsh, shared_negatives=30, correct=True,
+                  negative_power=1.0, engine=engine)
+    net.W *= 4.0
+    net.B[:] = np.random.default_rng(seed).normal(0, 0.3, net.B.shape)
+    net.set_label_counts(np.random.default_rng(seed + 1).zipf(1.5, C).clip(max=500))
+    net.build_indices()
+    return net
+
+
+def _train(engine, sampler, loss, sparse_hidden, min_active, optimizer, n_batches):
+    rng = np.random.default_rng(11)
+    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
+    net = _net(engine, sampler, loss, sparse_hidden, min_active)
+    opt = SparseOptimizer(optimizer, net.layout, 1.0 if optimizer == "sgd" else 1e-2)
+    # one thread: HOGWILD's racy adds into shared rows may drop an update with two (by
+    # design), which would hide a real difference between the paths
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        net.prepare(32, 1, 8)
+        losses = []
+        for b in range(n_batches):
+            rows = np.arange(32 * b, 32 * (b + 1), dtype=np.int64) % 96
+            loss_b, _ = net.train_batch(X, Y, rows, 5, b + 1, opt)
+            losses.append(loss_b)
+    finally:
+        numba.set_num_threads(old)
+    return net, np.array(losses)
+
+
+@pytest.mark.parametrize("sampler", ["random", "vanilla", "topk", "threshold"])
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("sparse_hidden,min_active", [(False, 0), (False, 50), (True, 0)])
+def test_batched_step_equals_per_sample_step(sampler, loss, sparse_hidden, min_active):
+    """One SGD step at learning rate 1: the weights move by exactly minus the gradient, so
+    equal weights after it mean equal gradients of every layer (output rows of the shared
+    block, the extras, the hidden layers)."""
+    args = (sampler, loss, sparse_hidden, min_active)
+    ref, l_ref = _train("per_sample", *args, "sgd", 1)
+    got, l_got = _train("batched", *args, "sgd", 1)
+    assert got.batched and not ref.batched
+    np.testing.assert_allclose(l_got, l_ref, rtol=1e-5)
+    assert np.isfinite(l_ref).all() and l_ref[0] > 0
+    w0 = _net("per_sample", *args).W
+    moved = np.abs(ref.W - w0).max()
+    assert moved > 1e-3                                     # the step did something
+    np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
+    np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("sampler", ["random", "vanilla"])
+def test_batched_adam_run_follows_per_sample_run(sampler):
+    """Several Adam steps with catch-up: the step records and stamps of the shared block's
+    rows are kept as the per-sample path keeps them."""
+    ref, l_ref = _train("per_sample", sampler, "softmax", False, 0, "adam", 3)
+    got, l_got = _train("batched", sampler, "softmax", False, 0, "adam", 3)
+    np.testing.assert_allclose(l_got, l_ref, rtol=1e-4)
+    np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(got.out_stamp, ref.out_stamp)
