@@ -19,8 +19,9 @@ step at the base learning rate (exact at a constant schedule); files written bef
 optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
 to date; every hyperparameter a version-1 file does not record (it was written before the
 parameter existed) is pinned to the behaviour of the code that wrote it
-(``UNRECORDED_PARAMS``), never to today's default. Version 2 records them all. A file of
-another version is refused with its version number.
+(``UNRECORDED_PARAMS``), never to today's default. Version 3 adds ``engine`` (files
+before it were trained by the per-sample engine, and resume on it). Version 3 records them
+all. A file of another version is refused with its version number.
 """
 import json
 import os
@@ -32,8 +33,8 @@ from slide.fileio import atomic_write
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 # The hyperparameters a checkpoint may not record, by the format version from which every file
 # records them: a file of an older version was written by code that may have predated some of
@@ -54,6 +55,9 @@ UNRECORDED_PARAMS = {
         "neighbours": 0,                # 753cf9e: exact predictions by the network alone
         "neighbour_weight": 0.85,       # 753cf9e (unused with neighbours=0)
         "rerank": False,                # 1d10254: no held-out rows, no re-ranker before
+    },
+    3: {
+        "engine": "per_sample",         # round 3: every sample scored its own active set
     },
 }
 

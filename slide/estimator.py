@@ -142,7 +142,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, epochs="auto", rehash_period=50, rebuild_period=500,
                  rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
-                 time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True):
+                 time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True,
+                 engine="batched"):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -173,6 +174,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.rebuild_period = rebuild_period
         self.rehash_decay = rehash_decay
         self.n_threads = n_threads
+        self.engine = engine
         self.random_state = random_state
         self.verbose = verbose
         self.time_budget = time_budget
@@ -268,7 +270,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
                                 shared_negatives=int(self.shared_negatives),
                                 correct=bool(self.sampling_correction),
-                                negative_power=float(self.negative_power))
+                                negative_power=float(self.negative_power),
+                                engine=self.engine)
         self.optimizer_ = SparseOptimizer(self.optimizer, self.network_.layout,
                                           self.learning_rate, self.beta1, self.beta2,
                                           self.epsilon)

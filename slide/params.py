@@ -149,6 +149,12 @@ TABLE = (
     # le: the training kernels stamp a sample's active-set marks serial * 2**20 + position + 1
     # (slide/engine/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer
     # than 2**20 samples
+    _p("engine", "train.engine", "str", "batched", "how a sampled output layer is computed: "
+       "batched (the batch's shared negatives as three BLAS products, the per-sample loops "
+       "only for each sample's labels, LSH ids and fill outside them: slide.engine.block) or "
+       "per_sample (every sample scores its whole active set in its own loops: the reference "
+       "path the batched one is tested against; same objective, float32 sums in another "
+       "order)", choices=("batched", "per_sample")),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch (below 2**20: the "
        "per-batch stamps of the active sets)", ge=1, le=2**20 - 1),
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "

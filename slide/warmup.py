@@ -36,7 +36,7 @@ def config_key(model):
             p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
-            int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0,
+            int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0, p.get("engine"),
             None if sparse is None else tuple(sorted(int(layer) for layer in sparse)))
 
 
