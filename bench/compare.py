@@ -88,6 +88,10 @@ def parse_args(argv=None):
                    help="tf_sampled candidate sampler (synthetic label ids are in random "
                    "popularity order, so log-uniform's Zipf-by-id prior does not apply; "
                    "unigram draws in proportion to training label count + 1, as slide does)")
+    p.add_argument("--tf-target", default="all", choices=["all", "one"],
+                   help="tf_sampled's target per point and step: all (one row per true label, "
+                   "weighted 1/|y|: estimates slide's loss) or one (one true label drawn "
+                   "uniformly per point and step, weight 1: the stock TF recipe, fewer rows)")
     p.add_argument("--target-p1", type=float, default=None, help="target P@1 (default: the "
                    "dense TF model's P@1 after one epoch on the evaluation sample)")
     p.add_argument("--reuse", action="store_true",
@@ -299,6 +303,7 @@ def main(argv=None):
                 spec["num_sampled"] = int(a.num_sampled)
             spec["num_sampled"] = max(1, min(spec["num_sampled"], meta["n_labels"]))
             spec["candidate_sampler"] = a.candidate_sampler
+            spec["tf_target"] = a.tf_target
         cp = cache_path(a, spec)
         if s in a.reuse_set and cp.exists():
             r = json.loads(cp.read_text())
@@ -351,7 +356,8 @@ def main(argv=None):
           f"{meta['n_test']:,}",
           f"- slide hyperparameters: {a.slide_params or 'engine defaults'}"
           + (f"; tf_sampled: {results['tf_sampled'].get('num_sampled')} sampled negatives "
-             f"({results['tf_sampled'].get('candidate_sampler')})" if "tf_sampled" in results
+             f"({results['tf_sampled'].get('candidate_sampler')}), target "
+             f"{results['tf_sampled'].get('tf_target', 'all')}" if "tf_sampled" in results
              else ""),
           f"- target P@1: {target:.4f} ({target_how})" if target is not None else
           "- target P@1: none",

@@ -61,6 +61,11 @@ def run(X, Y, Xt, Yt, engine, seed, args):
             "P@1": res["P@1"], "P@5": res["P@5"], "PSP@5": res["PSP@5"]}
 
 
+def _machine():
+    m = machine_description()
+    return f"{m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True)
@@ -105,7 +110,7 @@ def main():
              f"- {X.shape[0]:,} train points, {Y.shape[1]:,} labels, {args.epochs} epoch(s), "
              f"{args.threads} threads, Adam lr {args.lr} constant, batch {args.batch_size}, "
              f"network alone (neighbours=0, rerank=False); test: {Xt.shape[0]:,} rows",
-             f"- commit {commit}; {machine_description()}",
+             f"- commit {commit}; {_machine()}",
              f"- command: `python bench/engine_ab.py {' '.join(sys.argv[1:])}`",
              "",
              "| engine | train s | samples/s | P@1 | P@5 | PSP@5 |",
