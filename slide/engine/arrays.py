@@ -89,6 +89,7 @@ class Block(NamedTuple):
     dH: np.ndarray           # [batch, h] float32
     dWS: np.ndarray          # [n_shared, h] float32
     dbS: np.ndarray          # [n_shared] float32
+    forced: np.ndarray       # [threads, most labels + exact ids] int32: a sample's C ids
 
 
 class Csr(NamedTuple):
@@ -216,7 +217,7 @@ def make_store(sc, n_layers, n_in_last, batch_size, row_path):
                  np.zeros((batch_size, cap), np.float32))
 
 
-def make_block(sc, n_layers, n_in_last, batch_size, n_threads, n_shared):
+def make_block(sc, n_layers, n_in_last, batch_size, n_threads, n_shared, max_forced):
     """``Block`` buffers for batches of ``batch_size`` (``sc``: the fit's ``Scratch``)."""
     last = n_layers - 1
     n_hid = int(sc.a_off[last])
@@ -232,7 +233,8 @@ def make_block(sc, n_layers, n_in_last, batch_size, n_threads, n_shared):
                  WS=np.zeros((ns, h), np.float32), bS=np.zeros(ns, np.float32),
                  Z=np.zeros((batch_size, ns), np.float32),
                  dH=np.zeros((batch_size, h), np.float32),
-                 dWS=np.zeros((ns, h), np.float32), dbS=np.zeros(ns, np.float32))
+                 dWS=np.zeros((ns, h), np.float32), dbS=np.zeros(ns, np.float32),
+                 forced=np.zeros((n_threads, max(int(max_forced), 1)), np.int32))
 
 
 def make_output_rows(stamp, n_out_last, n_in_last, batch_size, cap, n_chunks):

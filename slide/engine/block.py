@@ -60,11 +60,33 @@ def _column(shared, j):
     return -1
 
 
+@njit(cache=True, nogil=True)
+def _sorted_union(a, b, buf):
+    """buf[:n] = the sorted union of the sorted distinct ids ``a`` and ``b``; returns it."""
+    i = j = n = 0
+    while i < a.shape[0] or j < b.shape[0]:
+        if j >= b.shape[0] or (i < a.shape[0] and a[i] < b[j]):
+            v = a[i]
+            i += 1
+        elif i >= a.shape[0] or b[j] < a[i]:
+            v = b[j]
+            j += 1
+        else:
+            v = a[i]
+            i += 1
+            j += 1
+        buf[n] = v
+        n += 1
+    return buf[:n]
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, shared, H, losses):
+def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, shared, exact, H,
+                  losses):
     """Step 1 for every sample of ``rows``: hidden layers into ``blk.acts[s]``, the output
     active set into ``sc.ids[s]`` / ``sc.n_act[s]`` (layout [C | S minus C | fill], see
-    ``sample.select_active``), ``blk.col[s, k]`` = column in ``shared`` of active id k (-1:
+    ``sample.select_active``; ``exact``, sorted ids every sample computes exactly, join its
+    labels in C), ``blk.col[s, k]`` = column in ``shared`` of active id k (-1:
     an extra), ``blk.extra[s, :n]`` the extras' ids, ``blk.counts[s]`` = (n_c, n_s, n_extra),
     H[s] = the output layer's input. A sample whose hidden layers are non-finite gets loss
     NaN (the caller then applies nothing)."""
@@ -76,12 +98,15 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     # a tuple attribute inside the loop (see slide.optim.output_step)
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
                                                          blk.counts, sc.ids, sc.n_act)
+    b_forced = blk.forced
     for s in prange(nb):
         t = numba.get_thread_id()
         r = rows[s]
         x_idx = X.ind[X.ptr[r]:X.ptr[r + 1]]
         x_val = X.dat[X.ptr[r]:X.ptr[r + 1]]
         labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
+        if exact.shape[0] > 0:
+            labels = _sorted_union(labels, exact, b_forced[t])
         rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
         ids = sc_ids[s]
         n_act = sc_n_act[s]
@@ -246,8 +271,13 @@ def forward_backward(net, X, Y, rows, seed, serial):
         batch_size, _, max_labels = net._scratch_key
         net.prepare(batch_size, n_threads, max_labels)
     sc, blk = net.sc, net.block
-    shared = net.negatives.draw(seed, serial)
-    neg = net.negatives.bundle(shared)
+    drawn = net.negatives.draw(seed, serial)
+    neg = net.negatives.bundle(drawn)
+    exact = drawn[:0]
+    shared = drawn
+    if net.oracle_m > 0:
+        exact = _oracle_ids(net, X, rows)
+        shared = np.union1d(drawn, exact).astype(np.int32)
     ns = shared.shape[0]
     lay = net.layout
     last = lay.n_layers - 1
@@ -256,7 +286,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     Xc, Yc = csr(X), csr(Y)
     with _parallel_chunks():
         block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows, np.uint64(seed),
-                      np.int64(serial), shared, H, losses)
+                      np.int64(serial), shared, exact, H, losses)
     if not np.isfinite(losses).all():
         return losses
     WS, bS = blk.WS[:ns], blk.bS[:ns]
@@ -278,6 +308,27 @@ def forward_backward(net, X, Y, rows, seed, serial):
         block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store)
     net.block_shared = shared
     return losses
+
+
+def _oracle_ids(net, X, rows):
+    """The study hook's exact ids: the union of every sample's top ``oracle_per_sample``
+    logits over ALL labels under the current weights (dense products, not counted as
+    training: their seconds go to ``net.oracle_seconds``), at most ``oracle_m`` of them."""
+    import time
+    from slide.data.inputs import take_rows
+    t0 = time.perf_counter()
+    Wo, bo = net.output_view()
+    Hx = net.hidden(take_rows(X, rows))
+    Z = Hx @ Wo.T + bo
+    t = int(net.oracle_per_sample)
+    top = np.argpartition(-Z, t - 1, axis=1)[:, :t]
+    ids = np.unique(top).astype(np.int32)
+    if ids.shape[0] > net.oracle_m:
+        # keep the ids with the highest logit anywhere in the batch
+        best = Z[:, ids].max(axis=0)
+        ids = np.sort(ids[np.argsort(-best)[:net.oracle_m]]).astype(np.int32)
+    net.oracle_seconds += time.perf_counter() - t0
+    return ids
 
 
 def update(net, X, rows, serial, optimizer):

@@ -55,6 +55,12 @@ class Network:
         # batch (slide.engine.block); "per_sample": every sample scores them in its own loops
         # (slide.engine.batch, the reference the batched engine is tested against)
         self.engine = engine
+        # a study hook (bench/oracle_bound.py): > 0 puts the union of every sample's top
+        # ``oracle_per_sample`` exact logits (up to ``oracle_m`` ids, computed densely, its
+        # seconds in ``oracle_seconds``) into the batched engine's block, as exact ids
+        self.oracle_m = 0
+        self.oracle_per_sample = 0
+        self.oracle_seconds = 0.0
         self.negatives = SharedNegatives(int(shared_negatives) if self.sparse[-1] else 0,
                                          negative_power, int(lay.n_out[-1]))
         self.n_in, self.n_out = lay.n_in, lay.n_out
@@ -185,8 +191,8 @@ class Network:
             return
         lay = self.layout
         self.sc = sc = make_scratch(self.spec, self.lsh, self.uses_tables, batch_size, n_chunks,
-                                    int(max_labels) + self.n_shared, self.min_active,
-                                    self.n_shared)
+                                    int(max_labels) + self.n_shared + self.oracle_m,
+                                    self.min_active, self.n_shared)
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
             cap = int(sc.a_off[-1] - sc.a_off[-2])
@@ -199,7 +205,7 @@ class Network:
             # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
             self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
                                     max(int(n_chunks), numba.config.NUMBA_NUM_THREADS),
-                                    self.n_shared)
+                                    self.n_shared + self.oracle_m, int(max_labels) + self.oracle_m)
         self._scratch_key = key
 
     def release_scratch(self):
