@@ -8,9 +8,9 @@ neurons for every sample. Two ways to fill a block of about |S| ids, at equal si
 
 * ``frequency``: ``shared_negatives=|S|`` draws by label frequency (the default engine);
 * ``oracle``:   ``|S|/2`` frequency draws plus the union of every sample's top
-  ``ceil(|S| / 2 / batch)`` logits over ALL labels under the current weights (at most |S|/2
-  ids; computed densely by ``Network.oracle_m`` / ``oracle_per_sample``, their seconds not
-  counted as training). They join each sample's exact set C (no importance weight), so the
+  ``ceil(4 |S| / 2 / batch)`` logits over ALL labels under the current weights, cut to the
+  |S|/2 ids with the highest logit in the batch (computed densely by ``Network.oracle_m`` /
+  ``oracle_per_sample``, their seconds not counted as training). They join each sample's exact set C (no importance weight), so the
   frequency draws still estimate, unbiased, the softmax mass outside C.
 
 No LSH can choose a block better than the exact top logits: if the oracle gains neither
