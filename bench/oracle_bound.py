@@ -44,7 +44,8 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
     half = size // 2
     n_shared = size if variant == "frequency" else size - half
     oracle_m = 0 if variant == "frequency" else half
-    per_sample = max(1, math.ceil(half / args.batch_size))
+    # each sample offers 4x its share; the batch keeps the |S|/2 ids of highest logit
+    per_sample = max(1, math.ceil(4 * half / args.batch_size))
     actives = []
     orig_prepare = Network.prepare
 
