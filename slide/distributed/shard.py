@@ -72,7 +72,10 @@ class OutputShard:
         self.net = Network((1, self.n_hidden, self.n_local), [False, True], [0, min_act],
                            seed=self.seed, lsh=lsh, init=False, shared_negatives=n_shared,
                            correct=bool(cfg["sampling_correction"]),
-                           negative_power=float(cfg["negative_power"]))
+                           negative_power=float(cfg["negative_power"]),
+                           # a shard runs its own kernels (slide.distributed.kernels): no
+                           # batched-engine buffers
+                           engine="per_sample")
         self.opt = SparseOptimizer(cfg["optimizer"], self.net.layout, cfg["learning_rate"],
                                    cfg["beta1"], cfg["beta2"], cfg["epsilon"])
         self.schedule = RehashSchedule(cfg["rehash_period"], cfg["rebuild_period"],
