@@ -1,0 +1,113 @@
+"""Where the time of a batched-engine batch goes: each step of ``slide.engine.block`` timed on
+its own, over ``--batches`` shuffled batches of a data set (after a warm-up fit that compiles
+every kernel), BLAS single-threaded as in training.
+
+    python bench/probes/probe_block_phases.py [--data datasets/debcontents] [--batches 150]
+
+Without ``--data``: the xc200k preset (200k labels, 30,000 points). Prints milliseconds per
+batch for: the shared draw, the per-sample forward (hidden layers, active sets), the gather of
+the block's rows, the first product, the corrected softmax, the two backward products, the
+per-sample backward, the touched-row listing, the hidden layers' Adam step, the extras' row
+step and the block's row step; then the total and samples/s.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=None, help="an XC training file; default: xc200k")
+    ap.add_argument("--batches", type=int, default=150)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    import slide
+    from bench.common import git_commit
+    from slide.engine import block as BK
+    from slide.engine.arrays import Store, csr
+    from slide.trainer import blas_single_thread
+    if args.data:
+        X, Y = slide.read_xc(args.data)
+    else:
+        X, Y, _, _ = slide.synthetic.generate("xc200k", seed=0, n_train=30000, n_test=10)
+    print(f"commit {git_commit()}; data {args.data or 'xc200k'}: {X.shape[0]} points, "
+          f"{Y.shape[1]} labels")
+    m = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1,
+                              n_threads=args.threads, random_state=0, neighbours=0,
+                              rerank=False)
+    m.fit(X[:2048], Y[:2048])
+    net, opt = m.network_, m.optimizer_
+    net.prepare(128, args.threads, int(np.diff(Y.indptr).max()))
+    order = np.random.default_rng(1).permutation(X.shape[0]).astype(np.int64)
+    T = {}
+    Xc, Yc = csr(X), csr(Y)
+    lay = net.layout
+    last = lay.n_layers - 1
+
+    def tick(k, t0):
+        t1 = time.perf_counter()
+        T[k] = T.get(k, 0.0) + t1 - t0
+        return t1
+
+    n_batches = min(args.batches, X.shape[0] // 128)
+    with blas_single_thread():
+        for b in range(n_batches):
+            rows = order[128 * b:128 * (b + 1)]
+            serial = 1000 + b
+            sc, blk = net.sc, net.block
+            t = time.perf_counter()
+            shared = net.negatives.draw(0, serial)
+            neg = net.negatives.bundle(shared)
+            ns = shared.shape[0]
+            H, losses = net.store.h_store[:128], net.losses[:128]
+            t = tick("draw", t)
+            with BK._parallel_chunks():
+                BK.block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows,
+                                 np.uint64(0), np.int64(serial), shared, shared[:0], H, losses)
+            t = tick("forward (per sample)", t)
+            WS, bS = blk.WS[:ns], blk.bS[:ns]
+            BK.gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]),
+                           int(lay.n_in[last]), shared, WS, bS)
+            t = tick("gather W_S", t)
+            Z = blk.Z[:128, :ns]
+            np.matmul(H, WS.T, out=Z)
+            t = tick("Z = H W_S^T", t)
+            d_store = net.store.d_store[:128]
+            with BK._parallel_chunks():
+                BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, bS, H, d_store,
+                              losses, np.float32(1 / 128), net.correct)
+            t = tick("corrected softmax", t)
+            dH = blk.dH[:128]
+            np.matmul(Z, WS, out=dH)
+            np.matmul(Z.T, H, out=blk.dWS[:ns])
+            np.sum(Z, axis=0, out=blk.dbS[:ns])
+            t = tick("dH, dW_S products", t)
+            with BK._parallel_chunks():
+                BK.block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store)
+            t = tick("backward (per sample)", t)
+            nr, nbias = net.touched(X, rows, serial)
+            t = tick("touched rows", t)
+            opt.step(net.params, net.touched_rows, nr, nbias)
+            t = tick("hidden Adam", t)
+            store = Store(net.store.h_store, net.store.d_store)
+            nu = BK.output_entries(blk.extra[:128], blk.counts[:128, 2:3], 0,
+                                   store.d_store.shape[1], net.out_rows, np.int64(serial))
+            opt.step_output(net.W, net.B, net.out_rows, nu, store)
+            t = tick("extras' rows step", t)
+            opt.step_block(net.W, net.B, shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp,
+                           serial)
+            tick("block rows step", t)
+    total = sum(T.values())
+    for k, v in T.items():
+        print(f"{k:24s} {v / n_batches * 1e3:6.2f} ms")
+    print(f"{'total':24s} {total / n_batches * 1e3:6.2f} ms a batch of 128, "
+          f"{128 * n_batches / total:,.0f} samples/s ({n_batches} batches)")
+
+
+if __name__ == "__main__":
+    main()
