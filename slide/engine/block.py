@@ -33,31 +33,14 @@ import numpy as np
 from numba import njit, prange
 
 from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.arrays import Store, csr
-from slide.engine.negatives import correction
+from slide.engine.arrays import csr
+from slide.engine.negatives import correction, find_sorted
 from slide.engine.sample import backward_from, forward_into, output_loss
 from slide.engine.touched import output_entries
 from slide.layers import FASTMATH
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
 CHUNK = 4
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _column(shared, j):
-    """Position of ``j`` in the sorted ``shared`` ids, -1 if absent."""
-    lo = 0
-    hi = shared.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        v = shared[mid]
-        if v < j:
-            lo = mid + 1
-        elif v > j:
-            hi = mid
-        else:
-            return mid
-    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -145,7 +128,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
                     p += 1
                 c = p
             elif k < n_c:
-                c = _column(shared, j)
+                c = find_sorted(shared, j)
             else:
                 c = -1
             col[k] = c
@@ -339,10 +322,9 @@ def update(net, X, rows, serial, optimizer):
     blk = net.block
     nr, nbias = net.touched(X, rows, serial)
     optimizer.step(net.params, net.touched_rows, nr, nbias)
-    store = Store(net.store.h_store, net.store.d_store)
-    nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, store.d_store.shape[1],
+    nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, net.store.d_store.shape[1],
                         net.out_rows, np.int64(serial))
-    optimizer.step_output(net.W, net.B, net.out_rows, nu, store)
+    optimizer.step_output(net.W, net.B, net.out_rows, nu, net.store)
     shared = net.block_shared
     ns = shared.shape[0]
     optimizer.step_block(net.W, net.B, shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp,

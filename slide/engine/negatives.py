@@ -18,20 +18,26 @@ from slide.layers import FASTMATH
 
 
 @njit(cache=True, nogil=True, inline="always")
-def is_label(labels, j):
-    """Binary search of ``j`` in the sorted label ids of one sample."""
+def find_sorted(a, j):
+    """Position of ``j`` in the sorted distinct ids ``a`` (binary search), -1 if absent."""
     lo = 0
-    hi = labels.shape[0]
+    hi = a.shape[0]
     while lo < hi:
         mid = (lo + hi) >> 1
-        v = labels[mid]
+        v = a[mid]
         if v < j:
             lo = mid + 1
         elif v > j:
             hi = mid
         else:
-            return True
-    return False
+            return mid
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def is_label(labels, j):
+    """Whether ``j`` is one of the sorted label ids of one sample."""
+    return find_sorted(labels, j) >= 0
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
