@@ -16,7 +16,7 @@ dense layer's ids are implicit (0..n-1); a sparse layer keeps its active ids.
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from slide._rng import init_stream, stream_seed, splitmix64
 
@@ -108,10 +108,13 @@ def normal_pair(seed, stream, i, std):
     return np.float32(r * np.cos(2.0 * np.pi * u2)), np.float32(r * np.sin(2.0 * np.pi * u2))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _init_normal(W, start, stop, std, seed, stream):
-    """Gaussian init by Box-Muller from the counter RNG, pairs from ``start``."""
-    for i in range(start, stop, 2):
+    """Gaussian init by Box-Muller from the counter RNG, pairs from ``start``; in parallel
+    (a pair depends only on its position: the same weights on any thread count; 0.64 s
+    serial at 200k labels, inside ``fit``'s clock)."""
+    for p in prange((stop - start + 1) // 2):
+        i = start + 2 * p
         c, s = normal_pair(seed, stream, i, std)
         W[i] = c
         if i + 1 < stop:
