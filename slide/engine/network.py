@@ -58,6 +58,7 @@ class Network:
         # a study hook (bench/oracle_bound.py): > 0 puts the union of every sample's top
         # ``oracle_per_sample`` exact logits (up to ``oracle_m`` ids, computed densely, its
         # seconds in ``oracle_seconds``) into the batched engine's block, as exact ids
+        self.block_shared = None     # the batched engine's block of the latest batch
         self.oracle_m = 0
         self.oracle_per_sample = 0
         self.oracle_seconds = 0.0
