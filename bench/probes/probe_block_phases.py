@@ -1,6 +1,6 @@
 """Where the time of a batched-engine batch goes: each step of ``slide.engine.block`` timed on
 its own, over ``--batches`` shuffled batches of a data set (after a warm-up fit that compiles
-every kernel), BLAS single-threaded as in training.
+every kernel), BLAS single-threaded as in training (``--blas-threads`` to compare).
 
     python bench/probes/probe_block_phases.py [--data datasets/debcontents] [--batches 150]
 
@@ -25,12 +25,14 @@ def main():
     ap.add_argument("--data", default=None, help="an XC training file; default: xc200k")
     ap.add_argument("--batches", type=int, default=150)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads for the "
+                    "products (training uses 1: more fight Numba's spinning threads)")
     args = ap.parse_args()
     import slide
     from bench.common import git_commit
     from slide.engine import block as BK
     from slide.engine.arrays import Store, csr
-    from slide.trainer import blas_single_thread
+    from threadpoolctl import threadpool_limits
     if args.data:
         X, Y = slide.read_xc(args.data)
     else:
@@ -55,7 +57,8 @@ def main():
         return t1
 
     n_batches = min(args.batches, X.shape[0] // 128)
-    with blas_single_thread():
+    print(f"BLAS threads {args.blas_threads}, Numba threads {args.threads}")
+    with threadpool_limits(args.blas_threads, user_api="blas"):
         for b in range(n_batches):
             rows = order[128 * b:128 * (b + 1)]
             serial = 1000 + b
