@@ -191,8 +191,8 @@ class NetworkSteps:
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
     """``_train`` with BLAS single-threaded for the whole run: the batched engine's and the
     dense network's products run between Numba's parallel loops, whose spinning threads an
-    OpenBLAS pool would fight (on 2 cores, 9.4 ms a batch at 200k labels with one BLAS thread
-    against 31 ms with two)."""
+    OpenBLAS pool would fight (on 2 cores, 8.6 ms a batch at 200k labels with one BLAS thread
+    against 39.5 ms with two: bench/results/block_phases_blas_threads.log)."""
     with blas_single_thread():
         return _train(model, X, Y, end_epoch_index, eval_set, callback, steps, rows)
 
