@@ -77,3 +77,35 @@ def test_batched_adam_run_follows_per_sample_run(sampler):
     np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=1e-4)
     np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=1e-4)
     np.testing.assert_array_equal(got.out_stamp, ref.out_stamp)
+
+
+def test_oracle_ids_join_every_samples_exact_set():
+    """The oracle study hook (bench/oracle_bound.py): the batch's exact top logits enter every
+    sample's exact set C (after its labels, no importance weight) and the block's columns."""
+    rng = np.random.default_rng(11)
+    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
+    net = _net("batched", "random", "softmax", False, 0)
+    net.oracle_m, net.oracle_per_sample = 12, 2
+    opt = SparseOptimizer("sgd", net.layout, 1.0)
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        net.prepare(32, 1, 8)
+        rows = np.arange(32, dtype=np.int64)
+        loss, _ = net.train_batch(X, Y, rows, 5, 1, opt)
+    finally:
+        numba.set_num_threads(old)
+    assert np.isfinite(loss) and net.oracle_seconds > 0
+    shared = net.block_shared
+    drawn = net.negatives.draw(5, 1)
+    exact = np.setdiff1d(shared, drawn)          # oracle ids the draw did not bring
+    assert 0 < len(exact) <= 12
+    last = net.layout.n_layers - 1
+    for s in range(32):
+        n_c = int(net.block.counts[s, 0])
+        c_ids = net.sc.ids[s, net.sc.s_off[last]:net.sc.s_off[last] + n_c]
+        labels = Y.indices[Y.indptr[s]:Y.indptr[s + 1]]
+        assert set(labels) <= set(c_ids)
+        assert set(exact) <= set(c_ids)          # exact for every sample, not estimated
+        assert set(shared) <= set(net.sc.ids[s, net.sc.s_off[last]:
+                                             net.sc.s_off[last] + net.sc.n_act[s, last]])
