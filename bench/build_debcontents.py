@@ -50,7 +50,8 @@ if __package__ in (None, ""):                      # run as a script: make 'benc
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.build_debdeps import (APT_HELPER, _sha256, dependency_names, feature_tokens,  # noqa: E402
-                                 label_statistics, long_descriptions, read_index, stanzas, tfidf)
+                                 label_statistics, long_descriptions, read_index, stanzas,
+                                 vectorise_split)
 
 REPO = Path(__file__).resolve().parents[1]
 LISTS = Path("/var/lib/apt/lists")
@@ -170,16 +171,7 @@ def build(packages_path, translations_path, contents_paths, seed, min_label_coun
     keep = [k for k, ys in enumerate(y_all) if ys]
     rows = [cand[k] for k in keep]
     y_ind = [y_all[k] for k in keep]
-    n_long = 0
-    docs = []
-    for i in rows:
-        f = pkgs[i]
-        long = longs.get((f["Package"], f.get("Description-md5")))
-        n_long += bool(long)
-        docs.append(package_features(f, long))
-    perm = np.random.default_rng([int(seed), 2024]).permutation(len(rows))
-    n_train = int(round(0.8 * len(rows)))
-    X, vocab = tfidf(docs, perm[:n_train].tolist())
+    X, vocab, perm, n_train, n_long = vectorise_split(pkgs, rows, longs, package_features, seed)
     Y = sp.csr_matrix((np.ones(sum(map(len, y_ind)), np.float32),
                        np.array([j for ys in y_ind for j in ys], np.int32),
                        np.concatenate([[0], np.cumsum([len(ys) for ys in y_ind])]).astype(

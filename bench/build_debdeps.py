@@ -168,6 +168,23 @@ def _sha256(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def vectorise_split(pkgs, rows, longs, featurize, seed):
+    """(X, vocabulary, split permutation, n_train, rows with a long description): the tf-idf
+    rows of packages ``rows`` (``featurize(stanza, long description)`` gives the tokens), idf
+    counted on the training part of the seeded 80/20 split."""
+    n_long = 0
+    docs = []
+    for i in rows:
+        f = pkgs[i]
+        long = longs.get((f["Package"], f.get("Description-md5")))
+        n_long += bool(long)
+        docs.append(featurize(f, long))
+    perm = np.random.default_rng([int(seed), 2024]).permutation(len(rows))
+    n_train = int(round(0.8 * len(rows)))
+    X, vocab = tfidf(docs, perm[:n_train].tolist())
+    return X, vocab, perm, n_train, n_long
+
+
 def build(packages_path, translations_path, seed, min_label_count):
     """(X, Y, label names, feature names, split permutation, stats) of the whole set."""
     pkgs = list(stanzas(read_index(packages_path)))
@@ -179,16 +196,7 @@ def build(packages_path, translations_path, seed, min_label_count):
     kept = sorted(d for d, c in counts.items() if c >= min_label_count)
     label_id = {d: j for j, d in enumerate(kept)}
     rows = [i for i, ds in enumerate(deps) if any(d in label_id for d in ds)]
-    n_long = 0
-    docs = []
-    for i in rows:
-        f = pkgs[i]
-        long = longs.get((f["Package"], f.get("Description-md5")))
-        n_long += bool(long)
-        docs.append(feature_tokens(f, long))
-    perm = np.random.default_rng([int(seed), 2024]).permutation(len(rows))
-    n_train = int(round(0.8 * len(rows)))
-    X, vocab = tfidf(docs, perm[:n_train].tolist())
+    X, vocab, perm, n_train, n_long = vectorise_split(pkgs, rows, longs, feature_tokens, seed)
     y_ind = [sorted(label_id[d] for d in deps[i] if d in label_id) for i in rows]
     Y = sp.csr_matrix((np.ones(sum(map(len, y_ind)), np.float32),
                        np.array([j for ys in y_ind for j in ys], np.int32),
