@@ -12,6 +12,8 @@ place, with ALL of its cost counted as training time:
 * ``frequency``: ``shared_negatives=|S|`` draws by label frequency (the default engine);
 * ``oracle``:   ``|S|/2`` frequency draws + the union of every sample's top logits over all
   labels (exact, dense, its seconds excluded), cut to |S|/2 ids;
+* ``headN``:    the engine's exact head (``exact_head = N / |S|``): the N most frequent
+  labels in every block with weight 1, |S| - N frequency draws from the other labels;
 * ``lsh``:      ``|S|/2`` frequency draws + the union of every sample's LSH candidates, cut to
   |S|/2 ids. SimHash tables over the output rows augmented for inner-product search
   (v = [w, b] / M, then sqrt(1 - |v|^2) appended, M the largest row norm; query [h, 1, 0]),
@@ -185,17 +187,16 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
     from slide.engine.network import Network
     from slide.metrics import evaluate, inverse_propensity
     is_head = variant.startswith("head")
-    half = int(variant[4:] or args.head) if is_head else size // 2
-    n_shared = size if variant == "frequency" else size - half
-    exact_m = 0 if variant == "frequency" else half
+    half = size // 2
+    n_shared = size if variant == "frequency" or is_head else size - half
+    exact_m = 0 if variant == "frequency" or is_head else half
+    # headN: the engine's own exact head (``exact_head``): the N most frequent labels in
+    # every block with weight 1, |S| - N draws from the other labels
+    exact_head = int(variant[4:] or args.head) / size if is_head else 0.0
     per_sample = max(1, math.ceil(4 * half / args.batch_size))
     chooser = None
     if variant == "lsh":
         chooser = LSHBlock(args.K, args.L, args.bucket_cap, args.rebuild, per_sample, seed)
-    elif is_head:
-        head = np.sort(np.argsort(-np.asarray(Y.sum(axis=0)).ravel(), kind="stable")[:half])
-        head = head.astype(np.int32)
-        chooser = lambda net, X, rows: head        # noqa: E731
     actives = []
     orig_prepare = Network.prepare
 
@@ -209,7 +210,8 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
         m = slide.SlideClassifier(learning_rate=args.lr, lr_schedule="constant",
                                   epochs=args.epochs, n_threads=args.threads,
                                   random_state=seed, neighbours=0, rerank=False,
-                                  batch_size=args.batch_size, shared_negatives=n_shared)
+                                  batch_size=args.batch_size, shared_negatives=n_shared,
+                                  exact_head=exact_head)
         m.fit(X, Y, callback=lambda model, info: actives.append(info["active_mean"]))
     finally:
         Network.prepare = orig_prepare
@@ -273,8 +275,8 @@ def main():
     ap.add_argument("--L", type=int, default=16)
     ap.add_argument("--bucket-cap", type=int, default=128)
     ap.add_argument("--rebuild", type=int, default=50)
-    ap.add_argument("--head", type=int, default=64,
-                    help="head: the --head most frequent labels exact, |S| - head draws")
+    ap.add_argument("--head", type=int, default=256,
+                    help="variant 'head' without a number: this many head labels")
     ap.add_argument("--recall-batches", type=int, default=20)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
