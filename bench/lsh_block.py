@@ -14,6 +14,8 @@ place, with ALL of its cost counted as training time:
   labels (exact, dense, its seconds excluded), cut to |S|/2 ids;
 * ``headN``:    the engine's exact head (``exact_head = N / |S|``): the N most frequent
   labels in every block with weight 1, |S| - N frequency draws from the other labels;
+  ``headN+oracle`` / ``headN+lsh``: the head, then the oracle's or the LSH's |S|/2 ids and
+  the remaining draws (does anything beyond the head pay?);
 * ``lsh``:      ``|S|/2`` frequency draws + the union of every sample's LSH candidates, cut to
   |S|/2 ids. SimHash tables over the output rows augmented for inner-product search
   (v = [w, b] / M, then sqrt(1 - |v|^2) appended, M the largest row norm; query [h, 1, 0]),
@@ -186,16 +188,18 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
     import slide
     from slide.engine.network import Network
     from slide.metrics import evaluate, inverse_propensity
-    is_head = variant.startswith("head")
+    parts = variant.split("+")
+    head = int(parts[0][4:] or args.head) if parts[0].startswith("head") else 0
+    kind = parts[-1] if parts[-1] in ("oracle", "lsh") else None
     half = size // 2
-    n_shared = size if variant == "frequency" or is_head else size - half
-    exact_m = 0 if variant == "frequency" or is_head else half
+    n_shared = size if kind is None else size - half
+    exact_m = 0 if kind is None else half
     # headN: the engine's own exact head (``exact_head``): the N most frequent labels in
-    # every block with weight 1, |S| - N draws from the other labels
-    exact_head = int(variant[4:] or args.head) / size if is_head else 0.0
+    # every block with weight 1, the rest of the draws from the other labels
+    exact_head = head / n_shared
     per_sample = max(1, math.ceil(4 * half / args.batch_size))
     chooser = None
-    if variant == "lsh":
+    if kind == "lsh":
         chooser = LSHBlock(args.K, args.L, args.bucket_cap, args.rebuild, per_sample, seed)
     actives = []
     orig_prepare = Network.prepare
@@ -216,14 +220,14 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
     finally:
         Network.prepare = orig_prepare
     oracle_s = m.network_.oracle_seconds
-    recall = _recall(m.network_, chooser, X, args) if variant == "lsh" else None
+    recall = _recall(m.network_, chooser, X, args) if kind == "lsh" else None
     top = m.predict_topk(Xt, k=5)
     res = evaluate(Yt, top, ks=(1, 5), inv_propensity=inverse_propensity(Y))
     return {"variant": variant, "size": size, "seed": seed, "n_shared": n_shared,
             "exact_m": exact_m, "per_sample": per_sample if exact_m else 0,
             "active_mean": float(np.mean(actives)), "train_seconds": m.train_seconds_ - oracle_s,
             "oracle_seconds": oracle_s,
-            "lsh_seconds": chooser.seconds if variant == "lsh" else 0.0,
+            "lsh_seconds": chooser.seconds if kind == "lsh" else 0.0,
             "oracle_recall": recall, "P@1": res["P@1"], "P@5": res["P@5"], "PSP@5": res["PSP@5"]}
 
 
