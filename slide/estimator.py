@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
+from slide import labels as labels_mod
 from slide import params as params_mod
 from slide import trainer
 from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
@@ -133,6 +134,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     _BUILT_ATTR = "network_"     # set by _build: the model holds trained state
 
+    # scikit-learn's declaration of the parameters (its _validate_params and estimator
+    # checks read it), generated from slide.params' table like every other spelling of them
+    _parameter_constraints = params_mod.sklearn_constraints()
+
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=2048,
@@ -185,10 +190,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # validation
     # ------------------------------------------------------------------------------------------
-    def _validate_params(self):
+    def _checked_params(self):
         """Check every hyperparameter against ``slide.params``; raise ValueError naming the
-        offending one. Returns (hidden sizes, sparse layer indices)."""
+        offending one, then scikit-learn's ``_validate_params`` over the constraints generated
+        from the same table. Returns (hidden sizes, sparse layer indices)."""
         values = params_mod.check_estimator_params(self.get_params(deep=False))
+        self._validate_params()
         hs = tuple(values["hidden_sizes"])
         n_layers = len(hs) + 1
         if self.sampler == "dense":
@@ -213,24 +220,48 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def _check_data(self, X, Y=None, fitted=False, training=False):
         """Canonical CSR of X (and Y) through ``slide.data``'s validators, which every entry
         point that reaches a kernel goes through. ``training``: Y must have a positive label
-        (a model cannot learn from none; rows without labels are fine)."""
-        from slide.data import as_feature_matrix, as_label_matrix
+        (a model cannot learn from none; rows without labels are fine). Y of a fitted model
+        is read against its ``classes_`` (``slide.labels``)."""
+        X = self._check_X(X, fitted)
+        if Y is None:
+            return X
+        if fitted:
+            Y = labels_mod.encode_known(Y, self, n_rows=X.shape[0], name="Y")
+        else:
+            Y, _ = labels_mod.encode(Y, n_rows=X.shape[0], name="Y")
+        return X, self._check_Y(Y, training)
+
+    def _check_training_data(self, X, Y, fitted, classes):
+        """``(X, Y, names)`` of a ``fit`` / ``partial_fit``: ``names`` the ``classes_`` that a
+        fresh model takes from Y or ``classes`` (None: label ids; ``slide.labels``)."""
+        X = self._check_X(X, fitted)
+        if fitted:
+            if classes is not None and not np.array_equal(
+                    labels_mod.classes_array(list(classes)), self.classes_):
+                raise ValueError("classes differs from the fitted model's classes_")
+            Y, names = labels_mod.encode_known(Y, self, n_rows=X.shape[0], name="Y"), None
+        else:
+            Y, names = labels_mod.encode(Y, n_rows=X.shape[0], name="Y", classes=classes)
+        return X, self._check_Y(Y, True), names
+
+    def _check_X(self, X, fitted):
+        from slide.data import as_feature_matrix
         n_features = self.n_features_in_ if fitted else None
         X = as_feature_matrix(X, n_features=n_features, name="X")
         if X.shape[0] == 0:
             raise ValueError("X has no rows")
         X.indptr = X.indptr.astype(np.int64, copy=False)
-        if Y is None:
-            return X
-        n_labels = self.n_labels_ if fitted else None
-        Y = as_label_matrix(Y, n_labels=n_labels, n_rows=X.shape[0], name="Y")
+        return X
+
+    @staticmethod
+    def _check_Y(Y, training):
         if training and Y.nnz == 0:
             raise ValueError(f"Y has no positive labels (all {Y.shape[0]} rows are empty): "
                              "nothing to train on")
         if Y.shape[1] == 0:
             raise ValueError("Y has no label columns")
         Y.indptr = Y.indptr.astype(np.int64, copy=False)
-        return X, Y
+        return Y
 
     # ------------------------------------------------------------------------------------------
     # building
@@ -252,6 +283,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.seed_ = int(seed)
         self.n_features_in_ = int(n_features)
         self.n_labels_ = int(n_labels)
+        labels_mod.set_classes(self, None)      # ids until fit names them
+        self._fix_vote_settings()
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None):
         """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
@@ -285,7 +318,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
-    def fit(self, X, Y, eval_set=None, callback=None, resume=False):
+    def fit(self, X, Y, eval_set=None, callback=None, resume=False, classes=None):
         """Train for ``epochs`` passes over (X, Y) (``"auto"``: ``trainer.resolve_epochs``).
 
         resume=False: fresh initialisation. resume=True: continue a model that was stopped by
@@ -295,10 +328,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         after that batch. Before training, the kernels the run uses are compiled (once per
         process and configuration, ``slide.warmup``): ``compile_seconds_`` holds that time,
         ``train_seconds_`` never includes it.
+
+        Y: a 0/1 matrix, label lists of ids or of names, or a 1-D array of names
+        (``slide.labels``: which is read how); ``classes``: the names of Y's labels (of a
+        matrix's columns, e.g. ``MultiLabelBinarizer.classes_``), fixing their order. The
+        fitted ``classes_`` name the output columns.
         """
-        self._validate_params()
+        self._checked_params()
         compile_seconds = self._warm_up()
-        self._fit_core(X, Y, eval_set, callback, resume)
+        self._fit_core(X, Y, eval_set, callback, resume, classes)
         self.compile_seconds_ = compile_seconds
         return self
 
@@ -309,15 +347,16 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._threads()
         return warmup.warm_up(self)
 
-    def _fit_core(self, X, Y, eval_set, callback, resume):
+    def _fit_core(self, X, Y, eval_set, callback, resume, classes=None):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""
-        hs, sparse = self._validate_params()
+        hs, sparse = self._checked_params()
         fitted = resume and self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
-        if eval_set is not None:
-            eval_set = self._check_eval_set(eval_set, X, Y)
+        X, Y, names = self._check_training_data(X, Y, fitted, classes)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(self, names)
+        if eval_set is not None:
+            eval_set = self._check_eval_set(eval_set, X, Y)
         split = self._rerank_split(X.shape[0], Y.shape[1])
         self._train(X, Y, self.planned_batches(X.shape[0], Y.shape[1])[0], eval_set, callback,
                     rows=None if split is None else split[0])
@@ -377,6 +416,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """``fit_neighbours`` on rows already checked (``_check_data`` copies its input);
         with ``split`` (network rows, held-out rows) the re-ranker is fitted first."""
         self._threads()
+        self._fix_vote_settings()
         self.sync()
         self.network_.release_scratch()
         if split is None:
@@ -389,21 +429,38 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_.memory = memory
         self.network_.reranker = reranker
 
-    def _check_neighbour_settings(self):
-        """The settings of the vote and its re-ranker, checked at prediction too:
-        ``set_params`` may change them after ``fit``."""
+    def _fix_vote_settings(self):
+        """``neighbours_``, ``neighbour_weight_``, ``rerank_``: the vote's settings as the
+        model is built and its memory is (re)built -- what predictions use from then on, so a
+        ``set_params`` after ``fit`` does not change them (scikit-learn's convention;
+        ``predict_topk``'s ``neighbours`` / ``rerank`` arguments choose per call)."""
         for name in ("neighbours", "neighbour_weight", "rerank"):
-            _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
+            value, problem = params_mod.check_value(params_mod.BY_NAME[name],
+                                                    getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
+            setattr(self, name + "_", value)
+
+    @staticmethod
+    def _check_switches(neighbours, rerank):
+        """``predict_topk``'s per-call ``neighbours`` / ``rerank`` (None: as fitted)."""
+        for name, value in (("neighbours", neighbours), ("rerank", rerank)):
+            if value is None:
+                continue
+            _, problem = params_mod.check_value(params_mod.BY_NAME[name], value)
             if problem:
                 raise ValueError(f"{name} {problem}")
 
-    def _exact_topk(self, X, k, with_scores):
+    def _exact_topk(self, X, k, with_scores, neighbours=None, rerank=None):
         """Exact top-k of checked rows X (BLAS held to one thread by the caller): ranked by
         the re-ranker when the model has one and ``rerank`` is on, else the network's
         probabilities blended with the neighbour vote when it has its memory, else the logits.
-        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits)."""
-        vote = self._neighbour_vote()       # checks the vote's settings, rerank among them
-        if vote is not None and self.rerank and self.network_.reranker is not None:
+        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits).
+        ``neighbours`` / ``rerank``: this call's (None: the fitted ``neighbours_`` /
+        ``rerank_``)."""
+        vote = self._neighbour_vote(neighbours)
+        rerank = self.rerank_ if rerank is None else rerank
+        if vote is not None and rerank and self.network_.reranker is not None:
             out = self.network_.predict_topk_reranked(X, k)
         elif vote is not None:
             out = self.network_.predict_topk_blended(X, k, *vote)
@@ -411,22 +468,26 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
         return out if with_scores else out[0]
 
-    def _neighbour_vote(self):
-        """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
-        self._check_neighbour_settings()
-        if self.neighbours <= 0 or self.network_.memory is None:
+    def _neighbour_vote(self, neighbours=None):
+        """Whether exact predictions blend in the neighbour vote: (k, weight) or None
+        (``neighbours``: this call's vote size; None: the fitted ``neighbours_``)."""
+        k = self.neighbours_ if neighbours is None else int(neighbours)
+        if k <= 0 or self.network_.memory is None:
             return None
-        return int(self.neighbours), float(self.neighbour_weight)
+        return int(k), float(self.neighbour_weight_)
 
-    def partial_fit(self, X, Y):
+    def partial_fit(self, X, Y, classes=None):
         """One more epoch over (X, Y), continuing the current state (initialised on first
-        call)."""
-        hs, sparse = self._validate_params()
+        call). Names: the first call fixes ``classes_`` (from Y, or from ``classes``: pass
+        every name there when later calls may bring others); later calls refuse a name not
+        among them."""
+        hs, sparse = self._checked_params()
         compile_seconds = self._warm_up()
         fitted = self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
+        X, Y, names = self._check_training_data(X, Y, fitted, classes)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(self, names)
         self.compile_seconds_ = compile_seconds
         self.batch_in_epoch_ = 0
         self._train(X, Y, self.epoch_ + 1, None, None)
@@ -437,14 +498,14 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return hasattr(self, self._BUILT_ATTR)
 
     def _check_eval_set(self, eval_set, X, Y):
-        from slide.data import as_feature_matrix, as_label_matrix
+        from slide.data import as_feature_matrix
         try:
             Xe, Ye = eval_set
         except (TypeError, ValueError):
             raise ValueError("eval_set must be a pair (X_val, Y_val)") from None
         Xe = as_feature_matrix(Xe, n_features=X.shape[1], name="eval_set X")
         Xe.indptr = Xe.indptr.astype(np.int64, copy=False)
-        Ye = as_label_matrix(Ye, n_labels=Y.shape[1], n_rows=Xe.shape[0], name="eval_set Y")
+        Ye = labels_mod.encode_known(Ye, self, n_rows=Xe.shape[0], name="eval_set Y")
         return Xe, Ye
 
     def _train(self, X, Y, end_epoch, eval_set, callback, rows=None):
@@ -480,8 +541,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.optimizer_.flush(self.network_.W, self.network_.B)
         return self
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
-        """(n, k) int64 label ids, best first. exact=True scores every output neuron, blended
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=None, *, neighbours=None,
+                     rerank=None, return_names=False):
+        """(n, k) int64 label ids (column ids of ``classes_``), best first;
+        ``return_names=True``: the labels' names, ``classes_[ids]``. ``neighbours`` /
+        ``rerank``: this call's vote size and re-ranker switch (None: as fitted,
+        ``neighbours_`` / ``rerank_``; ``set_params`` after ``fit`` does not change them). exact=True scores every output neuron, blended
         with the neighbour vote of the training rows when the model has its memory
         (``neighbours``, ``slide.neighbours``); exact=False is sparse serving, by the network
         alone: the output layer's serving index
@@ -497,15 +562,18 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                                              or prior_candidates < 0):
             raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
+        self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
             if exact:
-                return self._exact_topk(X, int(k), with_scores=False)
-            if prior_candidates is None:
-                from slide.lsh.serving import default_prior
-                prior_candidates = default_prior(self.network_.layout.n_out[-1])
-            return self.network_.predict_topk_serving(X, int(k),
-                                                      prior_candidates=int(prior_candidates))
+                ids = self._exact_topk(X, int(k), False, neighbours, rerank)
+            else:
+                if prior_candidates is None:
+                    from slide.lsh.serving import default_prior
+                    prior_candidates = default_prior(self.network_.layout.n_out[-1])
+                ids = self.network_.predict_topk_serving(X, int(k),
+                                                         prior_candidates=int(prior_candidates))
+        return labels_mod.names_of(self, ids) if return_names else ids
 
     def serving_index(self, n_bits=None, n_tables=None, n_candidates=None, n_ranges=None):
         """The serving index sparse ``predict_topk`` uses (built now if missing, or rebuilt
@@ -532,20 +600,24 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         params_mod.check_k(k, self.n_labels_)
         return self._prepare_inference(X)
 
-    def predict_topk_scored(self, X, k=5):
+    def predict_topk_scored(self, X, k=5, *, neighbours=None, rerank=None):
         """Exact top-k with the score that ranked each label: (ids [n, k] int64, scores [n, k]
-        float64): the blended probability with the neighbour vote, else the logit."""
+        float64): the blended probability with the neighbour vote, else the logit
+        (``neighbours`` / ``rerank``: as ``predict_topk``'s)."""
+        self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
         with blas_single_thread():
-            return self._exact_topk(X, int(k), with_scores=True)
+            return self._exact_topk(X, int(k), True, neighbours, rerank)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X, *, neighbours=None):
         """Dense label probabilities [n, n_labels] (float32) of exact inference: the softmax
         of the network's logits (the per-label sigmoid for loss="sigmoid"), blended with the
         neighbour vote when the model has its memory (``neighbours``). Mind the size at many
-        labels: ``predict_topk`` needs no dense matrix."""
+        labels: ``predict_topk`` needs no dense matrix. ``neighbours``: as ``predict_topk``'s.
+        """
+        self._check_switches(neighbours, None)
         X = self._prepare_inference(X)
-        vote = self._neighbour_vote() or (0, 0.0)
+        vote = self._neighbour_vote(neighbours) or (0, 0.0)
         with blas_single_thread():
             return self.network_.predict_proba(X, *vote)
 
@@ -557,11 +629,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.predict_scores(X)
 
     def predict(self, X):
-        """Top-1 label id per row."""
-        return self.predict_topk(X, k=1)[:, 0]
+        """The top-1 label per row, as ``classes_`` names it (scikit-learn's convention: the
+        label id itself for a model fitted on ids)."""
+        return self.predict_topk(X, k=1, return_names=True)[:, 0]
 
     def score(self, X, Y, exact=True, prior_candidates=None):
-        """Precision@1 of the top prediction (``predict_topk``'s inference options)."""
+        """Precision@1 of the top prediction (``predict_topk``'s inference options); Y as
+        ``fit`` takes it, its names among ``classes_``."""
         self._check_fitted()
         X, Y = self._check_data(X, Y, fitted=True)
         top = self.predict_topk(X, k=1, exact=exact, prior_candidates=prior_candidates)[:, 0]
@@ -571,6 +645,17 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------
+    def __getstate__(self):
+        """Pickling (joblib, multiprocessing, ``copy.deepcopy``): a fitted model travels as
+        its checkpoint bytes (``slide.persist_bytes``; the compiled network's arrays do not
+        pickle), an unfitted one as its keywords."""
+        from slide import persist_bytes
+        return persist_bytes.getstate(self)
+
+    def __setstate__(self, state):
+        from slide import persist_bytes
+        persist_bytes.setstate(self, state)
+
     def save(self, path, extra=None):
         """Write a checkpoint (``slide.checkpoint``) atomically; ``extra`` is any
         JSON-serialisable value returned as ``extra_`` by ``slide.load``."""

@@ -354,6 +354,55 @@ def check_estimator_params(values: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# scikit-learn's parameter constraints
+
+def _interval(p: Param, number_type):
+    from sklearn.utils._param_validation import Interval
+    left = p.gt if p.gt is not None else p.ge
+    right = p.lt if p.lt is not None else p.le
+    closed = {(True, True): "both", (True, False): "left", (False, True): "right",
+              (False, False): "neither"}[(p.ge is not None, p.le is not None)]
+    return Interval(number_type, left, right, closed=closed)
+
+
+def sklearn_constraints(params=None) -> dict:
+    """``_parameter_constraints`` (scikit-learn's declaration, read by its
+    ``_validate_params`` and ``estimator_checks``) generated from the table's rows: kinds,
+    bounds and choices become ``Interval`` / ``StrOptions`` / ``"boolean"`` / ``None``. The
+    table's own check (``check_estimator_params``) stays the stricter one (bools are not
+    integers, floats must be finite) and the one whose messages the user reads."""
+    from numbers import Integral, Real
+
+    from sklearn.utils._param_validation import StrOptions
+    out = {}
+    for p in ESTIMATOR_PARAMS if params is None else params:
+        kind = p.kind
+        allowed = []
+        if kind.endswith("_or_none") or kind == "layers":
+            allowed.append(None)
+            kind = kind[:-len("_or_none")] if kind.endswith("_or_none") else kind
+        if kind == "int_or_auto":
+            allowed.append(StrOptions({"auto"}))
+            kind = "int"
+        if kind == "int_list":
+            allowed += ["array-like", _interval(p, Integral)]
+        elif kind == "layers":
+            allowed.append("array-like")
+        elif kind == "int":
+            allowed.append(_interval(p, Integral))
+        elif kind == "float":
+            allowed.append(_interval(p, Real))
+        elif kind == "bool":
+            allowed.append("boolean")
+        elif kind == "str":
+            allowed.append(StrOptions(set(p.choices)) if p.choices else str)
+        elif kind == "table":
+            allowed.append(dict)
+        out[p.name] = allowed
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # docs/parameters.md
 
 def _doc_value(v):
