@@ -179,12 +179,12 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         """Top-1 label per row, as ``classes_`` names it."""
         return self.predict_topk(X, k=1, return_names=True)[:, 0]
 
-    def score(self, X, Y, exact=True, prior_candidates=256):
-        """Precision@1 of the top prediction."""
+    def score(self, X, y, exact=True, prior_candidates=256):
+        """Precision@1 of the top prediction (y: the true labels, as ``fit`` takes its Y)."""
         from slide.labels import encode_known
         self._check_fitted()
         top = self.predict_topk(X, k=1, exact=exact)[:, 0]
-        Y = encode_known(Y, self, n_rows=top.shape[0], name="Y")
+        Y = encode_known(y, self, n_rows=top.shape[0], name="Y")
         return float(np.asarray(Y[np.arange(top.shape[0]), top]).ravel().mean())
 
     # ------------------------------------------------------------------------------------------

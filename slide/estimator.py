@@ -246,12 +246,38 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_X(self, X, fitted):
         from slide.data import as_feature_matrix
+        self._check_X_shape(X, fitted)
         n_features = self.n_features_in_ if fitted else None
         X = as_feature_matrix(X, n_features=n_features, name="X")
         if X.shape[0] == 0:
             raise ValueError("X has no rows")
         X.indptr = X.indptr.astype(np.int64, copy=False)
         return X
+
+    def _check_X_shape(self, X, fitted):
+        """The problems scikit-learn's estimator checks probe, in the words they expect
+        (``slide.data.as_feature_matrix`` checks the rest)."""
+        shape, dtype = getattr(X, "shape", None), getattr(X, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind == "c":
+            raise ValueError("X is complex: Complex data not supported")
+        if shape is None:
+            return
+        if len(shape) == 1:
+            raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {shape}: "
+                             f"Reshape your data with X.reshape(-1, 1) for a single feature "
+                             f"or X.reshape(1, -1) for a single sample")
+        if len(shape) == 2 and shape[0] > 0 and shape[1] == 0:
+            raise ValueError(f"X has 0 feature(s) (shape={tuple(shape)}) while a minimum of 1 "
+                             f"is required.")
+        if fitted and len(shape) == 2 and shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {shape[1]} features, but {type(self).__name__} is "
+                             f"expecting {self.n_features_in_} features as input")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True           # CSR is the native input
+        tags.classifier_tags.multi_label = True
+        return tags
 
     @staticmethod
     def _check_Y(Y, training):
@@ -633,11 +659,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         label id itself for a model fitted on ids)."""
         return self.predict_topk(X, k=1, return_names=True)[:, 0]
 
-    def score(self, X, Y, exact=True, prior_candidates=None):
-        """Precision@1 of the top prediction (``predict_topk``'s inference options); Y as
-        ``fit`` takes it, its names among ``classes_``."""
+    def score(self, X, y, exact=True, prior_candidates=None):
+        """Precision@1 of the top prediction (``predict_topk``'s inference options); y, the
+        true labels, as ``fit`` takes its Y, its names among ``classes_``."""
         self._check_fitted()
-        X, Y = self._check_data(X, Y, fitted=True)
+        X, Y = self._check_data(X, y, fitted=True)
         top = self.predict_topk(X, k=1, exact=exact, prior_candidates=prior_candidates)[:, 0]
         hit = np.asarray(Y[np.arange(X.shape[0]), top]).ravel()
         return float(hit.mean())

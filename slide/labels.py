@@ -107,6 +107,24 @@ def _lookup(rows, classes, name, n_rows):
     return as_label_matrix(M, n_labels=len(classes), n_rows=n_rows, name=name)
 
 
+def _as_input(Y, name):
+    """``Y`` as a list, a NumPy array or a sparse matrix; a 1-D array checked the way
+    scikit-learn checks a classifier's ``y`` (no NaN or inf, no continuous values)."""
+    if Y is None:
+        raise ValueError(f"this estimator requires y to be passed, but the target y is None "
+                         f"({name}: the labels)")
+    if not (sp.issparse(Y) or isinstance(Y, (list, tuple, np.ndarray))) and \
+            hasattr(Y, "__array__"):
+        Y = np.asarray(Y)
+    if isinstance(Y, np.ndarray) and Y.ndim == 1 and Y.dtype.kind in "fc":
+        from sklearn.utils.multiclass import type_of_target
+        kind = type_of_target(Y, input_name=name)       # raises on NaN and inf
+        if kind.startswith("continuous"):
+            raise ValueError(f"Unknown label type: {kind}: {name} holds continuous values, "
+                             f"not labels")
+    return Y
+
+
 def _check_classes(classes):
     classes = classes_array(list(classes))
     if classes.ndim != 1 or classes.size == 0:
@@ -125,6 +143,7 @@ def encode(Y, n_rows=None, name="Y", classes=None):
     the ``classes_`` array when ``Y`` holds names (or ``classes`` was given), None for ids."""
     if classes is not None:
         classes = _check_classes(classes)
+    Y = _as_input(Y, name)
     if sp.issparse(Y) or (isinstance(Y, np.ndarray) and Y.ndim == 2):
         n = None if classes is None else classes.size
         return as_label_matrix(Y, n_labels=n, n_rows=n_rows, name=name), classes
@@ -152,6 +171,7 @@ def encode(Y, n_rows=None, name="Y", classes=None):
 def encode_known(Y, model, n_rows=None, name="Y"):
     """The CSR label matrix of ``Y`` for the fitted ``model``: names against its
     ``classes_`` (an unseen name is refused), ids against its ``n_labels_``."""
+    Y = _as_input(Y, name)
     if not getattr(model, "named_labels_", False):
         if _is_one_d(Y) and isinstance(Y, np.ndarray):
             Y = [[v] for v in Y.tolist()]
