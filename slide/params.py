@@ -65,9 +65,13 @@ def _p(name, key, kind, default, doc, **kw):
 TABLE = (
     _p(None, "output_dir", "str", "runs/run",
        "run directory (config, metrics, checkpoints, model)"),
-    _p(None, "data.format", "str", "xc", "format of data.train / data.test", choices=("xc",)),
+    _p(None, "data.format", "str", None, "format of data.train / data.test: xc (header "
+       "'points features labels'), jsonl ({\"text\": ..., \"labels\": [...]} a line) or tsv "
+       "(labels,comma,separated<TAB>text); unset: from data.train's extension (.jsonl, .tsv, "
+       "else xc). jsonl and tsv are raw text, vectorised by the [text] settings "
+       "(docs/text.md)", choices=("xc", "jsonl", "tsv"), optional=True),
     _p(None, "data.train", "str", None,
-       "training file (XC format: header 'points features labels')", optional=True),
+       "training file (data.format)", optional=True),
     _p(None, "data.test", "str", None, "test file; the evaluation sample is drawn from it "
        "(from the training file when absent)", optional=True),
     _p(None, "data.preset", "str", None, "synthetic preset (slide.synthetic.PRESETS) used "
@@ -85,6 +89,26 @@ TABLE = (
        "(XC repository: 2.6 for Amazon, 1.5 otherwise)", ge=0),
     _p(None, "data.save_generated", "bool", True, "synthetic: write train.txt/test.txt into "
        "OUTPUT_DIR/data so evaluate/predict can use them"),
+    _p(None, "text.vectorizer", "str", "tfidf", "raw-text data: tfidf (TfidfVectorizer, "
+       "vocabulary and idf from the training file) or hashing (HashingVectorizer of "
+       "text.n_features columns, then TfidfTransformer: no vocabulary kept)",
+       choices=("tfidf", "hashing")),
+    _p(None, "text.sublinear_tf", "bool", True, "tf = 1 + log(count) (measured best: "
+       "docs/text.md)"),
+    _p(None, "text.min_df", "int", 2, "tfidf: drop terms in fewer training documents", ge=1),
+    _p(None, "text.max_df", "float", 1.0, "tfidf: drop terms in a larger share of the "
+       "training documents", gt=0, le=1),
+    _p(None, "text.max_features", "int", None, "tfidf: keep the most frequent terms only; "
+       "unset: all", ge=1, optional=True),
+    _p(None, "text.ngram_max", "int", 1, "word n-grams from 1 to this length", ge=1, le=3),
+    _p(None, "text.lowercase", "bool", True, "lowercase before tokenising"),
+    _p(None, "text.token_pattern", "str", r"(?u)\b\w[\w.+-]*\w\b|\b\w\b",
+       "regular expression of a token (the default keeps 'python3.11', 'x86-64', "
+       "'libfoo-dev' and one-letter words whole: measured, docs/text.md)"),
+    _p(None, "text.strip_accents", "str", None, "ascii or unicode: strip accents; unset: "
+       "keep them", choices=("ascii", "unicode"), optional=True),
+    _p(None, "text.n_features", "int", 2**20, "hashing: columns of the hashed features",
+       ge=1),
     _p("hidden_sizes", "model.hidden_sizes", "int_list", (128,),
        "widths of the hidden ReLU layers (at least one)", ge=1),
     _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons",

@@ -10,6 +10,8 @@ like); an unfitted one pickles as its attributes.
 import os
 import tempfile
 
+from slide.fileio import atomic_write
+
 _KEY = "__slide_checkpoint__"
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -38,7 +40,7 @@ def from_bytes(data):
     from slide.checkpoint import load
     with tempfile.TemporaryDirectory(prefix="slide-pickle-") as tmp:
         path = os.path.join(tmp, "model.slide")
-        with open(path, "wb") as f:
+        with atomic_write(path, "wb") as f:      # slide writes files through fileio only
             f.write(data)
         return load(path)
 

@@ -173,3 +173,42 @@ def vectorizer_from_config(text):
     return [("tfidfvectorizer", TfidfVectorizer(
         sublinear_tf=bool(text["sublinear_tf"]), min_df=int(text["min_df"]),
         max_df=float(text["max_df"]), max_features=text["max_features"], **common))]
+
+
+# ---------------------------------------------------------------------------------------------
+# the text steps alone (a run directory's vectorizer.slide)
+
+STEPS_FORMAT = "slide-text-steps"
+
+
+def save_steps(path, steps):
+    """Write fitted text steps ``[(name, step)]`` to ``path`` atomically: an npz archive with
+    a JSON ``__meta__`` (no pickle)."""
+    from slide.fileio import atomic_write
+    meta, arrays = [], {}
+    for i, (name, step) in enumerate(steps):
+        m, own = step_state(step, f"text step {name!r}")
+        meta.append(dict(m, name=name))
+        arrays.update({f"{ARRAY_PREFIX}{i}_{k}": v for k, v in own.items()})
+    head = {"format": STEPS_FORMAT, "version": 1, "steps": meta}
+    with atomic_write(path, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(head).encode(), dtype=np.uint8), **arrays)
+
+
+def load_steps(path):
+    """The fitted text steps ``[(name, step)]`` that ``save_steps`` wrote; ValueError naming
+    the file otherwise."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            head = json.loads(z["__meta__"].tobytes().decode())
+            arrays = {k: z[k] for k in z.files if k != "__meta__"}
+        if head.get("format") != STEPS_FORMAT:
+            raise ValueError("not a slide text-steps file")
+        steps = []
+        for i, st in enumerate(head["steps"]):
+            prefix = f"{ARRAY_PREFIX}{i}_"
+            own = {n[len(prefix):]: a for n, a in arrays.items() if n.startswith(prefix)}
+            steps.append((st["name"], step_from_state(st, own)))
+        return steps
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: unreadable text vectorizer ({exc})") from None
