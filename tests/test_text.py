@@ -5,7 +5,6 @@ import pickle
 import joblib
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer, TfidfVectorizer
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import MultiLabelBinarizer
