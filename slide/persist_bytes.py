@@ -53,7 +53,16 @@ def getstate(model):
         raise TypeError(f"a fitted {type(model).__name__} does not pickle (its state lives in "
                         f"other processes): save it with model.save(directory)")
     attrs = {k: v for k, v in model.__dict__.items() if _plain(v)}
-    return {_KEY: to_bytes(model), "attrs": attrs, "names": list(model.__dict__)}
+    # the label names travel beside the checkpoint (pickle keeps any hashable name; slide's
+    # format only strings and integers)
+    named = bool(getattr(model, "named_labels_", False))
+    model.named_labels_ = False
+    try:
+        data = to_bytes(model)
+    finally:
+        model.named_labels_ = named
+    return {_KEY: data, "attrs": attrs, "names": list(model.__dict__),
+            "classes": model.classes_ if named else None}
 
 
 def setstate(model, state):
@@ -65,3 +74,5 @@ def setstate(model, state):
     keep = set(state["names"])
     model.__dict__.update({k: v for k, v in loaded.__dict__.items() if k in keep})
     model.__dict__.update(state["attrs"])     # keywords as set, plain fitted attributes
+    from slide.labels import set_classes
+    set_classes(model, state.get("classes"))

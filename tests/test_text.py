@@ -5,6 +5,7 @@ import pickle
 import joblib
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer, TfidfVectorizer
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import MultiLabelBinarizer
@@ -226,3 +227,44 @@ def test_names_survive_a_sharded_model(text, tmp_path):
             back.close()
     finally:
         sh.close()
+
+
+def test_an_ensemble_pickles_and_slide_save_takes_any_model(text, tmp_path):
+    docs, Y, docs_te, _ = text
+    vec = TfidfVectorizer().fit(docs)
+    X, Xte = vec.transform(docs), vec.transform(docs_te)
+    ens = slide.SlideEnsemble(slide.SlideClassifier(**SMALL), n_models=2,
+                              random_state=1).fit(X, Y)
+    back = joblib.load(_dump(ens, tmp_path / "e.joblib"))
+    np.testing.assert_array_equal(back.predict_topk(Xte, 3), ens.predict_topk(Xte, 3))
+    slide.save(ens, tmp_path / "e.slide")          # not a pipeline: the object's own save
+    np.testing.assert_array_equal(slide.load(tmp_path / "e.slide").predict(Xte),
+                                  ens.predict(Xte))
+
+
+def _dump(obj, path):
+    joblib.dump(obj, path)
+    return path
+
+
+def test_names_slide_cannot_write_are_refused_by_save_not_by_fit(tmp_path):
+    X = np.eye(4, dtype=np.float32)
+    Y = [[("a", 1)], [("b", 2)], [("a", 1)], [("b", 2)]]
+    m = slide.SlideClassifier(**SMALL).fit(X, Y)
+    assert m.predict(X).shape == (4,) and set(map(tuple, m.classes_)) == {("a", 1), ("b", 2)}
+    with pytest.raises(ValueError, match=r"label name \('a', 1\).*cannot be saved"):
+        m.save(tmp_path / "m.slide")
+    assert pickle.loads(pickle.dumps(m)).predict(X).tolist() == m.predict(X).tolist()
+
+
+def test_a_matrix_with_classes_and_a_refit_with_other_classes(text):
+    docs, Y = text[0], text[1]
+    X = TfidfVectorizer().fit_transform(docs)
+    mlb = MultiLabelBinarizer().fit(Y)
+    B = sp.csr_matrix(mlb.transform(Y))
+    m = slide.SlideClassifier(**SMALL).fit(X, B, classes=list(mlb.classes_))
+    assert m.named_labels_ and m.classes_.tolist() == list(mlb.classes_)
+    with pytest.raises(ValueError, match="classes differs"):
+        m.partial_fit(X, Y, classes=list(mlb.classes_)[::-1])
+    ids = slide.SlideClassifier(**SMALL).fit(X, B)            # no classes: ids
+    assert not ids.named_labels_ and ids.predict(X).dtype.kind == "i"
