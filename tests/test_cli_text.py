@@ -58,6 +58,7 @@ def test_train_saves_the_vectorizer_and_a_model_that_reads_text(text_run):
     np.testing.assert_array_equal(steps[0][1].transform(te_docs).toarray(),
                                   pipe[0].transform(te_docs).toarray())
     assert "[text]" in open(f"{run}/config.toml").read()
+    assert json.load(open(f"{run}/summary.json"))["vectorizer_seconds"] > 0
 
 
 def test_predict_writes_label_names(text_run, capsys):

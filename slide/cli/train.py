@@ -406,6 +406,8 @@ def _train(cfg, run_dir, args, stop):
 
     summary = {"config": os.path.join(run_dir, CONFIG_FILE),
                "eval_points": n_eval, "eval_source": pool_name, **results}
+    if text is not None:        # raw text: the vectorizer's fit on the training file
+        summary["vectorizer_seconds"] = round(text.vectorize_seconds, 3)
     s, b = results.get("slide"), results.get("dense-baseline")
     if s and b and s["train_seconds"] > 0:
         summary.update(_versus_dense(run_dir, s, b))
