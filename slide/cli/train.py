@@ -83,6 +83,7 @@ class _Phase:
                  announce_fresh=True, resume_hint="slide train --config ... --resume",
                  text=None):
         self.text = text        # slide.cli.textdata.TextRun of a run on raw text, else None
+        self.classes = None if text is None else text.classes     # its label names
         self.announce_fresh = announce_fresh
         self.resume_hint = resume_hint
         self.cfg = cfg
@@ -255,8 +256,7 @@ class _Phase:
             self.stop.immediate = False
             self._warm_up(model)
             try:
-                model.fit(self.X, self.Y, callback=callback, resume=resumed,
-                          classes=None if self.text is None else self.text.classes)
+                model.fit(self.X, self.Y, callback=callback, resume=resumed, classes=self.classes)
             except est.DivergenceError as e:
                 progress.close()
                 good = self.ckpts.list()
