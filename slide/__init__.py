@@ -21,8 +21,8 @@ _EXPORTS = {
     "SlideEnsemble": "slide.ensemble",
     "load": "slide.estimator",
 }
-_SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator",
-               "cli", "params", "trainer", "checkpoint", "distributed", "ensemble"}
+_SUBMODULES = {"kernels", "network", "rank", "persist", "estimator", "ensemble", "distributed",
+               "data", "synthetic", "metrics", "params", "config", "cli"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

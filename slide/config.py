@@ -382,7 +382,7 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
 
     # --- hash configuration: the engine's own rule, so the CLI never disagrees with it
     try:
-        from slide.lsh.hashes import check_hash_config
+        from slide.kernels.lsh.hashes import check_hash_config
     except ImportError:  # the LSH module is missing: the engine cannot run either
         check_hash_config = None
     hash_keys = {"lsh.family", "lsh.K", "lsh.L", "lsh.range_pow"}

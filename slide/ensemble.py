@@ -10,7 +10,7 @@ Inference scores every label (the exact path): per block of rows, each member's 
 member's own neighbour vote) are averaged.
 
 One file holds the whole ensemble (``save`` / ``slide.load``): the members' checkpoints side
-by side in one archive (``slide.checkpoint``, format tag ``slide-ensemble``).
+by side in one archive (``slide.persist.checkpoint``, format tag ``slide-ensemble``).
 """
 import numpy as np
 
@@ -183,6 +183,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
         """Write the whole ensemble to one file atomically; ``slide.load`` reads it back."""
-        from slide.checkpoint import save_ensemble
+        from slide.persist.checkpoint import save_ensemble
         self._check_fitted()
         save_ensemble(self, path, extra)

@@ -1,10 +1,10 @@
 """``SlideClassifier``: the scikit-learn style front end of the engine.
 
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
-data before any kernel runs, builds the network (``slide.engine.Network``), the sparse
-optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``) and the rehash
-schedule, then trains one Numba call per batch. The training loop is ``slide.trainer``, the
-file format ``slide.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
+data before any kernel runs, builds the network (``slide.network.Network``), the sparse
+optimizer (``slide.network.optim``), the LSH indices of the sparse layers (``slide.kernels.lsh``) and the rehash
+schedule, then trains one Numba call per batch. The training loop is ``slide.network.trainer``, the
+file format ``slide.persist.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
 """
 import time
 
@@ -17,15 +17,15 @@ except ImportError:  # pragma: no cover
     ClassifierMixin = object
 
 from slide import params as params_mod
-from slide import trainer
-from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
+from slide.network import trainer
+from slide.persist.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
                               load)
-from slide.checkpoint import save as save_checkpoint
-from slide.engine import Network
-from slide.optim import SparseOptimizer
+from slide.persist.checkpoint import save as save_checkpoint
+from slide.network import Network
+from slide.network.optim import SparseOptimizer
 from slide.params import is_int
-from slide.schedule import RehashSchedule
-from slide.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
+from slide.network.schedule import RehashSchedule
+from slide.network.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
 
 
 class SlideClassifier(ClassifierMixin, BaseEstimator):
@@ -84,11 +84,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     optimizer : "adam" | "lazy_adam" | "sgd"
         "adam": bias-corrected Adam with dense Adam's trajectory at sparse cost (rows a batch
         does not touch still receive their decaying momentum, applied in closed form at their
-        next touch or at ``sync``; see ``slide.optim``). "lazy_adam": moments and weights of a
+        next touch or at ``sync``; see ``slide.network.optim``). "lazy_adam": moments and weights of a
         row change only in batches that touch it (TensorFlow's LazyAdam).
     learning_rate, beta1, beta2, epsilon : optimizer settings.
     lr_schedule : "constant" | "linear" | "cosine"
-        The learning rate of each batch (``slide.trainer.scheduled_learning_rate``): constant,
+        The learning rate of each batch (``slide.network.trainer.scheduled_learning_rate``): constant,
         or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or along a half
         cosine towards 0 at the last batch of ``epochs`` epochs.
     warmup_batches : int
@@ -97,7 +97,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
         training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
-        10; ``slide.trainer.resolve_epochs``), run over the rows the network trains on (the
+        10; ``slide.network.trainer.resolve_epochs``), run over the rows the network trains on (the
         re-ranker's held-out rows left out; ``planned_batches``).
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
@@ -106,7 +106,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         whichever is further along, so ``epochs`` becomes the cap. Not bit-reproducible.
     neighbours : int
         Exact predictions blend the network's probabilities with the label vote of the query's
-        ``neighbours`` nearest training rows in the last hidden layer (``slide.neighbours``;
+        ``neighbours`` nearest training rows in the last hidden layer (``slide.rank.vote``;
         the memory of the training rows is built at the end of ``fit``). 0: the network alone.
     neighbour_weight : float in [0, 1]
         The vote's share of the blend: (1 - w) * p_network + w * vote.
@@ -115,11 +115,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         the network on 90 % of the rows (seeded; all but 5,000 on large sets, fewer held out
         where labels and rows are many), trains per-label linear classifiers over the input
         on those rows (one-vs-rest where labels are few, else against the network's top
-        labels: ``slide.label_linear``), fits a
+        labels: ``slide.rank.linear``), fits a
         logistic regression over features of each held-out row's candidates (the network's
         top 10 and the neighbours' labels; their scores, counts, input-centroid cosine and
         linear classifier score) and then builds the memory over every row
-        (``slide.rerank``). Exact ``predict_topk`` ranks the candidates by it;
+        (``slide.rank.rerank``). Exact ``predict_topk`` ranks the candidates by it;
         ``predict_proba`` stays the fixed blend. False (also after ``fit``, by
         ``set_params``): the fixed blend everywhere.
     rehash_period, rebuild_period, rehash_decay :
@@ -206,7 +206,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                     raise ValueError(f"sparse_layers entries must be layer indices in "
                                      f"[0, {n_layers - 1}], got {l!r}")
         if sparse and self.sampler != "random":
-            from slide.lsh.hashes import check_hash_config
+            from slide.kernels.lsh.hashes import check_hash_config
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
         return hs, tuple(sorted(set(int(l) for l in sparse)))
 
@@ -337,11 +337,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """Rows of n_rows that ``fit`` holds out for the re-ranker (0: no re-ranker)."""
         if not (self.rerank and self.neighbours > 0):
             return 0
-        from slide import rerank
+        from slide.rank import rerank
         return rerank.n_holdout(n_rows, n_labels, self._holdout_min_rows())
 
     def _holdout_min_rows(self):
-        from slide import rerank
+        from slide.rank import rerank
         return (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
                 else self._rerank_min_holdout)
 
@@ -349,7 +349,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
         if self._n_held(n_rows, n_labels) == 0:
             return None
-        from slide import rerank
+        from slide.rank import rerank
         return rerank.holdout_rows(n_rows, self.seed_, self._holdout_min_rows(), n_labels)
 
     def planned_batches(self, n_rows, n_labels):
@@ -362,7 +362,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return epochs, max(1, -(-n_train // int(self.batch_size)))
 
     def fit_neighbours(self, X, Y):
-        """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with
+        """Build the neighbour memory (``slide.rank.vote``) from the labelled rows (X, Y) with
         the current weights: exact predictions then blend the vote of the ``neighbours``
         nearest of these rows. ``fit`` does this with its training rows when it completes (or
         spends its ``time_budget``), not when its callback stopped it; ``partial_fit`` and
@@ -382,7 +382,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         if split is None:
             self.network_.build_memory(X, Y)
             return
-        from slide.rerank import fit_reranker
+        from slide.rank.rerank import fit_reranker
         with blas_single_thread():
             reranker, memory = fit_reranker(self.network_, X, Y, split[0], split[1],
                                             int(self.neighbours), self.seed_)
@@ -483,9 +483,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
         """(n, k) int64 label ids, best first. exact=True scores every output neuron, blended
         with the neighbour vote of the training rows when the model has its memory
-        (``neighbours``, ``slide.neighbours``); exact=False is sparse serving, by the network
+        (``neighbours``, ``slide.rank.vote``); exact=False is sparse serving, by the network
         alone: the output layer's serving index
-        (``slide.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
+        (``slide.kernels.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
         kept until training changes them, saved with the model) picks each row's
         most-colliding labels, and those plus the ``prior_candidates`` labels with the
         highest bias (the same for every row; 0 for none; None: 2 % of the labels, at least
@@ -498,11 +498,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
         X = self._check_predict_args(X, k)
-        with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
+        with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.network.trainer)
             if exact:
                 return self._exact_topk(X, int(k), with_scores=False)
             if prior_candidates is None:
-                from slide.lsh.serving import default_prior
+                from slide.kernels.lsh.serving import default_prior
                 prior_candidates = default_prior(self.network_.layout.n_out[-1])
             return self.network_.predict_topk_serving(X, int(k),
                                                       prior_candidates=int(prior_candidates))
@@ -510,7 +510,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def serving_index(self, n_bits=None, n_tables=None, n_candidates=None, n_ranges=None):
         """The serving index sparse ``predict_topk`` uses (built now if missing, or rebuilt
         with the given settings; each one left None is derived from the label count and the
-        hidden width: ``slide.lsh.serving.serving_config``). Returns the index."""
+        hidden width: ``slide.kernels.lsh.serving.serving_config``). Returns the index."""
         self._check_fitted()
         self.sync()
         with blas_single_thread():
@@ -572,7 +572,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # checkpoints
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
-        """Write a checkpoint (``slide.checkpoint``) atomically; ``extra`` is any
+        """Write a checkpoint (``slide.persist.checkpoint``) atomically; ``extra`` is any
         JSON-serialisable value returned as ``extra_`` by ``slide.load``."""
         self._check_fitted()
         save_checkpoint(self, path, extra)

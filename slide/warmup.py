@@ -106,7 +106,7 @@ def warm_up(model):
 def _warm_linear(net, X, Y):
     """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
     which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
-    from slide.label_linear import LabelLinear, OneVsRest, strongest_terms
+    from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
     strongest_terms(X, 1)           # the cut of long rows (no tiny row is longer than 128)
     rows = np.arange(X.shape[0], dtype=np.int64)
     ptr = np.arange(X.shape[0] + 1, dtype=np.int64)

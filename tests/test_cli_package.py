@@ -7,7 +7,7 @@ import pytest
 import slide.estimator
 from slide import cli
 from slide.cli.rundir import _load_checkpoint
-from slide.checkpoint import CheckpointError
+from slide.persist.checkpoint import CheckpointError
 
 SLIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slide")
 

@@ -1,11 +1,11 @@
-"""The per-label linear classifiers of the re-ranker's linear_score (slide.label_linear)."""
+"""The per-label linear classifiers of the re-ranker's linear_score (slide.rank.linear)."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import label_linear
-from slide.label_linear import LabelLinear, OneVsRest
+from slide.rank import linear as label_linear
+from slide.rank.linear import LabelLinear, OneVsRest
 from test_rerank import SMALL, keyword_data
 
 
@@ -38,7 +38,7 @@ def test_table_bits_follow_the_updates_within_bounds():
 def _rank_of_truth(scores_of, net, X, Y, n_top=10):
     """Share of rows whose best-scored label among the network's top n_top and their true
     labels is a true one."""
-    from slide.engine.infer import topk_of_logits
+    from slide.network.infer import topk_of_logits
     Wo, bo = net.output_view()
     _, top = topk_of_logits(net.hidden(X), Wo, bo, n_top)
     hits = 0
@@ -96,7 +96,7 @@ def test_hard_negatives_are_each_rows_top_logits_in_any_blocking(monkeypatch, mi
                                                                  entries, chunk):
     # the same ids as a dense argsort of the logits, however rows and labels are blocked
     # (integer weights: every product exact, ties are ties)
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     rng = np.random.default_rng(5)
     H = rng.integers(-3, 4, size=(120, 8)).astype(np.float32)
     Wo = rng.integers(-3, 4, size=(300, 8)).astype(np.float32)
@@ -117,7 +117,7 @@ def test_hard_negatives_are_each_rows_top_logits_in_any_blocking(monkeypatch, mi
 
 
 def test_topk_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
-    from slide.engine.infer import topk_ids_of_logits, topk_of_logits
+    from slide.network.infer import topk_ids_of_logits, topk_of_logits
     rng = np.random.default_rng(4)
     # small integers: every dot product exact, so ties are ties in any BLAS blocking
     H = rng.integers(-3, 4, size=(50, 8)).astype(np.float32)

@@ -1,12 +1,12 @@
-"""The neighbour vote (slide.neighbours): the memory, the vote, the blended top-k, and how the
+"""The neighbour vote (slide.rank.vote): the memory, the vote, the blended top-k, and how the
 estimator, checkpoints, ensembles and sharded models treat it."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import checkpoint
-from slide.neighbours import POWER, NeighbourMemory
+from slide.persist import checkpoint
+from slide.rank.vote import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=32, learning_rate=1e-2, lr_schedule="constant",
              n_threads=1, random_state=0)
@@ -258,7 +258,7 @@ def test_bad_settings_are_refused(tiny):
 
 
 def test_nearest_in_chunks_of_memory_rows_is_nearest_at_once(monkeypatch):
-    import slide.neighbours as nb
+    import slide.rank.vote as nb
     rng = np.random.default_rng(5)
     # small integers: ties among the similarities, broken the same way in any chunking
     H = rng.integers(-2, 3, size=(300, 6)).astype(np.float32)

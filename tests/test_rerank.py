@@ -1,4 +1,4 @@
-"""The re-ranker of the neighbour vote's candidates (slide.rerank): the held-out split, the
+"""The re-ranker of the neighbour vote's candidates (slide.rank.rerank): the held-out split, the
 label centroids, the candidates' features against a row-by-row reference, the fitted model's
 predictions, checkpoints, and what partial_fit, fit_neighbours, set_params and ensembles do
 with it."""
@@ -7,9 +7,11 @@ import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import checkpoint, rerank, warmup
-from slide.label_linear import LabelLinear
-from slide.neighbours import POWER, NeighbourMemory
+from slide import warmup
+from slide.persist import checkpoint
+from slide.rank import rerank
+from slide.rank.linear import LabelLinear
+from slide.rank.vote import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
              random_state=0)
@@ -298,7 +300,7 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
 def hashed_model(data):
     """The defaults' model with the hashed hard-negative classifiers (one-vs-rest made
     unaffordable)."""
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(label_linear, "MAX_OVR_WORK", 0)
         return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
@@ -365,7 +367,7 @@ def test_bad_rerank_setting_is_refused(data, model):
 @pytest.mark.parametrize("ovr", [True, False])
 def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypatch, ovr):
     # the warm-up's tiny set always affords one-vs-rest; the real fit may not
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     monkeypatch.setattr(warmup, "_WARMED", {})
     Xtr, Ytr, Xte, Yte = data
     m = slide.SlideClassifier(**dict(SMALL, epochs=1, loss="sigmoid"))
@@ -454,7 +456,7 @@ def _leak_setup():
     X, Y = sp.csr_matrix(X), sp.csr_matrix(Yd)
     X.indptr = X.indptr.astype(np.int64)
     Y.indptr = Y.indptr.astype(np.int64)
-    from slide.engine import Network
+    from slide.network import Network
     net = Network((n_f, 16, n_l), [False, True], [0, 0], seed=2)
     net.W *= 4.0
     return net, X, Y, fit_rows, held
@@ -470,7 +472,7 @@ def test_the_reranker_is_fitted_on_what_the_fitting_rows_alone_give(monkeypatch,
     carried by held-out rows only, has no centroid, count 0 and a classifier that never saw
     a positive."""
     import numba
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     if not ovr:
         monkeypatch.setattr(label_linear, "ovr_affordable", lambda *a: False)
     net, X, Y, fit_rows, held = _leak_setup()

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from slide import label_linear
+from slide.rank import linear as label_linear
 
 rows_list = [int(r) for r in sys.argv[1:]] or [162, 512, 2048, 162]
 rng = np.random.default_rng(0)

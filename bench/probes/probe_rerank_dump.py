@@ -4,7 +4,7 @@ other features and learners without refitting the network.
     python bench/probes/probe_rerank_dump.py debdeps|debtags SEED OUT.npz
 
 Fits ``SlideClassifier(random_state=SEED)`` (defaults: the re-ranker on) on the training set,
-then recomputes exactly what ``slide.rerank.fit_reranker`` fits on (the held-out rows'
+then recomputes exactly what ``slide.rank.rerank.fit_reranker`` fits on (the held-out rows'
 candidates, memory without the held-out rows, centroids and counts of the fitting rows) and
 what ``predict_topk`` ranks (the test rows' candidates). Saves per candidate: its features,
 whether it is a true label, its row and label id; per test row: its number of true labels;
@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from slide import SlideClassifier
-from slide import rerank
+from slide.rank import rerank
 from slide.data import read_xc
 
 name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -69,6 +69,6 @@ def _fmt_seconds(s):
 
 
 def _has_neighbour_memory(model):
-    """Whether ``model`` predicts with the neighbour vote (``slide.neighbours``)."""
+    """Whether ``model`` predicts with the neighbour vote (``slide.rank.vote``)."""
     vote = getattr(model, "_neighbour_vote", None)
     return vote is not None and vote() is not None

@@ -292,7 +292,7 @@ class _Phase:
     def _finish(self, model):
         """Final evaluation, checkpoint and model file; the phase's result."""
         self.finished = True
-        # fit ends by building the neighbour memory (slide.neighbours): its seconds are part of
+        # fit ends by building the neighbour memory (slide.rank.vote): its seconds are part of
         # training, and the evaluations and checkpoint taken during the last batch predate it
         voted = _has_neighbour_memory(model)
         self.train_seconds = float(getattr(model, "train_seconds_", self.train_seconds))

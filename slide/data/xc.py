@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from slide.data._parse import (
+from slide.kernels.parse import (
     _E_DUPLICATE,
     _E_EXTRA_LINE,
     _E_INDEX_RANGE,

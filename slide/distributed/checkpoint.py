@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from slide.checkpoint import CheckpointError, pin_unrecorded_params
+from slide.persist.checkpoint import CheckpointError, pin_unrecorded_params
 from slide.fileio import atomic_write, write_text
 
 MANIFEST = "manifest.json"
@@ -55,7 +55,7 @@ def _driver_state(model):
     mem = getattr(model, "memory_", None)
     meta["neighbours"] = None
     if mem is not None:
-        # the neighbour vote's memory (slide.neighbours), kept by the driver
+        # the neighbour vote's memory (slide.rank.vote), kept by the driver
         d = mem.state_dict()
         meta["neighbours"] = {k: v for k, v in d.items() if not isinstance(v, np.ndarray)}
         arrays.update({f"nbr_{k}": v for k, v in d.items() if isinstance(v, np.ndarray)})
@@ -140,7 +140,7 @@ def restore_driver(model, path, man):
 
 def _restore_memory(model, path, memory_meta, arrays):
     """The driver's neighbour memory, if the file has one."""
-    from slide.checkpoint import memory_from_arrays
+    from slide.persist.checkpoint import memory_from_arrays
     model.memory_ = memory_from_arrays(path, memory_meta, arrays, model.hidden_sizes_[-1],
                                        model.n_labels_)
 
@@ -154,7 +154,7 @@ def load(path, backend=None, ray_address=None):
     dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
     # the sharded format has not changed since before the vote and its re-ranker existed: a
     # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
-    # format-1 single-process file's does (slide.checkpoint.UNRECORDED_PARAMS)
+    # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
     params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
     params["hidden_sizes"] = tuple(params["hidden_sizes"])
     if backend is not None:

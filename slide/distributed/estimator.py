@@ -8,14 +8,14 @@ softmax over the union of the shards' active sets.
 
 Supported: one hidden layer, softmax loss, the output layer sampled (``sparse_layers`` None)
 or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``,
-and its ``time_budget`` (the batch loop is ``slide.trainer.train``'s).
+and its ``time_budget`` (the batch loop is ``slide.network.trainer.train``'s).
 """
 import numpy as np
 
-from slide import trainer
+from slide.network import trainer
 from slide.estimator import SlideClassifier
 from slide.params import check_k, is_int
-from slide.trainer import blas_single_thread
+from slide.network.trainer import blas_single_thread
 
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
@@ -102,7 +102,7 @@ class ShardedSlideClassifier(SlideClassifier):
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
         from slide.distributed.driver import HiddenLayer
         from slide.distributed.shard import shard_ranges
-        from slide.schedule import RehashSchedule
+        from slide.network.schedule import RehashSchedule
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
         self._set_identity(n_features, n_labels, seed)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
@@ -134,7 +134,7 @@ class ShardedSlideClassifier(SlideClassifier):
 
     # -- training ------------------------------------------------------------------------------
     def _train(self, X, Y, end_epoch_index, eval_set, callback, rows=None):
-        # the loop is SlideClassifier's (slide.trainer.train); only the batch step differs
+        # the loop is SlideClassifier's (slide.network.trainer.train); only the batch step differs
         trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self),
                       rows=rows)
 
@@ -184,12 +184,12 @@ class ShardedSlideClassifier(SlideClassifier):
     def _hidden_all(self, X):
         return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
 
-    # -- the neighbour vote (slide.neighbours): the memory lives in the driver, beside the hidden
+    # -- the neighbour vote (slide.rank.vote): the memory lives in the driver, beside the hidden
     # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
     def _build_memory(self, X, Y, split=None):
         """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver
         (``split`` is always None: no re-ranker here)."""
-        from slide.neighbours import NeighbourMemory
+        from slide.rank.vote import NeighbourMemory
         self._threads()
         self.sync()
         self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
@@ -211,7 +211,7 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def _blended_topk(self, H, k, n_neighbours, weight):
         """(ids, blended scores) of the exact top-k with the vote, over every shard."""
-        from slide.neighbours import blend_block
+        from slide.rank.vote import blend_block
         parts = self.backend_.call_all("topk_lse", H, k)
         top_ids, top_z = self._merge_parts(parts, k)
         m = np.max([p[2] for p in parts], axis=0)
@@ -240,7 +240,7 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def predict_proba(self, X):
         """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
-        from slide.neighbours import add_vote, probabilities
+        from slide.rank.vote import add_vote, probabilities
         X = self._prepare_inference(X)
         with blas_single_thread():
             H = self._hidden_all(X)
@@ -257,10 +257,10 @@ class ShardedSlideClassifier(SlideClassifier):
         log-sum-exp parts, the voted labels' logits, blended in the driver). Sparse
         (``exact=False``, the network alone): each shard's serving index (built from its
         weights on first use, whatever the sampler) plus the ``prior_candidates``
-        highest biases over ALL shards (None: ``slide.lsh.serving.default_prior`` of the
+        highest biases over ALL shards (None: ``slide.kernels.lsh.serving.default_prior`` of the
         label count, as in the single process; the driver picks them from each shard's own
         best)."""
-        from slide.lsh.serving import default_prior
+        from slide.kernels.lsh.serving import default_prior
         self._check_fitted()
         check_k(k, self.n_labels_)
         if prior_candidates is None:
@@ -319,7 +319,7 @@ class ShardedSlideClassifier(SlideClassifier):
 
 
 class _ShardSteps:
-    """``slide.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
+    """``slide.network.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
     layer, the shards their slices of the output layer (``slide.distributed.driver``)."""
 
     def __init__(self, model):

@@ -2,7 +2,7 @@
 backward of dL/dh into its gradient buffers) and a shard's output layer (active logits and
 partial softmax statistics, then deltas and dL/dh from the global normaliser).
 
-A shard's output layer lives in a two-layer ``slide.engine.Network`` of sizes
+A shard's output layer lives in a two-layer ``slide.network.Network`` of sizes
 (1, hidden, n_local): its layer 1 is the shard's rows, so the engine's active-set selection
 (``select_active``), sampling correction, scratch, row-path optimizer step and LSH
 maintenance apply to it unchanged; layer 0 is a 1 x hidden placeholder that is never used.
@@ -12,10 +12,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.negatives import correction, is_label
-from slide.engine.sample import select_active
-from slide.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.negatives import correction, is_label
+from slide.kernels.sample import select_active
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
                           rows_backward, rows_forward)
 
 OUT = 1       # the output layer's index in a shard's (1, hidden, n_local) network
@@ -77,7 +77,7 @@ def combine_partials(m, s):
 
 @njit(cache=True, nogil=True)
 def init_rows_like_global(out, g_start, g_lo, std, seed, stream):
-    """out[i] = the Glorot-normal draw ``slide.layers.init_params`` gives flat index
+    """out[i] = the Glorot-normal draw ``slide.kernels.layers.init_params`` gives flat index
     g_lo + i of a layer starting at flat index ``g_start`` (Box-Muller pairs start at even
     offsets from g_start): a shard's rows get exactly the single-process initial weights."""
     n = out.shape[0]

@@ -1,6 +1,6 @@
 """The serving index: LSH tables over a trained output layer, for sparse top-k inference.
 
-Training tables (``slide.lsh.index``) are sized for sampling while the weights move; serving
+Training tables (``slide.kernels.lsh.index``) are sized for sampling while the weights move; serving
 wants the opposite: the weights are frozen, the index is built once, and the goal is to find
 each row's highest logits ``z_j = w_j . h + b_j`` while scoring a small share of the labels.
 
@@ -28,13 +28,13 @@ labels). The index is kept because it is cheap and sampler-independent, not beca
 finds the top logits.
 
 Memory: ``n_tables * (N + 2**n_bits + 1)`` int32 plus the projections; it is rebuilt from the
-weights on demand and saved in checkpoints (``slide.checkpoint``)."""
+weights on demand and saved in checkpoints (``slide.persist.checkpoint``)."""
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import SERVING_INDEX_KEY
+from slide.kernels.rng import SERVING_INDEX_KEY
 
 STATE_FORMAT = 1
 # below this many labels the index is not worth building (see ``serving_config``)

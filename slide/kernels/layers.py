@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import init_stream, stream_seed, splitmix64
+from slide.kernels.rng import init_stream, stream_seed, splitmix64
 
 # fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
 # stay observable so a diverging run is detected (np.isfinite would be folded away otherwise)
@@ -137,7 +137,7 @@ def init_params(layout, seed):
 
 
 # ----------------------------------------------------------------------------------------------
-# One-sample layer kernels (inlined into the batch kernels of slide.engine)
+# One-sample layer kernels (inlined into the batch kernels of slide.network)
 # ----------------------------------------------------------------------------------------------
 
 # Row loops index a slice of the flat array (``row = W[base:base + n]``), not ``W[base + i]``:
@@ -232,7 +232,7 @@ def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in
     d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
     after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
     adds). The output layer of a sampled network does not accumulate here: its gradient is
-    formed per row after the batch from the stored deltas (slide.optim.output_step).
+    formed per row after the batch from the stored deltas (slide.network.optim.output_step).
     ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
     di = d_in[:n_in_act]

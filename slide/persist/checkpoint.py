@@ -463,7 +463,7 @@ def _unfitted(params):
 def _load_lsh(model, path, lsh_meta, arrays):
     """Restore the LSH tables exactly (they were built from older weights, so they cannot be
     recomputed from the saved ones)."""
-    from slide.lsh.index import LSHIndex
+    from slide.kernels.lsh.index import LSHIndex
     net = model.network_
     want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
         else set()
@@ -506,7 +506,7 @@ def _load_serving(model, path, serving_meta, arrays):
     """Restore the serving index of sparse inference, if the file has one (files written
     before it existed, or saved before any sparse prediction, have none: it is built on
     demand)."""
-    from slide.lsh.serving import ServingIndex
+    from slide.kernels.lsh.serving import ServingIndex
     d = _prefixed_state(path, serving_meta, arrays, "serve_", "serving index")
     if d is None:
         return
@@ -521,7 +521,7 @@ def _load_serving(model, path, serving_meta, arrays):
 
 
 def _load_memory(model, path, memory_meta, arrays):
-    """Restore the neighbour memory (``slide.neighbours``), if the file has one (files written
+    """Restore the neighbour memory (``slide.rank.vote``), if the file has one (files written
     before it existed, or by a model fitted with neighbours=0, have none)."""
     net = model.network_
     net.memory = memory_from_arrays(path, memory_meta, arrays, net.layout.n_in[-1],
@@ -532,7 +532,7 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
     """The ``NeighbourMemory`` saved as the ``nbr_*`` arrays and the ``memory_meta`` settings
     of a file (None when it has none), checked against the hidden width ``dim`` and the label
     count; CheckpointError naming ``path`` otherwise. Shared by single and sharded models."""
-    from slide.neighbours import NeighbourMemory
+    from slide.rank.vote import NeighbourMemory
     d = _prefixed_state(path, memory_meta, arrays, "nbr_", "neighbour memory")
     if d is None:
         return None
@@ -546,9 +546,9 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
 
 
 def _load_reranker(model, path, reranker_meta, arrays):
-    """Restore the re-ranker (``slide.rerank``), if the file has one (files written before it
+    """Restore the re-ranker (``slide.rank.rerank``), if the file has one (files written before it
     existed, or by a model fitted without one, have none). It needs the neighbour memory."""
-    from slide.rerank import ReRanker
+    from slide.rank.rerank import ReRanker
     net = model.network_
     d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
     if d is None:

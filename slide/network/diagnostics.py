@@ -11,7 +11,7 @@ compared with the active set that training builds for each row:
                    since the tables were last (re)built: a measure of how stale the tables are.
 
 The active set is not re-implemented here: :func:`active_set` calls the engine's own kernel
-(``slide.engine.sample.select_active``) on a one-sample scratch, with the random stream, forced
+(``slide.kernels.sample.select_active``) on a one-sample scratch, with the random stream, forced
 ids and input the training kernel would use, so it is the training kernel's set by
 construction; ``tests/test_diagnostics.py`` checks the plumbing against
 ``Network.sample_loss_and_grads(return_active=True)`` and a real ``forward_backward`` batch.
@@ -22,10 +22,10 @@ pass of the sampled rows, nothing per batch.
 """
 import numpy as np
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.arrays import capacity, make_scratch
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.arrays import capacity, make_scratch
 
-# the kernel's layout order (slide.engine.sample.select_active): labels and LSH ids (C, chosen
+# the kernel's layout order (slide.kernels.sample.select_active): labels and LSH ids (C, chosen
 # without looking at the shared draw), the shared negatives not in C, the random padding
 SOURCE_LABEL, SOURCE_LSH, SOURCE_SHARED, SOURCE_PAD = 0, 1, 2, 3
 SOURCE_NAMES = ("labels", "lsh", "shared", "padding")
@@ -77,7 +77,7 @@ def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     Returns (ids int32[n], sources int8[n]) in the kernel's layout: labels, then LSH
     candidates (together C), then the shared negatives not in C, then random padding.
     """
-    from slide.engine.sample import select_active
+    from slide.kernels.sample import select_active
     net = _network(model)
     last = net.layout.n_layers - 1
     n_out = int(net.n_out[last])
@@ -148,13 +148,13 @@ def source_counts(sources):
 
 def engine_log_offsets(net, ids, sources, log_inclusion):
     """The offsets the training kernel adds to the active logits (``sampling_correction``),
-    from the engine's own rule (``slide.engine.negatives.correction``, see there) applied to
+    from the engine's own rule (``slide.kernels.negatives.correction``, see there) applied to
     the active set ``ids`` with ``sources`` (:func:`active_set`'s layout) and inclusion
     probabilities ``log_inclusion[j]`` = log P(j in the shared set) (the kernel reads them in
     float32, as ``SharedNegatives.draw`` stores them). -inf marks ids the estimate leaves
     out (a random fill next to frequency negatives when the fill is not always present)."""
-    from slide.engine.arrays import SharedDraw
-    from slide.engine.negatives import correction, inclusion_weights
+    from slide.kernels.arrays import SharedDraw
+    from slide.kernels.negatives import correction, inclusion_weights
     ids = np.asarray(ids, np.int64)
     sources = np.asarray(sources)
     n_a = len(ids)
@@ -223,7 +223,7 @@ def stored_codes(index):
 
 def current_codes(model):
     """Bucket ids [N, L] of the output neurons' current weights under the current functions."""
-    from slide.lsh.hashes import hash_dense_batch
+    from slide.kernels.lsh.hashes import hash_dense_batch
     net = _network(model)
     idx = _output_index(net)
     if idx is None:
@@ -336,7 +336,7 @@ def every(n_batches, X, Y, n_rows=200, log=print, k=32, seed=0):
     itself unchanged. The results are also kept, as (batch, dict) pairs, in the callable's
     ``history`` list.
 
-    Example: ``model.fit(X, Y, callback=slide.engine.diagnostics.every(100, X, Y))``."""
+    Example: ``model.fit(X, Y, callback=slide.network.diagnostics.every(100, X, Y))``."""
     import scipy.sparse as sp
     try:
         n_batches = int(n_batches)

@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE_BATCH, randint, stream_seed
+from slide.kernels.rng import STREAM_SAMPLE_BATCH, randint, stream_seed
 
 SAMPLERS = {"vanilla": 0, "topk": 1, "threshold": 2}
 VANILLA, TOPK, THRESHOLD = 0, 1, 2

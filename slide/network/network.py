@@ -1,17 +1,17 @@
 """``Network``: owns a network's arrays (parameters, gradient buffers, LSH indices, per-fit
-scratch) and calls the engine's kernels. The kernels live in ``slide.engine.sample`` (one
+scratch) and calls the engine's kernels. The kernels live in ``slide.kernels.sample`` (one
 sample), ``batch`` (one batch), ``touched``, ``negatives``, ``dense`` and ``infer``."""
 import math
 
 import numpy as np
 
-from slide._rng import STREAM_LAYER_SEED, derived_seed
-from slide.engine import batch as _batch, block as _block, infer as _infer
-from slide.engine.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
+from slide.kernels.rng import STREAM_LAYER_SEED, derived_seed
+from slide.network import batch as _batch, block as _block, infer as _infer
+from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
                                  make_block, make_output_rows, make_scratch, make_store,
                                  make_touched, pack_tables)
-from slide.engine.dense import train_batch_dense
-from slide.engine.negatives import SharedNegatives
+from slide.network.dense import train_batch_dense
+from slide.kernels.negatives import SharedNegatives
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
 STATE_FORMAT = 1
@@ -30,7 +30,7 @@ class Network:
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
                  shared_negatives=0, correct=True, negative_power=0.0, engine="batched"):
-        from slide.layers import Layout, init_params
+        from slide.kernels.layers import Layout, init_params
         self.layout = lay = Layout(tuple(int(s) for s in sizes))
         L = lay.n_layers
         self.sparse = np.asarray(sparse, dtype=np.bool_).reshape(L)
@@ -43,7 +43,7 @@ class Network:
         else:
             self.W = np.zeros(lay.n_weights, np.float32)
             self.B = np.zeros(lay.n_biases, np.float32)
-        # a sampled output layer takes the per-row path (slide.optim.output_step): its gradient
+        # a sampled output layer takes the per-row path (slide.network.optim.output_step): its gradient
         # never lives in a buffer, so the buffers stop where the output layer starts
         self.row_path = bool(self.sparse[-1]) and L > 1
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
@@ -52,8 +52,8 @@ class Network:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         # "batched": a sampled output layer's shared negatives go through BLAS for the whole
-        # batch (slide.engine.block); "per_sample": every sample scores them in its own loops
-        # (slide.engine.batch, the reference the batched engine is tested against)
+        # batch (slide.network.block); "per_sample": every sample scores them in its own loops
+        # (slide.network.batch, the reference the batched engine is tested against)
         self.engine = engine
         # a study hook (bench/oracle_bound.py): > 0 puts the union of every sample's top
         # ``oracle_per_sample`` exact logits (up to ``oracle_m`` ids, computed densely, its
@@ -75,13 +75,13 @@ class Network:
         # per output neuron: serial of the batch that last updated it (incremental rehash)
         self.out_stamp = np.zeros(int(lay.n_out[-1]) if self.row_path else 1, np.int64)
         self._scratch_key = None
-        # slide.lsh.serving.ServingIndex over the output layer: built on demand by sparse
-        # inference, dropped whenever training changes the weights (slide.trainer.train)
+        # slide.kernels.lsh.serving.ServingIndex over the output layer: built on demand by sparse
+        # inference, dropped whenever training changes the weights (slide.network.trainer.train)
         self.serving = None
-        # slide.neighbours.NeighbourMemory of the training rows: built at the end of a fit
+        # slide.rank.vote.NeighbourMemory of the training rows: built at the end of a fit
         # (SlideClassifier.fit_neighbours), dropped with the serving index
         self.memory = None
-        self.reranker = None        # slide.rerank.ReRanker over the memory's candidates
+        self.reranker = None        # slide.rank.rerank.ReRanker over the memory's candidates
         self.spec = Spec(L, self.n_in, self.n_out, self.w_off, self.b_off, self.sparse,
                          self.min_active, self.loss_code, self._lsh_cfg())
         self._pack_lsh()
@@ -90,8 +90,8 @@ class Network:
         cfg = np.zeros(7, np.int64)
         cfg[CFG_SAMPLER] = SAMPLER_RANDOM
         if self.uses_tables:
-            from slide.lsh.hashes import FAMILIES, bits_per_hash
-            from slide.lsh.samplers import SAMPLERS
+            from slide.kernels.lsh.hashes import FAMILIES, bits_per_hash
+            from slide.kernels.lsh.samplers import SAMPLERS
             c = self.lsh
             cfg[:] = [SAMPLERS[c["sampler"]], FAMILIES[c["family"]], c["K"], c["L"],
                       bits_per_hash(c["family"], c["K"], c["range_pow"]), c["budget"],
@@ -141,7 +141,7 @@ class Network:
         """Hash every sparse layer's neurons into fresh tables."""
         if not self.uses_tables:
             return
-        from slide.lsh.index import LSHIndex
+        from slide.kernels.lsh.index import LSHIndex
         c = self.lsh
         for l in range(self.layout.n_layers):
             if self.sparse[l]:
@@ -260,7 +260,7 @@ class Network:
         return loss, float(self.sc.n_act[:rows.shape[0], -1].mean())
 
     def train_batch_dense(self, X, Y, rows, serial, optimizer):
-        """The dense (full softmax) network's batch (``slide.engine.dense``)."""
+        """The dense (full softmax) network's batch (``slide.network.dense``)."""
         return train_batch_dense(self, X, Y, rows, serial, optimizer)
 
     def sample_loss_and_grads(self, x_indices, x_data, labels, serial=1, return_active=False):
@@ -293,9 +293,9 @@ class Network:
         return _infer.topk_sparse(self, X, k, call, prior_candidates)
 
     def serving_index(self, **overrides):
-        """The output layer's serving index (``slide.lsh.serving``): the cached one when it fits
+        """The output layer's serving index (``slide.kernels.lsh.serving``): the cached one when it fits
         the weights' shape and every given override, else a new one built from the weights."""
-        from slide.lsh.serving import ServingIndex
+        from slide.kernels.lsh.serving import ServingIndex
         Wo, bo = self.output_view()
         ix = self.serving
         given = {k: v for k, v in overrides.items() if v is not None}
@@ -323,8 +323,8 @@ class Network:
         return _infer.proba(self, X, memory, n_neighbours, weight, block)
 
     def build_memory(self, X, Y):
-        """The neighbour memory (``slide.neighbours``) of the labelled rows (X, Y)."""
-        from slide.neighbours import NeighbourMemory
+        """The neighbour memory (``slide.rank.vote``) of the labelled rows (X, Y)."""
+        from slide.rank.vote import NeighbourMemory
         self.memory = NeighbourMemory.build(self.hidden(X), Y, copy=False)
         return self.memory
 
@@ -350,5 +350,5 @@ class Network:
     @classmethod
     def from_state(cls, state):
         """The network of :meth:`state_dict`'s output; ValueError naming what does not fit."""
-        from slide.engine.state import network_from_state
+        from slide.network.state import network_from_state
         return network_from_state(cls, state)

@@ -4,11 +4,11 @@ per-row path ``output_entries`` + ``SparseOptimizer.step_output``)."""
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.arrays import csr
-from slide.engine.sample import backward, forward, sample_loss
-from slide.engine.touched import collect_touched, output_entries
-from slide.layers import FASTMATH
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.arrays import csr
+from slide.kernels.sample import backward, forward, sample_loss
+from slide.kernels.touched import collect_touched, output_entries
+from slide.kernels.layers import FASTMATH
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
@@ -105,7 +105,7 @@ def one_sample(net, x_indices, x_data, labels, serial, return_active):
     sc = net.sc
     last = lay.n_layers - 1
     if net.row_path:
-        # the output layer's gradient, as slide.optim.output_step forms it
+        # the output layer's gradient, as slide.network.optim.output_step forms it
         a = int(sc.s_off[last])
         n_i = int(lay.n_in[last])
         for k in range(int(sc.n_act[0, last])):

@@ -1,15 +1,15 @@
 """Inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
-index, ``slide.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
+index, ``slide.kernels.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
 sparse top-k (the LSH-selected neurons plus the highest-bias ones, one Numba call)."""
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.arrays import csr
-from slide.engine.dense import hidden_forward
-from slide.engine.sample import forward
-from slide.layers import FASTMATH
-from slide.lsh.serving import insert_best_first
+from slide.kernels.rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.arrays import csr
+from slide.network.dense import hidden_forward
+from slide.kernels.sample import forward
+from slide.kernels.layers import FASTMATH
+from slide.kernels.lsh.serving import insert_best_first
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -127,8 +127,8 @@ def topk_of_logits(H, Wo, bo, k, chunk=32768):
 def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
     """For the neighbour vote's blend: the top-k logits (float64, best first) and their ids,
     and each row's log-sum-exp over the output rows as (max, sum of exp(z - max)) -- one
-    parallel pass per chunk (``slide.neighbours.fold_logits``)."""
-    from slide.neighbours import fold_logits
+    parallel pass per chunk (``slide.rank.vote.fold_logits``)."""
+    from slide.rank.vote import fold_logits
     n, k = H.shape[0], min(k, Wo.shape[0])
     top_ids = np.full((n, k), -1, np.int64)
     top_z = np.full((n, k), -np.inf, np.float64)
@@ -171,11 +171,11 @@ def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
 
 def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=32768):
     """Exact top-k of the network's probabilities blended with the neighbour vote of
-    ``memory`` (``slide.neighbours``): (1 - weight) * p_j + weight * vote_j, where p is the
+    ``memory`` (``slide.rank.vote``): (1 - weight) * p_j + weight * vote_j, where p is the
     softmax of the logits (the per-label sigmoid for loss="sigmoid"). Every label is scored;
     the blend's top-k lies in the union of the network's top-k and the voted labels.
     Returns (ids [n, k] int64, their blended scores [n, k] float64)."""
-    from slide.neighbours import blend_block, voted_logits
+    from slide.rank.vote import blend_block, voted_logits
     Wo, bo = net.output_view()
     k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
     sigmoid = net.loss == "sigmoid"
@@ -190,7 +190,7 @@ def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=3276
 
 
 def topk_reranked(net, X, k, memory, reranker, block=1024):
-    """Exact top-k by the re-ranker (``slide.rerank``) of the candidates of the network and
+    """Exact top-k by the re-ranker (``slide.rank.rerank``) of the candidates of the network and
     the neighbour vote of ``memory``: (ids [n, k] int64, the re-ranker's probabilities [n, k]
     float64), best first."""
     from slide.data.inputs import slice_rows
@@ -206,7 +206,7 @@ def proba(net, X, memory=None, n_neighbours=0, weight=0.0, block=1024):
     """Dense label probabilities [n, n_labels] (float32): the softmax of the logits (the
     per-label sigmoid for loss="sigmoid"), blended with the neighbour vote when ``memory``
     is given."""
-    from slide.neighbours import add_vote, probabilities
+    from slide.rank.vote import add_vote, probabilities
     Wo, bo = net.output_view()
     n = X.shape[0]
     out = np.empty((n, Wo.shape[0]), np.float32)
@@ -235,7 +235,7 @@ def topk_sparse(net, X, k, call=0, prior_candidates=0):
     ``prior_candidates`` highest-bias output neurons, parallel over rows. Padded with -1
     where fewer than k neurons are active."""
     import numba
-    from slide.engine.arrays import make_scratch
+    from slide.kernels.arrays import make_scratch
     n_chunks = numba.get_num_threads()
     mins = net.min_active.copy()
     mins[-1] = int(k)      # serving: random fill only to guarantee k candidates

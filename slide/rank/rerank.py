@@ -1,7 +1,7 @@
 """The re-ranker: a logistic regression over the candidates of the neighbour vote, fitted on a
 held-out slice of the training rows.
 
-The fixed blend of ``slide.neighbours`` ranks a row's candidate labels -- the network's top
+The fixed blend of ``slide.rank.vote`` ranks a row's candidate labels -- the network's top
 labels and every label of its nearest training rows -- by (1 - w) * p_network + w * vote. Which
 of the two to trust differs from candidate to candidate (a label many close neighbours carry
 against one the network alone proposes; a frequent label against a rare one), and the network
@@ -24,7 +24,7 @@ similarity among them, the rank of the first of them (over k), j's rank in the n
 ``N_TOP`` (1 when absent), log(1 + j's count among the memory's rows), the nearest row's
 similarity, the cosine between the row's input and j's input centroid (the unit-L2 sum of
 the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries),
-and j's score by a linear classifier over the input (``slide.label_linear``, fitted on the
+and j's score by a linear classifier over the input (``slide.rank.linear``, fitted on the
 fitting rows: one-vs-rest where the labels are few, else against the network's hard negatives).
 The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
 in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
@@ -40,12 +40,12 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
-from slide.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
-from slide.lsh.serving import insert_best_first
-from slide.neighbours import POWER
+from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
+from slide.kernels.lsh.serving import insert_best_first
+from slide.rank.vote import POWER
 
 # 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
-# OneVsRest classifiers (slide.label_linear); all loaded
+# OneVsRest classifiers (slide.rank.linear); all loaded
 STATE_FORMATS = (1, 2, 3)
 FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
             "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
@@ -349,7 +349,7 @@ def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
     memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
-    from slide.engine.infer import topk_lse_of_logits
+    from slide.network.infer import topk_lse_of_logits
     Wo, bo = net.output_view()
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
@@ -450,7 +450,7 @@ class ReRanker:
     @classmethod
     def from_state(cls, d, n_labels, n_features):
         """ValueError naming what is wrong with a saved re-ranker."""
-        from slide.label_linear import classifiers_from_state
+        from slide.rank.linear import classifiers_from_state
         fmt = int(d.get("format", -1))
         if fmt not in STATE_FORMATS:
             raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
@@ -504,8 +504,8 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
     fitting rows only (what a test row sees of rows the network trained on); no copy of X or
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
     a pass of exact logits over the rows); the centroids are."""
-    from slide.label_linear import fit_classifiers
-    from slide.neighbours import NeighbourMemory
+    from slide.rank.linear import fit_classifiers
+    from slide.rank.vote import NeighbourMemory
     H_all = net.hidden(X)
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
     linear = fit_classifiers(net, X, Y, fit_rows, seed, H=H_all)

@@ -1,7 +1,7 @@
 """The batched engine: a sampled output layer's shared block through BLAS.
 
 Every sample of a batch has the batch's shared negatives S in its output active set (the
-frequency draw of ``slide.engine.negatives``). The per-sample path (``slide.engine.batch``)
+frequency draw of ``slide.kernels.negatives``). The per-sample path (``slide.network.batch``)
 scores them sample by sample in scalar loops; here they are three dense products for the
 whole batch, and only what differs between samples -- its true labels and LSH ids outside S,
 its random fill -- goes through per-sample loops:
@@ -32,12 +32,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.arrays import csr
-from slide.engine.negatives import correction, find_sorted
-from slide.engine.sample import backward_from, forward_into, output_loss
-from slide.engine.touched import output_entries
-from slide.layers import FASTMATH
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.arrays import csr
+from slide.kernels.negatives import correction, find_sorted
+from slide.kernels.sample import backward_from, forward_into, output_loss
+from slide.kernels.touched import output_entries
+from slide.kernels.layers import FASTMATH
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
 CHUNK = 4
@@ -78,7 +78,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     a_off, s_off = sc.a_off, sc.s_off
     n_h = spec.n_in[last]
     # bundle members out before the prange: Numba's parfor lowering drops stores made through
-    # a tuple attribute inside the loop (see slide.optim.output_step)
+    # a tuple attribute inside the loop (see slide.network.optim.output_step)
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
                                                          blk.counts, sc.ids, sc.n_act)
     b_forced = blk.forced

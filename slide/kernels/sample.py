@@ -19,14 +19,14 @@ import math
 import numpy as np
 from numba import njit
 
-from slide._rng import randint
-from slide.engine.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
+from slide.kernels.rng import randint
+from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
                                  CFG_THRESHOLD, SAMPLER_RANDOM)
-from slide.engine.negatives import correction, is_label
-from slide.layers import (FASTMATH, first_backward, first_forward_dense, first_forward_sparse,
+from slide.kernels.negatives import correction, is_label
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, first_forward_sparse,
                           rows_backward, rows_forward)
-from slide.lsh.hashes import hash_dense_into, hash_sparse_into
-from slide.lsh.samplers import sample_into
+from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
+from slide.kernels.lsh.samplers import sample_into
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, la
     or a per-sample row: the batched engine keeps every sample's hidden layers until its
     backward pass) and the thread's scratch row ``c`` for the sampler. ``compute_last``
     False: the output layer's active set is selected but its logits are not computed (the
-    batched engine computes them for the whole batch, ``slide.engine.block``)."""
+    batched engine computes them for the whole batch, ``slide.network.block``)."""
     W, B = params.W, params.B
     n_layers = spec.n_layers
     last = n_layers - 1
@@ -221,7 +221,7 @@ def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_rang
     paper / TF baseline); sigmoid: binary cross-entropy summed over the active outputs.
     ``corr_ranges`` = (lo1, hi1, lo2, hi2, log_w1, log_w2): logits at positions [lo1, hi1)
     are offset by log_w1 (+ corr[neuron] when ``corr`` is not empty), those at [lo2, hi2) by
-    log_w2 (softmax only; see ``slide.engine.negatives.correction``).
+    log_w2 (softmax only; see ``slide.kernels.negatives.correction``).
     """
     ny = labels.shape[0]
     if loss_code != 0:
@@ -304,7 +304,7 @@ def _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta):
 def sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale, correct):
     """Training loss of one forwarded sample; writes its output deltas to ``sc.dels[c]``.
     ``neg``: the batch's shared draw and its log importance weights (``arrays.SharedDraw``,
-    see ``slide.engine.negatives``); n_c, n_s: the output layer's layout (``forward``);
+    see ``slide.kernels.negatives``); n_c, n_s: the output layer's layout (``forward``);
     ``correct``: apply the sampling correction."""
     last = spec.n_layers - 1
     a0, a1 = sc.a_off[last], sc.a_off[last + 1]
@@ -324,7 +324,7 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
     """Back-propagate the output deltas of one sample, adding its gradients into GW/GB (racy,
     HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
     (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
-    the batch (``slide.optim.output_step``)."""
+    the batch (``slide.network.optim.output_step``)."""
     last = spec.n_layers - 1
     a_off, s_off = sc.a_off, sc.s_off
     acts = sc.acts[c]

@@ -15,6 +15,6 @@ editing e.g. ``negatives.py`` delete ``slide/**/__pycache__/*.nbi`` before trust
 (``bundle.arr[i] = v``) is lost (Numba 0.68): parallel kernels take the arrays out of their
 bundles before the loop, or store through a called function.
 """
-from slide.engine.network import LOSSES, Network
+from slide.network.network import LOSSES, Network
 
 __all__ = ["LOSSES", "Network"]

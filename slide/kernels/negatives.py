@@ -12,9 +12,9 @@ import math
 import numpy as np
 from numba import njit
 
-from slide._rng import SHARED_NEGATIVES_KEY
-from slide.engine.arrays import SharedDraw
-from slide.layers import FASTMATH
+from slide.kernels.rng import SHARED_NEGATIVES_KEY
+from slide.kernels.arrays import SharedDraw
+from slide.kernels.layers import FASTMATH
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -43,7 +43,7 @@ def is_label(labels, j):
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def correction(spec, n_a, n_c, n_s, neg, enabled):
     """Logit offsets of one sample's sampled softmax: ((lo1, hi1, lo2, hi2, log_w1, log_w2),
-    corr), as ``slide.engine.sample.output_loss`` applies them (positions [lo1, hi1) get
+    corr), as ``slide.kernels.sample.output_loss`` applies them (positions [lo1, hi1) get
     log_w1 + corr[neuron] when ``corr`` is not empty, [lo2, hi2) get log_w2).
 
     Layout of the active set (``sample.select_active``): C = [0, n_c) the labels and the LSH

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from slide.layers import FASTMATH
+from slide.kernels.layers import FASTMATH
 
 OPTIMIZERS = {"adam": 0, "sgd": 1, "lazy_adam": 2}
 KIND_ADAM, KIND_SGD = 0, 1          # output_step's update rule
@@ -263,7 +263,7 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
 
     Row j's gradient is formed here, race-free and in a fixed order, from the per-sample deltas
     the batch kernel stored (``store``: h_store[s] = the layer's input for sample s, d_store
-    its deltas; ``out_rows``: the per-row entry lists of ``slide.engine.touched``). It is
+    its deltas; ``out_rows``: the per-row entry lists of ``slide.kernels.touched``). It is
     applied at once (Adam, kind KIND_ADAM, or SGD with step hyper.lr_t), so the output layer
     needs no gradient buffer at all (343 MB saved at Amazon-670K) and each of its touched rows
     is read and written once per batch. Rows are dealt to threads round-robin: the rows every
@@ -314,7 +314,7 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, k, 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial):
     """The update of the output rows ``rows`` (distinct) from their batch gradient ``dW[i]``
-    / ``db[i]`` (the batched engine's shared block, ``slide.engine.block``): as
+    / ``db[i]`` (the batched engine's shared block, ``slide.network.block``): as
     ``output_step`` does for one row, in parallel over rows; ``stamp[j] = serial`` records the
     update for the incremental rehash."""
     MW, VW, MB, VB, TW, TB = mom
@@ -346,7 +346,7 @@ def adam_flush_rows(W, M, V, T, w_base, n_rows, row_len, hyper):
 
 class SparseOptimizer:
     """Owns the optimizer state (moments, step records, step count, the rate of every step)
-    of a network's flat parameters (``layout``: ``slide.layers.Layout``).
+    of a network's flat parameters (``layout``: ``slide.kernels.layers.Layout``).
 
     ``step(...)`` applies one update to the touched rows and biases listed by the engine at
     the current ``learning_rate`` (the trainer sets it before each batch); ``flush()`` brings
@@ -482,7 +482,7 @@ class SparseOptimizer:
 
     def step(self, params, touched, n_rows, n_bias):
         """One step on the rows and biases a batch touched: ``params`` (W, B, GW, GB) and
-        ``touched`` (starts, lens, rowids, bias_ids) are ``slide.engine.arrays`` bundles;
+        ``touched`` (starts, lens, rowids, bias_ids) are ``slide.kernels.arrays`` bundles;
         the first ``n_rows`` / ``n_bias`` entries are used."""
         self.next_step()
         W, B, GW, GB = params.W, params.B, params.GW, params.GB

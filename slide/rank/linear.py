@@ -1,5 +1,5 @@
 """Per-label linear classifiers over the input, trained against each row's hard negatives: the
-re-ranker's ``linear_score`` feature (``slide.rerank``).
+re-ranker's ``linear_score`` feature (``slide.rank.rerank``).
 
 What a label tree has and the network lacks is a linear classifier per label over the input
 words, trained among the labels it is confused with, so that a word can argue *against* a
@@ -95,7 +95,7 @@ def hard_negatives(net, X, rows, k, H=None):
     import numba
     from threadpoolctl import threadpool_limits
     from slide.data.inputs import take_rows
-    from slide.engine.infer import topk_ids_of_logits
+    from slide.network.infer import topk_ids_of_logits
     Wo, bo = net.output_view()
     n_labels = Wo.shape[0]
     top = np.empty((rows.shape[0], min(k, n_labels)), np.int64)

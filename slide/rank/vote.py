@@ -30,8 +30,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from slide.engine.infer import fold_topk
-from slide.lsh.serving import insert_best_first
+from slide.network.infer import fold_topk
+from slide.kernels.lsh.serving import insert_best_first
 
 STATE_FORMAT = 1
 # similarities are raised to this power before voting: the nearest of the k rows count most

@@ -19,9 +19,9 @@ Unused tail entries of ``items[l]`` (beyond ``offsets[l, -1]``) are -1.
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import (STREAM_ORDER, STREAM_REBUILD, STREAM_RESERVOIR, STREAM_TABLE_SEED,
+from slide.kernels.rng import (STREAM_ORDER, STREAM_REBUILD, STREAM_RESERVOIR, STREAM_TABLE_SEED,
                         derived_seed, randint, stream_seed)
-from slide.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, _family_code, as_csr_arrays,
+from slide.kernels.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, _family_code, as_csr_arrays,
                               draw_hash_functions, hash_dense_into, hash_sparse_into)
 
 POLICIES = {"fifo": 0, "reservoir": 1}

@@ -4,7 +4,7 @@ A kernel takes a handful of bundles instead of dozens of loose arrays; Numba com
 NamedTuple of arrays into a struct of array views, so reading ``sc.acts`` in a kernel costs what
 reading a loose ``acts`` argument did.
 
-* ``Params``   -- the flat weights and gradient buffers (``slide.layers`` layout).
+* ``Params``   -- the flat weights and gradient buffers (``slide.kernels.layers`` layout).
 * ``Spec``     -- the network's shape and sampling settings (layer offsets, sparse flags,
                   min_active, loss code, the packed LSH/sampler settings ``cfg``).
 * ``Tables``   -- per-layer LSH arrays as typed lists (dummies for layers without tables).
@@ -73,7 +73,7 @@ class Store(NamedTuple):
 
 
 class Block(NamedTuple):
-    """The batched engine's per-fit buffers (``slide.engine.block``): per sample its hidden
+    """The batched engine's per-fit buffers (``slide.network.block``): per sample its hidden
     activations and deltas, the column in the shared block S of each of its active output
     ids, its extras (active ids outside S) and counts; per thread a logit buffer; the block's
     weights, products and gradients."""
@@ -171,7 +171,7 @@ def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active
     (sampler scratch sizes); ``n_forced``: most ids forced into the output layer (labels and
     shared negatives), ``n_shared`` of them shared negatives (the LSH sampler is queried with
     only the labels forced; the shared ones are deduplicated with the ``marks`` stamps)."""
-    from slide.lsh.samplers import scratch_sizes
+    from slide.kernels.lsh.samplers import scratch_sizes
     L = spec.n_layers
     last = L - 1
     sparse = spec.sparse

@@ -1,0 +1,1 @@
+"""Checkpoint files: ``checkpoint`` (the single-model and ensemble format)."""
