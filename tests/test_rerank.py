@@ -374,9 +374,9 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     m._validate_params()
     assert m._warm_up() > 0.0
     before = warmup.kernel_signatures()
-    for kernel in ("rerank.candidate_features", "label_linear.ovr_epoch",
-                   "label_linear.score_ovr", "label_linear.train_epoch",
-                   "label_linear.score_candidates", "label_linear._strongest_entries"):
+    for kernel in ("rank.rerank.candidate_features", "rank.linear.ovr_epoch",
+                   "rank.linear.score_ovr", "rank.linear.train_epoch",
+                   "rank.linear.score_candidates", "rank.linear._strongest_entries"):
         assert before.get("slide." + kernel, 0) > 0
     if not ovr:
         monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)
