@@ -38,7 +38,7 @@ def test_table_bits_follow_the_updates_within_bounds():
 def _rank_of_truth(scores_of, net, X, Y, n_top=10):
     """Share of rows whose best-scored label among the network's top n_top and their true
     labels is a true one."""
-    from slide.network.infer import topk_of_logits
+    from slide.kernels.topk import topk_of_logits
     Wo, bo = net.output_view()
     _, top = topk_of_logits(net.hidden(X), Wo, bo, n_top)
     hits = 0
@@ -117,7 +117,7 @@ def test_hard_negatives_are_each_rows_top_logits_in_any_blocking(monkeypatch, mi
 
 
 def test_topk_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
-    from slide.network.infer import topk_ids_of_logits, topk_of_logits
+    from slide.kernels.topk import topk_ids_of_logits, topk_of_logits
     rng = np.random.default_rng(4)
     # small integers: every dot product exact, so ties are ties in any BLAS blocking
     H = rng.integers(-3, 4, size=(50, 8)).astype(np.float32)

@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from slide import SlideClassifier
 from slide.data import read_xc
-from slide.network.infer import topk_lse_of_logits
+from slide.kernels.topk import topk_lse_of_logits
 from slide.rank.linear import _slot as slot   # the hash slide.rank.linear was built with
 
 name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

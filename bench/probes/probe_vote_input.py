@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from slide import SlideClassifier
 from slide.data import read_xc
-from slide.network.infer import fold_topk
+from slide.kernels.topk import fold_topk
 from slide.rank.vote import POWER, _l2_rows
 
 name = sys.argv[1]

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.negatives import correction, is_label
+from slide.kernels.negatives import correction, corrected_logit, is_label
 from slide.kernels.sample import select_active
 from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
                           rows_backward, rows_forward)
@@ -108,19 +108,11 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
     rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out, h,
                  n_in, False, out, cnt, False, z32)
     ranges, corr = correction(spec, cnt, n_c, n_s, neg, correct)
-    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
-    use_corr = corr.shape[0] > 0
     zmax = -np.inf
     lz = 0.0
     n_found = 0
     for k in range(cnt):
-        zk = np.float64(z32[k])
-        if lo1 <= k < hi1:
-            zk += log_w1
-            if use_corr:
-                zk += corr[out[k]]
-        elif lo2 <= k < hi2:
-            zk += log_w2
+        zk = corrected_logit(np.float64(z32[k]), k, out, ranges, corr)
         z[k] = zk
         if zk > zmax:
             zmax = zk

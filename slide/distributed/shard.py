@@ -16,7 +16,7 @@ from slide.kernels.rng import STREAM_SHARD_SEED, derived_seed
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
 from slide.network import Network
-from slide.network.infer import topk_lse_of_logits, topk_of_logits
+from slide.kernels.topk import topk_lse_of_logits, topk_of_logits
 from slide.network.optim import SparseOptimizer
 from slide.network.schedule import RehashSchedule
 

@@ -88,6 +88,35 @@ def correction(spec, n_a, n_c, n_s, neg, enabled):
     return (lo1, hi1, lo2, hi2, log_w1, log_w2), corr
 
 
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def corrected_logit(zk, k, ids, ranges, corr):
+    """``zk`` (the logit at active position k, or a value derived from it) plus the offset
+    ``correction`` gives position k: the one definition of the corrected logit, used by the
+    engine's loss (``slide.kernels.sample.output_loss``) and the shards' forward
+    (``slide.distributed.kernels``). ``ids[k]`` (the neuron) is read only when ``corr`` is
+    not empty, i.e. for a sampled layer. Inlined: the caller's fastmath flags apply to it,
+    as they applied to the copies it replaced (the pinned numerics are unchanged)."""
+    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
+    if lo1 <= k < hi1:
+        zk += log_w1
+        if corr.shape[0] > 0:
+            zk += corr[ids[k]]
+    elif lo2 <= k < hi2:
+        zk += log_w2
+    return zk
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def corrected_max(z, n, ids, ranges, corr):
+    """The largest corrected logit of z[:n] (-inf for n = 0): the shift of a log-sum-exp."""
+    zmax = -np.inf
+    for k in range(n):
+        zk = corrected_logit(z[k], k, ids, ranges, corr)
+        if zk > zmax:
+            zmax = zk
+    return zmax
+
 def inclusion_weights(p_in):
     """(corr, corr_mix) of neurons drawn with probability ``p_in`` = P(in the shared set):
     -log p_in and log((1 + 1/p_in) / 2), as float32 (see :func:`correction`)."""

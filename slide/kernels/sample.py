@@ -22,7 +22,7 @@ from numba import njit
 from slide.kernels.rng import randint
 from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
                                  CFG_THRESHOLD, SAMPLER_RANDOM)
-from slide.kernels.negatives import correction, is_label
+from slide.kernels.negatives import correction, corrected_logit, corrected_max, is_label
 from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, first_forward_sparse,
                           rows_backward, rows_forward)
 from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
@@ -231,19 +231,7 @@ def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_rang
         for k in range(n_act):
             delta[k] = 0.0
         return 0.0
-    lo1, hi1, lo2, hi2, log_w1, log_w2 = corr_ranges
-    use_corr = corr.shape[0] > 0
-    zmax = -np.inf
-    for k in range(n_act):
-        zk = z[k]
-        if lo1 <= k < hi1:
-            zk += log_w1
-            if use_corr:
-                zk += corr[ids[k]]
-        elif lo2 <= k < hi2:
-            zk += log_w2
-        if zk > zmax:
-            zmax = zk
+    zmax = corrected_max(z, n_act, ids, corr_ranges, corr)
     if not np.isfinite(zmax):
         # overflowed logits (a diverging run): report NaN, the engine stops before updating
         for k in range(n_act):
@@ -255,13 +243,7 @@ def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_rang
     n_found = 0
     for k in range(n_act):
         j = k if dense else ids[k]
-        zk = z[k] - zmax
-        if lo1 <= k < hi1:
-            zk += log_w1
-            if use_corr:
-                zk += corr[ids[k]]
-        elif lo2 <= k < hi2:
-            zk += log_w2
+        zk = corrected_logit(z[k] - zmax, k, ids, corr_ranges, corr)
         if is_label(labels, j):
             lz += zk
             n_found += 1

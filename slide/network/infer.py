@@ -9,7 +9,7 @@ from slide.kernels.arrays import csr
 from slide.network.dense import hidden_forward
 from slide.kernels.sample import forward
 from slide.kernels.layers import FASTMATH
-from slide.kernels.lsh.serving import insert_best_first
+from slide.kernels.topk import insert_best_first, topk_lse_of_logits, topk_of_logits
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -78,66 +78,6 @@ def hidden(net, X, lo=0, hi=None, n_chunks=None):
     scratch = np.zeros((n_chunks, int(h_off[-1])), np.float32)
     hidden_batch_kernel(net.params, net.spec, h_off, csr(X), lo, hi, out, scratch)
     return out
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def fold_topk(S, base, k, top_ids, top_z):
-    """Fold a block of logits S [n, m] (columns ``base``..``base + m - 1``) into each row's
-    running top-k (``top_ids``/``top_z`` [n, k], best first; ties: the lower column first).
-    Most entries fail one comparison with the k-th best: one pass, no partition or sort."""
-    for r in prange(S.shape[0]):
-        row = S[r]
-        ids = top_ids[r]
-        z = top_z[r]
-        for j in range(row.shape[0]):
-            if row[j] > z[k - 1]:
-                insert_best_first(row[j], base + j, k, ids, z)
-
-
-def topk_ids_of_logits(H, Wo, bo, k, chunk=32768):
-    """The ids [n, min(k, n_out)] of each row's top-k logits, best first (``topk_of_logits``)."""
-    return topk_of_logits(H, Wo, bo, k, chunk)[1]
-
-
-def logit_chunks(H, Wo, bo, chunk):
-    """(first column, logits ``H @ Wo[c0:c1].T + bo[c0:c1]``) chunk by chunk over the output
-    rows: the dense logit block stays rows x chunk at any label count."""
-    n_lab = Wo.shape[0]
-    for c0 in range(0, n_lab, chunk):
-        c1 = min(n_lab, c0 + chunk)
-        S = H @ Wo[c0:c1].T
-        S += bo[c0:c1]
-        yield c0, S
-        del S       # before the next chunk's product (the caller drops its reference too)
-
-
-def topk_of_logits(H, Wo, bo, k, chunk=32768):
-    """Exact top-k logits of the rows H over the output rows (Wo, bo): (scores, ids), each
-    [n, min(k, n_out)], best first, ties to the lower id: one ``fold_topk`` pass per chunk
-    (argpartition and a sort per chunk took 2.7x longer at debdeps' 26k labels)."""
-    k = min(k, Wo.shape[0])
-    top_ids = np.full((H.shape[0], k), -1, np.int64)
-    top_z = np.full((H.shape[0], k), -np.inf, np.result_type(H.dtype, Wo.dtype, bo.dtype))
-    for c0, S in logit_chunks(H, Wo, bo, chunk):
-        fold_topk(S, c0, k, top_ids, top_z)
-        del S       # one logit block alive at a time
-    return top_z, top_ids
-
-
-def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
-    """For the neighbour vote's blend: the top-k logits (float64, best first) and their ids,
-    and each row's log-sum-exp over the output rows as (max, sum of exp(z - max)) -- one
-    parallel pass per chunk (``slide.rank.vote.fold_logits``)."""
-    from slide.rank.vote import fold_logits
-    n, k = H.shape[0], min(k, Wo.shape[0])
-    top_ids = np.full((n, k), -1, np.int64)
-    top_z = np.full((n, k), -np.inf, np.float64)
-    run_max = np.full(n, -np.inf, np.float64)
-    run_sum = np.zeros(n, np.float64)
-    for c0, S in logit_chunks(H, Wo, bo, chunk):
-        fold_logits(S, c0, k, top_ids, top_z, run_max, run_sum)
-        del S       # one logit block alive at a time, not two
-    return top_z, top_ids, run_max, run_sum
 
 
 def _hidden_blocks(net, X, block):

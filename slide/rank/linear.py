@@ -34,6 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from slide.kernels.topk import topk_ids_of_logits
+
 N_NEGATIVES = 10        # the network's top labels per row that are trained as negatives
 # the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
 # ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test
@@ -95,7 +97,6 @@ def hard_negatives(net, X, rows, k, H=None):
     import numba
     from threadpoolctl import threadpool_limits
     from slide.data.inputs import take_rows
-    from slide.network.infer import topk_ids_of_logits
     Wo, bo = net.output_view()
     n_labels = Wo.shape[0]
     top = np.empty((rows.shape[0], min(k, n_labels)), np.int64)

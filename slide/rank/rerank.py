@@ -41,7 +41,7 @@ from numba import njit, prange
 
 from slide.data.inputs import take_rows
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
-from slide.kernels.lsh.serving import insert_best_first
+from slide.kernels.topk import segment_topk, topk_lse_of_logits
 from slide.rank.vote import POWER
 
 # 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
@@ -331,17 +331,6 @@ def candidate_features(top_ids, top_z, lse, sigmoid, near, sims, m_ptr, m_ids, H
             out_feat[u, 9] = dot / x_norm
 
 
-@njit(cache=True, parallel=True)
-def segment_topk(cand_ptr, cand_n, cand_ids, scores, k, out_ids, out_scores):
-    """Per row: the k best-scored of its candidates (best first; -1 / -inf padding)."""
-    for r in prange(cand_n.shape[0]):
-        out_ids[r, :] = -1
-        out_scores[r, :] = -np.inf
-        a = cand_ptr[r]
-        for u in range(a, a + cand_n[r]):
-            insert_best_first(scores[u], cand_ids[u], k, out_ids[r], out_scores[r])
-
-
 def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
              linear=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
@@ -349,7 +338,6 @@ def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
     memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
-    from slide.network.infer import topk_lse_of_logits
     Wo, bo = net.output_view()
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))

@@ -28,10 +28,9 @@ rows, dropped when training changes the weights again (``partial_fit``: rebuild 
 """
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import njit
 
-from slide.network.infer import fold_topk
-from slide.kernels.lsh.serving import insert_best_first
+from slide.kernels.topk import fold_topk, insert_best_first
 
 STATE_FORMAT = 1
 # similarities are raised to this power before voting: the nearest of the k rows count most
@@ -190,27 +189,6 @@ class NeighbourMemory:
 
 # ------------------------------------------------------------------------------------------------
 # the blend
-
-@njit(cache=True, parallel=True)
-def fold_logits(S, base, k, top_ids, top_z, run_max, run_sum):
-    """Fold a block of logits S [n, m] (columns ``base``..``base + m - 1`` of the output layer)
-    into each row's running top-k (``top_ids``/``top_z`` [n, k], best first) and running
-    log-sum-exp (``run_max``, ``run_sum`` of exp(z - run_max)): one pass over the block,
-    parallel over rows."""
-    for r in prange(S.shape[0]):
-        row = S[r]
-        m = run_max[r]
-        for j in range(row.shape[0]):
-            if row[j] > m:
-                m = row[j]
-        acc = 0.0
-        for j in range(row.shape[0]):
-            acc += np.exp(row[j] - m)
-            if row[j] > top_z[r, k - 1]:
-                insert_best_first(row[j], base + j, k, top_ids[r], top_z[r])
-        run_sum[r] = run_sum[r] * np.exp(run_max[r] - m) + acc
-        run_max[r] = m
-
 
 @njit(cache=True, nogil=True)
 def _prob(z, lse, sigmoid):

@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.rng import SERVING_INDEX_KEY
+from slide.kernels.topk import insert_best_first
 
 STATE_FORMAT = 1
 # below this many labels the index is not worth building (see ``serving_config``)
@@ -47,20 +48,6 @@ def _score(W, b, j, h):
     for d in range(h.shape[0]):
         acc += W[j, d] * h[d]
     return acc
-
-
-@njit(cache=True, nogil=True)
-def insert_best_first(v, j, k, ids, scores):
-    """Insert (j, v) into the best-first top-k lists ``ids``/``scores`` (insertion sort)."""
-    if v <= scores[k - 1]:
-        return
-    q = k - 1
-    while q > 0 and scores[q - 1] < v:
-        scores[q] = scores[q - 1]
-        ids[q] = ids[q - 1]
-        q -= 1
-    scores[q] = v
-    ids[q] = j
 
 
 @njit(cache=True, nogil=True)
