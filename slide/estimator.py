@@ -22,6 +22,7 @@ from slide.persist.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  
                               load)
 from slide.persist.checkpoint import save as save_checkpoint
 from slide.network import Network
+from slide.rank.stack import RankStack
 from slide.network.optim import SparseOptimizer
 from slide.params import is_int
 from slide.network.schedule import RehashSchedule
@@ -277,6 +278,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                                           self.epsilon)
         self.schedule_ = RehashSchedule(self.rehash_period, self.rebuild_period,
                                         self.rehash_decay)
+        self.rank_ = RankStack()        # the post-fit stages, fitted at the end of fit
         self.sparse_layers_ = tuple(sparse)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
@@ -337,20 +339,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """Rows of n_rows that ``fit`` holds out for the re-ranker (0: no re-ranker)."""
         if not (self.rerank and self.neighbours > 0):
             return 0
-        from slide.rank import rerank
-        return rerank.n_holdout(n_rows, n_labels, self._holdout_min_rows())
-
-    def _holdout_min_rows(self):
-        from slide.rank import rerank
-        return (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
-                else self._rerank_min_holdout)
+        return RankStack.n_held(n_rows, n_labels, self._rerank_min_holdout)
 
     def _rerank_split(self, n_rows, n_labels):
         """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
         if self._n_held(n_rows, n_labels) == 0:
             return None
-        from slide.rank import rerank
-        return rerank.holdout_rows(n_rows, self.seed_, self._holdout_min_rows(), n_labels)
+        return RankStack.split(n_rows, n_labels, self.seed_, self._rerank_min_holdout)
 
     def planned_batches(self, n_rows, n_labels):
         """(epochs, batches an epoch) that ``fit`` trains on n_rows rows of n_labels labels.
@@ -380,14 +375,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.sync()
         self.network_.release_scratch()
         if split is None:
-            self.network_.build_memory(X, Y)
+            self.rank_.fit(self.network_.hidden(X), self._output(), X, Y, int(self.neighbours))
             return
-        from slide.rank.rerank import fit_reranker
         with blas_single_thread():
-            reranker, memory = fit_reranker(self.network_, X, Y, split[0], split[1],
-                                            int(self.neighbours), self.seed_)
-        self.network_.memory = memory
-        self.network_.reranker = reranker
+            self.rank_.fit(self.network_.hidden(X), self._output(), X, Y, int(self.neighbours),
+                           split, self.seed_)
+
+    def _output(self):
+        """The output layer as the ranking stages read it (``slide.kernels.output``)."""
+        return self.network_.output_layer()
 
     def _check_neighbour_settings(self):
         """The settings of the vote and its re-ranker, checked at prediction too:
@@ -403,18 +399,19 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         probabilities blended with the neighbour vote when it has its memory, else the logits.
         ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits)."""
         vote = self._neighbour_vote()       # checks the vote's settings, rerank among them
-        if vote is not None and self.rerank and self.network_.reranker is not None:
-            out = self.network_.predict_topk_reranked(X, k)
-        elif vote is not None:
-            out = self.network_.predict_topk_blended(X, k, *vote)
-        else:
+        if vote is None:
             return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
+        H = self.network_.hidden(X)
+        if self.rerank and self.rank_.reranker is not None:
+            out = self.rank_.topk_reranked(H, self._output(), X, k)
+        else:
+            out = self.rank_.topk_blended(H, self._output(), k, *vote)
         return out if with_scores else out[0]
 
     def _neighbour_vote(self):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
         self._check_neighbour_settings()
-        if self.neighbours <= 0 or self.network_.memory is None:
+        if self.neighbours <= 0 or self.rank_.memory is None:
             return None
         return int(self.neighbours), float(self.neighbour_weight)
 
@@ -545,9 +542,11 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         neighbour vote when the model has its memory (``neighbours``). Mind the size at many
         labels: ``predict_topk`` needs no dense matrix."""
         X = self._prepare_inference(X)
-        vote = self._neighbour_vote() or (0, 0.0)
+        vote = self._neighbour_vote()
         with blas_single_thread():
-            return self.network_.predict_proba(X, *vote)
+            if vote is None:
+                return self.network_.predict_proba(X)
+            return self.rank_.proba(self.network_.hidden(X), self._output(), *vote)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons; the

@@ -92,8 +92,8 @@ def warm_up(model):
     copy = tiny_copy(model)
     copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
-    if copy.network_.reranker is not None:
-        _warm_linear(copy.network_, X, Y)
+    if copy.rank_.reranker is not None:
+        _warm_linear(copy, X, Y)
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)
     metrics.evaluate(Y, top, ks=(1, 3, 5),
@@ -103,7 +103,7 @@ def warm_up(model):
     return seconds
 
 
-def _warm_linear(net, X, Y):
+def _warm_linear(model, X, Y):
     """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
     which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
     from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -113,7 +113,8 @@ def _warm_linear(net, X, Y):
     counts = np.ones(X.shape[0], np.int64)
     ids = Y.indices[Y.indptr[:-1]].astype(np.int64)         # each row's first label
     F = np.zeros((X.shape[0], 1))
-    for fitted in (LabelLinear.fit(net, X, Y, rows), OneVsRest.fit(X, Y, rows)):
+    H = model.network_.hidden(X)
+    for fitted in (LabelLinear.fit(model._output(), H, X, Y, rows), OneVsRest.fit(X, Y, rows)):
         fitted.score_into(X, ptr, counts, ids, F, 0)
 
 

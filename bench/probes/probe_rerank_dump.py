@@ -28,7 +28,7 @@ Xte, Yte = read_xc(glob.glob(base + "/test*")[0])
 t0 = time.time()
 m = SlideClassifier(random_state=seed).fit(X, Y)
 print("fit", round(time.time() - t0, 1), "s; train_seconds", round(m.train_seconds_, 1))
-net, memory, rr = m.network_, m.network_.memory, m.network_.reranker
+net, memory, rr = m.network_, m.rank_.memory, m.rank_.reranker
 fit_rows, held_rows = m._rerank_split(X.shape[0], Y.shape[1])
 X = sp.csr_matrix(X)
 X.sort_indices()
@@ -55,7 +55,7 @@ def full_centroids(Xr, Yr):
 
 
 def dump(Xr, Yr, H, cen, exclude, log_count, C_full):
-    cand_ptr, counts, ids, F = rerank.features(net, Xr, H, memory, rr.k_nn, cen, rerank.N_TOP,
+    cand_ptr, counts, ids, F = rerank.features(net.output_layer(), Xr, H, memory, rr.k_nn, cen, rerank.N_TOP,
                                                exclude=exclude, log_count=log_count,
                                                linear=rr.linear)
     used, slot_row = rerank._used(cand_ptr, counts)

@@ -88,7 +88,7 @@ elif mode == "postpass":
             t0 = time.perf_counter()
             Xc, Yc = m._check_data(X, Y, fitted=True)
             held = m._rerank_split(X.shape[0], Y.shape[1])[1]
-            rr = m.network_.reranker
+            rr = m.rank_.reranker
             steps, n_threads = NetworkSteps(m), m._threads()
             steps.start(Xc, Yc, n_threads)
             serial = m.batches_
@@ -98,8 +98,8 @@ elif mode == "postpass":
             m.sync()
             m.network_.release_scratch()
             with blas_single_thread():
-                m.network_.memory = NeighbourMemory.build(m.network_.hidden(Xc), Yc, copy=False)
-            m.network_.reranker = rr
+                m.rank_.memory = NeighbourMemory.build(m.network_.hidden(Xc), Yc, copy=False)
+            m.rank_.reranker = rr
             m.train_seconds_ += time.perf_counter() - t0
             report(f"post-pass lr x {frac} seed {s}", m)
 

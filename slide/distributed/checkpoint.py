@@ -52,7 +52,7 @@ def _driver_state(model):
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     arrays = {k: v for k, v in hid.state_arrays().items()}
     arrays["opt_rates"] = hid.optimizer.step_rates
-    mem = getattr(model, "memory_", None)
+    mem = model.rank_.memory
     meta["neighbours"] = None
     if mem is not None:
         # the neighbour vote's memory (slide.rank.vote), kept by the driver
@@ -141,7 +141,7 @@ def restore_driver(model, path, man):
 def _restore_memory(model, path, memory_meta, arrays):
     """The driver's neighbour memory, if the file has one."""
     from slide.persist.checkpoint import memory_from_arrays
-    model.memory_ = memory_from_arrays(path, memory_meta, arrays, model.hidden_sizes_[-1],
+    model.rank_.memory = memory_from_arrays(path, memory_meta, arrays, model.hidden_sizes_[-1],
                                        model.n_labels_)
 
 
@@ -204,7 +204,7 @@ def to_single(model):
                          batch_in_epoch=model.batch_in_epoch_,
                          train_seconds=model.train_seconds_, history=list(model.history_))
     single._ensure_lsh()
-    single.network_.memory = getattr(model, "memory_", None)
+    single.rank_.memory = model.rank_.memory
     return single
 
 
@@ -263,5 +263,5 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     model._set_position(batches=single.batches_, samples=single.samples_, epoch=single.epoch_,
                         batch_in_epoch=single.batch_in_epoch_,
                         train_seconds=single.train_seconds_, history=list(single.history_))
-    model.memory_ = single.network_.memory
+    model.rank_.memory = single.rank_.memory
     return model

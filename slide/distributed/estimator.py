@@ -12,8 +12,10 @@ and its ``time_budget`` (the batch loop is ``slide.network.trainer.train``'s).
 """
 import numpy as np
 
-from slide.network import trainer
 from slide.estimator import SlideClassifier
+from slide.kernels.topk import probabilities
+from slide.network import trainer
+from slide.rank.stack import RankStack
 from slide.params import check_k, is_int
 from slide.network.trainer import blas_single_thread
 
@@ -115,6 +117,7 @@ class ShardedSlideClassifier(SlideClassifier):
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
                            history=[])
         self.bytes_per_batch_ = 0.0
+        self.rank_ = RankStack()        # the neighbour vote's memory, kept by the driver
         cfg = self.shard_config()
         specs = [dict(q=q, lo=lo, hi=hi, n_hidden=hs[0], n_labels=n_labels, config=cfg)
                  for q, (lo, hi) in enumerate(ranges)]
@@ -189,16 +192,9 @@ class ShardedSlideClassifier(SlideClassifier):
     def _build_memory(self, X, Y, split=None):
         """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver
         (``split`` is always None: no re-ranker here)."""
-        from slide.rank.vote import NeighbourMemory
         self._threads()
         self.sync()
-        self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
-
-    def _neighbour_vote(self):
-        self._check_neighbour_settings()
-        if self.neighbours <= 0 or getattr(self, "memory_", None) is None:
-            return None
-        return int(self.neighbours), float(self.neighbour_weight)
+        self.rank_.fit(self._hidden_all(X), ShardedOutput(self), X, Y, int(self.neighbours))
 
     def _merge_parts(self, parts, k):
         """The shards' best-first (scores, global ids) lists merged into the global top-k:
@@ -210,22 +206,10 @@ class ShardedSlideClassifier(SlideClassifier):
                 np.take_along_axis(scores, order, axis=1))
 
     def _blended_topk(self, H, k, n_neighbours, weight):
-        """(ids, blended scores) of the exact top-k with the vote, over every shard."""
-        from slide.rank.vote import blend_block
-        parts = self.backend_.call_all("topk_lse", H, k)
-        top_ids, top_z = self._merge_parts(parts, k)
-        m = np.max([p[2] for p in parts], axis=0)
-        lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
-        V = self.memory_.vote(H, n_neighbours)
-        rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
-        labels = V.indices.astype(np.int64)
-        v_z = np.zeros(V.nnz, np.float64)
-        masks = [(labels >= lo) & (labels < hi)
-                 for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])]
-        got = self.backend_.call_each("logits_at", [(H, rows[q], labels[q]) for q in masks])
-        for q, vals in zip(masks, got):
-            v_z[q] = vals
-        return blend_block(top_ids, top_z, lse, V, v_z, weight, False, top_ids.shape[1])
+        """(ids, blended scores) of the exact top-k with the vote, over every shard (the
+        ranking stack's blend over ``ShardedOutput``, all rows in one block)."""
+        return self.rank_.topk_blended(H, ShardedOutput(self), k, n_neighbours, weight,
+                                       block=max(1, H.shape[0]))
 
     def predict_topk_scored(self, X, k=5):
         """As ``SlideClassifier.predict_topk_scored``."""
@@ -240,15 +224,14 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def predict_proba(self, X):
         """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
-        from slide.rank.vote import add_vote, probabilities
         X = self._prepare_inference(X)
+        vote = self._neighbour_vote()
         with blas_single_thread():
             H = self._hidden_all(X)
+            if vote is not None:
+                return self.rank_.proba(H, ShardedOutput(self), *vote, block=max(1, H.shape[0]))
             p = probabilities(np.concatenate(self.backend_.call_all("scores", H), axis=1),
                               False)
-        vote = self._neighbour_vote()
-        if vote is not None:
-            add_vote(p, self.memory_.vote(H, vote[0]), vote[1])
         return p.astype(np.float32)
 
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
@@ -318,6 +301,44 @@ class ShardedSlideClassifier(SlideClassifier):
             pass
 
 
+class ShardedOutput:
+    """The sharded output layer as the ranking stages read it (``slide.rank.output``'s
+    questions, answered by the shards): each shard's top-k and log-sum-exp parts merged in
+    the driver, the logits of given (row, label) pairs asked of the shards that hold them.
+    Softmax only (``ShardedSlideClassifier`` supports no other loss)."""
+
+    sigmoid = False
+
+    def __init__(self, model):
+        self.model = model
+
+    @property
+    def n_labels(self):
+        return self.model.n_labels_
+
+    def topk_lse(self, H, k):
+        parts = self.model.backend_.call_all("topk_lse", H, k)
+        top_ids, top_z = self.model._merge_parts(parts, k)
+        m = np.max([p[2] for p in parts], axis=0)
+        lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
+        return top_ids, top_z, lse
+
+    def logits_at(self, H, V):
+        rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
+        labels = V.indices.astype(np.int64)
+        v_z = np.zeros(V.nnz, np.float64)
+        bounds = self.model.bounds_
+        masks = [(labels >= lo) & (labels < hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        got = self.model.backend_.call_each("logits_at",
+                                            [(H, rows[q], labels[q]) for q in masks])
+        for q, vals in zip(masks, got):
+            v_z[q] = vals
+        return v_z
+
+    def logits(self, H):
+        return np.concatenate(self.model.backend_.call_all("scores", H), axis=1)
+
+
 class _ShardSteps:
     """``slide.network.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
     layer, the shards their slices of the output layer (``slide.distributed.driver``)."""
@@ -327,7 +348,7 @@ class _ShardSteps:
 
     def start(self, X, Y, n_threads):
         self.model._prepare_shards(Y, n_threads)
-        self.model.memory_ = None   # the neighbour memory was built from weights this changes
+        self.model.rank_.clear()    # the neighbour memory was built from weights this changes
 
     def step(self, X, Y, rows, serial, lr, n_threads):
         from slide.distributed.driver import train_batch

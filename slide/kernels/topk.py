@@ -108,3 +108,14 @@ def topk_lse_of_logits(H, Wo, bo, k, chunk=32768):
         fold_logits(S, c0, k, top_ids, top_z, run_max, run_sum)
         del S       # one logit block alive at a time, not two
     return top_z, top_ids, run_max, run_sum
+
+
+def probabilities(z, sigmoid):
+    """Label probabilities of a dense block of logits z [n, m] (overwritten): the softmax of
+    each row, or the per-label sigmoid."""
+    if sigmoid:
+        return 1.0 / (1.0 + np.exp(-z))
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    return p

@@ -1,4 +1,4 @@
-"""Inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
+"""The network's inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
 index, ``slide.kernels.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
 sparse top-k (the LSH-selected neurons plus the highest-bias ones, one Numba call)."""
 import numpy as np
@@ -9,7 +9,7 @@ from slide.kernels.arrays import csr
 from slide.network.dense import hidden_forward
 from slide.kernels.sample import forward
 from slide.kernels.layers import FASTMATH
-from slide.kernels.topk import insert_best_first, topk_lse_of_logits, topk_of_logits
+from slide.kernels.topk import insert_best_first, probabilities, topk_of_logits
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -109,52 +109,14 @@ def topk_exact(net, X, k, block=1024, chunk=32768, with_scores=False):
     return (out, out_scores) if with_scores else out
 
 
-def topk_blended(net, X, k, memory, n_neighbours, weight, block=1024, chunk=32768):
-    """Exact top-k of the network's probabilities blended with the neighbour vote of
-    ``memory`` (``slide.rank.vote``): (1 - weight) * p_j + weight * vote_j, where p is the
-    softmax of the logits (the per-label sigmoid for loss="sigmoid"). Every label is scored;
-    the blend's top-k lies in the union of the network's top-k and the voted labels.
-    Returns (ids [n, k] int64, their blended scores [n, k] float64)."""
-    from slide.rank.vote import blend_block, voted_logits
-    Wo, bo = net.output_view()
-    k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
-    sigmoid = net.loss == "sigmoid"
-    for lo, hi, H in _hidden_blocks(net, X, block):
-        top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, k_eff, chunk)
-        lse = np.zeros(hi - lo) if sigmoid else run_max + np.log(run_sum)
-        V = memory.vote(H, n_neighbours)
-        out[lo:hi], out_scores[lo:hi] = blend_block(top_ids, top_z, lse, V,
-                                                    voted_logits(H, Wo, bo, V), weight,
-                                                    sigmoid, k_eff)
-    return out, out_scores
-
-
-def topk_reranked(net, X, k, memory, reranker, block=1024):
-    """Exact top-k by the re-ranker (``slide.rank.rerank``) of the candidates of the network and
-    the neighbour vote of ``memory``: (ids [n, k] int64, the re-ranker's probabilities [n, k]
-    float64), best first."""
-    from slide.data.inputs import slice_rows
-    Wo, _ = net.output_view()
-    k_eff, out, out_scores = _topk_outputs(X.shape[0], k, Wo.shape[0])
-    for lo, hi, H in _hidden_blocks(net, X, block):
-        out[lo:hi], out_scores[lo:hi] = reranker.topk(net, slice_rows(X, lo, hi), H, memory,
-                                                      k_eff)
-    return out, out_scores
-
-
-def proba(net, X, memory=None, n_neighbours=0, weight=0.0, block=1024):
+def proba(net, X, block=1024):
     """Dense label probabilities [n, n_labels] (float32): the softmax of the logits (the
-    per-label sigmoid for loss="sigmoid"), blended with the neighbour vote when ``memory``
-    is given."""
-    from slide.rank.vote import add_vote, probabilities
+    per-label sigmoid for loss="sigmoid"). The vote-blended ones: ``slide.rank.stack``."""
     Wo, bo = net.output_view()
     n = X.shape[0]
     out = np.empty((n, Wo.shape[0]), np.float32)
     for lo, hi, H in _hidden_blocks(net, X, block):
-        p = probabilities(H @ Wo.T + bo, net.loss == "sigmoid")
-        if memory is not None:
-            add_vote(p, memory.vote(H, n_neighbours), weight)
-        out[lo:hi] = p
+        out[lo:hi] = probabilities(H @ Wo.T + bo, net.loss == "sigmoid")
     return out
 
 

@@ -11,6 +11,7 @@ from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Param
                                  make_block, make_output_rows, make_scratch, make_store,
                                  make_touched, pack_tables)
 from slide.network.dense import train_batch_dense
+from slide.kernels.output import OutputLayer
 from slide.kernels.negatives import SharedNegatives
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
@@ -78,10 +79,6 @@ class Network:
         # slide.kernels.lsh.serving.ServingIndex over the output layer: built on demand by sparse
         # inference, dropped whenever training changes the weights (slide.network.trainer.train)
         self.serving = None
-        # slide.rank.vote.NeighbourMemory of the training rows: built at the end of a fit
-        # (SlideClassifier.fit_neighbours), dropped with the serving index
-        self.memory = None
-        self.reranker = None        # slide.rank.rerank.ReRanker over the memory's candidates
         self.spec = Spec(L, self.n_in, self.n_out, self.w_off, self.b_off, self.sparse,
                          self.min_active, self.loss_code, self._lsh_cfg())
         self._pack_lsh()
@@ -122,6 +119,12 @@ class Network:
     def output_view(self):
         L = self.layout.n_layers
         return self.layout.weight_view(self.W, L - 1), self.layout.bias_view(self.B, L - 1)
+
+    def output_layer(self):
+        """The output layer as the ranking stages read it (``slide.kernels.output``): views
+        of the weights, not copies."""
+        Wo, bo = self.output_view()
+        return OutputLayer(Wo, bo, self.loss == "sigmoid")
 
     # -- LSH ---------------------------------------------------------------------------------
     def weight_rows(self, l):
@@ -312,21 +315,8 @@ class Network:
     def predict_scores(self, X, block=1024):
         return _infer.scores(self, X, block)
 
-    def predict_topk_blended(self, X, k, n_neighbours, weight, block=1024, chunk=32768):
-        return _infer.topk_blended(self, X, k, self.memory, n_neighbours, weight, block, chunk)
-
-    def predict_topk_reranked(self, X, k, block=1024):
-        return _infer.topk_reranked(self, X, k, self.memory, self.reranker, block)
-
-    def predict_proba(self, X, n_neighbours=0, weight=0.0, block=1024):
-        memory = self.memory if n_neighbours > 0 else None
-        return _infer.proba(self, X, memory, n_neighbours, weight, block)
-
-    def build_memory(self, X, Y):
-        """The neighbour memory (``slide.rank.vote``) of the labelled rows (X, Y)."""
-        from slide.rank.vote import NeighbourMemory
-        self.memory = NeighbourMemory.build(self.hidden(X), Y, copy=False)
-        return self.memory
+    def predict_proba(self, X, block=1024):
+        return _infer.proba(self, X, block)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self):

@@ -174,8 +174,7 @@ class NetworkSteps:
         # the serving index and the neighbour memory were built from the weights this run
         # changes
         model.network_.serving = None
-        model.network_.memory = None
-        model.network_.reranker = None
+        model.rank_.clear()
 
     def step(self, X, Y, rows, serial, lr, n_threads):
         # the optimizer reads its learning_rate at every step and records the step's rate

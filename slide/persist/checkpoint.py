@@ -106,12 +106,13 @@ def _model_arrays(model):
         for k, v in net.serving.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"serve_{k}"] = v
-    if net.memory is not None:
-        for k, v in net.memory.state_dict().items():
+    rank = model.rank_
+    if rank.memory is not None:
+        for k, v in rank.memory.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"nbr_{k}"] = v
-    if net.reranker is not None:
-        for k, v in net.reranker.state_dict().items():
+    if rank.reranker is not None:
+        for k, v in rank.reranker.state_dict().items():
             if isinstance(v, np.ndarray):
                 arrays[f"rr_{k}"] = v
     return arrays
@@ -136,10 +137,12 @@ def _metadata(model, arrays, extra):
                 for l, idx in net.indices.items()},
         "serving": None if net.serving is None else
         {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
-        "neighbours": None if net.memory is None else
-        {k: v for k, v in net.memory.state_dict().items() if not isinstance(v, np.ndarray)},
-        "reranker": None if net.reranker is None else
-        {k: v for k, v in net.reranker.state_dict().items() if not isinstance(v, np.ndarray)},
+        "neighbours": None if model.rank_.memory is None else
+        {k: v for k, v in model.rank_.memory.state_dict().items()
+         if not isinstance(v, np.ndarray)},
+        "reranker": None if model.rank_.reranker is None else
+        {k: v for k, v in model.rank_.reranker.state_dict().items()
+         if not isinstance(v, np.ndarray)},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
     }
@@ -524,8 +527,8 @@ def _load_memory(model, path, memory_meta, arrays):
     """Restore the neighbour memory (``slide.rank.vote``), if the file has one (files written
     before it existed, or by a model fitted with neighbours=0, have none)."""
     net = model.network_
-    net.memory = memory_from_arrays(path, memory_meta, arrays, net.layout.n_in[-1],
-                                    net.layout.n_out[-1])
+    model.rank_.memory = memory_from_arrays(path, memory_meta, arrays, net.layout.n_in[-1],
+                                            net.layout.n_out[-1])
 
 
 def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
@@ -552,12 +555,12 @@ def _load_reranker(model, path, reranker_meta, arrays):
     net = model.network_
     d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
     if d is None:
-        net.reranker = None
+        model.rank_.reranker = None
         return
-    if net.memory is None:
+    if model.rank_.memory is None:
         raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
     try:
-        net.reranker = ReRanker.from_state(d, int(net.layout.n_out[-1]),
+        model.rank_.reranker = ReRanker.from_state(d, int(net.layout.n_out[-1]),
                                            int(net.layout.sizes[0]))
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(path, f"re-ranker: {exc}") from None

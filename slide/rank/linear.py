@@ -30,10 +30,13 @@ rare feature with a rarely wrong label; unclipped, two of three fits on 2 thread
 ``bench/probes/probe_ovr_alone.py``). A per-weight sum was twice the memory and 2.5 times
 the time, for a lower P@1 and P@5 (round 9).
 """
+import numba
 import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
+from threadpoolctl import threadpool_limits
 
+from slide.data.inputs import take_rows
 from slide.kernels.topk import topk_ids_of_logits
 
 N_NEGATIVES = 10        # the network's top labels per row that are trained as negatives
@@ -90,14 +93,12 @@ def _inv_norm(x_dat, p0, p1):
     return 1.0 / np.sqrt(n) if n > 0 else 0.0
 
 
-def hard_negatives(net, X, rows, k, H=None):
-    """The ids [len(rows), min(k, n_labels)] of the k highest logits of ``net`` for each of
-    the rows ``rows`` of X, best first (``H``: the last hidden layer of every row of X, when
-    at hand). Blocks of rows, each one BLAS product per chunk of labels."""
-    import numba
-    from threadpoolctl import threadpool_limits
-    from slide.data.inputs import take_rows
-    Wo, bo = net.output_view()
+def hard_negatives(output, H, rows, k):
+    """The ids [len(rows), min(k, n_labels)] of the k highest logits of the output layer
+    ``output`` (``slide.rank.output.OutputLayer``) for each of the rows ``rows`` of H (the
+    last hidden layer), best first. Blocks of rows, each one BLAS product per chunk of
+    labels."""
+    Wo, bo = output.W, output.b
     n_labels = Wo.shape[0]
     top = np.empty((rows.shape[0], min(k, n_labels)), np.int64)
     floor = _MIN_BLOCK_ROWS if n_labels <= _CHUNK else 64
@@ -107,8 +108,8 @@ def hard_negatives(net, X, rows, k, H=None):
     with threadpool_limits(numba.get_num_threads(), user_api="blas"):
         for a in range(0, rows.shape[0], step):
             block = rows[a:a + step]
-            Hb = net.hidden(take_rows(X, block)) if H is None else H[block]
-            top[a:a + block.shape[0]] = topk_ids_of_logits(Hb, Wo, bo, top.shape[1], _CHUNK)
+            top[a:a + block.shape[0]] = topk_ids_of_logits(H[block], Wo, bo, top.shape[1],
+                                                           _CHUNK)
     return top
 
 
@@ -232,18 +233,17 @@ class LabelLinear:
         self.mask = np.int64(self.weights.shape[0] - 1)
 
     @classmethod
-    def fit(cls, net, X, Y, rows, seed=0, H=None):
-        """Train on the rows ``rows`` of X, Y (CSR) against the hard negatives of the network
-        ``net``; at most ``MAX_WORK / n_labels`` of the rows (a seeded subset). ``H``: the
-        last hidden layer of every row of X, when at hand."""
-        from slide.data.inputs import take_rows
+    def fit(cls, output, H, X, Y, rows, seed=0):
+        """Train on the rows ``rows`` of X, Y (CSR) against the hard negatives of the
+        network's output layer ``output`` (``H``: the last hidden layer of every row of X);
+        at most ``MAX_WORK / n_labels`` of the rows (a seeded subset)."""
         n_labels = Y.shape[1]
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x11AB])
         rows = np.asarray(rows, np.int64)
         n_use = int(min(rows.shape[0], max(1, MAX_WORK // max(1, n_labels))))
         if n_use < rows.shape[0]:
             rows = np.sort(rng.choice(rows, n_use, replace=False))
-        top = hard_negatives(net, X, rows, N_NEGATIVES, H)
+        top = hard_negatives(output, H, rows, N_NEGATIVES)
         Yr = take_rows(Y, rows)
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))
@@ -378,7 +378,6 @@ class OneVsRest:
     @classmethod
     def fit(cls, X, Y, rows, seed=0):
         """``OVR_EPOCHS`` passes over the rows ``rows`` of X, Y (CSR), in a seeded order."""
-        from slide.data.inputs import take_rows
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x0F12])
         Xr = strongest_terms(take_rows(X, np.asarray(rows, np.int64)))
         Yr = take_rows(Y, np.asarray(rows, np.int64))
@@ -409,13 +408,13 @@ class OneVsRest:
         return {"ovr_weights": self.weights, "ovr_slot": self.slot, "lin_bias": self.bias}
 
 
-def fit_classifiers(net, X, Y, rows, seed=0, H=None):
+def fit_classifiers(output, H, X, Y, rows, seed=0):
     """The linear_score classifiers of the rows ``rows`` of X, Y: ``OneVsRest`` where it is
     affordable (``ovr_affordable``), else ``LabelLinear`` against the network's hard
     negatives."""
     if ovr_affordable(X, np.asarray(rows, np.int64), Y.shape[1]):
         return OneVsRest.fit(X, Y, rows, seed)
-    return LabelLinear.fit(net, X, Y, rows, seed, H=H)
+    return LabelLinear.fit(output, H, X, Y, rows, seed)
 
 
 def classifiers_from_state(d, n_labels, n_features):

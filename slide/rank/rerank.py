@@ -35,6 +35,7 @@ Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed
 matrix over every label; the re-ranker scores only candidates). The model stores the
 re-ranker's weights and the centroids as arrays (``rr_*`` in checkpoints).
 """
+import numba
 import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
@@ -42,7 +43,8 @@ from numba import njit, prange
 from slide.data.inputs import take_rows
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
-from slide.rank.vote import POWER
+from slide.rank.linear import classifiers_from_state, fit_classifiers
+from slide.rank.vote import POWER, NeighbourMemory
 
 # 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
 # OneVsRest classifiers (slide.rank.linear); all loaded
@@ -191,7 +193,6 @@ def label_centroids(X, Y, max_terms, rows=None):
     (indptr int64 [n_labels + 1], ids int32 sorted, values float32), labels without rows
     empty. One parallel pass over the labels (scipy's Y.T @ X took 17 s on wiki10-31k's 675
     words and 19 labels a row)."""
-    import numba
     X = sp.csr_matrix(X)
     Yc = sp.csc_matrix(Y)
     n_labels, m = Y.shape[1], int(max_terms)
@@ -331,17 +332,17 @@ def candidate_features(top_ids, top_z, lse, sigmoid, near, sims, m_ptr, m_ids, H
             out_feat[u, 9] = dot / x_norm
 
 
-def features(net, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
+def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
              linear=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
     [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
     memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
-    Wo, bo = net.output_view()
+    Wo, bo = output.W, output.b
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
-    sigmoid = net.loss == "sigmoid"
+    sigmoid = output.sigmoid
     lse = np.zeros(n) if sigmoid else run_max + np.log(run_sum)
     near, sims = memory.nearest(H, k_nn, exclude)
     per_row = np.diff(memory.label_indptr)
@@ -408,12 +409,12 @@ class ReRanker:
         F = F[:, :self.n_features]
         return expand((F - self.mean) / self.scale) @ self.coef + self.intercept
 
-    def topk(self, net, X, H, memory, k):
+    def topk(self, output, X, H, memory, k):
         """(ids [n, k] int64, probabilities [n, k] float64) of each row's k best candidates
         by the re-ranker (the network's top max(k, N_TOP) are candidates, so a row has k
         unless the output layer has fewer labels)."""
         n_top = max(int(k), N_TOP)
-        cand_ptr, counts, ids, F = features(net, X, H, memory, self.k_nn, self.centroids,
+        cand_ptr, counts, ids, F = features(output, X, H, memory, self.k_nn, self.centroids,
                                             n_top, linear=self.linear)
         s = np.full(ids.shape[0], -np.inf)
         used, _ = _used(cand_ptr, counts)
@@ -438,7 +439,6 @@ class ReRanker:
     @classmethod
     def from_state(cls, d, n_labels, n_features):
         """ValueError naming what is wrong with a saved re-ranker."""
-        from slide.rank.linear import classifiers_from_state
         fmt = int(d.get("format", -1))
         if fmt not in STATE_FORMATS:
             raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
@@ -484,19 +484,17 @@ def label_counts(Y, rows):
     return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
 
 
-def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
-    """Fit the re-ranker of ``net`` (trained on the ``fit_rows`` of X, Y) on the held-out rows.
+def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
+    """Fit the re-ranker of a network (its ``OutputLayer``, and ``H_all``: the last hidden
+    layer of every row of X, consumed) trained on the ``fit_rows`` of X, Y, on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
     neighbour memory of every row). The held-out rows see the memory without themselves and
     the other held-out rows, and the centroids, label counts and linear classifiers of the
     fitting rows only (what a test row sees of rows the network trained on); no copy of X or
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
     a pass of exact logits over the rows); the centroids are."""
-    from slide.rank.linear import fit_classifiers
-    from slide.rank.vote import NeighbourMemory
-    H_all = net.hidden(X)
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
-    linear = fit_classifiers(net, X, Y, fit_rows, seed, H=H_all)
+    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed)
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
     terms = centroid_terms(Y.shape[1])
@@ -510,7 +508,7 @@ def fit_reranker(net, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
     # at Amazon-670K, 256 rows 32 MB of what stayed above rerank=False)
     for a in range(0, Xh.shape[0], block):
         b = min(Xh.shape[0], a + block)
-        cand_ptr, counts, ids, F = features(net, Xh[a:b], H_held[a:b], memory, k_nn, cen,
+        cand_ptr, counts, ids, F = features(output, Xh[a:b], H_held[a:b], memory, k_nn, cen,
                                             N_TOP, exclude=held_rows, log_count=log_count,
                                             linear=linear)
         used, slot_row = _used(cand_ptr, counts)

@@ -248,17 +248,6 @@ def blend_block(top_ids, top_z, lse, V, v_z, weight, sigmoid, k):
     return out, out_scores
 
 
-def probabilities(z, sigmoid):
-    """Label probabilities of a dense block of logits z [n, m] (overwritten): the softmax of
-    each row, or the per-label sigmoid."""
-    if sigmoid:
-        return 1.0 / (1.0 + np.exp(-z))
-    z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
-    return p
-
-
 def add_vote(p, V, weight):
     """Blend the vote V (CSR, the block's rows) into the dense probabilities p in place:
     (1 - weight) * p + weight * V."""
@@ -267,13 +256,3 @@ def add_vote(p, V, weight):
     np.add.at(p, (V.row, V.col), np.asarray(weight * V.data, p.dtype))
     return p
 
-
-def voted_logits(H, Wo, bo, V):
-    """Logit of every voted (row, label) pair of the CSR vote V: float64 [V.nnz]."""
-    rows = np.repeat(np.arange(V.shape[0]), np.diff(V.indptr))
-    out = np.empty(V.nnz, np.float64)
-    step = 1 << 16
-    for a in range(0, V.nnz, step):
-        r, j = rows[a:a + step], V.indices[a:a + step]
-        out[a:a + step] = np.einsum("ij,ij->i", H[r], Wo[j]) + bo[j]
-    return out
