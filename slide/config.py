@@ -20,6 +20,7 @@ import sys
 from slide import params
 from slide.params import Param
 
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10

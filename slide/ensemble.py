@@ -21,7 +21,13 @@ except ImportError:  # pragma: no cover
     ClassifierMixin = object
     clone = None
 
+from sklearn.exceptions import NotFittedError
+
+from slide.data import as_feature_matrix, as_label_matrix
+from slide.estimator import SlideClassifier
 from slide.params import check_k, is_int
+from slide.persist.checkpoint import save_ensemble
+
 
 # rows scored at once: the block's dense probabilities stay near 64 MB at any label count
 _BLOCK_ENTRIES = 1 << 24
@@ -57,7 +63,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------------------------------
     def _template(self):
-        from slide.estimator import SlideClassifier
         if self.estimator is None:
             return SlideClassifier()
         if not isinstance(self.estimator, SlideClassifier):
@@ -117,7 +122,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "members_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this SlideEnsemble is not fitted yet; call fit first")
 
     def _block_proba(self, X):
@@ -131,7 +135,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return total
 
     def _blocks(self, X):
-        from slide.data import as_feature_matrix
         X = as_feature_matrix(X, n_features=self.n_features_in_, name="X")
         if X.shape[0] == 0:
             raise ValueError("X has no rows")
@@ -174,7 +177,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     def score(self, X, Y, exact=True, prior_candidates=256):
         """Precision@1 of the top prediction."""
-        from slide.data import as_label_matrix
         self._check_fitted()
         top = self.predict_topk(X, k=1, exact=exact)[:, 0]
         Y = as_label_matrix(Y, n_labels=self.n_labels_, n_rows=top.shape[0], name="Y")
@@ -183,6 +185,5 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
         """Write the whole ensemble to one file atomically; ``slide.load`` reads it back."""
-        from slide.persist.checkpoint import save_ensemble
         self._check_fitted()
         save_ensemble(self, path, extra)

@@ -16,17 +16,21 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
-from slide import params as params_mod
-from slide.network import trainer
-from slide.persist.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
-                              load)
-from slide.persist.checkpoint import save as save_checkpoint
-from slide.network import Network
-from slide.rank.stack import RankStack
+import numba
+from sklearn.exceptions import NotFittedError
+
+from slide import params as params_mod, warmup
+from slide.data import as_feature_matrix, as_label_matrix
+from slide.kernels.lsh.hashes import check_hash_config
+from slide.kernels.lsh.serving import default_prior
+from slide.network import Network, trainer
 from slide.network.optim import SparseOptimizer
-from slide.params import is_int
 from slide.network.schedule import RehashSchedule
 from slide.network.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
+from slide.params import is_int
+from slide.persist.checkpoint import (FORMAT, FORMAT_VERSION,  # noqa: F401 (re-exported)
+                                      CheckpointError, save as save_checkpoint)
+from slide.rank.stack import RankStack
 
 
 class SlideClassifier(ClassifierMixin, BaseEstimator):
@@ -207,7 +211,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                     raise ValueError(f"sparse_layers entries must be layer indices in "
                                      f"[0, {n_layers - 1}], got {l!r}")
         if sparse and self.sampler != "random":
-            from slide.kernels.lsh.hashes import check_hash_config
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
         return hs, tuple(sorted(set(int(l) for l in sparse)))
 
@@ -215,7 +218,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """Canonical CSR of X (and Y) through ``slide.data``'s validators, which every entry
         point that reaches a kernel goes through. ``training``: Y must have a positive label
         (a model cannot learn from none; rows without labels are fine)."""
-        from slide.data import as_feature_matrix, as_label_matrix
         n_features = self.n_features_in_ if fitted else None
         X = as_feature_matrix(X, n_features=n_features, name="X")
         if X.shape[0] == 0:
@@ -237,7 +239,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # building
     # ------------------------------------------------------------------------------------------
     def _threads(self):
-        import numba
         n = numba.config.NUMBA_NUM_THREADS if self.n_threads is None else min(
             int(self.n_threads), numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(n)
@@ -307,7 +308,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def _warm_up(self):
         """Compile the run's kernels before its clock starts (``slide.warmup``): the seconds
         go to ``compile_seconds_``, never to ``train_seconds_``."""
-        from slide import warmup
         self._threads()
         return warmup.warm_up(self)
 
@@ -434,7 +434,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         return hasattr(self, self._BUILT_ATTR)
 
     def _check_eval_set(self, eval_set, X, Y):
-        from slide.data import as_feature_matrix, as_label_matrix
         try:
             Xe, Ye = eval_set
         except (TypeError, ValueError):
@@ -464,7 +463,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "network_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this SlideClassifier is not fitted yet; call fit first")
 
     def sync(self):
@@ -499,7 +497,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             if exact:
                 return self._exact_topk(X, int(k), with_scores=False)
             if prior_candidates is None:
-                from slide.kernels.lsh.serving import default_prior
                 prior_candidates = default_prior(self.network_.layout.n_out[-1])
             return self.network_.predict_topk_serving(X, int(k),
                                                       prior_candidates=int(prior_candidates))

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+
 HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.kernels.lsh.hashes.FAMILIES
 BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.kernels.lsh.index.POLICIES
 LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.kernels.lsh.samplers.SAMPLERS

@@ -9,10 +9,16 @@ evaluation, so that every kernel the real run will call is compiled before its c
 It runs once per process and configuration; the seconds it took are what ``SlideClassifier``
 reports as ``compile_seconds_``, never as training time.
 """
+import sys
 import time
 
 import numpy as np
 import scipy.sparse as sp
+from numba.core.registry import CPUDispatcher
+
+from slide import metrics
+from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
+
 
 # configurations already warmed in this process: key -> seconds the warm-up took
 _WARMED = {}
@@ -86,7 +92,6 @@ def warm_up(model):
     key = config_key(model)
     if key in _WARMED:
         return 0.0
-    from slide import metrics
     t0 = time.perf_counter()
     X, Y = tiny_data()
     copy = tiny_copy(model)
@@ -106,7 +111,6 @@ def warm_up(model):
 def _warm_linear(model, X, Y):
     """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
     which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
-    from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
     strongest_terms(X, 1)           # the cut of long rows (no tiny row is longer than 128)
     rows = np.arange(X.shape[0], dtype=np.int64)
     ptr = np.arange(X.shape[0] + 1, dtype=np.int64)
@@ -121,8 +125,6 @@ def _warm_linear(model, X, Y):
 def kernel_signatures():
     """``{"module.function": number of compiled type signatures}`` over every Numba dispatcher
     of the loaded ``slide`` modules: a fit that compiles nothing new leaves it unchanged."""
-    import sys
-    from numba.core.registry import CPUDispatcher
     out = {}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "slide" or name.startswith("slide.")):

@@ -7,7 +7,7 @@ import pytest
 import slide
 from slide.persist.checkpoint import CheckpointError
 from slide.distributed import ShardedSlideClassifier
-from slide.distributed.checkpoint import from_single, to_single
+from slide.distributed.convert import from_single, to_single
 from slide.estimator import SlideClassifier
 
 from conftest import FakeClock

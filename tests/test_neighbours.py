@@ -210,7 +210,7 @@ def test_one_shard_votes_like_the_single_process(tiny):
 
 def test_sharded_blend_is_the_top_k_of_its_probabilities(tiny, tmp_path):
     from slide.distributed import ShardedSlideClassifier
-    from slide.distributed.checkpoint import to_single
+    from slide.distributed.convert import to_single
     Xtr, Ytr, Xte, _ = tiny
     sh = ShardedSlideClassifier(n_shards=3, backend="local", random_state=0, **SHARDED)
     sh.fit(Xtr, Ytr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+
 # exit codes (documented in docs/cli.md)
 EXIT_OK = 0
 EXIT_ERROR = 1        # anything else: I/O error, missing optional dependency, internal error

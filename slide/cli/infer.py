@@ -6,8 +6,8 @@ import os
 import sys
 import time
 
-from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError,
-                              _err, _info)
+from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError, _err,
+                              _info)
 from slide.cli.rundir import _resolve_model
 from slide.fileio import atomic_write, write_text
 
@@ -49,6 +49,7 @@ def _conform(X, n_features, path):
 
 def cmd_evaluate(args):
     import numpy as np
+
     from slide import data as data_mod, metrics
     model, mpath, run_dir = _resolve_model(args.model)
     X, Y = data_mod.read_xc(args.data)

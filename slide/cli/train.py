@@ -8,11 +8,10 @@ import os
 import time
 
 from slide import config as config_mod
-from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA,
-                              EXIT_DIVERGED, EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE,
-                              MODEL_FILE, PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError,
-                              Stopped, _engine, _err, _fmt_seconds, _has_neighbour_memory,
-                              _info)
+from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED,
+                              EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE, MODEL_FILE,
+                              PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError, Stopped, _engine,
+                              _err, _fmt_seconds, _has_neighbour_memory, _info)
 from slide.cli.infer import _scores
 from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
@@ -365,6 +364,7 @@ def cmd_train(args):
 
 def _train(cfg, run_dir, args, stop):
     import numpy as np
+
     from slide import metrics
     loaded = _load_training_data(cfg, run_dir, stop)
     if loaded is None or stop.signum is not None:

@@ -4,6 +4,7 @@ user input and the seeded minibatch order (``slide.data.inputs``)."""
 from slide.data.inputs import as_feature_matrix, as_label_matrix, iterate_minibatches
 from slide.data.xc import DataFormatError, read_libsvm, read_split, read_xc, write_xc
 
+
 __all__ = [
     "DataFormatError",
     "read_xc",

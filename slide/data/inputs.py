@@ -5,8 +5,11 @@ list of label lists) into the canonical CSR the kernels expect, with a ValueErro
 argument otherwise; ``iterate_minibatches`` yields row ids of a permutation derived from
 ``(seed, epoch)`` (XC files are label-sorted: never train or evaluate in file order).
 """
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
+
 
 _INT32_MAX = 2**31 - 1
 
@@ -191,7 +194,6 @@ def _warn_if_stray_label(ids, name):
         return
     top, second = int(distinct[-1]), int(distinct[-2])
     if 2 * distinct.size < top + 1 and top > 10 * max(second, 1):
-        import warnings
         warnings.warn(f"{name}: label id {top} is more than 10 times the next largest ({second}) "
                       f"and {top + 1 - distinct.size} of the {top + 1} inferred label ids are "
                       "unused: is it mistyped? (pass n_labels to check the ids against it)",

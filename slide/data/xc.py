@@ -34,33 +34,14 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from slide.kernels.parse import (
-    _E_DUPLICATE,
-    _E_EXTRA_LINE,
-    _E_INDEX_RANGE,
-    _E_LABEL,
-    _E_LABEL_RANGE,
-    _E_MALFORMED,
-    _E_NEG_INDEX,
-    _E_NEG_LABEL,
-    _E_NONNUMERIC,
-    _MODE_FEATURES,
-    _MODE_LABELS,
-    _MODE_XC,
-    _POW10,
-    _ST_LINES,
-    _ST_NHARD,
-    _ST_NNZX,
-    _ST_NNZY,
-    _ST_ROW,
-    _S_DONE,
-    _S_ERROR,
-    _count_bytes,
-    _last_newline,
-    _parse_chunk,
-)
 from slide.data.inputs import _INT32_MAX, as_feature_matrix, as_label_matrix
 from slide.fileio import atomic_write
+from slide.kernels.parse import (_E_DUPLICATE, _E_EXTRA_LINE, _E_INDEX_RANGE, _E_LABEL,
+                                 _E_LABEL_RANGE, _E_MALFORMED, _E_NEG_INDEX, _E_NEG_LABEL,
+                                 _E_NONNUMERIC, _MODE_FEATURES, _MODE_LABELS, _MODE_XC, _POW10,
+                                 _S_DONE, _S_ERROR, _ST_LINES, _ST_NHARD, _ST_NNZX, _ST_NNZY,
+                                 _ST_ROW, _count_bytes, _last_newline, _parse_chunk)
+
 
 _CHUNK = 1 << 25  # 32 MiB of text per parser call
 _HARD_CAP = 4096  # values the kernel hands to Python's float() per call

@@ -8,10 +8,11 @@ import math
 import numpy as np
 
 from slide.distributed.kernels import (combine_partials, hidden_backward_batch,
-                                       hidden_forward_batch)
+                                       hidden_forward_batch, init_rows_like_global)
 from slide.kernels.arrays import Params, Spec, csr, i64, make_touched
-from slide.kernels.touched import collect_touched
 from slide.kernels.layers import Layout
+from slide.kernels.rng import init_stream
+from slide.kernels.touched import collect_touched
 from slide.network.optim import SparseOptimizer
 
 
@@ -27,8 +28,6 @@ class HiddenLayer:
         self.W = np.zeros(self.layout.n_weights, np.float32)
         self.B = np.zeros(self.layout.n_biases, np.float32)
         if init:
-            from slide.distributed.kernels import init_rows_like_global
-            from slide.kernels.rng import init_stream
             # init_params' Glorot std of layer 0 (fan-in: the input features)
             std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
             init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(init_stream(0)))

@@ -10,14 +10,25 @@ Supported: one hidden layer, softmax loss, the output layer sampled (``sparse_la
 or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``,
 and its ``time_budget`` (the batch loop is ``slide.network.trainer.train``'s).
 """
-import numpy as np
+import os
 
+import numpy as np
+from sklearn.exceptions import NotFittedError
+
+from slide.distributed.backend import LocalBackend
+from slide.distributed.checkpoint import read_manifest, restore_driver, save
+from slide.distributed.driver import HiddenLayer, train_batch
+from slide.distributed.ray_backend import RayBackend, ShardFailure
+from slide.distributed.shard import shard_ranges
 from slide.estimator import SlideClassifier
+from slide.kernels.lsh.serving import default_prior
 from slide.kernels.topk import probabilities
 from slide.network import trainer
-from slide.rank.stack import RankStack
-from slide.params import check_k, is_int
+from slide.network.schedule import RehashSchedule
 from slide.network.trainer import blas_single_thread
+from slide.params import check_k, is_int
+from slide.rank.stack import RankStack
+
 
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
@@ -95,16 +106,11 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def _make_backend(self):
         if self.backend == "local":
-            from slide.distributed.backend import LocalBackend
             return LocalBackend()
-        from slide.distributed.ray_backend import RayBackend
         # each actor runs its kernels on the shard_cpus threads Ray reserved for it
         return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
-        from slide.distributed.driver import HiddenLayer
-        from slide.distributed.shard import shard_ranges
-        from slide.network.schedule import RehashSchedule
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
         self._set_identity(n_features, n_labels, seed)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
@@ -148,8 +154,6 @@ class ShardedSlideClassifier(SlideClassifier):
     def _recover(self, exc, Y, n_threads):
         """A shard actor died (Ray restarted it empty): every shard and the driver go back to
         the last checkpoint, losing the batches since."""
-        from slide.distributed.checkpoint import read_manifest, restore_driver
-        import os
         path = getattr(self, "last_checkpoint_", None)
         if path is None:
             raise RuntimeError(f"{exc}; no checkpoint to resume from (save one with "
@@ -172,7 +176,6 @@ class ShardedSlideClassifier(SlideClassifier):
     # -- inference -----------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "hidden_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this ShardedSlideClassifier is not fitted yet; call fit first")
         if getattr(self, "backend_", None) is None:
             raise RuntimeError("this ShardedSlideClassifier was closed (its shard actors are "
@@ -243,7 +246,6 @@ class ShardedSlideClassifier(SlideClassifier):
         highest biases over ALL shards (None: ``slide.kernels.lsh.serving.default_prior`` of the
         label count, as in the single process; the driver picks them from each shard's own
         best)."""
-        from slide.kernels.lsh.serving import default_prior
         self._check_fitted()
         check_k(k, self.n_labels_)
         if prior_candidates is None:
@@ -287,7 +289,6 @@ class ShardedSlideClassifier(SlideClassifier):
     def save(self, path, extra=None):
         """A checkpoint directory: one file per shard, then the driver's file, then the
         manifest (written last: a directory without it is not a checkpoint)."""
-        from slide.distributed.checkpoint import save
         self._check_fitted()
         save(self, path, extra)
 
@@ -351,8 +352,6 @@ class _ShardSteps:
         self.model.rank_.clear()    # the neighbour memory was built from weights this changes
 
     def step(self, X, Y, rows, serial, lr, n_threads):
-        from slide.distributed.driver import train_batch
-        from slide.distributed.ray_backend import ShardFailure
         m = self.model
         try:
             loss, sent, act = train_batch(m.hidden_, m.backend_, m.bounds_, X, Y, rows, serial,

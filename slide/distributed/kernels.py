@@ -12,11 +12,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.negatives import correction, corrected_logit, is_label
-from slide.kernels.sample import select_active
 from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
-                          rows_backward, rows_forward)
+                                  rows_backward, rows_forward)
+from slide.kernels.negatives import corrected_logit, correction, is_label
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.sample import select_active
+
 
 OUT = 1       # the output layer's index in a shard's (1, hidden, n_local) network
 

@@ -12,14 +12,16 @@ Protocol of one training batch (``slide.distributed.driver``):
 """
 import numpy as np
 
-from slide.kernels.rng import STREAM_SHARD_SEED, derived_seed
+from slide.distributed.checkpoint import read_part, write_part
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
-from slide.network import Network
+from slide.kernels.rng import STREAM_SHARD_SEED, derived_seed, init_stream
 from slide.kernels.topk import topk_lse_of_logits, topk_of_logits
+from slide.kernels.touched import output_entries
+from slide.network import Network
 from slide.network.optim import SparseOptimizer
 from slide.network.schedule import RehashSchedule
-
+from slide.persist.checkpoint import CheckpointError
 
 
 def shard_ranges(n_labels, n_shards):
@@ -86,7 +88,6 @@ class OutputShard:
 
     def _init_rows(self):
         """The single-process initial weights of rows [lo, hi) (zero biases)."""
-        from slide.kernels.rng import init_stream
         n_f, h = int(self.config["n_features"]), self.n_hidden
         W, _ = self.net.output_view()
         std = np.sqrt(2.0 / (h + self.n_labels))
@@ -131,7 +132,6 @@ class OutputShard:
     def backward(self, serial, log_z, n_labels, learning_rate):
         """Deltas from the global normaliser, this shard's dL/dh, then the row update and the
         shard's rehash / rebuild when its schedule says so. Returns dH [nb, hidden]."""
-        from slide.kernels.touched import output_entries
         net, nb = self.net, self._nb
         net.serving = None          # built from weights this step changes
         sc = net.sc
@@ -250,14 +250,11 @@ class OutputShard:
 
     def save_part(self, path):
         """Write this shard's state to ``path`` atomically; returns the file's name."""
-        from slide.distributed.checkpoint import write_part
         return write_part(path, self.state_dict())
 
     @classmethod
     def from_file(cls, path):
         """The shard saved by :meth:`save_part` (CheckpointError naming the file)."""
-        from slide.persist.checkpoint import CheckpointError
-        from slide.distributed.checkpoint import read_part
         state = read_part(path)
         try:
             return cls.from_state(state)

@@ -19,6 +19,10 @@ reading a loose ``acts`` argument did.
 from typing import NamedTuple
 
 import numpy as np
+from numba.typed import List
+
+from slide.kernels.lsh.samplers import scratch_sizes
+
 
 # cfg: the sparse layers' shared LSH / sampler settings, packed into one int64 array
 CFG_SAMPLER, CFG_FAMILY, CFG_K, CFG_L, CFG_BITS, CFG_BUDGET, CFG_THRESHOLD = range(7)
@@ -139,7 +143,6 @@ def empty_tables(n_layers):
 def pack_tables(n_layers, indices):
     """Typed lists of the per-layer LSH arrays of ``indices`` (layer -> LSHIndex), as the
     kernels take them (dummies for layers without tables)."""
-    from numba.typed import List
     di = np.zeros((1, 1), np.int32)
     df = np.zeros((1, 1), np.float32)
     intp, floatp, toff, titems = List(), List(), List(), List()
@@ -171,7 +174,6 @@ def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active
     (sampler scratch sizes); ``n_forced``: most ids forced into the output layer (labels and
     shared negatives), ``n_shared`` of them shared negatives (the LSH sampler is queried with
     only the labels forced; the shared ones are deduplicated with the ``marks`` stamps)."""
-    from slide.kernels.lsh.samplers import scratch_sizes
     L = spec.n_layers
     last = L - 1
     sparse = spec.sparse

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.rng import init_stream, stream_seed, splitmix64
+from slide.kernels.rng import init_stream, splitmix64, stream_seed
+
 
 # fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
 # stay observable so a diverging run is detected (np.isfinite would be folded away otherwise)

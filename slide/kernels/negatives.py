@@ -12,9 +12,9 @@ import math
 import numpy as np
 from numba import njit
 
-from slide.kernels.rng import SHARED_NEGATIVES_KEY
 from slide.kernels.arrays import SharedDraw
 from slide.kernels.layers import FASTMATH
+from slide.kernels.rng import SHARED_NEGATIVES_KEY
 
 
 @njit(cache=True, nogil=True, inline="always")

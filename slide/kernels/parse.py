@@ -7,6 +7,7 @@ fast path (Clinger) are handed back as "hard" tokens for Python's ``float``.
 import numpy as np
 from numba import njit
 
+
 # ---------------------------------------------------------------------------------------------
 # kernels
 

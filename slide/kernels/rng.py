@@ -9,6 +9,7 @@ thread scheduling of the random streams.
 import numpy as np
 from numba import njit
 
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)

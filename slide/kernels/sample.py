@@ -19,14 +19,14 @@ import math
 import numpy as np
 from numba import njit
 
-from slide.kernels.rng import randint
 from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
-                                 CFG_THRESHOLD, SAMPLER_RANDOM)
-from slide.kernels.negatives import correction, corrected_logit, corrected_max, is_label
-from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, first_forward_sparse,
-                          rows_backward, rows_forward)
+                                  CFG_THRESHOLD, SAMPLER_RANDOM)
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense,
+                                  first_forward_sparse, rows_backward, rows_forward)
 from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.kernels.lsh.samplers import sample_into
+from slide.kernels.negatives import corrected_logit, corrected_max, correction, is_label
+from slide.kernels.rng import randint
 
 
 # ----------------------------------------------------------------------------------------------

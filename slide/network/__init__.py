@@ -17,4 +17,5 @@ bundles before the loop, or store through a called function.
 """
 from slide.network.network import LOSSES, Network
 
+
 __all__ = ["LOSSES", "Network"]

@@ -2,13 +2,14 @@
 rows it touched (buffered layers via ``collect_touched``, the sampled output layer via the
 per-row path ``output_entries`` + ``SparseOptimizer.step_output``)."""
 import numpy as np
+import scipy.sparse as sp
 from numba import njit, prange
 
-from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.arrays import csr
+from slide.kernels.layers import FASTMATH
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward, forward, sample_loss
 from slide.kernels.touched import collect_touched, output_entries
-from slide.kernels.layers import FASTMATH
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
@@ -86,7 +87,6 @@ def update(net, X, rows, serial, optimizer):
 def one_sample(net, x_indices, x_data, labels, serial, return_active):
     """``Network.sample_loss_and_grads`` on a network whose GW/GB are fresh zero buffers and
     whose scratch may be replaced (the caller restores both)."""
-    import scipy.sparse as sp
     lay = net.layout
     x_indices = np.asarray(x_indices, np.int32)
     X = sp.csr_matrix((np.asarray(x_data, np.float32), x_indices,

@@ -27,17 +27,20 @@ paths optimise the same objective; they differ only in the order of float32 sums
 few samples at a time), so a core that is busy with another job does not hold the batch.
 """
 import math
+import time
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr
+from slide.kernels.layers import FASTMATH
 from slide.kernels.negatives import correction, find_sorted
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss
 from slide.kernels.touched import output_entries
-from slide.kernels.layers import FASTMATH
+
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
 CHUNK = 4
@@ -299,8 +302,6 @@ def _oracle_ids(net, X, rows):
     """The study hook's exact ids: the union of every sample's top ``oracle_per_sample``
     logits over ALL labels under the current weights (dense products, not counted as
     training: their seconds go to ``net.oracle_seconds``), at most ``oracle_m`` of them."""
-    import time
-    from slide.data.inputs import take_rows
     t0 = time.perf_counter()
     Wo, bo = net.output_view()
     Hx = net.hidden(take_rows(X, rows))

@@ -4,11 +4,15 @@ it), hidden backward per sample (HOGWILD). Numerically the per-sample path with 
 active."""
 import math
 
+import numba
 import numpy as np
 from numba import njit, prange
 
+from slide.kernels.arrays import csr
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, rows_backward,
+                                  rows_forward)
 from slide.kernels.sample import output_loss
-from slide.kernels.layers import FASTMATH, first_backward, first_forward_dense, rows_backward, rows_forward
+
 
 NO_CORRECTION = (0, 0, 0, 0, 0.0, 0.0)
 
@@ -81,8 +85,6 @@ def train_batch_dense(net, X, Y, rows, serial, optimizer):
     """The dense network's batch on ``net`` (a ``slide.network.Network``): hidden forward,
     output layer by BLAS, loss, output gradient by BLAS, hidden backward, then the same sparse
     optimizer (every output row is touched). Returns (mean loss, output size)."""
-    import numba
-    from slide.kernels.arrays import csr
     lay = net.layout
     last = lay.n_layers - 1
     nb = rows.shape[0]

@@ -21,9 +21,14 @@ Everything here runs outside the training kernels: switching it on costs one den
 pass of the sampled rows, nothing per batch.
 """
 import numpy as np
+import scipy.sparse as sp
 
+from slide.kernels.arrays import SharedDraw, capacity, make_scratch
+from slide.kernels.lsh.hashes import hash_dense_batch
+from slide.kernels.negatives import correction, inclusion_weights
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.arrays import capacity, make_scratch
+from slide.kernels.sample import select_active
+
 
 # the kernel's layout order (slide.kernels.sample.select_active): labels and LSH ids (C, chosen
 # without looking at the shared draw), the shared negatives not in C, the random padding
@@ -77,7 +82,6 @@ def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     Returns (ids int32[n], sources int8[n]) in the kernel's layout: labels, then LSH
     candidates (together C), then the shared negatives not in C, then random padding.
     """
-    from slide.kernels.sample import select_active
     net = _network(model)
     last = net.layout.n_layers - 1
     n_out = int(net.n_out[last])
@@ -153,8 +157,6 @@ def engine_log_offsets(net, ids, sources, log_inclusion):
     probabilities ``log_inclusion[j]`` = log P(j in the shared set) (the kernel reads them in
     float32, as ``SharedNegatives.draw`` stores them). -inf marks ids the estimate leaves
     out (a random fill next to frequency negatives when the fill is not always present)."""
-    from slide.kernels.arrays import SharedDraw
-    from slide.kernels.negatives import correction, inclusion_weights
     ids = np.asarray(ids, np.int64)
     sources = np.asarray(sources)
     n_a = len(ids)
@@ -223,7 +225,6 @@ def stored_codes(index):
 
 def current_codes(model):
     """Bucket ids [N, L] of the output neurons' current weights under the current functions."""
-    from slide.kernels.lsh.hashes import hash_dense_batch
     net = _network(model)
     idx = _output_index(net)
     if idx is None:
@@ -264,7 +265,6 @@ def diagnose(model, X, Y, n_rows=256, k=32, serial=None, seed=0, max_labels=None
 
     Returns dict(rows, mass, recall, active, sources (mean counts), normaliser_ratio (engine
     estimate / exact, mean over rows), drift (None without tables))."""
-    import scipy.sparse as sp
     net = _network(model)
     if not net.sparse[-1]:
         raise ValueError("the output layer is dense: every neuron is active")
@@ -337,7 +337,6 @@ def every(n_batches, X, Y, n_rows=200, log=print, k=32, seed=0):
     ``history`` list.
 
     Example: ``model.fit(X, Y, callback=slide.network.diagnostics.every(100, X, Y))``."""
-    import scipy.sparse as sp
     try:
         n_batches = int(n_batches)
     except (TypeError, ValueError):

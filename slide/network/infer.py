@@ -1,15 +1,16 @@
 """The network's inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
 index, ``slide.kernels.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
 sparse top-k (the LSH-selected neurons plus the highest-bias ones, one Numba call)."""
+import numba
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.arrays import csr
-from slide.network.dense import hidden_forward
-from slide.kernels.sample import forward
+from slide.kernels.arrays import csr, make_scratch
 from slide.kernels.layers import FASTMATH
+from slide.kernels.rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.sample import forward
 from slide.kernels.topk import insert_best_first, probabilities, topk_of_logits
+from slide.network.dense import hidden_forward
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
@@ -69,7 +70,6 @@ def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out
 
 def hidden(net, X, lo=0, hi=None, n_chunks=None):
     """Last hidden layer (every neuron active) of rows lo..hi-1: float32 [n, h_last]."""
-    import numba
     hi = X.shape[0] if hi is None else hi
     lay = net.layout
     n_chunks = n_chunks or numba.get_num_threads()
@@ -136,8 +136,6 @@ def topk_sparse(net, X, k, call=0, prior_candidates=0):
     """Top-k over the neurons the samplers select (no labels forced) plus the
     ``prior_candidates`` highest-bias output neurons, parallel over rows. Padded with -1
     where fewer than k neurons are active."""
-    import numba
-    from slide.kernels.arrays import make_scratch
     n_chunks = numba.get_num_threads()
     mins = net.min_active.copy()
     mins[-1] = int(k)      # serving: random fill only to guarantee k candidates

@@ -3,16 +3,24 @@ scratch) and calls the engine's kernels. The kernels live in ``slide.kernels.sam
 sample), ``batch`` (one batch), ``touched``, ``negatives``, ``dense`` and ``infer``."""
 import math
 
+import numba
 import numpy as np
 
+from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
+                                  make_block, make_output_rows, make_scratch, make_store,
+                                  make_touched, pack_tables)
+from slide.kernels.layers import Layout, init_params
+from slide.kernels.lsh.hashes import FAMILIES, bits_per_hash
+from slide.kernels.lsh.index import LSHIndex
+from slide.kernels.lsh.samplers import SAMPLERS
+from slide.kernels.lsh.serving import ServingIndex
+from slide.kernels.negatives import SharedNegatives
+from slide.kernels.output import OutputLayer
 from slide.kernels.rng import STREAM_LAYER_SEED, derived_seed
 from slide.network import batch as _batch, block as _block, infer as _infer
-from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
-                                 make_block, make_output_rows, make_scratch, make_store,
-                                 make_touched, pack_tables)
 from slide.network.dense import train_batch_dense
-from slide.kernels.output import OutputLayer
-from slide.kernels.negatives import SharedNegatives
+from slide.network.state import network_from_state
+
 
 LOSSES = {"softmax": 0, "sigmoid": 1}
 STATE_FORMAT = 1
@@ -31,7 +39,6 @@ class Network:
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
                  shared_negatives=0, correct=True, negative_power=0.0, engine="batched"):
-        from slide.kernels.layers import Layout, init_params
         self.layout = lay = Layout(tuple(int(s) for s in sizes))
         L = lay.n_layers
         self.sparse = np.asarray(sparse, dtype=np.bool_).reshape(L)
@@ -87,8 +94,6 @@ class Network:
         cfg = np.zeros(7, np.int64)
         cfg[CFG_SAMPLER] = SAMPLER_RANDOM
         if self.uses_tables:
-            from slide.kernels.lsh.hashes import FAMILIES, bits_per_hash
-            from slide.kernels.lsh.samplers import SAMPLERS
             c = self.lsh
             cfg[:] = [SAMPLERS[c["sampler"]], FAMILIES[c["family"]], c["K"], c["L"],
                       bits_per_hash(c["family"], c["K"], c["range_pow"]), c["budget"],
@@ -144,7 +149,6 @@ class Network:
         """Hash every sparse layer's neurons into fresh tables."""
         if not self.uses_tables:
             return
-        from slide.kernels.lsh.index import LSHIndex
         c = self.lsh
         for l in range(self.layout.n_layers):
             if self.sparse[l]:
@@ -205,7 +209,6 @@ class Network:
         self.losses = np.zeros(batch_size, np.float64)
         self.block = None
         if self.batched:
-            import numba
             # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
             self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
                                     max(int(n_chunks), numba.config.NUMBA_NUM_THREADS),
@@ -298,7 +301,6 @@ class Network:
     def serving_index(self, **overrides):
         """The output layer's serving index (``slide.kernels.lsh.serving``): the cached one when it fits
         the weights' shape and every given override, else a new one built from the weights."""
-        from slide.kernels.lsh.serving import ServingIndex
         Wo, bo = self.output_view()
         ix = self.serving
         given = {k: v for k, v in overrides.items() if v is not None}
@@ -340,5 +342,4 @@ class Network:
     @classmethod
     def from_state(cls, state):
         """The network of :meth:`state_dict`'s output; ValueError naming what does not fit."""
-        from slide.network.state import network_from_state
         return network_from_state(cls, state)

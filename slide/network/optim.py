@@ -41,6 +41,7 @@ from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
 
+
 OPTIMIZERS = {"adam": 0, "sgd": 1, "lazy_adam": 2}
 KIND_ADAM, KIND_SGD = 0, 1          # output_step's update rule
 

@@ -1,6 +1,9 @@
 """Rebuilding a ``Network`` from ``Network.state_dict()`` output, with validation."""
 import numpy as np
 
+from slide.kernels.lsh.index import LSHIndex
+
+
 STATE_FORMAT = 1
 
 
@@ -18,7 +21,6 @@ def _array(arrays, name, shape, dtype):
 
 def network_from_state(cls, state):
     """``cls.from_state(state)``: see ``Network.state_dict``."""
-    from slide.kernels.lsh.index import LSHIndex
     if not isinstance(state, dict) or "meta" not in state or "arrays" not in state:
         raise ValueError("network state must be a dict with 'meta' and 'arrays'")
     meta, arrays = state["meta"], state["arrays"]

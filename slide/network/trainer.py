@@ -11,6 +11,11 @@ import math
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
+
+from slide.data import iterate_minibatches
+from slide.data.inputs import take_rows
+
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -83,7 +88,6 @@ def blas_single_thread():
     """OpenBLAS threads and Numba's OpenMP threads spin against each other (4x slower measured
     on 2 cores): BLAS calls made beside Numba kernels run single-threaded."""
     try:
-        from threadpoolctl import threadpool_limits
         return threadpool_limits(1, user_api="blas")
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()
@@ -202,8 +206,6 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     (``model.stopped_``). ``steps``: the model's batch steps (``NetworkSteps`` by default).
     ``rows``: train on these rows of (X, Y) only (sorted int64; the re-ranker's held-out rows
     are left out this way, without a copy of X)."""
-    from slide.data import iterate_minibatches
-    from slide.data.inputs import take_rows
     steps = NetworkSteps(model) if steps is None else steps
     n_threads = model._threads()
     bs = int(model.batch_size)

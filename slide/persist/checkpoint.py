@@ -1,4 +1,8 @@
-"""The checkpoint file format of ``SlideClassifier`` (``model.save`` / ``slide.load``).
+"""The checkpoint file format of ``SlideClassifier`` and ``SlideEnsemble`` (``model.save``;
+``slide.load`` is ``slide.persist.models.load``, the one module that knows the model classes).
+This module writes a model's parts and reads them back into a model built by ``load``; it
+imports the components (LSH and serving indices, the neighbour memory, the re-ranker), never
+the estimators.
 
 One file, written atomically through ``slide.fileio.atomic_write``: an ``np.savez`` archive with
 a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed, optimizer step,
@@ -29,7 +33,13 @@ import zipfile
 
 import numpy as np
 
+from slide import params as params_mod
 from slide.fileio import atomic_write
+from slide.kernels.lsh.index import LSHIndex
+from slide.kernels.lsh.serving import ServingIndex
+from slide.rank.rerank import ReRanker
+from slide.rank.vote import NeighbourMemory
+
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
@@ -64,12 +74,12 @@ UNRECORDED_PARAMS = {
 
 def pin_unrecorded_params(path, params, version, names=None):
     """``params`` (a file's recorded hyperparameters, format ``version``) completed with
-    UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s)
+    UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s,
+    the ``slide.params`` table's)
     that a file of that version may lack; CheckpointError naming a parameter it must record
     and does not."""
-    from slide.estimator import SlideClassifier
     params = dict(params)
-    for name in SlideClassifier._get_param_names() if names is None else names:
+    for name in sorted(params_mod.BY_NAME) if names is None else names:
         if name in params:
             continue
         pinned = [pins[name] for since, pins in sorted(UNRECORDED_PARAMS.items())
@@ -322,24 +332,6 @@ def _check_listed_arrays(path, meta, arrays):
         raise CheckpointError(path, f"unexpected arrays {sorted(extra_names)}")
 
 
-def _build_model(path, meta):
-    """An unfitted-then-built ``SlideClassifier`` of the saved hyperparameters, sizes and seed
-    (its weights still the fresh initialisation)."""
-    from slide.estimator import SlideClassifier
-    params = pin_unrecorded_params(path, meta["params"], meta["version"])
-    params["hidden_sizes"] = tuple(params["hidden_sizes"])
-    if params.get("sparse_layers") is not None:
-        params["sparse_layers"] = tuple(params["sparse_layers"])
-    model = SlideClassifier(**params)
-    hs, sparse = model._validate_params()
-    sizes = [int(s) for s in meta["sizes"]]
-    if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
-        raise CheckpointError(path, "layer sizes in the metadata do not match the "
-                                    "hyperparameters")
-    model._build(sizes[0], sizes[-1], hs, sparse, seed=int(meta["seed"]))
-    return model, sizes
-
-
 def _check_state_arrays(path, meta, arrays, model, sizes):
     """Every array fits the built network and optimizer (fills in the step records of files
     written before they existed)."""
@@ -395,78 +387,9 @@ def _restore(model, path, meta, arrays):
     model.checkpoint_meta_ = meta
 
 
-def load(path):
-    """Load a model saved by ``SlideClassifier.save``, a ``SlideEnsemble`` saved by its
-    ``save`` or, for a directory, the ``ShardedSlideClassifier`` saved there. Everything is
-    validated before the model is built; any problem raises CheckpointError naming the file."""
-    if os.path.isdir(os.fspath(path)):
-        # a sharded model's checkpoint directory (slide.distributed.checkpoint)
-        from slide.distributed.checkpoint import load as load_sharded
-        return load_sharded(path)
-    npz, meta = _open(path)
-    try:
-        arrays = _ArchiveArrays(npz)
-        if meta["format"] == ENSEMBLE_FORMAT:
-            # the members' arrays are split by prefix: read them all (ensembles of small
-            # members; a single model reads each array when it copies it)
-            arrays = arrays.read_all()
-        _check_listed_arrays(path, meta, arrays)
-        if meta["format"] == ENSEMBLE_FORMAT:
-            return _load_ensemble(path, meta, arrays)
-        return _load_model(path, meta, arrays)
-    except CheckpointError:
-        raise
-    except _Unreadable as exc:
-        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
-    finally:
-        npz.close()
-
-
-def _load_model(path, meta, arrays):
-    model, sizes = _build_model(path, meta)
-    _check_state_arrays(path, meta, arrays, model, sizes)
-    _restore(model, path, meta, arrays)
-    return model
-
-
-def _load_ensemble(path, meta, arrays):
-    from slide.ensemble import SlideEnsemble
-    n = int(meta["n_models"])
-    if n < 1 or len(meta["members"]) != n:
-        raise CheckpointError(path, f"ensemble of {n} members lists {len(meta['members'])}")
-    members = []
-    for k, member_meta in enumerate(meta["members"]):
-        prefix = f"m{k}/"
-        own = {name[len(prefix):]: a for name, a in arrays.items() if name.startswith(prefix)}
-        _check_listed_arrays(path, member_meta, own)
-        members.append(_load_model(path, member_meta, own))
-    if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
-        raise CheckpointError(path, "ensemble members differ in their input or label count")
-    template = pin_unrecorded_params(path, meta["estimator"], meta["version"])
-    ensemble = SlideEnsemble(estimator=_unfitted(template), n_models=n,
-                             random_state=meta["random_state"])
-    ensemble.seed_ = int(meta["seed"])
-    ensemble._set_members(members)
-    ensemble.extra_ = meta.get("extra")
-    return ensemble
-
-
-def _unfitted(params):
-    """The unfitted ``SlideClassifier`` of saved hyperparameters (JSON lists back to tuples)."""
-    from slide.estimator import SlideClassifier
-    params = dict(params)
-    for name in ("hidden_sizes", "sparse_layers"):
-        if isinstance(params.get(name), list):
-            params[name] = tuple(params[name])
-    return SlideClassifier(**params)
-
-
 def _load_lsh(model, path, lsh_meta, arrays):
     """Restore the LSH tables exactly (they were built from older weights, so they cannot be
     recomputed from the saved ones)."""
-    from slide.kernels.lsh.index import LSHIndex
     net = model.network_
     want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
         else set()
@@ -509,7 +432,6 @@ def _load_serving(model, path, serving_meta, arrays):
     """Restore the serving index of sparse inference, if the file has one (files written
     before it existed, or saved before any sparse prediction, have none: it is built on
     demand)."""
-    from slide.kernels.lsh.serving import ServingIndex
     d = _prefixed_state(path, serving_meta, arrays, "serve_", "serving index")
     if d is None:
         return
@@ -535,7 +457,6 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
     """The ``NeighbourMemory`` saved as the ``nbr_*`` arrays and the ``memory_meta`` settings
     of a file (None when it has none), checked against the hidden width ``dim`` and the label
     count; CheckpointError naming ``path`` otherwise. Shared by single and sharded models."""
-    from slide.rank.vote import NeighbourMemory
     d = _prefixed_state(path, memory_meta, arrays, "nbr_", "neighbour memory")
     if d is None:
         return None
@@ -551,7 +472,6 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
 def _load_reranker(model, path, reranker_meta, arrays):
     """Restore the re-ranker (``slide.rank.rerank``), if the file has one (files written before it
     existed, or by a model fitted without one, have none). It needs the neighbour memory."""
-    from slide.rank.rerank import ReRanker
     net = model.network_
     d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
     if d is None:

@@ -39,6 +39,7 @@ from threadpoolctl import threadpool_limits
 from slide.data.inputs import take_rows
 from slide.kernels.topk import topk_ids_of_logits
 
+
 N_NEGATIVES = 10        # the network's top labels per row that are trained as negatives
 # the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
 # ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test

@@ -41,10 +41,11 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
-from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
 from slide.rank.linear import classifiers_from_state, fit_classifiers
+from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.rank.vote import POWER, NeighbourMemory
+
 
 # 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
 # OneVsRest classifiers (slide.rank.linear); all loaded

@@ -32,6 +32,7 @@ from numba import njit
 
 from slide.kernels.topk import fold_topk, insert_best_first
 
+
 STATE_FORMAT = 1
 # similarities are raised to this power before voting: the nearest of the k rows count most
 # (measured on debdeps/debtags, 1 to 48: 16 at the top by < 0.004 P@1, 1 close behind)

@@ -42,6 +42,7 @@ from numba import njit, prange
 
 from slide.kernels.rng import STREAM_DOPH, STREAM_DWTA, STREAM_SIMHASH, splitmix64, stream_seed
 
+
 FAMILIES = {"simhash": 0, "wta": 1, "dwta": 2, "doph": 3}
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
 

@@ -17,12 +17,14 @@ overflows:
 Unused tail entries of ``items[l]`` (beyond ``offsets[l, -1]``) are -1.
 """
 import numpy as np
+import scipy.sparse as sp
 from numba import njit, prange
 
+from slide.kernels.lsh.hashes import (DOPH_DEFAULT_TOP, FAMILIES, _family_code, as_csr_arrays,
+                                      draw_hash_functions, hash_dense_into, hash_sparse_into)
 from slide.kernels.rng import (STREAM_ORDER, STREAM_REBUILD, STREAM_RESERVOIR, STREAM_TABLE_SEED,
-                        derived_seed, randint, stream_seed)
-from slide.kernels.lsh.hashes import (FAMILIES, DOPH_DEFAULT_TOP, _family_code, as_csr_arrays,
-                              draw_hash_functions, hash_dense_into, hash_sparse_into)
+                               derived_seed, randint, stream_seed)
+
 
 POLICIES = {"fifo": 0, "reservoir": 1}
 FIFO, RESERVOIR = 0, 1
@@ -264,7 +266,6 @@ class LSHIndex:
 
     def query(self, x):
         """The L bucket ids of ``x``: a dense vector of length dim or a 1 x dim scipy sparse row."""
-        import scipy.sparse as sp
         hf = self.hf
         out = np.empty(hf.L, dtype=np.int32)
         if sp.issparse(x):

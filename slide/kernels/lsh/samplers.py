@@ -21,9 +21,11 @@ Size the scratch with :func:`scratch_sizes` (or get it from :func:`make_scratch`
 """
 import numba
 import numpy as np
+import scipy.sparse as sp
 from numba import njit, prange
 
 from slide.kernels.rng import STREAM_SAMPLE_BATCH, randint, stream_seed
+
 
 SAMPLERS = {"vanilla": 0, "topk": 1, "threshold": 2}
 VANILLA, TOPK, THRESHOLD = 0, 1, 2
@@ -345,7 +347,6 @@ def sample_batch(sampler, codes, offsets, items, n_neurons, budget, threshold=1,
     n integer arrays, or a scipy sparse matrix with n rows whose column indices are the forced ids.
     Returns ``(active int32[n, capacity] padded with -1, counts int32[n])``; row i's draws come
     from stream_seed(seed, _, i), so results do not depend on the number of threads."""
-    import scipy.sparse as sp
     code = _sampler_code(sampler)
     codes = np.ascontiguousarray(codes, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int32)

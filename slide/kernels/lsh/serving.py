@@ -31,11 +31,13 @@ Memory: ``n_tables * (N + 2**n_bits + 1)`` int32 plus the projections; it is reb
 weights on demand and saved in checkpoints (``slide.persist.checkpoint``)."""
 import math
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from slide.kernels.rng import SERVING_INDEX_KEY
 from slide.kernels.topk import insert_best_first
+
 
 STATE_FORMAT = 1
 # below this many labels the index is not worth building (see ``serving_config``)
@@ -301,7 +303,6 @@ class ServingIndex:
         """(ids int64 [n, k], scores float32 [n, k]) best first, -1 / -inf where fewer than k
         labels were scored: the ``prior`` labels (the same for every row; scored with BLAS)
         and each row's ``n_candidates`` most-colliding labels (0: the prior list alone)."""
-        import numba
         n_chunks = int(n_chunks or numba.get_num_threads())
         n_cand = self.n_candidates if n_candidates is None else int(n_candidates)
         prior = np.zeros(0, np.int64) if prior is None else np.asarray(prior, np.int64)
