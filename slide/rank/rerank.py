@@ -35,12 +35,15 @@ Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed
 matrix over every label; the re-ranker scores only candidates). The model stores the
 re-ranker's weights and the centroids as arrays (``rr_*`` in checkpoints).
 """
+from typing import NamedTuple
+
 import numba
 import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
+from slide.kernels.arrays import Csr
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
 from slide.rank.linear import classifiers_from_state, fit_classifiers
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
@@ -54,7 +57,19 @@ FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "f
             "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
             "linear_score")
 N_BASE = len(FEATURES)
-_LINEAR = FEATURES.index("linear_score")     # the last: a format-1 re-ranker uses the others
+# the feature columns by name (Numba reads them as compile-time constants)
+LOG_PROB = FEATURES.index("log_prob")
+PROB = FEATURES.index("prob")
+VOTE = FEATURES.index("vote")
+NEIGHBOUR_SHARE = FEATURES.index("neighbour_share")
+BEST_SIMILARITY = FEATURES.index("best_similarity")
+FIRST_RANK = FEATURES.index("first_rank")
+NETWORK_RANK = FEATURES.index("network_rank")
+LOG_COUNT = FEATURES.index("log_count")
+NEAREST_SIMILARITY = FEATURES.index("nearest_similarity")
+CENTROID_COSINE = FEATURES.index("centroid_cosine")
+LINEAR_SCORE = FEATURES.index("linear_score")
+_LINEAR = LINEAR_SCORE          # the last: a format-1 re-ranker uses the others
 N_TERMS = n_terms(N_BASE)       # the features, their squares and products
 N_TOP = 10              # the network's top labels among a row's candidates
 HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker ...
@@ -230,107 +245,155 @@ def _log_sigmoid(z):
     return z - np.log1p(np.exp(z))
 
 
+class NetworkTop(NamedTuple):
+    """The network's side of a block of rows: each row's top labels ``ids`` [n, t] (-1
+    padded) and their logits ``z``, best first, and the row's log-sum-exp ``lse`` [n]."""
+    ids: np.ndarray
+    z: np.ndarray
+    lse: np.ndarray
+
+
+class Candidates(NamedTuple):
+    """The candidates written by ``candidate_features``: row r's ``n[r]`` candidates are
+    ``ids[ptr[r]:ptr[r] + n[r]]``, their features the same rows of ``feat`` [slots, N_BASE]."""
+    ptr: np.ndarray
+    ids: np.ndarray
+    feat: np.ndarray
+    n: np.ndarray
+
+
+@njit(cache=True, nogil=True)
+def _new_candidate(out_ids, out_feat, u, j, network_rank):
+    """Slot u holds candidate j: features zeroed but its rank in the network's top (1 when
+    absent) and its first neighbour's rank, 1 (k / k) until a neighbour carries it."""
+    out_ids[u] = j
+    out_feat[u, :] = 0.0
+    out_feat[u, FIRST_RANK] = 1.0
+    out_feat[u, NETWORK_RANK] = network_rank
+
+
+@njit(cache=True, nogil=True)
+def _add_top(top_ids, top_z, a, out_ids, out_feat):
+    """The network's top labels of one row as its first candidates (from slot a); the logit
+    waits in the LOG_PROB column until ``_finish_candidates``. Returns how many."""
+    m = 0
+    for t in range(top_ids.shape[0]):
+        j = top_ids[t]
+        if j < 0:
+            continue
+        _new_candidate(out_ids, out_feat, a + m, j, min(t, N_TOP) / N_TOP)
+        out_feat[a + m, LOG_PROB] = top_z[t]
+        m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat):
+    """The labels of one row's nearest memory rows (``near``, similarities ``sims``, best
+    first) into its candidates after the m it has: the vote share, neighbour share, best
+    similarity and first neighbour's rank of each. Returns the row's candidate count."""
+    k = near.shape[0]
+    wsum = 0.0
+    for t in range(k):
+        wsum += max(sims[t], 0.0) ** POWER
+    if wsum == 0.0:
+        wsum = 1.0
+    for t in range(k):
+        i = near[t]
+        if i < 0:
+            continue
+        s = sims[t]
+        w = max(s, 0.0) ** POWER / wsum
+        for q in range(m_ptr[i], m_ptr[i + 1]):
+            j = m_ids[q]
+            u = -1
+            for v in range(a, a + m):           # a row's candidates are few (~10-200)
+                if out_ids[v] == j:
+                    u = v
+                    break
+            if u < 0:
+                u = a + m
+                m += 1
+                _new_candidate(out_ids, out_feat, u, j, 1.0)
+            out_feat[u, VOTE] += w
+            out_feat[u, NEIGHBOUR_SHARE] += 1.0 / k
+            if s > out_feat[u, BEST_SIMILARITY]:
+                out_feat[u, BEST_SIMILARITY] = s
+            if t / k < out_feat[u, FIRST_RANK]:
+                out_feat[u, FIRST_RANK] = t / k
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _centroid_dot(x_ind, x_dat, x0, x1, c_ids, c_val, c0, c1):
+    """The dot product of an input row and a centroid: a merge of two sorted id lists."""
+    dot = 0.0
+    p, c = x0, c0
+    while p < x1 and c < c1:
+        if x_ind[p] == c_ids[c]:
+            dot += x_dat[p] * c_val[c]
+            p += 1
+            c += 1
+        elif x_ind[p] < c_ids[c]:
+            p += 1
+        else:
+            c += 1
+    return dot
+
+
+@njit(cache=True, nogil=True)
+def _finish_candidates(r, a, m, n_top, lse, sigmoid, nearest, H, Wo, bo, log_count, cen, X,
+                       out_ids, out_feat):
+    """The features of row r's m candidates that need the label: the log-probability and
+    probability (the logit of a voted label outside the top computed here), the label's
+    count, the nearest similarity, the cosine to the label's centroid (``cen``, CSR)."""
+    x0, x1 = X.ptr[r], X.ptr[r + 1]
+    x_norm = 0.0
+    for p in range(x0, x1):
+        x_norm += X.dat[p] * X.dat[p]
+    x_norm = np.sqrt(x_norm)
+    if x_norm == 0.0:
+        x_norm = 1.0
+    for u in range(a, a + m):
+        j = out_ids[u]
+        if u - a < n_top:
+            z = out_feat[u, LOG_PROB]
+        else:
+            z = bo[j]
+            for d in range(H.shape[1]):
+                z += H[r, d] * Wo[j, d]
+        lp = _log_sigmoid(z) if sigmoid else z - lse
+        out_feat[u, LOG_PROB] = lp
+        out_feat[u, PROB] = np.exp(lp)
+        out_feat[u, LOG_COUNT] = log_count[j]
+        out_feat[u, NEAREST_SIMILARITY] = nearest
+        dot = _centroid_dot(X.ind, X.dat, x0, x1, cen.ind, cen.dat, cen.ptr[j], cen.ptr[j + 1])
+        out_feat[u, CENTROID_COSINE] = dot / x_norm
+
+
 @njit(cache=True, parallel=True)
-def candidate_features(top_ids, top_z, lse, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo,
-                       log_count, c_ptr, c_ids, c_val, x_ptr, x_ind, x_dat, cand_ptr, out_ids,
-                       out_feat, out_n):
-    """Per row r: its candidates -- the network's top labels ``top_ids[r]`` (logits ``top_z``,
-    -1 padded) then every label of its nearest memory rows ``near[r]`` (similarities ``sims``,
-    best first; the memory's labels CSR ``m_ptr``/``m_ids``) -- written from ``cand_ptr[r]``
-    into ``out_ids`` with their ``N_BASE`` features in ``out_feat`` (the order of
-    ``FEATURES``); ``out_n[r]``: how many. ``lse``: each row's log-sum-exp of the logits
-    (softmax); ``H``/``Wo``/``bo``: the hidden rows and output layer (the logits of voted labels
-    outside the top); ``c_*``: the label centroids (CSR, ids sorted); ``x_*``: the input rows
-    (CSR, ids sorted)."""
-    n = near.shape[0]
+def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo, log_count, cen, X,
+                       out):
+    """Per row r: its candidates -- the network's top labels (``top``, a ``NetworkTop``) then
+    every label of its nearest memory rows ``near[r]`` (similarities ``sims``, best first;
+    the memory's labels CSR ``m_ptr``/``m_ids``) -- written from ``out.ptr[r]`` into ``out.ids``
+    with their features in ``out.feat`` (the columns of ``FEATURES`` but ``linear_score``);
+    ``out.n[r]``: how many. ``H``/``Wo``/``bo``: the hidden rows and output layer (the logits
+    of voted labels outside the top); ``cen``: the label centroids (CSR, ids sorted); ``X``:
+    the input rows (CSR, ids sorted)."""
+    # the output arrays out of their bundle before the prange (Numba 0.68 drops stores made
+    # through a bundle attribute inside one)
+    cand_ptr, out_ids, out_feat, out_n = out.ptr, out.ids, out.feat, out.n
+    top_ids, top_z, lse = top.ids, top.z, top.lse
     k = near.shape[1]
-    n_top_max = top_ids.shape[1]
-    for r in prange(n):
+    for r in prange(near.shape[0]):
         a = cand_ptr[r]
-        wsum = 0.0
-        for t in range(k):
-            s = max(sims[r, t], 0.0)
-            wsum += s ** POWER
-        if wsum == 0.0:
-            wsum = 1.0
-        m = 0
-        for t in range(n_top_max):
-            j = top_ids[r, t]
-            if j < 0:
-                continue
-            u = a + m
-            out_ids[u] = j
-            out_feat[u, :] = 0.0
-            out_feat[u, 0] = top_z[r, t]            # the logit, turned into features below
-            out_feat[u, 5] = 1.0
-            out_feat[u, 6] = min(t, N_TOP) / N_TOP
-            m += 1
-        n_top = m
-        for t in range(k):
-            i = near[r, t]
-            if i < 0:
-                continue
-            s = sims[r, t]
-            w = max(s, 0.0) ** POWER / wsum
-            for q in range(m_ptr[i], m_ptr[i + 1]):
-                j = m_ids[q]
-                u = -1
-                for v in range(a, a + m):           # a row's candidates are few (~10-200)
-                    if out_ids[v] == j:
-                        u = v
-                        break
-                if u < 0:
-                    u = a + m
-                    m += 1
-                    out_ids[u] = j
-                    out_feat[u, :] = 0.0
-                    out_feat[u, 0] = np.nan         # logit still to compute
-                    out_feat[u, 5] = 1.0
-                    out_feat[u, 6] = 1.0
-                out_feat[u, 2] += w
-                out_feat[u, 3] += 1.0 / k
-                if s > out_feat[u, 4]:
-                    out_feat[u, 4] = s
-                if t / k < out_feat[u, 5]:
-                    out_feat[u, 5] = t / k
+        n_top = _add_top(top_ids[r], top_z[r], a, out_ids, out_feat)
+        m = _add_votes(near[r], sims[r], m_ptr, m_ids, a, n_top, out_ids, out_feat)
         out_n[r] = m
-        x0, x1 = x_ptr[r], x_ptr[r + 1]
-        x_norm = 0.0
-        for p in range(x0, x1):
-            x_norm += x_dat[p] * x_dat[p]
-        x_norm = np.sqrt(x_norm)
-        if x_norm == 0.0:
-            x_norm = 1.0
         nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
-        for u in range(a, a + m):
-            j = out_ids[u]
-            if u - a < n_top:
-                z = out_feat[u, 0]
-            else:
-                z = bo[j]
-                for d in range(H.shape[1]):
-                    z += H[r, d] * Wo[j, d]
-            if sigmoid:
-                lp = _log_sigmoid(z)
-            else:
-                lp = z - lse[r]
-            out_feat[u, 0] = lp
-            out_feat[u, 1] = np.exp(lp)
-            out_feat[u, 7] = log_count[j]
-            out_feat[u, 8] = nearest
-            # cosine to the centroid: a merge of two sorted id lists
-            dot = 0.0
-            p, c, c1 = x0, c_ptr[j], c_ptr[j + 1]
-            while p < x1 and c < c1:
-                if x_ind[p] == c_ids[c]:
-                    dot += x_dat[p] * c_val[c]
-                    p += 1
-                    c += 1
-                elif x_ind[p] < c_ids[c]:
-                    p += 1
-                else:
-                    c += 1
-            out_feat[u, 9] = dot / x_norm
+        _finish_candidates(r, a, m, n_top, lse[r], sigmoid, nearest, H, Wo, bo, log_count, cen,
+                           X, out_ids, out_feat)
 
 
 def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
@@ -353,12 +416,14 @@ def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_cou
     F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
     counts = np.zeros(n, np.int64)
     c_ptr, c_ids, c_val = centroids
-    candidate_features(top_ids, top_z, lse, sigmoid, near, sims, memory.label_indptr,
-                       memory.label_ids, np.ascontiguousarray(H, np.float32), Wo, bo,
-                       memory.log_counts() if log_count is None else log_count, c_ptr,
-                       c_ids, c_val, X.indptr.astype(np.int64),
-                       X.indices.astype(np.int32, copy=False),
-                       X.data.astype(np.float32, copy=False), cand_ptr, ids, F, counts)
+    candidate_features(NetworkTop(top_ids, top_z, lse), sigmoid, near, sims,
+                       memory.label_indptr, memory.label_ids,
+                       np.ascontiguousarray(H, np.float32), Wo, bo,
+                       memory.log_counts() if log_count is None else log_count,
+                       Csr(c_ptr, c_ids, c_val),
+                       Csr(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                           X.data.astype(np.float32, copy=False)),
+                       Candidates(cand_ptr, ids, F, counts))
     if linear is not None:
         linear.score_into(X, cand_ptr, counts, ids, F, _LINEAR)
     return cand_ptr, counts, ids, F
