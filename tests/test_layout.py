@@ -21,7 +21,7 @@ PACKAGE = os.path.join(ROOT, "slide")
 # lowest first; a name covers the module and, for a package, everything in it
 LAYERS = (
     ("slide.kernels",),                         # @njit over arrays and bundles: numpy, numba
-    ("slide.fileio", "slide.params", "slide.metrics"),
+    ("slide.fileio", "slide.params", "slide.defaults", "slide.metrics"),
     ("slide.data",),                            # input validation, the XC format
     ("slide.synthetic",),
     ("slide.config",),                          # the TOML run configuration
@@ -187,3 +187,65 @@ def test_the_public_names_exist():
         assert getattr(distributed, name) is not None, name
     assert set(slide.__all__) >= {"kernels", "network", "rank", "persist", "SlideClassifier",
                                   "SlideEnsemble", "load"}
+
+
+# ---------------------------------------------------------------------------------------------
+# function size
+
+MAX_PARAMS = 15
+MAX_LINES = 80
+# keyword-only constructors that only store their keywords (scikit-learn's convention)
+PARAMS_EXEMPT = {("slide.estimator", "SlideClassifier.__init__")}
+
+
+def _functions(tree):
+    """(qualified name, node) of every function, methods as Class.method."""
+    out = []
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + child.name, child))
+                walk(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, prefix + child.name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return out
+
+
+def _n_params(fn):
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def _oversized(sources):
+    """["module.function: why"] of the functions over the bounds in {module: source}."""
+    bad = []
+    for name, src in sources.items():
+        for qual, fn in _functions(ast.parse(src)):
+            n_lines = fn.end_lineno - fn.lineno + 1
+            if _n_params(fn) > MAX_PARAMS and (name, qual) not in PARAMS_EXEMPT:
+                bad.append(f"{name}.{qual}: {_n_params(fn)} parameters")
+            if n_lines > MAX_LINES:
+                bad.append(f"{name}.{qual}: {n_lines} lines")
+    return bad
+
+
+def test_no_function_is_over_15_parameters_or_80_lines():
+    sources = {name: open(path, encoding="utf-8").read() for name, path in MODULES.items()}
+    bad = _oversized(sources)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_size_check_sees_a_long_function_and_a_long_signature():
+    long_body = "def f(a):\n" + "    a += 1\n" * MAX_LINES + "    return a\n"
+    wide = "def g(" + ", ".join(f"p{i}" for i in range(MAX_PARAMS + 1)) + "):\n    pass\n"
+    method = "class C:\n    def h(self, " + ", ".join(f"p{i}" for i in range(MAX_PARAMS)) \
+        + "):\n        pass\n"
+    assert _oversized({"m": long_body + wide + method}) == [
+        f"m.f: {MAX_LINES + 2} lines", f"m.g: {MAX_PARAMS + 1} parameters"]

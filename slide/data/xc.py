@@ -390,20 +390,10 @@ def _digits(a, p, e):
 
 
 @njit(cache=True, nogil=True)
-def _write_float(out, pos, v32, pow10):
-    v = np.float64(v32)
-    if v == 0.0:
-        if np.signbit(v):
-            out[pos] = 45
-            pos += 1
-        out[pos] = 48
-        return pos + 1
-    if v < 0:
-        out[pos] = 45
-        pos += 1
-        a = -v
-    else:
-        a = v
+def _shortest_digits(a, pow10):
+    """(m, e): the fewest significant digits m (6 to 9 of them) of the positive float64 ``a``
+    that read back (float32(float64(text))) as float32(a), and the decimal exponent e of the
+    first one."""
     e0 = int(np.floor(np.log10(a)))
     m = np.int64(0)
     e = e0
@@ -423,7 +413,12 @@ def _write_float(out, pos, v32, pow10):
             continue
         if np.float32(back) == np.float32(a):
             break
-    # strip trailing zeros
+    return m, e
+
+
+@njit(cache=True, nogil=True)
+def _digit_bytes(m):
+    """The decimal digits of m > 0 without its trailing zeros, as ASCII bytes."""
     nd = 0
     t = m
     while t > 0:
@@ -437,6 +432,29 @@ def _write_float(out, pos, v32, pow10):
     for k in range(nd - 1, -1, -1):
         digs[k] = 48 + t % 10
         t //= 10
+    return digs
+
+
+@njit(cache=True, nogil=True)
+def _write_float(out, pos, v32, pow10):
+    """Write the float32 ``v32`` at out[pos:] in the shortest decimal text that reads back as
+    it (positional for exponents -5..8, else d.ddde+x); returns the position after it."""
+    v = np.float64(v32)
+    if v == 0.0:
+        if np.signbit(v):
+            out[pos] = 45
+            pos += 1
+        out[pos] = 48
+        return pos + 1
+    if v < 0:
+        out[pos] = 45
+        pos += 1
+        a = -v
+    else:
+        a = v
+    m, e = _shortest_digits(a, pow10)
+    digs = _digit_bytes(m)
+    nd = digs.shape[0]
     if -5 <= e < 9:
         if e >= 0:
             for k in range(max(nd, e + 1)):

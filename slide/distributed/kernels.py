@@ -183,5 +183,5 @@ def shard_backward_kernel(params, spec, sc, store, zbuf, H, lab_ptr, lab_ind, lo
                 d[k] = v * scale
             for i in range(n_in):
                 h_store[s, i] = H[s, i]
-            rows_backward(params.W, params.GW, params.GB, spec.w_off[OUT], spec.b_off[OUT],
-                          n_in, True, ids, H[s], n_in, False, ids, cnt, d, dH[s], False)
+            rows_backward(params.W, params.GW, params.GB, spec, OUT, True, ids, H[s], n_in, False,
+                          ids, cnt, d, dH[s], False)

@@ -226,9 +226,9 @@ def rows_forward(W, B, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
-def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
-                  dense, ids, n_act, delta, d_in, accumulate):
-    """Message passing back through one layer.
+def rows_backward(W, gW, gB, spec, l, in_dense, in_ids, in_vals, n_in_act, dense, ids, n_act,
+                  delta, d_in, accumulate):
+    """Message passing back through layer ``l`` (its offsets and width from ``spec``).
 
     d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
     after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
@@ -236,6 +236,7 @@ def rows_backward(W, gW, gB, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in
     formed per row after the batch from the stored deltas (slide.network.optim.output_step).
     ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
+    w_off, b_off, n_in = spec.w_off[l], spec.b_off[l], spec.n_in[l]
     di = d_in[:n_in_act]
     h = in_vals[:n_in_act]
     for m in range(n_in_act):

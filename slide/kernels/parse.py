@@ -308,6 +308,64 @@ def _end_chunk(state, err, code, status, row, nx, ny, n_hard, lines):
 
 
 @njit(cache=True, nogil=True)
+def _parse_line(buf, pos, le, mode, n_cols_x, n_cols_y, csr, nx, ny, hard, n_hard, lines, err,
+                pow10):
+    """The tokens of one line buf[pos:le] into the CSR arrays from entries nx (features) and
+    ny (labels) on. Returns (error code, status, nx, ny, n_hard, x_sorted, y_sorted): the
+    entries after the line, the hard values queued, whether its ids came sorted."""
+    x_ind, x_dat, y_ind = csr[0], csr[1], csr[2]
+    hard_cap = hard.shape[0]
+    status = _S_DONE
+    code = _E_NONE
+    x0 = nx
+    y0 = ny
+    x_sorted = True
+    y_sorted = True
+    first = True
+    p = pos
+    while True:
+        p = _skip_space(buf, p, le)
+        if p >= le:
+            break
+        q = _token_end(buf, p, le)
+        # token buf[p:q]
+        err[2] = p
+        err[3] = q
+        colon = _find_colon(buf, p, q)
+        if mode == _MODE_LABELS or (mode == _MODE_XC and first and p == pos and colon < 0):
+            code, ny, y_sorted = _label_token(buf, p, q, colon, mode, n_cols_y, y_ind, ny, y0,
+                                              y_sorted, err, pow10)
+            if code != _E_NONE:
+                break
+        else:
+            # the value is parsed here, not in a helper: that costs ~13% of the parse time
+            code, v = _feature_index(buf, p, q, colon, n_cols_x, err)
+            if code != _E_NONE:
+                break
+            st, val = _parse_float(buf, colon + 1, q, pow10)
+            if st == 2:
+                code = _E_NONNUMERIC
+                break
+            if nx > x0 and v <= x_ind[nx - 1]:
+                x_sorted = False
+            x_ind[nx] = v
+            if st == 1:
+                _queue_hard(hard, n_hard, nx, colon, p, q, lines)
+                n_hard += 1
+                x_dat[nx] = 0.0
+            else:
+                x_dat[nx] = np.float32(val)
+            nx += 1
+            if n_hard >= hard_cap:
+                # absurdly many hard values on one line: let Python handle the rest
+                status = _S_HARD_FULL
+                break
+        first = False
+        p = q
+    return code, status, nx, ny, n_hard, x_sorted, y_sorted
+
+
+@njit(cache=True, nogil=True)
 def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y, csr, state,
                  hard, err, pow10):
     """Parse whole lines of buf[start:end] (end is a line end or EOF).
@@ -343,49 +401,8 @@ def _parse_chunk(buf, start, end, mode, skip_blank, max_rows, n_cols_x, n_cols_y
             break
         x0 = nx
         y0 = ny
-        x_sorted = True
-        y_sorted = True
-        first = True
-        p = pos
-        while True:
-            p = _skip_space(buf, p, le)
-            if p >= le:
-                break
-            q = _token_end(buf, p, le)
-            # token buf[p:q]
-            err[2] = p
-            err[3] = q
-            colon = _find_colon(buf, p, q)
-            if mode == _MODE_LABELS or (mode == _MODE_XC and first and p == pos and colon < 0):
-                code, ny, y_sorted = _label_token(buf, p, q, colon, mode, n_cols_y, y_ind, ny, y0,
-                                                  y_sorted, err, pow10)
-                if code != _E_NONE:
-                    break
-            else:
-                # the value is parsed here, not in a helper: that costs ~13% of the parse time
-                code, v = _feature_index(buf, p, q, colon, n_cols_x, err)
-                if code != _E_NONE:
-                    break
-                st, val = _parse_float(buf, colon + 1, q, pow10)
-                if st == 2:
-                    code = _E_NONNUMERIC
-                    break
-                if nx > x0 and v <= x_ind[nx - 1]:
-                    x_sorted = False
-                x_ind[nx] = v
-                if st == 1:
-                    _queue_hard(hard, n_hard, nx, colon, p, q, lines)
-                    n_hard += 1
-                    x_dat[nx] = 0.0
-                else:
-                    x_dat[nx] = np.float32(val)
-                nx += 1
-                if n_hard >= hard_cap:
-                    # absurdly many hard values on one line: let Python handle the rest
-                    status = _S_HARD_FULL
-                    break
-            first = False
-            p = q
+        code, status, nx, ny, n_hard, x_sorted, y_sorted = _parse_line(
+            buf, pos, le, mode, n_cols_x, n_cols_y, csr, nx, ny, hard, n_hard, lines, err, pow10)
         if status == _S_HARD_FULL and code == _E_NONE:
             # roll back this line and hand the hard values to Python first
             n_hard = _drop_line_hard(hard, n_hard, lines)

@@ -341,7 +341,7 @@ def backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_v
     for l in range(top, 0, -1):
         a_in = acts[a_off[l - 1]:a_off[l]]
         d_in = dels[a_off[l - 1]:a_off[l]]
-        rows_backward(W, GW, GB, spec.w_off[l], spec.b_off[l], spec.n_in[l], not sparse[l - 1],
+        rows_backward(W, GW, GB, spec, l, not sparse[l - 1],
                       ids[s_off[l - 1]:s_off[l]], a_in, n_act[l - 1], not sparse[l],
                       ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in,
                       accumulate_top or l != top)

@@ -57,7 +57,7 @@ def dense_backward_kernel(params, spec, h_off, X, rows, acts, d_hidden, dels):
                 dl[h_off[last - 1] + i] = d_hidden[s, i]
             for l in range(last - 1, 0, -1):
                 d_in = dl[h_off[l - 1]:h_off[l]]
-                rows_backward(W, GW, GB, spec.w_off[l], spec.b_off[l], spec.n_in[l], True,
+                rows_backward(W, GW, GB, spec, l, True,
                               dummy, a[h_off[l - 1]:h_off[l]], spec.n_in[l], True, dummy,
                               spec.n_out[l], dl[h_off[l]:h_off[l + 1]], d_in, True)
                 for m in range(spec.n_in[l]):

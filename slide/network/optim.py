@@ -277,23 +277,24 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
     g_out, uniq = out_rows.g_out, out_rows.uniq
     n_in = store.h_store.shape[1]
     n_chunks = g_out.shape[0]
-    k = _consts(hyper)
-    lr = np.float32(hyper.lr_t)
-    t = hyper.t
     for c in prange(n_chunks):
         g = g_out[c]
         for u in range(c, n_uniq, n_chunks):
             j = uniq[u]
             g[n_in] = _row_gradient(u, out_rows, store, g)
             _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
-                             b_off + j, j, g[:n_in], g[n_in:], hyper, k, kind, lr, t)
+                             b_off + j, j, g[:n_in], g[n_in:], hyper, kind)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
-def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, k, kind, lr, t):
+def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kind):
     """One output neuron's update from its gradient: row ``W[base:base+len(g)]`` gets ``g``,
     bias ``B[e]`` gets ``gb[0]``; Adam (after the missed steps, when the layer's step records
-    ``TW``/``TB`` are not empty) or SGD."""
+    ``TW``/``TB`` are not empty) or SGD at the step ``hyper`` describes. (Inlined into the
+    row loops: the constants derived from ``hyper`` here are hoisted out of them.)"""
+    k = _consts(hyper)
+    lr = np.float32(hyper.lr_t)
+    t = hyper.t
     n_in = g.shape[0]
     w = W[base:base + n_in]
     if kind == KIND_ADAM:
@@ -319,15 +320,12 @@ def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial
     ``output_step`` does for one row, in parallel over rows; ``stamp[j] = serial`` records the
     update for the incremental rehash."""
     MW, VW, MB, VB, TW, TB = mom
-    k = _consts(hyper)
-    lr = np.float32(hyper.lr_t)
-    t = hyper.t
     n_in = dW.shape[1]
     for i in prange(rows.shape[0]):
         j = rows[i]
         stamp[j] = serial
         _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
-                         j, dW[i], db[i:i + 1], hyper, k, kind, lr, t)
+                         j, dW[i], db[i:i + 1], hyper, kind)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)

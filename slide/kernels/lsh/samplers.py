@@ -328,8 +328,11 @@ def make_scratch(sampler, L, bucket_size, budget, max_forced, min_active):
 
 @njit(cache=True, nogil=True, parallel=True)
 def _sample_batch_kernel(sampler_code, codes, offsets, items, n_neurons, budget, threshold,
-                         f_indptr, f_indices, min_active, seed, set_keys, set_counts, order,
-                         out, counts):
+                         f_indptr, f_indices, min_active, seed, scratch, out, counts):
+    """``sample_batch``'s kernel; ``scratch`` = (set_keys, set_counts, order), one row of each
+    per thread (taken out of their tuple before the prange: Numba 0.68 drops a store made
+    through a tuple member inside one)."""
+    set_keys, set_counts, order = scratch
     for i in prange(codes.shape[0]):
         tid = numba.get_thread_id()
         state = stream_seed(seed, STREAM_SAMPLE_BATCH, i)  # a row's draws never depend on its thread
@@ -393,5 +396,5 @@ def sample_batch(sampler, codes, offsets, items, n_neurons, budget, threshold=1,
     counts = np.zeros(n, dtype=np.int32)
     _sample_batch_kernel(code, codes, offsets, items, n_neurons, budget, threshold, f_indptr,
                          f_indices, min_active, np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF),
-                         set_keys, set_counts, order, out, counts)
+                         (set_keys, set_counts, order), out, counts)
     return out, counts
