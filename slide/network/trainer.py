@@ -13,6 +13,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from slide import defaults
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
 
@@ -23,12 +24,9 @@ CALLBACK_INFO_KEYS = ("batch", "epoch", "batch_in_epoch", "samples", "loss", "tr
                       "active_mean", "rehashed", "rebuilt")
 
 
-# epochs="auto": enough epochs for about this many batches, 3 at least, 10 at most. Measured
-# with the neighbour vote (bench/results/accuracy.md, round 5): the synthetic eurlex-4k and
-# wiki10-31k (~120 batches an epoch) gain 5-12 points of P@1 from 5-6 epochs over 3 and lose
-# again beyond 8-12; debtags (190 batches) and debdeps (355) lose from 4 epochs on
-AUTO_EPOCH_BATCHES = 625
-AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 10
+# epochs="auto" (the measurements: slide.defaults)
+AUTO_EPOCH_BATCHES = defaults.AUTO_EPOCH_BATCHES
+AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = defaults.AUTO_EPOCHS_MIN, defaults.AUTO_EPOCHS_MAX
 
 
 def resolve_epochs(epochs, n_rows, batch_size):

@@ -36,37 +36,27 @@ import scipy.sparse as sp
 from numba import njit, prange
 from threadpoolctl import threadpool_limits
 
+from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.topk import topk_ids_of_logits
 
 
-N_NEGATIVES = 10        # the network's top labels per row that are trained as negatives
-# the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
-# ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test
-# rows, and 13 s of training, for no gain there); debdeps' rows have ~52
-MAX_ROW_TERMS = 128
-EPOCHS = 5
-LEARNING_RATE = 0.2     # Adagrad's
-MAX_BITS = 24           # at most 2**24 weights (64 MB, float32)
-MIN_BITS = 16
-MAX_WORK = 2_000_000_000    # rows x labels of exact logits for the hard negatives, at most
-# logits computed at once, at most (16 MB: 2,048 rows x 32,768 labels were 268 MB of the
-# fit's peak at Amazon-670K)
-_BLOCK_ENTRIES = 4 << 20
-_CHUNK = 32768          # output rows per product
-# where the labels fit one chunk, at least this many rows a product: taller products keep BLAS
-# busier (debdeps' 25,880 labels: 162 -> 512 rows a block, the hard negatives of 34k rows
-# ~4.2 -> ~2.9 s on 2 cores, accuracy_probes.log; 53 MB of logits). Beyond one chunk
-# _BLOCK_ENTRIES alone bounds it.
-_MIN_BLOCK_ROWS = 512
-# one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
-# 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (64 MB float32; debtags'
-# 33.8k features x 581 labels would be 79 MB: its 5k single-row features dropped, the same
-# P@1 and P@5 over 5 seeds, round 9)
-OVR_EPOCHS = 3
-OVR_LEARNING_RATE = 0.2
-MAX_OVR_WORK = 1_000_000_000
-MAX_OVR_WEIGHTS = 1 << 24
+# the tuned sizes and rates of the classifiers' training and of its logit blocks (the
+# measurements that chose each: slide.defaults)
+N_NEGATIVES = defaults.LINEAR_N_NEGATIVES
+MAX_ROW_TERMS = defaults.LINEAR_MAX_ROW_TERMS
+EPOCHS = defaults.LINEAR_EPOCHS
+LEARNING_RATE = defaults.LINEAR_LEARNING_RATE
+MAX_BITS = defaults.LINEAR_MAX_BITS
+MIN_BITS = defaults.LINEAR_MIN_BITS
+MAX_WORK = defaults.LINEAR_MAX_WORK
+_BLOCK_ENTRIES = defaults.LINEAR_BLOCK_ENTRIES
+_CHUNK = defaults.LINEAR_CHUNK
+_MIN_BLOCK_ROWS = defaults.LINEAR_MIN_BLOCK_ROWS
+OVR_EPOCHS = defaults.LINEAR_OVR_EPOCHS
+OVR_LEARNING_RATE = defaults.LINEAR_OVR_LEARNING_RATE
+MAX_OVR_WORK = defaults.LINEAR_MAX_OVR_WORK
+MAX_OVR_WEIGHTS = defaults.LINEAR_MAX_OVR_WEIGHTS
 
 
 @njit(cache=True, inline="always")

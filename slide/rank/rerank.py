@@ -42,6 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import Csr
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
@@ -71,24 +72,18 @@ CENTROID_COSINE = FEATURES.index("centroid_cosine")
 LINEAR_SCORE = FEATURES.index("linear_score")
 _LINEAR = LINEAR_SCORE          # the last: a format-1 re-ranker uses the others
 N_TERMS = n_terms(N_BASE)       # the features, their squares and products
-N_TOP = 10              # the network's top labels among a row's candidates
-HOLDOUT = 0.1           # share of the training rows held out to fit the re-ranker ...
-# ... at most MAX_HOLDOUT_ROWS (~300k candidates on debdeps' 4,547 held-out rows; their
-# features are float64 [candidates, N_BASE])
-MAX_HOLDOUT_ROWS = 5000
-MIN_HOLDOUT_ROWS = 200  # fewer held-out rows than this: no re-ranker (77 weights to fit)
-# each held-out row costs one exact row of logits (n_labels dot products) and one search of
-# the memory (n_rows): at most this many of both in all, but never fewer than
-# LARGE_HOLDOUT_ROWS rows for it (Amazon-670K's 670k labels and 490k rows: 1,000 rows, ~8 s of
-# features instead of 40 s for 5,000; debdeps' 71k: the 10 % is below the bound)
-MAX_HOLDOUT_WORK = 500_000_000
-LARGE_HOLDOUT_ROWS = 1000
-# the centroids keep at most this many entries per label, and at most _CENTROID_ENTRIES in
-# all (at least 4 a label: at Amazon-670K's 670k labels 6, 32 MB a build; 128 up to 32k labels)
-CENTROID_TERMS = 128
-_CENTROID_ENTRIES = 4 << 20
-_C = 1.0                # the logistic regression's inverse L2 strength (the probe's)
-_MAX_FIT_CANDIDATES = 400_000     # candidates the logistic regression is fitted on, at most
+# the tuned sizes of the candidates, the held-out slice, the centroids and the regression
+# (the measurements that chose each: slide.defaults)
+N_TOP = defaults.RERANK_N_TOP
+HOLDOUT = defaults.RERANK_HOLDOUT
+MAX_HOLDOUT_ROWS = defaults.RERANK_MAX_HOLDOUT_ROWS
+MIN_HOLDOUT_ROWS = defaults.RERANK_MIN_HOLDOUT_ROWS
+MAX_HOLDOUT_WORK = defaults.RERANK_MAX_HOLDOUT_WORK
+LARGE_HOLDOUT_ROWS = defaults.RERANK_LARGE_HOLDOUT_ROWS
+CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
+_CENTROID_ENTRIES = defaults.RERANK_CENTROID_ENTRIES
+_C = defaults.RERANK_C
+_MAX_FIT_CANDIDATES = defaults.RERANK_MAX_FIT_CANDIDATES
 
 
 def n_holdout(n_rows, n_labels=0, min_rows=MIN_HOLDOUT_ROWS):

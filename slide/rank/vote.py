@@ -30,13 +30,13 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from slide import defaults
 from slide.kernels.topk import fold_topk, insert_best_first
 
 
 STATE_FORMAT = 1
-# similarities are raised to this power before voting: the nearest of the k rows count most
-# (measured on debdeps/debtags, 1 to 48: 16 at the top by < 0.004 P@1, 1 close behind)
-POWER = 16.0
+# similarities are raised to this power before voting (slide.defaults)
+POWER = defaults.VOTE_POWER
 # a block of queries is scored against every memory row: as many queries as make this many
 # similarities (each block reads the memory once) ...
 _BLOCK_ENTRIES = 1 << 24
