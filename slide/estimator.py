@@ -2,9 +2,11 @@
 
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
 data before any kernel runs, builds the network (``slide.network.Network``), the sparse
-optimizer (``slide.network.optim``), the LSH indices of the sparse layers (``slide.kernels.lsh``) and the rehash
-schedule, then trains one Numba call per batch. The training loop is ``slide.network.trainer``, the
-file format ``slide.persist.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
+optimizer (``slide.network.optim``), the LSH indices of the sparse layers
+(``slide.kernels.lsh``) and the rehash schedule, then trains one Numba call per batch, and
+fits the post-fit stages (``slide.rank.stack.RankStack``). The training loop is
+``slide.network.trainer``, the file format ``slide.persist.checkpoint``, the parameters'
+types, defaults and bounds ``slide.params``.
 """
 import time
 
@@ -96,13 +98,13 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     optimizer : "adam" | "lazy_adam" | "sgd"
         "adam": bias-corrected Adam with dense Adam's trajectory at sparse cost (rows a batch
         does not touch still receive their decaying momentum, applied in closed form at their
-        next touch or at ``sync``; see ``slide.network.optim``). "lazy_adam": moments and weights of a
-        row change only in batches that touch it (TensorFlow's LazyAdam).
+        next touch or at ``sync``; see ``slide.network.optim``). "lazy_adam": moments and
+        weights of a row change only in batches that touch it (TensorFlow's LazyAdam).
     learning_rate, beta1, beta2, epsilon : optimizer settings.
     lr_schedule : "constant" | "linear" | "cosine"
-        The learning rate of each batch (``slide.network.trainer.scheduled_learning_rate``): constant,
-        or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or along a half
-        cosine towards 0 at the last batch of ``epochs`` epochs.
+        The learning rate of each batch (``slide.network.trainer.scheduled_learning_rate``):
+        constant, or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or
+        along a half cosine towards 0 at the last batch of ``epochs`` epochs.
     warmup_batches : int
         Batches of linear warm-up (0: none).
     batch_size : minibatch size.
@@ -488,9 +490,9 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """(n, k) int64 label ids, best first. exact=True scores every output neuron, blended
         with the neighbour vote of the training rows when the model has its memory
         (``neighbours``, ``slide.rank.vote``); exact=False is sparse serving, by the network
-        alone: the output layer's serving index
-        (``slide.kernels.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
-        kept until training changes them, saved with the model) picks each row's
+        alone: the output layer's serving index (``slide.kernels.lsh.serving``: LSH tables
+        over [w ; b], built from the weights on first use, kept until training changes them,
+        saved with the model) picks each row's
         most-colliding labels, and those plus the ``prior_candidates`` labels with the
         highest bias (the same for every row; 0 for none; None: 2 % of the labels, at least
         256) are scored exactly. It works the same whichever sampler trained the model.

@@ -178,9 +178,9 @@ TABLE = (
     _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
        "of the training rows (at most 5,000, fewer at many labels; at least 2,000 rows "
        "needed), trains per-label linear classifiers over the input (one-vs-rest where labels "
-       "are few, else against the network's hard negatives: slide.rank.linear) and fits a logistic re-ranker of the vote's "
-       "candidates on the held-out rows (slide.rank.rerank); exact predict_topk ranks by it, "
-       "predict_proba stays the blend", optional=True),
+       "are few, else against the network's hard negatives: slide.rank.linear) and fits a "
+       "logistic re-ranker of the vote's candidates on the held-out rows (slide.rank.rerank); "
+       "exact predict_topk ranks by it, predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),
     _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "

@@ -341,8 +341,9 @@ class ShardedOutput:
 
 
 class _ShardSteps:
-    """``slide.network.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
-    layer, the shards their slices of the output layer (``slide.distributed.driver``)."""
+    """``slide.network.trainer.train``'s batch steps for a sharded model: the driver trains
+    the hidden layer, the shards their slices of the output layer
+    (``slide.distributed.driver``)."""
 
     def __init__(self, model):
         self.model = model

@@ -1,6 +1,8 @@
-"""The network's inference: exact top-k (every output neuron, BLAS), serving top-k (the output layer's serving
-index, ``slide.kernels.lsh.serving``, plus optionally the highest-bias neurons) and the training tables'
-sparse top-k (the LSH-selected neurons plus the highest-bias ones, one Numba call)."""
+"""The network's inference: the last hidden layer, exact top-k (every output neuron, BLAS),
+serving top-k (the output layer's serving index, ``slide.kernels.lsh.serving``, plus
+optionally the highest-bias neurons) and the training tables' sparse top-k (the LSH-selected
+neurons plus the highest-bias ones, one Numba call); scores and probabilities. The
+vote-blended and re-ranked predictions are ``slide.rank.stack``'s."""
 import numba
 import numpy as np
 from numba import njit, prange

@@ -1,6 +1,8 @@
 """``Network``: owns a network's arrays (parameters, gradient buffers, LSH indices, per-fit
-scratch) and calls the engine's kernels. The kernels live in ``slide.kernels.sample`` (one
-sample), ``batch`` (one batch), ``touched``, ``negatives``, ``dense`` and ``infer``."""
+scratch) and calls the engine's kernels: ``slide.kernels.sample`` (one sample),
+``slide.kernels.touched``, ``slide.kernels.negatives``, and this package's ``batch`` /
+``block`` (one batch), ``dense`` and ``infer``. It holds no post-fit stage: the vote and the
+re-ranker read it through ``output_layer()`` (``slide.rank``)."""
 import math
 
 import numba
@@ -52,8 +54,8 @@ class Network:
         else:
             self.W = np.zeros(lay.n_weights, np.float32)
             self.B = np.zeros(lay.n_biases, np.float32)
-        # a sampled output layer takes the per-row path (slide.network.optim.output_step): its gradient
-        # never lives in a buffer, so the buffers stop where the output layer starts
+        # a sampled output layer takes the per-row path (slide.network.optim.output_step): its
+        # gradient never lives in a buffer, so the buffers stop where the output layer starts
         self.row_path = bool(self.sparse[-1]) and L > 1
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
         self.GB = np.zeros(int(lay.b_off[-2]) if self.row_path else lay.n_biases, np.float32)
@@ -304,8 +306,9 @@ class Network:
         return _infer.topk_sparse(self, X, k, call, prior_candidates)
 
     def serving_index(self, **overrides):
-        """The output layer's serving index (``slide.kernels.lsh.serving``): the cached one when it fits
-        the weights' shape and every given override, else a new one built from the weights."""
+        """The output layer's serving index (``slide.kernels.lsh.serving``): the cached one when
+        it fits the weights' shape and every given override, else a new one built from the
+        weights."""
         Wo, bo = self.output_view()
         ix = self.serving
         given = {k: v for k, v in overrides.items() if v is not None}
