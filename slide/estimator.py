@@ -508,7 +508,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             if exact:
                 return self._exact_topk(X, int(k), with_scores=False)
             if prior_candidates is None:
-                prior_candidates = default_prior(self.network_.layout.n_out[-1])
+                prior_candidates = default_prior(self.n_labels_)
             return self.network_.predict_topk_serving(X, int(k),
                                                       prior_candidates=int(prior_candidates))
 

@@ -11,6 +11,7 @@ or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``Slide
 and its ``time_budget`` (the batch loop is ``slide.network.trainer.train``'s).
 """
 import os
+import weakref
 
 import numpy as np
 from sklearn.exceptions import NotFittedError
@@ -21,12 +22,10 @@ from slide.distributed.driver import HiddenLayer, train_batch
 from slide.distributed.ray_backend import RayBackend, ShardFailure
 from slide.distributed.shard import shard_ranges
 from slide.estimator import SlideClassifier
-from slide.kernels.lsh.serving import default_prior
 from slide.kernels.topk import probabilities
 from slide.network import trainer
 from slide.network.schedule import RehashSchedule
-from slide.network.trainer import blas_single_thread
-from slide.params import check_k, is_int
+from slide.params import is_int
 from slide.rank.stack import RankStack
 
 
@@ -123,7 +122,10 @@ class ShardedSlideClassifier(SlideClassifier):
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
                            history=[])
         self.bytes_per_batch_ = 0.0
-        self.rank_ = RankStack()        # the neighbour vote's memory, kept by the driver
+        # what SlideClassifier's inference reads: the hidden layer and the shards' output
+        # layer behind Network's query methods, and the neighbour vote's memory in the driver
+        self.network_ = ShardedNetwork(self)
+        self.rank_ = RankStack()
         cfg = self.shard_config()
         specs = [dict(q=q, lo=lo, hi=hi, n_hidden=hs[0], n_labels=n_labels, config=cfg)
                  for q, (lo, hi) in enumerate(ranges)]
@@ -187,104 +189,6 @@ class ShardedSlideClassifier(SlideClassifier):
         self.backend_.call_all("sync")
         return self
 
-    def _hidden_all(self, X):
-        return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
-
-    # -- the neighbour vote (slide.rank.vote): the memory lives in the driver, beside the hidden
-    # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
-    def _build_memory(self, X, Y, split=None):
-        """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver
-        (``split`` is always None: no re-ranker here)."""
-        self._threads()
-        self.sync()
-        self.rank_.fit(self._hidden_all(X), ShardedOutput(self), X, Y, int(self.neighbours))
-
-    def _merge_parts(self, parts, k):
-        """The shards' best-first (scores, global ids) lists merged into the global top-k:
-        (ids, scores), the scores as the shards gave them."""
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), self.n_labels_)]
-        return (np.take_along_axis(ids, order, axis=1),
-                np.take_along_axis(scores, order, axis=1))
-
-    def _blended_topk(self, H, k, n_neighbours, weight):
-        """(ids, blended scores) of the exact top-k with the vote, over every shard (the
-        ranking stack's blend over ``ShardedOutput``, all rows in one block)."""
-        return self.rank_.topk_blended(H, ShardedOutput(self), k, n_neighbours, weight,
-                                       block=max(1, H.shape[0]))
-
-    def predict_topk_scored(self, X, k=5):
-        """As ``SlideClassifier.predict_topk_scored``."""
-        X = self._check_predict_args(X, k)
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            vote = self._neighbour_vote()
-            if vote is not None:
-                return self._blended_topk(H, int(k), *vote)
-            ids, scores = self._merge_parts(self.backend_.call_all("topk_exact", H, int(k)), k)
-        return ids, scores.astype(np.float64)
-
-    def predict_proba(self, X):
-        """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
-        X = self._prepare_inference(X)
-        vote = self._neighbour_vote()
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            if vote is not None:
-                return self.rank_.proba(H, ShardedOutput(self), *vote, block=max(1, H.shape[0]))
-            p = probabilities(np.concatenate(self.backend_.call_all("scores", H), axis=1),
-                              False)
-        return p.astype(np.float32)
-
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
-        """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
-        the driver merges them (exact, with the neighbour vote: each shard's top-k and
-        log-sum-exp parts, the voted labels' logits, blended in the driver). Sparse
-        (``exact=False``, the network alone): each shard's serving index (built from its
-        weights on first use, whatever the sampler) plus the ``prior_candidates``
-        highest biases over ALL shards (None: ``slide.kernels.lsh.serving.default_prior`` of the
-        label count, as in the single process; the driver picks them from each shard's own
-        best)."""
-        self._check_fitted()
-        check_k(k, self.n_labels_)
-        if prior_candidates is None:
-            prior_candidates = default_prior(self.n_labels_)
-        if not is_int(prior_candidates) or prior_candidates < 0:
-            raise ValueError(f"prior_candidates must be a non-negative integer or None, "
-                             f"got {prior_candidates!r}")
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
-        k = int(k)
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            vote = self._neighbour_vote()
-            if exact and vote is not None:
-                return self._blended_topk(H, k, *vote)[0]
-            if exact:
-                parts = self.backend_.call_all("topk_exact", H, k)
-            else:
-                prior = self._global_prior(int(prior_candidates))
-                parts = self.backend_.call_each(
-                    "topk_sparse", [(H, k, prior[(prior >= lo) & (prior < hi)])
-                                    for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])])
-        return self._merge_parts(parts, k)[0]
-
-    def _global_prior(self, n):
-        if n == 0:
-            return np.zeros(0, np.int64)
-        parts = self.backend_.call_all("prior_scores", n)
-        b = np.concatenate([p[0] for p in parts])
-        ids = np.concatenate([p[1] for p in parts])
-        n = min(n, b.shape[0])
-        return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
-
-    def predict_scores(self, X):
-        X = self._prepare_inference(X)
-        with blas_single_thread():
-            return np.concatenate(self.backend_.call_all("scores", self._hidden_all(X)), axis=1)
-
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, path, extra=None):
         """A checkpoint directory: one file per shard, then the driver's file, then the
@@ -300,6 +204,76 @@ class ShardedSlideClassifier(SlideClassifier):
             self._close_backend()
         except Exception:   # pragma: no cover - interpreter shutdown
             pass
+
+
+def merge_parts(parts, k, n_labels):
+    """The shards' best-first (scores, global ids) lists merged into the global top-k:
+    (ids, scores), the scores as the shards gave them."""
+    scores = np.concatenate([p[0] for p in parts], axis=1)
+    ids = np.concatenate([p[1] for p in parts], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), n_labels)]
+    return (np.take_along_axis(ids, order, axis=1),
+            np.take_along_axis(scores, order, axis=1))
+
+
+class ShardedNetwork:
+    """A sharded model's network as ``SlideClassifier``'s fit and inference read it (the
+    query methods of ``slide.network.Network``): the driver's hidden layer (``hidden_``) and
+    the shards' slices of the output layer (``backend_``, label ranges ``bounds_``). Exact
+    top-k: each shard's local top-k with scores, merged in the driver; serving top-k: each
+    shard's serving index plus the highest biases over all shards."""
+
+    def __init__(self, model):
+        # a weak reference: no cycle, so a dropped model is freed (and its actors stopped by
+        # ``__del__``) at once, as before the model held this object
+        self._model = weakref.ref(model)
+
+    @property
+    def model(self):
+        return self._model()
+
+    def hidden(self, X):
+        return self.model.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
+
+    def output_layer(self):
+        return ShardedOutput(self.model)
+
+    def release_scratch(self):
+        """Nothing to release in the driver (each shard keeps its own scratch)."""
+
+    def predict_topk_exact(self, X, k, with_scores=False):
+        m = self.model
+        ids, scores = merge_parts(m.backend_.call_all("topk_exact", self.hidden(X), int(k)), k,
+                                  m.n_labels_)
+        return (ids, scores.astype(np.float64)) if with_scores else ids
+
+    def predict_topk_serving(self, X, k, prior_candidates=0):
+        """Each shard's serving index (built from its weights on first use, whatever the
+        sampler) plus the ``prior_candidates`` highest biases over ALL shards (the driver
+        picks them from each shard's own best)."""
+        m = self.model
+        H = self.hidden(X)
+        prior = self._global_prior(int(prior_candidates))
+        parts = m.backend_.call_each(
+            "topk_sparse", [(H, int(k), prior[(prior >= lo) & (prior < hi)])
+                            for lo, hi in zip(m.bounds_[:-1], m.bounds_[1:])])
+        return merge_parts(parts, k, m.n_labels_)[0]
+
+    def _global_prior(self, n):
+        if n == 0:
+            return np.zeros(0, np.int64)
+        parts = self.model.backend_.call_all("prior_scores", n)
+        b = np.concatenate([p[0] for p in parts])
+        ids = np.concatenate([p[1] for p in parts])
+        n = min(n, b.shape[0])
+        return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
+
+    def predict_scores(self, X):
+        return ShardedOutput(self.model).logits(self.hidden(X))
+
+    def predict_proba(self, X):
+        """Softmax of every shard's logits, gathered (dense)."""
+        return probabilities(self.predict_scores(X), False).astype(np.float32)
 
 
 class ShardedOutput:
@@ -319,7 +293,7 @@ class ShardedOutput:
 
     def topk_lse(self, H, k):
         parts = self.model.backend_.call_all("topk_lse", H, k)
-        top_ids, top_z = self.model._merge_parts(parts, k)
+        top_ids, top_z = merge_parts(parts, k, self.model.n_labels_)
         m = np.max([p[2] for p in parts], axis=0)
         lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
         return top_ids, top_z, lse
