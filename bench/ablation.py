@@ -5,7 +5,7 @@ varies where they come from (LSH candidates, frequency-drawn or uniform shared n
 padding); every configuration is trained with ``--seeds`` seeds on the same data, and reports
 P@1, P@5 (exact top-k), train seconds per epoch (Numba compilation excluded: a warm-up fit of
 every configuration on a tiny problem runs first) and the active-set diagnostics of
-``slide.engine.diagnostics`` on training rows after the last epoch.
+``slide.network.diagnostics`` on training rows after the last epoch.
 
 Writes ``<out>.json``, ``<out>.md`` (mean +- std over seeds; a difference to the reference --
 the first configuration -- under 2 std of the difference is called noise) and ``<out>.png``
@@ -111,11 +111,11 @@ def load(args):
 
 
 def run_one(params, X, Y, Xt, Yt, seed, epochs, diag_rows, eval_rows, inv_prop):
-    from slide.engine import diagnostics as dg
+    from slide.network import diagnostics as dg
     from slide.estimator import SlideClassifier
     from slide.metrics import evaluate
     # neighbours=0: the ablation compares how the samplers train the network; the vote
-    # (slide.neighbours) would be the same on top of each
+    # (slide.rank.vote) would be the same on top of each
     model = SlideClassifier(**dict(params, random_state=seed, epochs=epochs, neighbours=0))
     curve, acts = [], []
     n_batches = (X.shape[0] + model.batch_size - 1) // model.batch_size

@@ -15,7 +15,7 @@ epoch (``history_``), for comparing slide variants against its dense mode in one
 
 ``refill670k`` trains the Amazon-670K shape twice, back to back in fresh subprocesses: once with
 the table refill the engine used before 2026-11-22 06:30 UTC (``hash_dense_batch`` of the dirty
-rows + ``slide.lsh.index.build_tables_into``, kept below as ``_reference_refill``) and once with
+rows + ``slide.kernels.lsh.index.build_tables_into``, kept below as ``_reference_refill``) and once with
 the engine's own (in-place row hashing + column-local table build; identical tables).
 
 Run under ``flock /tmp/slide-bench.lock`` (the machine is shared). Each measurement runs in a
@@ -64,8 +64,8 @@ def _reference_refill(self, W, dirty_rows):
     """LSHIndex._hash_and_fill as the engine's refill was before the in-place hashing (rows
     copied out and hashed by hash_dense_batch; same tables; used by ``refill670k`` as the
     'before' side)."""
-    from slide.lsh.hashes import hash_dense_batch
-    from slide.lsh.index import build_tables_into
+    from slide.kernels.lsh.hashes import hash_dense_batch
+    from slide.kernels.lsh.index import build_tables_into
     shape = (W.shape[0], self.hf.L)
     if dirty_rows is None or self.codes is None or self.codes.shape != shape:
         self.codes = hash_dense_batch(self.hf, W)
@@ -81,8 +81,8 @@ def child(args):
     import numba
     from slide.estimator import SlideClassifier
     if args.reference_refill:
-        import slide.lsh.index
-        slide.lsh.index.LSHIndex._hash_and_fill = _reference_refill
+        import slide.kernels.lsh.index
+        slide.kernels.lsh.index.LSHIndex._hash_and_fill = _reference_refill
     X, Y, Xt, Yt = _load_data(args.data)
     rss_data = _rss_mb()
     params = json.loads(args.params)
@@ -129,7 +129,7 @@ def profile_child(args):
     """Time per phase of the sampled training batch (one fit to warm up, then N batches)."""
     import numba
     from slide.estimator import SlideClassifier
-    from slide.engine.touched import output_entries
+    from slide.kernels.touched import output_entries
     X, Y, Xt, Yt = _load_data(args.data)
     params = json.loads(args.params)
     m = SlideClassifier(**params)

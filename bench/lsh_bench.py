@@ -24,9 +24,9 @@ import numba
 import numpy as np
 from numba import njit
 
-from slide._rng import stream_seed
-from slide.lsh import LSHIndex, hash_dense_into, sample_into, scratch_sizes
-from slide.lsh.samplers import SAMPLERS
+from slide.kernels.rng import stream_seed
+from slide.kernels.lsh import LSHIndex, hash_dense_into, sample_into, scratch_sizes
+from slide.kernels.lsh.samplers import SAMPLERS
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

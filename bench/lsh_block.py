@@ -3,7 +3,7 @@
     python bench/lsh_block.py --data datasets/debcontents --epochs 2 --seeds 0,1,2 \\
         --sizes 1024,2048 --out bench/results/lsh_block_debcontents
 
-The batched engine (``slide.engine.block``) computes a shared block S of output neurons for
+The batched engine (``slide.network.block``) computes a shared block S of output neurons for
 every sample of a batch as three GEMMs. ``bench/oracle_bound.py`` showed that on the 133k-label
 real set a block whose second half is the batch's exact top logits (an oracle, computed
 densely and not timed) gains accuracy at equal |S|. This script puts a hash in the oracle's
@@ -25,7 +25,7 @@ place, with ALL of its cost counted as training time:
   share) join the union; the batch keeps those with the highest count.
 
 The chosen ids join each sample's exact set C (no importance weight), so the frequency draws
-still estimate the softmax mass outside C without bias (``slide.engine.negatives``). The issue's
+still estimate the softmax mass outside C without bias (``slide.kernels.negatives``). The issue's
 rule: the LSH must recover at least half of the oracle's gain in accuracy per second to be
 worth a place. Network alone (``neighbours=0, rerank=False``), Adam at a constant ``--lr``.
 Writes ``OUT.json`` and ``OUT.md``; also reports the recall of the oracle's ids by the LSH's
@@ -186,7 +186,7 @@ class LSHBlock:
 
 def run(X, Y, Xt, Yt, variant, size, seed, args):
     import slide
-    from slide.engine.network import Network
+    from slide.network.network import Network
     from slide.metrics import evaluate, inverse_propensity
     parts = variant.split("+")
     head = int(parts[0][4:] or args.head) if parts[0].startswith("head") else 0
@@ -233,7 +233,7 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
 
 def _recall(net, chooser, X, args):
     """Mean share of the oracle's ids (trained weights) that the LSH's ids contain."""
-    from slide.engine.block import _oracle_ids
+    from slide.network.block import _oracle_ids
     rng = np.random.default_rng(7)
     hits = []
     chooser.batches = 0                  # rebuild from the trained weights first

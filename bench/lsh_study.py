@@ -30,11 +30,11 @@ import numpy as np
 from numba import njit, prange
 
 import slide
-from slide.engine import diagnostics as dg
+from slide.network import diagnostics as dg
 from slide.estimator import SlideClassifier
-from slide.lsh.hashes import hash_dense_batch
-from slide.lsh.index import LSHIndex
-from slide.lsh.samplers import sample_batch
+from slide.kernels.lsh.hashes import hash_dense_batch
+from slide.kernels.lsh.index import LSHIndex
+from slide.kernels.lsh.samplers import sample_batch
 
 
 @njit(cache=True, nogil=True, parallel=True)

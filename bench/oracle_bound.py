@@ -3,7 +3,7 @@
     python bench/oracle_bound.py --data datasets/debdeps --epochs 2 --seeds 0,1,2 \\
         --sizes 256,512,1024,2048 --out bench/results/oracle_bound_debdeps
 
-Per batch the batched engine (``slide.engine.block``) computes a shared block S of output
+Per batch the batched engine (``slide.network.block``) computes a shared block S of output
 neurons for every sample. Two ways to fill a block of about |S| ids, at equal size:
 
 * ``frequency``: ``shared_negatives=|S|`` draws by label frequency (the default engine);
@@ -39,7 +39,7 @@ from bench.engine_ab import _machine, load  # noqa: E402
 
 def run(X, Y, Xt, Yt, variant, size, seed, args):
     import slide
-    from slide.engine.network import Network
+    from slide.network.network import Network
     from slide.metrics import evaluate, inverse_propensity
     half = size // 2
     n_shared = size if variant == "frequency" else size - half

@@ -90,7 +90,7 @@ def gemm_rate(B, S, h, threads=1, reps=20):
 
 def step_counts(X, Y, n_shared, exact_head, batch, h, seed=0, n_batches=20):
     """Per sample: nnz, touched input rows, block size, extras (true labels outside S)."""
-    from slide.engine.negatives import SharedNegatives, head_size
+    from slide.kernels.negatives import SharedNegatives, head_size
     neg = SharedNegatives(n_shared, 1.0, Y.shape[1], head_size(n_shared, exact_head))
     neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
     rng = np.random.default_rng(seed)

@@ -4,7 +4,7 @@ Trains a model (or loads one, ``--model``; ``--save-model`` keeps it for the nex
 on ``--test-rows`` test rows measures, in one process and after a warm-up call each:
 
   exact                 ``predict_topk(exact=True)``: every label scored (BLAS)
-  serving index         ``slide.lsh.serving.ServingIndex`` over the output layer's [w ; b]
+  serving index         ``slide.kernels.lsh.serving.ServingIndex`` over the output layer's [w ; b]
                         (norm-ranging Simple-LSH, SimHash, collision count, exact re-rank of the
                         C most-colliding labels), over a grid of (norm ranges, bits, tables, C),
                         each with and without the 256-highest-bias prior list
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 import slide
-from slide.lsh.serving import ServingIndex, serving_config
-from slide.trainer import blas_single_thread
+from slide.kernels.lsh.serving import ServingIndex, serving_config
+from slide.network.trainer import blas_single_thread
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -27,7 +27,7 @@ def make_params(spec, threads):
     """Keyword arguments of SlideClassifier: the shared settings plus the slide-only flags."""
     params = dict(spec.get("slide_params") or {})
     # the TensorFlow / PyTorch baselines predict with their network alone, so slide does too:
-    # network against network (the neighbour vote, slide.neighbours, would work on their hidden
+    # network against network (the neighbour vote, slide.rank.vote, would work on their hidden
     # layers as well); slide_params {"neighbours": 20} opts in
     params.setdefault("neighbours", 0)
     params.update(hidden_sizes=(int(spec["hidden"]),), learning_rate=float(spec["lr"]),

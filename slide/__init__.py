@@ -5,6 +5,7 @@ Numba kernels are compiled (or loaded from cache) only when first used.
 """
 from importlib import import_module
 
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
@@ -19,12 +20,11 @@ _EXPORTS = {
     "PRESETS": "slide.synthetic",
     "SlideClassifier": "slide.estimator",
     "SlideEnsemble": "slide.ensemble",
-    "load": "slide.estimator",
+    "load": "slide.persist.models",
     "save": "slide.text",
 }
-_SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator",
-               "cli", "params", "trainer", "checkpoint", "distributed", "ensemble",
-               "labels", "text"}
+_SUBMODULES = {"kernels", "network", "rank", "persist", "estimator", "ensemble", "distributed",
+               "data", "synthetic", "metrics", "params", "config", "cli", "labels", "text"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

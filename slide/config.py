@@ -20,6 +20,7 @@ import sys
 from slide import params
 from slide.params import Param
 
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
@@ -386,7 +387,7 @@ def _check_cross(cfg: dict, problems: list, check_files=True):
 
     # --- hash configuration: the engine's own rule, so the CLI never disagrees with it
     try:
-        from slide.lsh.hashes import check_hash_config
+        from slide.kernels.lsh.hashes import check_hash_config
     except ImportError:  # the LSH module is missing: the engine cannot run either
         check_hash_config = None
     hash_keys = {"lsh.family", "lsh.K", "lsh.L", "lsh.range_pow"}

@@ -10,7 +10,7 @@ Inference scores every label (the exact path): per block of rows, each member's 
 member's own neighbour vote) are averaged.
 
 One file holds the whole ensemble (``save`` / ``slide.load``): the members' checkpoints side
-by side in one archive (``slide.checkpoint``, format tag ``slide-ensemble``).
+by side in one archive (``slide.persist.checkpoint``, format tag ``slide-ensemble``).
 """
 import numpy as np
 
@@ -21,7 +21,14 @@ except ImportError:  # pragma: no cover
     ClassifierMixin = object
     clone = None
 
+from sklearn.exceptions import NotFittedError
+
+from slide.data import as_feature_matrix
+from slide.estimator import SlideClassifier
+from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
+from slide.persist.checkpoint import save_ensemble
+
 
 # rows scored at once: the block's dense probabilities stay near 64 MB at any label count
 _BLOCK_ENTRIES = 1 << 24
@@ -57,7 +64,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------------------------------
     def _template(self):
-        from slide.estimator import SlideClassifier
         if self.estimator is None:
             return SlideClassifier()
         if not isinstance(self.estimator, SlideClassifier):
@@ -97,7 +103,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         ``fit`` callback, with ``info["member"]`` = its index; a true return value stops that
         member (the next one still trains). Y and ``classes``: as ``SlideClassifier.fit``
         takes them (read once; every member gets the same ``classes_``)."""
-        from slide.labels import encode
         members = self._members_to_fit(self._validate())
         Y, names = encode(Y, name="Y", classes=classes)
         fitted = []
@@ -122,7 +127,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "members_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this SlideEnsemble is not fitted yet; call fit first")
 
     def _block_proba(self, X):
@@ -136,7 +140,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return total
 
     def _blocks(self, X):
-        from slide.data import as_feature_matrix
         X = as_feature_matrix(X, n_features=self.n_features_in_, name="X")
         if X.shape[0] == 0:
             raise ValueError("X has no rows")
@@ -181,7 +184,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     def score(self, X, y, exact=True, prior_candidates=256):
         """Precision@1 of the top prediction (y: the true labels, as ``fit`` takes its Y)."""
-        from slide.labels import encode_known
         self._check_fitted()
         top = self.predict_topk(X, k=1, exact=exact)[:, 0]
         Y = encode_known(y, self, n_rows=top.shape[0], name="Y")
@@ -190,6 +192,5 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
         """Write the whole ensemble to one file atomically; ``slide.load`` reads it back."""
-        from slide.checkpoint import save_ensemble
         self._check_fitted()
         save_ensemble(self, path, extra)

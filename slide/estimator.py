@@ -1,10 +1,12 @@
 """``SlideClassifier``: the scikit-learn style front end of the engine.
 
 ``__init__`` only stores its keywords (scikit-learn convention); ``fit`` validates them and the
-data before any kernel runs, builds the network (``slide.engine.Network``), the sparse
-optimizer (``slide.optim``), the LSH indices of the sparse layers (``slide.lsh``) and the rehash
-schedule, then trains one Numba call per batch. The training loop is ``slide.trainer``, the
-file format ``slide.checkpoint``, the parameters' types, defaults and bounds ``slide.params``.
+data before any kernel runs, builds the network (``slide.network.Network``), the sparse
+optimizer (``slide.network.optim``), the LSH indices of the sparse layers
+(``slide.kernels.lsh``) and the rehash schedule, then trains one Numba call per batch, and
+fits the post-fit stages (``slide.rank.stack.RankStack``). The training loop is
+``slide.network.trainer``, the file format ``slide.persist.checkpoint``, the parameters'
+types, defaults and bounds ``slide.params``.
 """
 import time
 
@@ -16,19 +18,23 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
+import numba
+from sklearn.exceptions import NotFittedError
+
 from slide import labels as labels_mod
-from slide import params as params_mod
-from slide import trainer
-from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
-                              load)
-from slide.checkpoint import save as save_checkpoint
-from slide.engine import Network
-from slide.engine.negatives import head_size
-from slide.optim import SparseOptimizer
+from slide import params as params_mod, warmup
+from slide.kernels.lsh.hashes import check_hash_config
+from slide.kernels.negatives import head_size
+from slide.kernels.lsh.serving import default_prior
+from slide.network import Network, trainer
+from slide.network.optim import SparseOptimizer
+from slide.network.schedule import RehashSchedule
+from slide.network.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
 from slide.params import is_int
-from slide.schedule import RehashSchedule
-from slide.sklearn_api import ScikitLearnAPI
-from slide.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
+from slide.persist.checkpoint import (FORMAT, FORMAT_VERSION,  # noqa: F401 (re-exported)
+                                      CheckpointError, save as save_checkpoint)
+from slide.rank.stack import RankStack
+from slide.sklearn_api import ScikitLearnAPI, sklearn_constraints
 
 
 class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
@@ -95,20 +101,20 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     optimizer : "adam" | "lazy_adam" | "sgd"
         "adam": bias-corrected Adam with dense Adam's trajectory at sparse cost (rows a batch
         does not touch still receive their decaying momentum, applied in closed form at their
-        next touch or at ``sync``; see ``slide.optim``). "lazy_adam": moments and weights of a
-        row change only in batches that touch it (TensorFlow's LazyAdam).
+        next touch or at ``sync``; see ``slide.network.optim``). "lazy_adam": moments and
+        weights of a row change only in batches that touch it (TensorFlow's LazyAdam).
     learning_rate, beta1, beta2, epsilon : optimizer settings.
     lr_schedule : "constant" | "linear" | "cosine"
-        The learning rate of each batch (``slide.trainer.scheduled_learning_rate``): constant,
-        or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or along a half
-        cosine towards 0 at the last batch of ``epochs`` epochs.
+        The learning rate of each batch (``slide.network.trainer.scheduled_learning_rate``):
+        constant, or, after ``warmup_batches`` batches of linear warm-up, decayed linearly or
+        along a half cosine towards 0 at the last batch of ``epochs`` epochs.
     warmup_batches : int
         Batches of linear warm-up (0: none).
     batch_size : minibatch size.
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
         training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
-        10; ``slide.trainer.resolve_epochs``), run over the rows the network trains on (the
+        10; ``slide.network.trainer.resolve_epochs``), run over the rows the network trains on (the
         re-ranker's held-out rows left out; ``planned_batches``).
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``
@@ -117,7 +123,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         whichever is further along, so ``epochs`` becomes the cap. Not bit-reproducible.
     neighbours : int
         Exact predictions blend the network's probabilities with the label vote of the query's
-        ``neighbours`` nearest training rows in the last hidden layer (``slide.neighbours``;
+        ``neighbours`` nearest training rows in the last hidden layer (``slide.rank.vote``;
         the memory of the training rows is built at the end of ``fit``). 0: the network alone.
     neighbour_weight : float in [0, 1]
         The vote's share of the blend: (1 - w) * p_network + w * vote.
@@ -126,11 +132,11 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         the network on 90 % of the rows (seeded; all but 5,000 on large sets, fewer held out
         where labels and rows are many), trains per-label linear classifiers over the input
         on those rows (one-vs-rest where labels are few, else against the network's top
-        labels: ``slide.label_linear``), fits a
+        labels: ``slide.rank.linear``), fits a
         logistic regression over features of each held-out row's candidates (the network's
         top 10 and the neighbours' labels; their scores, counts, input-centroid cosine and
         linear classifier score) and then builds the memory over every row
-        (``slide.rerank``). Exact ``predict_topk`` ranks the candidates by it;
+        (``slide.rank.rerank``). Exact ``predict_topk`` ranks the candidates by it;
         ``predict_proba`` stays the fixed blend. False (also after ``fit``, by
         ``set_params``): the fixed blend everywhere.
     rehash_period, rebuild_period, rehash_decay :
@@ -146,7 +152,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
 
     # scikit-learn's declaration of the parameters (its _validate_params and estimator
     # checks read it), generated from slide.params' table like every other spelling of them
-    _parameter_constraints = params_mod.sklearn_constraints()
+    _parameter_constraints = sklearn_constraints()
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
@@ -224,7 +230,6 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                     raise ValueError(f"sparse_layers entries must be layer indices in "
                                      f"[0, {n_layers - 1}], got {l!r}")
         if sparse and self.sampler != "random":
-            from slide.lsh.hashes import check_hash_config
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
         return hs, tuple(sorted(set(int(l) for l in sparse)))
 
@@ -232,7 +237,6 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # building
     # ------------------------------------------------------------------------------------------
     def _threads(self):
-        import numba
         n = numba.config.NUMBA_NUM_THREADS if self.n_threads is None else min(
             int(self.n_threads), numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(n)
@@ -276,6 +280,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                                           self.epsilon)
         self.schedule_ = RehashSchedule(self.rehash_period, self.rebuild_period,
                                         self.rehash_decay)
+        self.rank_ = RankStack()        # the post-fit stages, fitted at the end of fit
         self.sparse_layers_ = tuple(sparse)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
@@ -309,7 +314,6 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     def _warm_up(self):
         """Compile the run's kernels before its clock starts (``slide.warmup``): the seconds
         go to ``compile_seconds_``, never to ``train_seconds_``."""
-        from slide import warmup
         self._threads()
         return warmup.warm_up(self)
 
@@ -342,20 +346,13 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         """Rows of n_rows that ``fit`` holds out for the re-ranker (0: no re-ranker)."""
         if not (self.rerank and self.neighbours > 0):
             return 0
-        from slide import rerank
-        return rerank.n_holdout(n_rows, n_labels, self._holdout_min_rows())
-
-    def _holdout_min_rows(self):
-        from slide import rerank
-        return (rerank.MIN_HOLDOUT_ROWS if self._rerank_min_holdout is None
-                else self._rerank_min_holdout)
+        return RankStack.n_held(n_rows, n_labels, self._rerank_min_holdout)
 
     def _rerank_split(self, n_rows, n_labels):
         """(network rows, held-out rows) of a fit that fits the re-ranker, else None."""
         if self._n_held(n_rows, n_labels) == 0:
             return None
-        from slide import rerank
-        return rerank.holdout_rows(n_rows, self.seed_, self._holdout_min_rows(), n_labels)
+        return RankStack.split(n_rows, n_labels, self.seed_, self._rerank_min_holdout)
 
     def planned_batches(self, n_rows, n_labels):
         """(epochs, batches an epoch) that ``fit`` trains on n_rows rows of n_labels labels.
@@ -367,7 +364,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         return epochs, max(1, -(-n_train // int(self.batch_size)))
 
     def fit_neighbours(self, X, Y):
-        """Build the neighbour memory (``slide.neighbours``) from the labelled rows (X, Y) with
+        """Build the neighbour memory (``slide.rank.vote``) from the labelled rows (X, Y) with
         the current weights: exact predictions then blend the vote of the ``neighbours``
         nearest of these rows. ``fit`` does this with its training rows when it completes (or
         spends its ``time_budget``), not when its callback stopped it; ``partial_fit`` and
@@ -386,14 +383,15 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self.sync()
         self.network_.release_scratch()
         if split is None:
-            self.network_.build_memory(X, Y)
+            self.rank_.fit(self.network_.hidden(X), self._output(), X, Y, int(self.neighbours))
             return
-        from slide.rerank import fit_reranker
         with blas_single_thread():
-            reranker, memory = fit_reranker(self.network_, X, Y, split[0], split[1],
-                                            int(self.neighbours), self.seed_)
-        self.network_.memory = memory
-        self.network_.reranker = reranker
+            self.rank_.fit(self.network_.hidden(X), self._output(), X, Y, int(self.neighbours),
+                           split, self.seed_)
+
+    def _output(self):
+        """The output layer as the ranking stages read it (``slide.kernels.output``)."""
+        return self.network_.output_layer()
 
     def _exact_topk(self, X, k, with_scores, neighbours=None, rerank=None):
         """Exact top-k of checked rows X (BLAS held to one thread by the caller): ranked by
@@ -404,19 +402,20 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         ``rerank_``)."""
         vote = self._neighbour_vote(neighbours)
         rerank = self.rerank_ if rerank is None else rerank
-        if vote is not None and rerank and self.network_.reranker is not None:
-            out = self.network_.predict_topk_reranked(X, k)
-        elif vote is not None:
-            out = self.network_.predict_topk_blended(X, k, *vote)
-        else:
+        if vote is None:
             return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
+        H = self.network_.hidden(X)
+        if rerank and self.rank_.reranker is not None:
+            out = self.rank_.topk_reranked(H, self._output(), X, k)
+        else:
+            out = self.rank_.topk_blended(H, self._output(), k, *vote)
         return out if with_scores else out[0]
 
     def _neighbour_vote(self, neighbours=None):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None
         (``neighbours``: this call's vote size; None: the fitted ``neighbours_``)."""
         k = self.neighbours_ if neighbours is None else int(neighbours)
-        if k <= 0 or self.network_.memory is None:
+        if k <= 0 or self.rank_.memory is None:
             return None
         return int(k), float(self.neighbour_weight_)
 
@@ -461,7 +460,6 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "network_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this SlideClassifier is not fitted yet; call fit first")
 
     def sync(self):
@@ -481,10 +479,10 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         ``rerank``: this call's vote size and re-ranker switch (None: as fitted,
         ``neighbours_`` / ``rerank_``; ``set_params`` after ``fit`` does not change them). exact=True scores every output neuron, blended
         with the neighbour vote of the training rows when the model has its memory
-        (``neighbours``, ``slide.neighbours``); exact=False is sparse serving, by the network
-        alone: the output layer's serving index
-        (``slide.lsh.serving``: LSH tables over [w ; b], built from the weights on first use,
-        kept until training changes them, saved with the model) picks each row's
+        (``neighbours``, ``slide.rank.vote``); exact=False is sparse serving, by the network
+        alone: the output layer's serving index (``slide.kernels.lsh.serving``: LSH tables
+        over [w ; b], built from the weights on first use, kept until training changes them,
+        saved with the model) picks each row's
         most-colliding labels, and those plus the ``prior_candidates`` labels with the
         highest bias (the same for every row; 0 for none; None: 2 % of the labels, at least
         256) are scored exactly. It works the same whichever sampler trained the model.
@@ -497,13 +495,12 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                              f"got {prior_candidates!r}")
         self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
-        with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
+        with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.network.trainer)
             if exact:
                 ids = self._exact_topk(X, int(k), False, neighbours, rerank)
             else:
                 if prior_candidates is None:
-                    from slide.lsh.serving import default_prior
-                    prior_candidates = default_prior(self.network_.layout.n_out[-1])
+                    prior_candidates = default_prior(self.n_labels_)
                 ids = self.network_.predict_topk_serving(X, int(k),
                                                          prior_candidates=int(prior_candidates))
         return labels_mod.names_of(self, ids) if return_names else ids
@@ -511,7 +508,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     def serving_index(self, n_bits=None, n_tables=None, n_candidates=None, n_ranges=None):
         """The serving index sparse ``predict_topk`` uses (built now if missing, or rebuilt
         with the given settings; each one left None is derived from the label count and the
-        hidden width: ``slide.lsh.serving.serving_config``). Returns the index."""
+        hidden width: ``slide.kernels.lsh.serving.serving_config``). Returns the index."""
         self._check_fitted()
         self.sync()
         with blas_single_thread():
@@ -550,9 +547,11 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         """
         self._check_switches(neighbours, None)
         X = self._prepare_inference(X)
-        vote = self._neighbour_vote(neighbours) or (0, 0.0)
+        vote = self._neighbour_vote(neighbours)
         with blas_single_thread():
-            return self.network_.predict_proba(X, *vote)
+            if vote is None:
+                return self.network_.predict_proba(X)
+            return self.rank_.proba(self.network_.hidden(X), self._output(), *vote)
 
     def predict_scores(self, X):
         """Dense output logits [n, n_labels] of the exact network (all neurons; the
@@ -579,7 +578,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # checkpoints
     # ------------------------------------------------------------------------------------------
     def save(self, path, extra=None):
-        """Write a checkpoint (``slide.checkpoint``) atomically; ``extra`` is any
+        """Write a checkpoint (``slide.persist.checkpoint``) atomically; ``extra`` is any
         JSON-serialisable value returned as ``extra_`` by ``slide.load``."""
         self._check_fitted()
         save_checkpoint(self, path, extra)

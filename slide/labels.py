@@ -25,6 +25,7 @@ import numbers
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.utils.multiclass import type_of_target
 
 from slide.data.inputs import as_label_matrix
 
@@ -117,7 +118,6 @@ def _as_input(Y, name):
             hasattr(Y, "__array__"):
         Y = np.asarray(Y)
     if isinstance(Y, np.ndarray) and Y.ndim == 1 and Y.dtype.kind in "fc":
-        from sklearn.utils.multiclass import type_of_target
         kind = type_of_target(Y, input_name=name)       # raises on NaN and inf
         if kind.startswith("continuous"):
             raise ValueError(f"Unknown label type: {kind}: {name} holds continuous values, "

@@ -41,6 +41,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
+
 __all__ = ["precision_at_k", "ndcg_at_k", "recall_at_k", "psprecision_at_k", "psndcg_at_k",
            "inverse_propensity", "evaluate"]
 

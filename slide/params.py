@@ -26,14 +26,15 @@ from typing import Any
 
 import numpy as np
 
-HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.lsh.hashes.FAMILIES
-BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.lsh.index.POLICIES
-LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.lsh.samplers.SAMPLERS
+
+HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.kernels.lsh.hashes.FAMILIES
+BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.kernels.lsh.index.POLICIES
+LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.kernels.lsh.samplers.SAMPLERS
 SAMPLERS = LSH_SAMPLERS + ("random", "dense")
-LOSSES = ("softmax", "sigmoid")                               # slide.engine.LOSSES
-OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.optim.OPTIMIZERS
+LOSSES = ("softmax", "sigmoid")                               # slide.network.LOSSES
+OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.network.optim.OPTIMIZERS
 BIAS_INITS = ("log_prior", "zero")
-LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.trainer.LR_SCHEDULES
+LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.network.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
 # int_or_none, float_or_none, int_or_auto (an int or the string "auto"), layers (None or a
@@ -172,14 +173,14 @@ TABLE = (
        "T_0 * exp(lambda * t)", ge=0, optional=True),
     _p("epochs", "train.epochs", "int_or_auto", "auto", "passes over the training set (the "
        "learning-rate schedule spans them); auto: the count whose batches come nearest to 625, "
-       "at least 3 and at most 10, so more on small training sets (slide.trainer."
+       "at least 3 and at most 10, so more on small training sets (slide.network.trainer."
        "resolve_epochs, measured in bench/results/accuracy.md)", ge=1),
     # le: the training kernels stamp a sample's active-set marks serial * 2**20 + position + 1
-    # (slide/engine/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer
+    # (slide/network/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer
     # than 2**20 samples
     _p("engine", "train.engine", "str", "batched", "how a sampled output layer is computed: "
        "batched (the batch's shared negatives as three BLAS products, the per-sample loops "
-       "only for each sample's labels, LSH ids and fill outside them: slide.engine.block) or "
+       "only for each sample's labels, LSH ids and fill outside them: slide.network.block) or "
        "per_sample (every sample scores its whole active set in its own loops: the reference "
        "path the batched one is tested against; same objective, float32 sums in another "
        "order)", choices=("batched", "per_sample")),
@@ -193,7 +194,7 @@ TABLE = (
        "Not bit-reproducible (the clock decides); None: no budget", gt=0),
     _p("neighbours", "model.neighbours", "int", 20, "exact predictions blend the network's "
        "probabilities with the label vote of the query's nearest training rows in the last "
-       "hidden layer (slide.neighbours; built at the end of fit); 0: the network alone", ge=0,
+       "hidden layer (slide.rank.vote; built at the end of fit); 0: the network alone", ge=0,
        optional=True),
     _p("neighbour_weight", "model.neighbour_weight", "float", 0.85, "the vote's share of that "
        "blend: (1 - w) * p_network + w * vote (measured best on real sets, "
@@ -201,9 +202,9 @@ TABLE = (
     _p("rerank", "model.rerank", "bool", True, "with the neighbour vote: fit holds out 10 % "
        "of the training rows (at most 5,000, fewer at many labels; at least 2,000 rows "
        "needed), trains per-label linear classifiers over the input (one-vs-rest where labels "
-       "are few, else against the network's hard negatives: slide.label_linear) and fits a logistic re-ranker of the vote's "
-       "candidates on the held-out rows (slide.rerank); exact predict_topk ranks by it, "
-       "predict_proba stays the blend", optional=True),
+       "are few, else against the network's hard negatives: slide.rank.linear) and fits a "
+       "logistic re-ranker of the vote's candidates on the held-out rows (slide.rank.rerank); "
+       "exact predict_topk ranks by it, predict_proba stays the blend", optional=True),
     _p(None, "train.threads", "int", 0, "worker threads (0 = all cores; the API's n_threads)",
        ge=0),
     _p(None, "train.seed", "int", 0, "seed of weights, hashes, batch order, sampling and the "
@@ -378,55 +379,6 @@ def check_estimator_params(values: dict) -> dict:
         if problem:
             raise ValueError(f"{p.name} {problem}")
         out[p.name] = value
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# scikit-learn's parameter constraints
-
-def _interval(p: Param, number_type):
-    from sklearn.utils._param_validation import Interval
-    left = p.gt if p.gt is not None else p.ge
-    right = p.lt if p.lt is not None else p.le
-    closed = {(True, True): "both", (True, False): "left", (False, True): "right",
-              (False, False): "neither"}[(p.ge is not None, p.le is not None)]
-    return Interval(number_type, left, right, closed=closed)
-
-
-def sklearn_constraints(params=None) -> dict:
-    """``_parameter_constraints`` (scikit-learn's declaration, read by its
-    ``_validate_params`` and ``estimator_checks``) generated from the table's rows: kinds,
-    bounds and choices become ``Interval`` / ``StrOptions`` / ``"boolean"`` / ``None``. The
-    table's own check (``check_estimator_params``) stays the stricter one (bools are not
-    integers, floats must be finite) and the one whose messages the user reads."""
-    from numbers import Integral, Real
-
-    from sklearn.utils._param_validation import StrOptions
-    out = {}
-    for p in ESTIMATOR_PARAMS if params is None else params:
-        kind = p.kind
-        allowed = []
-        if kind.endswith("_or_none") or kind == "layers":
-            allowed.append(None)
-            kind = kind[:-len("_or_none")] if kind.endswith("_or_none") else kind
-        if kind == "int_or_auto":
-            allowed.append(StrOptions({"auto"}))
-            kind = "int"
-        if kind == "int_list":
-            allowed += ["array-like", _interval(p, Integral)]
-        elif kind == "layers":
-            allowed.append("array-like")
-        elif kind == "int":
-            allowed.append(_interval(p, Integral))
-        elif kind == "float":
-            allowed.append(_interval(p, Real))
-        elif kind == "bool":
-            allowed.append("boolean")
-        elif kind == "str":
-            allowed.append(StrOptions(set(p.choices)) if p.choices else str)
-        elif kind == "table":
-            allowed.append(dict)
-        out[p.name] = allowed
     return out
 
 

@@ -3,11 +3,16 @@ does with ``X`` and ``Y`` before a kernel runs (``slide.data``'s validators; lab
 ids through ``slide.labels``), the checks scikit-learn's estimator checks probe in the words
 they expect, the estimator tags, the vote's settings fixed at ``fit`` (``set_params``
 afterwards does not change predictions) and pickling through the checkpoint format
-(``slide.persist_bytes``)."""
+(``slide.persist.pickling``)."""
+from numbers import Integral, Real
+
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from slide import labels as labels_mod
 from slide import params as params_mod
+from slide.data import as_feature_matrix
+from slide.persist import pickling
 
 
 class ScikitLearnAPI:
@@ -41,7 +46,6 @@ class ScikitLearnAPI:
         return X, self._check_Y(Y, True), names
 
     def _check_X(self, X, fitted):
-        from slide.data import as_feature_matrix
         self._check_X_shape(X, fitted)
         n_features = self.n_features_in_ if fitted else None
         X = as_feature_matrix(X, n_features=n_features, name="X")
@@ -108,7 +112,6 @@ class ScikitLearnAPI:
                 raise ValueError(f"{name} {problem}")
 
     def _check_eval_set(self, eval_set, X, Y):
-        from slide.data import as_feature_matrix
         try:
             Xe, Ye = eval_set
         except (TypeError, ValueError):
@@ -120,11 +123,54 @@ class ScikitLearnAPI:
 
     def __getstate__(self):
         """Pickling (joblib, multiprocessing, ``copy.deepcopy``): a fitted model travels as
-        its checkpoint bytes (``slide.persist_bytes``; the compiled network's arrays do not
+        its checkpoint bytes (``slide.persist.pickling``; the compiled network's arrays do not
         pickle), an unfitted one as its keywords."""
-        from slide import persist_bytes
-        return persist_bytes.getstate(self)
+        return pickling.getstate(self)
 
     def __setstate__(self, state):
-        from slide import persist_bytes
-        persist_bytes.setstate(self, state)
+        pickling.setstate(self, state)
+
+
+# --------------------------------------------------------------------------------------------
+# scikit-learn's parameter constraints
+
+def _interval(p, number_type):
+    left = p.gt if p.gt is not None else p.ge
+    right = p.lt if p.lt is not None else p.le
+    closed = {(True, True): "both", (True, False): "left", (False, True): "right",
+              (False, False): "neither"}[(p.ge is not None, p.le is not None)]
+    return Interval(number_type, left, right, closed=closed)
+
+
+def sklearn_constraints(params=None) -> dict:
+    """``_parameter_constraints`` (scikit-learn's declaration, read by its
+    ``_validate_params`` and ``estimator_checks``) generated from the table's rows: kinds,
+    bounds and choices become ``Interval`` / ``StrOptions`` / ``"boolean"`` / ``None``. The
+    table's own check (``check_estimator_params``) stays the stricter one (bools are not
+    integers, floats must be finite) and the one whose messages the user reads."""
+    out = {}
+    for p in params_mod.ESTIMATOR_PARAMS if params is None else params:
+        kind = p.kind
+        allowed = []
+        if kind.endswith("_or_none") or kind == "layers":
+            allowed.append(None)
+            kind = kind[:-len("_or_none")] if kind.endswith("_or_none") else kind
+        if kind == "int_or_auto":
+            allowed.append(StrOptions({"auto"}))
+            kind = "int"
+        if kind == "int_list":
+            allowed += ["array-like", _interval(p, Integral)]
+        elif kind == "layers":
+            allowed.append("array-like")
+        elif kind == "int":
+            allowed.append(_interval(p, Integral))
+        elif kind == "float":
+            allowed.append(_interval(p, Real))
+        elif kind == "bool":
+            allowed.append("boolean")
+        elif kind == "str":
+            allowed.append(StrOptions(set(p.choices)) if p.choices else str)
+        elif kind == "table":
+            allowed.append(dict)
+        out[p.name] = allowed
+    return out

@@ -31,6 +31,8 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
+from slide.data import write_xc
+
 __all__ = ["PRESETS", "generate", "write_dataset", "preset_params"]
 
 # Generator knobs shared by every preset unless it overrides them. They are tuned so that a
@@ -367,25 +369,8 @@ def generate(preset="tiny", scale=1.0, seed=0, **overrides):
     return tuple(_canonical(M) for M in (X_tr, Y_tr, X_te, Y_te))
 
 
-def _write_xc_fallback(path, X, Y):
-    """XC-format writer used only while ``slide.data.write_xc`` is unavailable."""
-    from sklearn.datasets import dump_svmlight_file
-
-    from slide.fileio import atomic_write
-
-    with atomic_write(path, "wb") as f:
-        f.write(f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}\n".encode())
-        # scikit-learn's Cython writer emits exactly "l1,l2 f:v ..." (an empty label list gives a
-        # line starting with a space), i.e. the XC body
-        dump_svmlight_file(X, Y, f, zero_based=True, multilabel=True)
-
-
 def write_dataset(out_dir, X_train, Y_train, X_test, Y_test):
     """Write ``train.txt`` and ``test.txt`` (XC repository format) into ``out_dir``."""
-    try:
-        from slide.data import write_xc
-    except ImportError:
-        write_xc = _write_xc_fallback
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for name, X, Y in (("train.txt", X_train, Y_train), ("test.txt", X_test, Y_test)):

@@ -18,6 +18,14 @@ section (``slide.params``, keys ``text.*``).
 import json
 
 import numpy as np
+import scipy.sparse as sp
+from sklearn.feature_extraction import text as fe
+from sklearn.feature_extraction.text import (HashingVectorizer,
+                                             TfidfTransformer, TfidfVectorizer)
+from sklearn.pipeline import Pipeline
+
+from slide.fileio import atomic_write
+from slide.persist.checkpoint import save as save_checkpoint
 
 FORMAT_KEY = "text"         # the checkpoint metadata entry (slide.checkpoint)
 ARRAY_PREFIX = "text_"
@@ -26,7 +34,6 @@ _KINDS = ("TfidfVectorizer", "CountVectorizer", "HashingVectorizer", "TfidfTrans
 
 
 def _classes():
-    from sklearn.feature_extraction import text as fe
     return {name: getattr(fe, name) for name in _KINDS}
 
 
@@ -73,8 +80,6 @@ def step_state(step, where="step"):
 
 def step_from_state(meta, arrays):
     """The fitted step of ``step_state``'s ``(meta, arrays)``."""
-    import scipy.sparse as sp
-    from sklearn.feature_extraction.text import TfidfTransformer
     kind = meta["kind"]
     if kind not in _KINDS:
         raise ValueError(f"unknown text step {kind!r}")
@@ -107,7 +112,6 @@ def step_from_state(meta, arrays):
 def split_pipeline(pipe):
     """``(text steps [(name, step)], final (name, SlideClassifier))`` of a pipeline slide
     saves; ValueError otherwise."""
-    from sklearn.pipeline import Pipeline
     if not isinstance(pipe, Pipeline):
         raise ValueError(f"expected a scikit-learn Pipeline, got {type(pipe).__name__}")
     *head, (name, last) = pipe.steps
@@ -131,7 +135,6 @@ def pipeline_state(pipe):
 
 def pipeline_from_state(model, meta, arrays):
     """The ``Pipeline`` of a loaded classifier and its checkpoint's text entry."""
-    from sklearn.pipeline import Pipeline
     steps = []
     for i, st in enumerate(meta["steps"]):
         prefix = f"{ARRAY_PREFIX}{i}_"
@@ -144,11 +147,9 @@ def save(obj, path, extra=None):
     """Write a fitted ``SlideClassifier``, ``SlideEnsemble``, ``ShardedSlideClassifier``
     (``obj.save``) or a ``Pipeline`` of text steps and a ``SlideClassifier`` (one checkpoint
     carrying the vectorizer) to ``path``; ``slide.load`` reads any of them back."""
-    from sklearn.pipeline import Pipeline
     if not isinstance(obj, Pipeline):
         return obj.save(path, extra=extra)
     _, (_, model) = split_pipeline(obj)
-    from slide.checkpoint import save as save_checkpoint
     model._check_fitted()
     save_checkpoint(model, path, extra, attachment=pipeline_state(obj))
 
@@ -159,8 +160,6 @@ def save(obj, path, extra=None):
 def vectorizer_from_config(text):
     """The unfitted vectorizer steps of a run's ``[text]`` section (a dict of its keys):
     ``[(name, step)]`` ready for ``Pipeline``."""
-    from sklearn.feature_extraction.text import (HashingVectorizer, TfidfTransformer,
-                                                 TfidfVectorizer)
     ngrams = (1, int(text["ngram_max"]))
     common = dict(lowercase=bool(text["lowercase"]), ngram_range=ngrams,
                   token_pattern=text["token_pattern"], dtype=np.float32,
@@ -184,7 +183,6 @@ STEPS_FORMAT = "slide-text-steps"
 def save_steps(path, steps):
     """Write fitted text steps ``[(name, step)]`` to ``path`` atomically: an npz archive with
     a JSON ``__meta__`` (no pickle)."""
-    from slide.fileio import atomic_write
     meta, arrays = [], {}
     for i, (name, step) in enumerate(steps):
         m, own = step_state(step, f"text step {name!r}")

@@ -9,10 +9,16 @@ evaluation, so that every kernel the real run will call is compiled before its c
 It runs once per process and configuration; the seconds it took are what ``SlideClassifier``
 reports as ``compile_seconds_``, never as training time.
 """
+import sys
 import time
 
 import numpy as np
 import scipy.sparse as sp
+from numba.core.registry import CPUDispatcher
+
+from slide import metrics
+from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
+
 
 # configurations already warmed in this process: key -> seconds the warm-up took
 _WARMED = {}
@@ -86,14 +92,13 @@ def warm_up(model):
     key = config_key(model)
     if key in _WARMED:
         return 0.0
-    from slide import metrics
     t0 = time.perf_counter()
     X, Y = tiny_data()
     copy = tiny_copy(model)
     copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
-    if copy.network_.reranker is not None:
-        _warm_linear(copy.network_, X, Y)
+    if copy.rank_.reranker is not None:
+        _warm_linear(copy, X, Y)
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)
     metrics.evaluate(Y, top, ks=(1, 3, 5),
@@ -103,25 +108,23 @@ def warm_up(model):
     return seconds
 
 
-def _warm_linear(net, X, Y):
+def _warm_linear(model, X, Y):
     """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
     which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
-    from slide.label_linear import LabelLinear, OneVsRest, strongest_terms
     strongest_terms(X, 1)           # the cut of long rows (no tiny row is longer than 128)
     rows = np.arange(X.shape[0], dtype=np.int64)
     ptr = np.arange(X.shape[0] + 1, dtype=np.int64)
     counts = np.ones(X.shape[0], np.int64)
     ids = Y.indices[Y.indptr[:-1]].astype(np.int64)         # each row's first label
     F = np.zeros((X.shape[0], 1))
-    for fitted in (LabelLinear.fit(net, X, Y, rows), OneVsRest.fit(X, Y, rows)):
+    H = model.network_.hidden(X)
+    for fitted in (LabelLinear.fit(model._output(), H, X, Y, rows), OneVsRest.fit(X, Y, rows)):
         fitted.score_into(X, ptr, counts, ids, F, 0)
 
 
 def kernel_signatures():
     """``{"module.function": number of compiled type signatures}`` over every Numba dispatcher
     of the loaded ``slide`` modules: a fit that compiles nothing new leaves it unchanged."""
-    import sys
-    from numba.core.registry import CPUDispatcher
     out = {}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "slide" or name.startswith("slide.")):

@@ -31,7 +31,7 @@ def tiny():
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside ``slide.trainer`` (monkeypatch.setattr(trainer,
+    """Stands in for the ``time`` module inside ``slide.network.trainer`` (monkeypatch.setattr(trainer,
     "time", FakeClock(step))): every perf_counter() reading is ``step`` seconds after the
     previous one, so one batch (two readings) costs ``step`` seconds of ``train_seconds_`` and
     runs with a ``time_budget`` are deterministic."""
@@ -49,7 +49,7 @@ class FakeClock:
 def rewrite_checkpoint(tmp_path):
     """``write(name, meta, arrays)``: a checkpoint file in tmp_path with these metadata and
     arrays (the array listing made to match), for tests that damage a saved model."""
-    from slide import checkpoint
+    from slide.persist import checkpoint
 
     def write(name, meta, arrays):
         meta = dict(meta, arrays={k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()})

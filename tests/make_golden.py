@@ -76,9 +76,9 @@ def tables_top5(model, Xq):
     """Top-5 through the TRAINING tables (the LSH-selected neurons plus the 256 highest-bias
     ones; exact top-5 for a model without tables): what ``predict_topk(exact=False)`` returned
     when the fixture was recorded. Sparse serving now has its own index
-    (``slide.lsh.serving``, tested in tests/test_serving.py); this keeps pinning the state of
+    (``slide.kernels.lsh.serving``, tested in tests/test_serving.py); this keeps pinning the state of
     the tables that training leaves behind."""
-    from slide.trainer import blas_single_thread
+    from slide.network.trainer import blas_single_thread
     model.sync()
     net = model.network_
     with blas_single_thread():

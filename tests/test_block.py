@@ -1,12 +1,12 @@
-"""The batched engine (slide.engine.block) against the per-sample reference path
-(slide.engine.batch): the same losses, gradients and updates to float32 tolerance, for every
+"""The batched engine (slide.network.block) against the per-sample reference path
+(slide.network.batch): the same losses, gradients and updates to float32 tolerance, for every
 sampler, both losses, dense and sparse hidden layers, with and without a random fill."""
 import numba
 import numpy as np
 import pytest
 
-from slide.engine import Network
-from slide.optim import SparseOptimizer
+from slide.network import Network
+from slide.network.optim import SparseOptimizer
 from test_network import _data
 
 C = 300

@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from slide import checkpoint
-from slide.checkpoint import CheckpointError, load
+from slide.persist import checkpoint
+from slide.persist.checkpoint import CheckpointError
+from slide.persist.models import load
 from slide.estimator import SlideClassifier
 
 DATA = os.path.join(os.path.dirname(__file__), "data")

@@ -360,7 +360,7 @@ def test_predict_streams_k_labels_per_line(tmp_path, capsys):
     model = slide.load(os.path.join(run, "model.slide"))
     X, _ = read_xc(test)
     top = model.predict_topk(X, k=3)
-    assert model.network_.memory is not None          # the default: with the neighbour vote
+    assert model.rank_.memory is not None          # the default: with the neighbour vote
     scores = model.predict_proba(X)                   # the blend's probabilities
     for i, line in enumerate(lines):
         pairs = [tok.split(":") for tok in line.split()]

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-import slide.estimator
+import slide.persist.models
 from slide import cli
 from slide.cli.rundir import _load_checkpoint
-from slide.checkpoint import CheckpointError
+from slide.persist.checkpoint import CheckpointError
 
 SLIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slide")
 
@@ -22,7 +22,7 @@ def test_a_load_failure_outside_the_format_checks_becomes_a_checkpoint_error(
     def failing_load(p):
         raise exc
 
-    monkeypatch.setattr(slide.estimator, "load", failing_load)
+    monkeypatch.setattr(slide.persist.models, "load", failing_load)
     with pytest.raises(CheckpointError) as e:
         _load_checkpoint(str(path))
     assert e.value.path == str(path) and "cannot be loaded" in e.value.problem

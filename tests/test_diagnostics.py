@@ -1,10 +1,10 @@
-"""slide.engine.diagnostics against the training kernel and against brute-force computations."""
+"""slide.network.diagnostics against the training kernel and against brute-force computations."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide.engine import diagnostics as dg
+from slide.network import diagnostics as dg
 from slide.estimator import SlideClassifier
 
 
@@ -290,7 +290,7 @@ def test_every_logs_the_diagnostics_without_changing_training():
 
 
 def _tiny_net(n_out, n_draws, min_active, power=1.0):
-    from slide.engine import Network
+    from slide.network import Network
     return Network((4, 3, n_out), (False, True), (0, min_active), shared_negatives=n_draws,
                    negative_power=power)
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import slide
-from slide.checkpoint import CheckpointError
+from slide.persist.checkpoint import CheckpointError
 from slide.distributed import ShardedSlideClassifier
-from slide.distributed.checkpoint import from_single, to_single
+from slide.distributed.convert import from_single, to_single
 from slide.estimator import SlideClassifier
 
 from conftest import FakeClock
@@ -421,11 +421,11 @@ shards = 2
 
 
 def test_sharded_model_follows_a_time_budget_like_one_process(tiny, monkeypatch):
-    """The sharded model trains in SlideClassifier's loop (slide.trainer.train), budget
+    """The sharded model trains in SlideClassifier's loop (slide.network.trainer.train), budget
     included: on a fake clock (1 s per reading; no rehash in the run, whose clock readings
     happen in the single process only) a 7 s budget stops both at the same batch, before the
     3 epochs' end, and one shard stays on the single process's trajectory."""
-    from slide import trainer
+    from slide.network import trainer
     Xtr, Ytr, _, _ = tiny
     kw = dict(SMALL, epochs=3, random_state=3, time_budget=7.0, lr_schedule="cosine",
               rehash_period=10**6, rebuild_period=10**6)

@@ -5,8 +5,8 @@ import numba
 import numpy as np
 import pytest
 
-from slide.engine import Network
-from slide.optim import SparseOptimizer
+from slide.network import Network
+from slide.network.optim import SparseOptimizer
 from test_layers import _reference, _sample
 from test_network import _data
 from test_optim import _dense_adam, _sparse_adam
@@ -290,8 +290,8 @@ def test_network_and_optimizer_state_round_trip():
 
 
 def test_index_refresh_of_dirty_rows_equals_full_rehash_and_rebuild_seed_rule():
-    from slide._rng import STREAM_REBUILD, derived_seed
-    from slide.lsh.index import LSHIndex
+    from slide.kernels.rng import STREAM_REBUILD, derived_seed
+    from slide.kernels.lsh.index import LSHIndex
     rng = np.random.default_rng(15)
     W = rng.standard_normal((500, 16)).astype(np.float32)
     a = LSHIndex("dwta", 16, 2, 5, 6, bucket_size=4, seed=9).build(W)

@@ -4,7 +4,7 @@ import scipy.sparse as sp
 import pytest
 
 import slide
-from slide.checkpoint import CheckpointError
+from slide.persist.checkpoint import CheckpointError
 from slide.ensemble import SlideEnsemble, member_seed
 from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data

@@ -7,7 +7,8 @@ import scipy.sparse as sp
 from sklearn.base import clone
 
 import slide
-from slide.estimator import CheckpointError, DivergenceError, SlideClassifier, load
+from slide.estimator import CheckpointError, DivergenceError, SlideClassifier
+from slide.persist.models import load
 
 # small LSH settings that suit the tiny set (200 labels)
 # neighbours=0: these tests pin the network's own predictions (the vote: test_neighbours.py)

@@ -1,4 +1,4 @@
-"""The exact head of the shared negatives (slide.engine.negatives.SharedNegatives, n_head > 0):
+"""The exact head of the shared negatives (slide.kernels.negatives.SharedNegatives, n_head > 0):
 the most frequent labels are in every draw with weight 1, the rest are drawn from the other
 labels with the inclusion probabilities the correction uses, and the normaliser's estimate
 stays unbiased."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import slide
-from slide.engine.negatives import SharedNegatives, head_size
+from slide.kernels.negatives import SharedNegatives, head_size
 
 N_OUT, N_SHARED, N_HEAD = 60, 12, 4
 

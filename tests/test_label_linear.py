@@ -1,11 +1,12 @@
-"""The per-label linear classifiers of the re-ranker's linear_score (slide.label_linear)."""
+"""The per-label linear classifiers of the re-ranker's linear_score (slide.rank.linear)."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import label_linear
-from slide.label_linear import LabelLinear, OneVsRest
+from slide.rank import linear as label_linear
+from slide.rank.linear import LabelLinear, OneVsRest
+from slide.kernels.output import OutputLayer
 from test_rerank import SMALL, keyword_data
 
 
@@ -38,7 +39,7 @@ def test_table_bits_follow_the_updates_within_bounds():
 def _rank_of_truth(scores_of, net, X, Y, n_top=10):
     """Share of rows whose best-scored label among the network's top n_top and their true
     labels is a true one."""
-    from slide.engine.infer import topk_of_logits
+    from slide.kernels.topk import topk_of_logits
     Wo, bo = net.output_view()
     _, top = topk_of_logits(net.hidden(X), Wo, bo, n_top)
     hits = 0
@@ -54,7 +55,7 @@ def test_fit_learns_the_words_that_name_each_label(fitted, kind):
     net, Xtr, Ytr, Xte, Yte = fitted
     rows = np.arange(Xtr.shape[0])
     if kind == "hashed":
-        lin = LabelLinear.fit(net, Xtr, Ytr, rows, seed=0)
+        lin = LabelLinear.fit(net.output_layer(), net.hidden(Xtr), Xtr, Ytr, rows, seed=0)
     else:
         lin = OneVsRest.fit(Xtr, Ytr, rows, seed=0)
         assert lin.weights.shape == (int((np.bincount(Xtr.indices) > 0).sum()), Ytr.shape[1])
@@ -85,7 +86,8 @@ def test_fit_uses_at_most_max_work_rows(fitted, monkeypatch):
         return real(top, y_ptr, y_ids)
     monkeypatch.setattr(label_linear, "training_pairs", spy)
     monkeypatch.setattr(label_linear, "MAX_WORK", 300 * Ytr.shape[1])
-    LabelLinear.fit(net, Xtr, Ytr, np.arange(Xtr.shape[0]), seed=0)
+    LabelLinear.fit(net.output_layer(), net.hidden(Xtr), Xtr, Ytr, np.arange(Xtr.shape[0]),
+                    seed=0)
     assert seen == [300]
 
 
@@ -96,28 +98,24 @@ def test_hard_negatives_are_each_rows_top_logits_in_any_blocking(monkeypatch, mi
                                                                  entries, chunk):
     # the same ids as a dense argsort of the logits, however rows and labels are blocked
     # (integer weights: every product exact, ties are ties)
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     rng = np.random.default_rng(5)
     H = rng.integers(-3, 4, size=(120, 8)).astype(np.float32)
     Wo = rng.integers(-3, 4, size=(300, 8)).astype(np.float32)
     bo = rng.integers(-2, 3, size=300).astype(np.float32)
 
-    class Net:
-        def output_view(self):
-            return Wo, bo
-
     monkeypatch.setattr(label_linear, "_MIN_BLOCK_ROWS", min_rows)
     monkeypatch.setattr(label_linear, "_BLOCK_ENTRIES", entries)
     monkeypatch.setattr(label_linear, "_CHUNK", chunk)
     rows = np.sort(rng.choice(120, 100, replace=False)).astype(np.int64)
-    got = label_linear.hard_negatives(Net(), None, rows, 6, H)
+    got = label_linear.hard_negatives(OutputLayer(Wo, bo, False), H, rows, 6)
     S = H[rows] @ Wo.T + bo
     expect = np.argsort(-S, axis=1, kind="stable")[:, :6]
     np.testing.assert_array_equal(got, expect)
 
 
 def test_topk_of_logits_is_the_sorted_top_with_ties_to_the_lower_id():
-    from slide.engine.infer import topk_ids_of_logits, topk_of_logits
+    from slide.kernels.topk import topk_ids_of_logits, topk_of_logits
     rng = np.random.default_rng(4)
     # small integers: every dot product exact, so ties are ties in any BLAS blocking
     H = rng.integers(-3, 4, size=(50, 8)).astype(np.float32)
@@ -246,6 +244,8 @@ def test_the_classifiers_are_one_vs_rest_only_within_the_work_bound(fitted, monk
     work = float(np.minimum(np.diff(Xtr.indptr)[rows], label_linear.MAX_ROW_TERMS).sum()
                  * Ytr.shape[1] * label_linear.OVR_EPOCHS)
     monkeypatch.setattr(label_linear, "MAX_OVR_WORK", work)
-    assert isinstance(label_linear.fit_classifiers(net, Xtr, Ytr, rows), OneVsRest)
+    assert isinstance(label_linear.fit_classifiers(net.output_layer(), net.hidden(Xtr), Xtr,
+                                                     Ytr, rows), OneVsRest)
     monkeypatch.setattr(label_linear, "MAX_OVR_WORK", work - 1)
-    assert isinstance(label_linear.fit_classifiers(net, Xtr, Ytr, rows), LabelLinear)
+    assert isinstance(label_linear.fit_classifiers(net.output_layer(), net.hidden(Xtr), Xtr,
+                                                     Ytr, rows), LabelLinear)

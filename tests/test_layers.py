@@ -3,8 +3,8 @@ differences, for dense layers and for sparse layers (LSH / random active sets)."
 import numpy as np
 import pytest
 
-from slide.layers import Layout, init_params
-from slide.engine import Network
+from slide.kernels.layers import Layout, init_params
+from slide.network import Network
 
 
 def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None, offset=None):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from slide import trainer
+from slide.network import trainer
 from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data
 
@@ -137,7 +137,7 @@ def test_auto_epochs_resolve_from_all_rows_when_the_reranker_holds_some_out():
         *Y.shape) == (3, 180)
     seen = []
     model.fit(X, Y, callback=lambda m, info: seen.append(m.optimizer_.learning_rate))
-    assert model.network_.reranker is not None          # the rows were held out
+    assert model.rank_.reranker is not None          # the rows were held out
     assert (model.epoch_, model.batches_) == (3, 3 * 162)
     np.testing.assert_allclose(seen[-1], 1e-2 * 0.5 * (1 + math.cos(math.pi * 485 / 486)))
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from slide.lsh import hashes as H
-from slide.lsh.hashes import (FAMILIES, bits_per_hash, check_hash_config, draw_hash_functions,
+from slide.kernels.lsh import hashes as H
+from slide.kernels.lsh.hashes import (FAMILIES, bits_per_hash, check_hash_config, draw_hash_functions,
                               hash_dense_batch, hash_dense_into, hash_sparse_batch, hash_sparse_into)
 
 M64 = (1 << 64) - 1

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from slide.lsh import LSHIndex, build_tables_into, insertion_order
-from slide.lsh.index import FIFO, RESERVOIR
+from slide.kernels.lsh import LSHIndex, build_tables_into, insertion_order
+from slide.kernels.lsh.index import FIFO, RESERVOIR
 
 
 def run_build(codes, bucket_size, policy, seed, range_pow):
@@ -80,7 +80,7 @@ def test_bucket_capacity_is_respected(policy):
     sizes = np.diff(idx.offsets, axis=1)
     assert sizes.max() == 20  # 3000 neurons in 16 buckets: the cap binds
     # each table holds min(count, cap) of every bucket, all distinct, all in range
-    from slide.lsh import hash_dense_batch
+    from slide.kernels.lsh import hash_dense_batch
     codes = hash_dense_batch(idx.hf, W)
     for l in range(idx.L):
         counts = np.bincount(codes[:, l], minlength=16)
@@ -101,7 +101,7 @@ def test_rehash_and_rebuild_keep_every_neuron_findable(family, K):
     idx = LSHIndex(family, dim, K, L, 10, bucket_size=N, seed=5).build(W)
 
     def all_findable(M):
-        from slide.lsh import hash_dense_batch
+        from slide.kernels.lsh import hash_dense_batch
         codes = hash_dense_batch(idx.hf, M)
         for l in range(L):
             for i in range(N):

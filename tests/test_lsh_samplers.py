@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from numba import njit
 
-from slide.lsh import (LSHIndex, active_capacity, hash_dense_batch, make_scratch, sample_batch,
+from slide.kernels.lsh import (LSHIndex, active_capacity, hash_dense_batch, make_scratch, sample_batch,
                        sample_into, scratch_sizes)
-from slide.lsh.samplers import SAMPLERS
+from slide.kernels.lsh.samplers import SAMPLERS
 
 M64 = (1 << 64) - 1
 
 
 def py_randint(state, high):
-    """slide._rng.randint in Python integers."""
+    """slide.kernels.rng.randint in Python integers."""
     state = (state + 0x9E3779B97F4A7C15) & M64
     z = state
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64

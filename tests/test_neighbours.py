@@ -1,12 +1,12 @@
-"""The neighbour vote (slide.neighbours): the memory, the vote, the blended top-k, and how the
+"""The neighbour vote (slide.rank.vote): the memory, the vote, the blended top-k, and how the
 estimator, checkpoints, ensembles and sharded models treat it."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import checkpoint
-from slide.neighbours import POWER, NeighbourMemory
+from slide.persist import checkpoint
+from slide.rank.vote import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=32, learning_rate=1e-2, lr_schedule="constant",
              n_threads=1, random_state=0)
@@ -54,7 +54,7 @@ def test_vote_matches_a_row_by_row_reference():
 
 def test_a_training_row_votes_for_its_own_labels(tiny, trained):
     Xtr, Ytr, _, _ = tiny
-    mem = trained.network_.memory
+    mem = trained.rank_.memory
     assert mem is not None and mem.n_rows == Xtr.shape[0]
     V = mem.vote(trained.network_.hidden(Xtr[:40]), 1)       # its nearest row is itself
     np.testing.assert_array_equal((V.toarray() > 0), Ytr[:40].toarray() > 0)
@@ -78,7 +78,7 @@ def test_blended_top_k_is_the_top_k_of_the_blended_probabilities(tiny):
         assert np.all(outside.max(axis=1) <= kth[:, 0] + 1e-6)
         # the blend is the documented mixture of the network and the vote
         Pn = m.predict_proba(Xte, neighbours=0)
-        V = m.network_.memory.vote(m.network_.hidden(Xte), 7).toarray()
+        V = m.rank_.memory.vote(m.network_.hidden(Xte), 7).toarray()
         np.testing.assert_allclose(P, 0.4 * Pn + 0.6 * V, atol=1e-5)
 
 
@@ -132,31 +132,31 @@ def test_fit_builds_partial_fit_drops_fit_neighbours_rebuilds(tiny):
     seen = []
     m = slide.SlideClassifier(epochs=1, **SMALL)
     m.fit(Xtr, Ytr, callback=lambda model, info: seen.append(info["train_seconds"]))
-    assert m.network_.memory is not None
+    assert m.rank_.memory is not None
     assert m.train_seconds_ > seen[-1]               # the build counts as training time
     m.partial_fit(Xtr, Ytr)
-    assert m.network_.memory is None                 # built from weights that moved
+    assert m.rank_.memory is None                 # built from weights that moved
     np.testing.assert_array_equal(m.predict_topk(Xte, k=3), m.network_.predict_topk_exact(Xte, 3))
     m.fit_neighbours(Xtr[:100], Ytr[:100])
-    assert m.network_.memory.n_rows == 100
+    assert m.rank_.memory.n_rows == 100
     off = slide.SlideClassifier(epochs=1, neighbours=0, **SMALL).fit(Xtr, Ytr)
-    assert off.network_.memory is None
+    assert off.rank_.memory is None
 
 
 def test_a_fit_stopped_by_its_callback_builds_no_memory(tiny):
     Xtr, Ytr, _, _ = tiny
     m = slide.SlideClassifier(epochs=2, **SMALL)
     m.fit(Xtr, Ytr, callback=lambda model, info: info["batch"] == 3)
-    assert m.stopped_ and m.network_.memory is None
+    assert m.stopped_ and m.rank_.memory is None
     m.fit(Xtr, Ytr, resume=True)
-    assert not m.stopped_ and m.network_.memory is not None
+    assert not m.stopped_ and m.rank_.memory is not None
 
 
 def test_checkpoint_keeps_the_memory(tiny, trained, tmp_path):
     _, _, Xte, _ = tiny
     trained.save(tmp_path / "m.slide")
     loaded = slide.load(tmp_path / "m.slide")
-    np.testing.assert_array_equal(loaded.network_.memory.emb, trained.network_.memory.emb)
+    np.testing.assert_array_equal(loaded.rank_.memory.emb, trained.rank_.memory.emb)
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), trained.predict_topk(Xte, k=5))
 
 
@@ -184,7 +184,7 @@ def test_ensemble_averages_the_members_blends(tiny):
     Xtr, Ytr, Xte, _ = tiny
     ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2,
                               random_state=0).fit(Xtr, Ytr)
-    assert all(m.network_.memory is not None for m in ens.members_)
+    assert all(m.rank_.memory is not None for m in ens.members_)
     want = (ens.members_[0].predict_proba(Xte) + ens.members_[1].predict_proba(Xte)) / 2
     np.testing.assert_allclose(ens.predict_proba(Xte), want, atol=1e-6)
 
@@ -201,8 +201,8 @@ def test_one_shard_votes_like_the_single_process(tiny):
     sh = ShardedSlideClassifier(n_shards=1, backend="local", random_state=3, **SHARDED)
     sh.fit(Xtr, Ytr)
     try:
-        assert sh.memory_ is not None and sh.get_params()["neighbours"] == 20
-        np.testing.assert_allclose(sh.memory_.emb, single.network_.memory.emb, atol=1e-4)
+        assert sh.rank_.memory is not None and sh.get_params()["neighbours"] == 20
+        np.testing.assert_allclose(sh.rank_.memory.emb, single.rank_.memory.emb, atol=1e-4)
         np.testing.assert_array_equal(sh.predict_topk(Xte, 5), single.predict_topk(Xte, 5))
     finally:
         sh.close()
@@ -210,7 +210,7 @@ def test_one_shard_votes_like_the_single_process(tiny):
 
 def test_sharded_blend_is_the_top_k_of_its_probabilities(tiny, tmp_path):
     from slide.distributed import ShardedSlideClassifier
-    from slide.distributed.checkpoint import to_single
+    from slide.distributed.convert import to_single
     Xtr, Ytr, Xte, _ = tiny
     sh = ShardedSlideClassifier(n_shards=3, backend="local", random_state=0, **SHARDED)
     sh.fit(Xtr, Ytr)
@@ -227,16 +227,16 @@ def test_sharded_blend_is_the_top_k_of_its_probabilities(tiny, tmp_path):
         sh.save(tmp_path / "ck")
         loaded = slide.load(tmp_path / "ck")
         try:
-            np.testing.assert_array_equal(loaded.memory_.emb, sh.memory_.emb)
+            np.testing.assert_array_equal(loaded.rank_.memory.emb, sh.rank_.memory.emb)
             np.testing.assert_array_equal(loaded.predict_topk(Xte, 5), ids)
         finally:
             loaded.close()
         single = to_single(sh)
-        assert single.network_.memory is sh.memory_
+        assert single.rank_.memory is sh.rank_.memory
         np.testing.assert_array_equal(single.predict_topk(Xte, 5), ids)
         # more training drops it
         sh.partial_fit(Xtr, Ytr)
-        assert sh.memory_ is None
+        assert sh.rank_.memory is None
     finally:
         sh.close()
 
@@ -261,7 +261,7 @@ def test_bad_settings_are_refused(tiny):
 
 
 def test_nearest_in_chunks_of_memory_rows_is_nearest_at_once(monkeypatch):
-    import slide.neighbours as nb
+    import slide.rank.vote as nb
     rng = np.random.default_rng(5)
     # small integers: ties among the similarities, broken the same way in any chunking
     H = rng.integers(-2, 3, size=(300, 6)).astype(np.float32)

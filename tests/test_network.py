@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from slide.lsh.hashes import hash_dense_batch
-from slide.engine import Network
-from slide.schedule import RehashSchedule
-from slide.optim import SparseOptimizer, adam_lr
+from slide.kernels.lsh.hashes import hash_dense_batch
+from slide.network import Network
+from slide.network.schedule import RehashSchedule
+from slide.network.optim import SparseOptimizer, adam_lr
 
 
 def _data(rng, n, n_features, n_labels, nnz=5, ny=2):
@@ -47,7 +47,7 @@ def test_sparse_adam_touches_only_active_rows():
     net.forward_backward(X, Y, rows, 1, 1)
     lay = net.layout
     # the batch gradient: buffered layers from GW/GB, the sampled output layer from the
-    # stored per-sample deltas and inputs (what slide.optim.output_step sums)
+    # stored per-sample deltas and inputs (what slide.network.optim.output_step sums)
     G = np.zeros(lay.n_weights, np.float32)
     GB = np.zeros(lay.n_biases, np.float32)
     G[:net.GW.size] = net.GW
@@ -312,7 +312,7 @@ def test_dense_blas_path_equals_per_sample_path(loss):
 def test_incremental_rehash_equals_full_rehash():
     """The output layer re-hashes only rows updated since the last (re)hash; the tables must
     be exactly those LSHIndex.rehash builds from all rows."""
-    from slide.lsh.index import LSHIndex
+    from slide.kernels.lsh.index import LSHIndex
     rng = np.random.default_rng(8)
     X, Y = _data(rng, 64, 40, 500)
     net = Network((40, 16, 500), [False, True], [0, 0], seed=8, lsh=dict(LSH, bucket_size=4),
@@ -343,9 +343,9 @@ def _reference_tables(codes, cap, policy, seed, n_buckets):
     """Slow, obviously-correct tables: per table, insert the neurons in the index's insertion
     order; FIFO keeps each bucket's last `cap` arrivals in arrival order, reservoir runs
     Algorithm R with the index's own random stream."""
-    from slide._rng import randint, stream_seed
-    from slide._rng import STREAM_RESERVOIR as _STREAM_RESERVOIR
-    from slide.lsh.index import insertion_order
+    from slide.kernels.rng import randint, stream_seed
+    from slide.kernels.rng import STREAM_RESERVOIR as _STREAM_RESERVOIR
+    from slide.kernels.lsh.index import insertion_order
     N, L = codes.shape
     offsets = np.zeros((L, n_buckets + 1), np.int32)
     items = np.full((L, N), -1, np.int32)
@@ -375,9 +375,9 @@ def test_table_build_equals_slow_reference_and_row_hashing_equals_batch_hashing(
     """build_tables_into (used by the engine's refill) must give exactly the tables of a slow
     reference (overflowing buckets, both policies), and the engine's in-place row hashing
     exactly hash_dense_batch's bucket ids."""
-    from slide.lsh.hashes import draw_hash_functions, hash_dense_batch
-    from slide.lsh.index import build_tables_into
-    from slide.lsh.index import hash_rows_into
+    from slide.kernels.lsh.hashes import draw_hash_functions, hash_dense_batch
+    from slide.kernels.lsh.index import build_tables_into
+    from slide.kernels.lsh.index import hash_rows_into
     rng = np.random.default_rng(3)
     W = rng.standard_normal((3000, 16)).astype(np.float32)
     hf = draw_hash_functions("dwta", 16, 2, 6, 6, 11)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from slide import SlideClassifier
-from slide.engine import Network
-from slide.engine.arrays import Params, make_touched
-from slide.layers import Layout
-from slide.optim import SparseOptimizer
+from slide.network import Network
+from slide.kernels.arrays import Params, make_touched
+from slide.kernels.layers import Layout
+from slide.network.optim import SparseOptimizer
 
 B1, B2, EPS = 0.9, 0.999, 1e-8
 
@@ -68,7 +68,7 @@ def _sparse_adam(w0, grads, lrs, t0=0, kind="adam", flush_at=()):
 
 def _cosine(base, n_steps):
     """A half-cosine decay from ``base`` over ``n_steps`` steps (written here, independent of
-    slide.trainer)."""
+    slide.network.trainer)."""
     return [base * 0.5 * (1.0 + np.cos(np.pi * i / n_steps)) for i in range(n_steps)]
 
 
@@ -116,7 +116,7 @@ def test_catch_up_is_dense_adam_under_a_cosine_schedule():
 def test_a_rows_catch_up_costs_a_few_blocks_whatever_its_gap():
     """The discounted sum over a gap of a million steps reads a few blocks of prefix sums
     and equals the direct sum (whose terms past ~350 steps are below 1e-16 of the first)."""
-    from slide.optim import RATE_BLOCK, block_powers, discounted_rate_sum, extend_rate_sums
+    from slide.network.optim import RATE_BLOCK, block_powers, discounted_rate_sum, extend_rate_sums
     rng = np.random.default_rng(1)
     n = 1_000_000
     rates = np.zeros(n + 1)

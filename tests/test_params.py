@@ -62,11 +62,11 @@ def test_sampler_budget_and_shared_negatives_are_documented_as_what_they_are():
 
 
 def test_choices_are_the_engines_own():
-    from slide.lsh.hashes import FAMILIES
-    from slide.lsh.index import POLICIES
-    from slide.lsh.samplers import SAMPLERS
-    from slide.engine import LOSSES
-    from slide.optim import OPTIMIZERS
+    from slide.kernels.lsh.hashes import FAMILIES
+    from slide.kernels.lsh.index import POLICIES
+    from slide.kernels.lsh.samplers import SAMPLERS
+    from slide.network import LOSSES
+    from slide.network.optim import OPTIMIZERS
     assert set(P.HASH_FAMILIES) == set(FAMILIES)
     assert set(P.BUCKET_POLICIES) == set(POLICIES)
     assert set(P.LSH_SAMPLERS) == set(SAMPLERS)

@@ -1,4 +1,4 @@
-"""The re-ranker of the neighbour vote's candidates (slide.rerank): the held-out split, the
+"""The re-ranker of the neighbour vote's candidates (slide.rank.rerank): the held-out split, the
 label centroids, the candidates' features against a row-by-row reference, the fitted model's
 predictions, checkpoints, and what partial_fit, fit_neighbours, set_params and ensembles do
 with it."""
@@ -7,9 +7,11 @@ import pytest
 import scipy.sparse as sp
 
 import slide
-from slide import checkpoint, rerank, warmup
-from slide.label_linear import LabelLinear
-from slide.neighbours import POWER, NeighbourMemory
+from slide import warmup
+from slide.persist import checkpoint
+from slide.rank import rerank
+from slide.rank.linear import LabelLinear
+from slide.rank.vote import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
              random_state=0)
@@ -166,7 +168,8 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
     linear = LabelLinear(rng.normal(size=1 << 10).astype(np.float32),
                          rng.normal(size=Ytr.shape[1]).astype(np.float32))
     for lin in (None, linear):
-        ptr, counts, ids, F = rerank.features(net, X, H, memory, k, cen, n_top, linear=lin)
+        ptr, counts, ids, F = rerank.features(net.output_layer(), X, H, memory, k, cen, n_top,
+                                             linear=lin)
         for r in range(X.shape[0]):
             ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top,
                                       loss == "sigmoid", lin)
@@ -189,18 +192,18 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
     Xtr, Ytr, Xte, Yte = data
     fit_rows, held = rerank.holdout_rows(Xtr.shape[0], model.seed_, n_labels=Ytr.shape[1])
     assert model.samples_ == 2 * fit_rows.shape[0]          # two epochs of the network's rows
-    net = model.network_
-    assert net.reranker is not None and net.memory.n_rows == Xtr.shape[0]
+    net, rank = model.network_, model.rank_
+    assert rank.reranker is not None and rank.memory.n_rows == Xtr.shape[0]
     top = model.predict_topk(Xte, k=5)
     ids, prob = model.predict_topk_scored(Xte, k=5)
     np.testing.assert_array_equal(ids, top)
     assert np.all((prob > 0) & (prob <= 1)) and np.all(np.diff(prob, axis=1) <= 0)
     # the order is the re-ranker's decision values over each row's candidates
-    ptr, counts, cid, F = rerank.features(net, Xte, net.hidden(Xte), net.memory,
-                                          net.reranker.k_nn, net.reranker.centroids, 10,
-                                          linear=net.reranker.linear)
-    assert net.reranker.linear is not None and np.any(F[:, -1] != 0)
-    s = net.reranker.score(F)
+    ptr, counts, cid, F = rerank.features(net.output_layer(), Xte, net.hidden(Xte), rank.memory,
+                                          rank.reranker.k_nn, rank.reranker.centroids, 10,
+                                          linear=rank.reranker.linear)
+    assert rank.reranker.linear is not None and np.any(F[:, -1] != 0)
+    s = rank.reranker.score(F)
     for r in range(0, Xte.shape[0], 37):
         c = cid[ptr[r]:ptr[r] + counts[r]]
         best = c[np.argsort(-s[ptr[r]:ptr[r] + counts[r]], kind="stable")[:5]]
@@ -232,28 +235,28 @@ def test_small_sets_partial_fit_and_fit_neighbours(data, tiny):
     Xtr, Ytr, Xte, _ = data
     # 600 rows: 60 held out is too few, the whole set trains the network, the blend ranks
     small = slide.SlideClassifier(epochs=1, **SMALL).fit(*tiny[:2])
-    assert small.network_.reranker is None and small.samples_ == tiny[0].shape[0]
+    assert small.rank_.reranker is None and small.samples_ == tiny[0].shape[0]
     off = slide.SlideClassifier(epochs=1, rerank=False, **SMALL).fit(Xtr, Ytr)
-    assert off.network_.reranker is None and off.samples_ == Xtr.shape[0]
+    assert off.rank_.reranker is None and off.samples_ == Xtr.shape[0]
     m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
-    before = m.network_.reranker
+    before = m.rank_.reranker
     m.fit_neighbours(Xtr[:1000], Ytr[:1000])        # a new memory; the re-ranker stays
-    assert m.network_.reranker is before and m.network_.memory.n_rows == 1000
+    assert m.rank_.reranker is before and m.rank_.memory.n_rows == 1000
     m.partial_fit(Xtr, Ytr)                          # the weights change: both go
-    assert m.network_.reranker is None and m.network_.memory is None
+    assert m.rank_.reranker is None and m.rank_.memory is None
 
 
 def test_ensemble_members_do_not_rerank(data):
     Xtr, Ytr, _, _ = data
     ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
-    assert all(not m.rerank and m.network_.reranker is None for m in ens.members_)
+    assert all(not m.rerank and m.rank_.reranker is None for m in ens.members_)
 
 
 def test_checkpoint_keeps_the_reranker(data, model, tmp_path):
     _, _, Xte, _ = data
     model.save(tmp_path / "m.slide")
     loaded = slide.load(tmp_path / "m.slide")
-    a, b = loaded.network_.reranker, model.network_.reranker
+    a, b = loaded.rank_.reranker, model.rank_.reranker
     np.testing.assert_array_equal(a.coef, b.coef)
     for x, y in zip(a.centroids, b.centroids):
         np.testing.assert_array_equal(x, y)
@@ -301,7 +304,7 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
 def hashed_model(data):
     """The defaults' model with the hashed hard-negative classifiers (one-vs-rest made
     unaffordable)."""
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(label_linear, "MAX_OVR_WORK", 0)
         return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
@@ -310,11 +313,11 @@ def hashed_model(data):
 def test_checkpoint_keeps_the_hashed_classifiers_and_refuses_broken_ones(
         data, hashed_model, tmp_path, rewrite_checkpoint):
     _, _, Xte, _ = data
-    assert isinstance(hashed_model.network_.reranker.linear, LabelLinear)
+    assert isinstance(hashed_model.rank_.reranker.linear, LabelLinear)
     hashed_model.save(tmp_path / "m.slide")
     loaded = slide.load(tmp_path / "m.slide")
-    np.testing.assert_array_equal(loaded.network_.reranker.linear.weights,
-                                  hashed_model.network_.reranker.linear.weights)
+    np.testing.assert_array_equal(loaded.rank_.reranker.linear.weights,
+                                  hashed_model.rank_.reranker.linear.weights)
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5),
                                   hashed_model.predict_topk(Xte, k=5))
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
@@ -343,12 +346,13 @@ def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
     loaded = slide.load(rewrite_checkpoint("old.slide",
                                            dict(meta, reranker=dict(meta["reranker"], format=1)),
                                            old))
-    rr = loaded.network_.reranker
+    rr = loaded.rank_.reranker
     assert rr.linear is None and rr.coef.shape == (65,)
     net = loaded.network_
     expect = rerank.ReRanker(arrays["rr_mean"][:-1], arrays["rr_scale"][:-1],
                              arrays["rr_coef"][keep], rr.intercept, rr.k_nn,
-                             rr.centroids).topk(net, Xte, net.hidden(Xte), net.memory, 5)[0]
+                             rr.centroids).topk(net.output_layer(), Xte, net.hidden(Xte),
+                                                loaded.rank_.memory, 5)[0]
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), expect)
     assert not np.array_equal(expect, model.predict_topk(Xte, k=5))
 
@@ -364,22 +368,22 @@ def test_bad_rerank_setting_is_refused(data, model):
 @pytest.mark.parametrize("ovr", [True, False])
 def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypatch, ovr):
     # the warm-up's tiny set always affords one-vs-rest; the real fit may not
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     monkeypatch.setattr(warmup, "_WARMED", {})
     Xtr, Ytr, Xte, Yte = data
     m = slide.SlideClassifier(**dict(SMALL, epochs=1, loss="sigmoid"))
     m._checked_params()
     assert m._warm_up() > 0.0
     before = warmup.kernel_signatures()
-    for kernel in ("rerank.candidate_features", "label_linear.ovr_epoch",
-                   "label_linear.score_ovr", "label_linear.train_epoch",
-                   "label_linear.score_candidates", "label_linear._strongest_entries"):
+    for kernel in ("rank.rerank.candidate_features", "rank.linear.ovr_epoch",
+                   "rank.linear.score_ovr", "rank.linear.train_epoch",
+                   "rank.linear.score_candidates", "rank.linear._strongest_entries"):
         assert before.get("slide." + kernel, 0) > 0
     if not ovr:
         monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)
     m.fit(Xtr, Ytr)
     m.predict_topk(Xte, k=5)
-    assert isinstance(m.network_.reranker.linear,
+    assert isinstance(m.rank_.reranker.linear,
                       label_linear.OneVsRest if ovr else label_linear.LabelLinear)
     assert warmup.kernel_signatures() == before
 
@@ -406,9 +410,9 @@ def test_held_out_rows_never_see_themselves_or_each_other(data, model):
     Xtr, Ytr, _, _ = data
     net = model.network_
     held = rerank.holdout_rows(Xtr.shape[0], model.seed_, n_labels=Ytr.shape[1])[1]
-    near, sims = net.memory.nearest(net.hidden(Xtr[held[:50]]), 20, exclude=held)
+    near, sims = model.rank_.memory.nearest(net.hidden(Xtr[held[:50]]), 20, exclude=held)
     assert not np.isin(near, held).any() and (near >= 0).all()
-    near_all, _ = net.memory.nearest(net.hidden(Xtr[held[:50]]), 1)
+    near_all, _ = model.rank_.memory.nearest(net.hidden(Xtr[held[:50]]), 1)
     np.testing.assert_array_equal(near_all[:, 0], held[:50])     # without it: itself
 
 
@@ -416,13 +420,16 @@ def test_fitting_block_by_block_is_fitting_at_once(data, model):
     Xtr, Ytr, _, _ = data
     X, Y = model._check_data(Xtr, Ytr)
     fit_rows, held = rerank.holdout_rows(X.shape[0], model.seed_, n_labels=Y.shape[1])
-    whole, _ = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=4096)
-    blocks, memory = rerank.fit_reranker(model.network_, X, Y, fit_rows, held, 20, block=50)
+    net = model.network_
+    whole, _ = rerank.fit_reranker(net.output_layer(), net.hidden(X), X, Y, fit_rows, held, 20,
+                                   block=4096)
+    blocks, memory = rerank.fit_reranker(net.output_layer(), net.hidden(X), X, Y, fit_rows,
+                                         held, 20, block=50)
     # the same candidates and features up to BLAS rounding (block shapes differ), so the
     # same weights up to the solver's tolerance
     np.testing.assert_allclose(blocks.mean, whole.mean, rtol=1e-6)
     np.testing.assert_allclose(blocks.coef, whole.coef, rtol=1e-3, atol=1e-4)
-    np.testing.assert_array_equal(memory.emb, model.network_.memory.emb)
+    np.testing.assert_array_equal(memory.emb, model.rank_.memory.emb)
 
 
 def test_newton_logistic_is_scikit_learns_logistic_regression_block_by_block():
@@ -453,7 +460,7 @@ def _leak_setup():
     X, Y = sp.csr_matrix(X), sp.csr_matrix(Yd)
     X.indptr = X.indptr.astype(np.int64)
     Y.indptr = Y.indptr.astype(np.int64)
-    from slide.engine import Network
+    from slide.network import Network
     net = Network((n_f, 16, n_l), [False, True], [0, 0], seed=2)
     net.W *= 4.0
     return net, X, Y, fit_rows, held
@@ -469,7 +476,7 @@ def test_the_reranker_is_fitted_on_what_the_fitting_rows_alone_give(monkeypatch,
     carried by held-out rows only, has no centroid, count 0 and a classifier that never saw
     a positive."""
     import numba
-    from slide import label_linear
+    from slide.rank import linear as label_linear
     if not ovr:
         monkeypatch.setattr(label_linear, "ovr_affordable", lambda *a: False)
     net, X, Y, fit_rows, held = _leak_setup()
@@ -484,13 +491,15 @@ def test_the_reranker_is_fitted_on_what_the_fitting_rows_alone_give(monkeypatch,
     old = numba.get_num_threads()
     numba.set_num_threads(1)        # the classifiers' HOGWILD epochs, reproducibly
     try:
-        reranker, memory = rerank.fit_reranker(net, X, Y, fit_rows, held, 5, seed=3)
+        reranker, memory = rerank.fit_reranker(net.output_layer(), net.hidden(X), X, Y,
+                                               fit_rows, held, 5, seed=3)
         Xf, Yf = X[fit_rows], Y[fit_rows]
         Xf.indptr, Yf.indptr = Xf.indptr.astype(np.int64), Yf.indptr.astype(np.int64)
         if ovr:
             ref = label_linear.OneVsRest.fit(Xf, Yf, np.arange(len(fit_rows)), seed=3)
         else:
-            ref = label_linear.LabelLinear.fit(net, Xf, Yf, np.arange(len(fit_rows)), seed=3)
+            ref = label_linear.LabelLinear.fit(net.output_layer(), net.hidden(Xf), Xf, Yf,
+                                               np.arange(len(fit_rows)), seed=3)
     finally:
         numba.set_num_threads(old)
     assert reranker is not None and seen
@@ -537,7 +546,7 @@ def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only(
 
     m.fit(X, Y, callback=grab)
     fit_rows, held = rerank.holdout_rows(X.shape[0], m.seed_, 1, Y.shape[1])
-    assert len(held) == 30 and m.samples_ == len(fit_rows) and m.network_.reranker is not None
+    assert len(held) == 30 and m.samples_ == len(fit_rows) and m.rank_.reranker is not None
     counts = Y.toarray()[fit_rows].sum(axis=0).astype(np.float64)
     assert not np.array_equal(counts, Y.toarray().sum(axis=0))     # the split matters
     np.testing.assert_allclose(m.network_.negatives.q, (counts + 1.0) / (counts + 1.0).sum(),

@@ -1,7 +1,7 @@
-"""The stream ids of slide._rng: no two purposes may ever draw the same sequence."""
+"""The stream ids of slide.kernels.rng: no two purposes may ever draw the same sequence."""
 import pytest
 
-from slide import _rng
+from slide.kernels import rng as _rng
 from slide import params
 
 
@@ -11,7 +11,7 @@ def _serial_family(base, n):
 
 def test_stream_id_ranges_are_disjoint():
     """Enumerates every stream id a run can use up to far more batches, predict calls and
-    layers than a test trains (the residue rule in slide._rng extends it to any count)."""
+    layers than a test trains (the residue rule in slide.kernels.rng extends it to any count)."""
     n_serials, n_layers = 100_000, 1_000
     families = {
         "sample (per batch serial)": _serial_family(_rng.STREAM_SAMPLE, n_serials),

@@ -1,9 +1,9 @@
-"""The serving index of sparse inference (slide.lsh.serving) and how the estimator keeps it."""
+"""The serving index of sparse inference (slide.kernels.lsh.serving) and how the estimator keeps it."""
 import numpy as np
 import pytest
 
 import slide
-from slide.lsh.serving import (ServingIndex, _codes, default_prior, mips_items, mips_queries,
+from slide.kernels.lsh.serving import (ServingIndex, _codes, default_prior, mips_items, mips_queries,
                                serving_config)
 
 # neighbours=0: sparse serving is the network alone, compared here with the exact network
@@ -193,7 +193,7 @@ def test_transforms_are_unit_norm_and_keep_the_ranking():
 
 
 def test_checkpoint_with_a_broken_serving_index_is_refused(tiny, tmp_path):
-    from slide import checkpoint
+    from slide.persist import checkpoint
     Xtr, Ytr, Xte, _ = tiny
     m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
     m.serving_index(n_bits=2, n_tables=3)
@@ -234,7 +234,7 @@ def _mips_items_whole(Wo, bo, n_ranges):
 
 @pytest.mark.parametrize("n_ranges", [1, 4])
 def test_mips_items_block_by_block_equal_the_whole_array_form(n_ranges):
-    from slide.lsh.serving import _mips_blocks
+    from slide.kernels.lsh.serving import _mips_blocks
     rng = np.random.default_rng(5)
     W = (rng.normal(size=(53, 6)) * rng.random((53, 1))).astype(np.float32)
     b = rng.normal(size=53).astype(np.float32)

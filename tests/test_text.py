@@ -209,7 +209,7 @@ def test_names_survive_an_ensemble(text, tmp_path):
 
 def test_names_survive_a_sharded_model(text, tmp_path):
     from slide.distributed import ShardedSlideClassifier
-    from slide.distributed.checkpoint import to_single
+    from slide.distributed.convert import to_single
     docs, Y = text[0], text[1]
     X = TfidfVectorizer().fit_transform(docs)
     sh = ShardedSlideClassifier(n_shards=2, backend="local", neighbours=0, **SMALL).fit(X, Y)

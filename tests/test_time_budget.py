@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from slide import trainer
+from slide.network import trainer
 from slide.estimator import SlideClassifier
 from slide.warmup import tiny_data
 

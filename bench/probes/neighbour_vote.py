@@ -20,7 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import slide
-from slide import metrics, neighbours
+from slide import metrics
+from slide.rank import vote as neighbours
 from slide.data import read_xc
 
 PATHS = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}

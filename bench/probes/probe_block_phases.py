@@ -1,4 +1,4 @@
-"""Where the time of a batched-engine batch goes: each step of ``slide.engine.block`` timed on
+"""Where the time of a batched-engine batch goes: each step of ``slide.network.block`` timed on
 its own, over ``--batches`` shuffled batches of a data set (after a warm-up fit that compiles
 every kernel), BLAS single-threaded as in training (``--blas-threads`` to compare).
 
@@ -30,8 +30,8 @@ def main():
     args = ap.parse_args()
     import slide
     from bench.common import git_commit
-    from slide.engine import block as BK
-    from slide.engine.arrays import Store, csr
+    from slide.network import block as BK
+    from slide.kernels.arrays import Store, csr
     from threadpoolctl import threadpool_limits
     if args.data:
         X, Y = slide.read_xc(args.data)

@@ -14,7 +14,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from slide import label_linear, rerank
+from slide.rank import linear as label_linear
+from slide.rank import rerank
 from slide.data import read_xc
 from slide.metrics import precision_at_k
 

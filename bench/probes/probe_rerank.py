@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 from slide.data import read_xc
 from slide import SlideClassifier
-from slide.engine.infer import fold_topk
-from slide.neighbours import NeighbourMemory, _l2_rows, POWER
+from slide.kernels.topk import fold_topk
+from slide.rank.vote import NeighbourMemory, _l2_rows, POWER
 from sklearn.ensemble import HistGradientBoostingClassifier
 name = sys.argv[1]; hold = float(sys.argv[2])
 base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]

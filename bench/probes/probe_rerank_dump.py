@@ -4,7 +4,7 @@ other features and learners without refitting the network.
     python bench/probes/probe_rerank_dump.py debdeps|debtags SEED OUT.npz
 
 Fits ``SlideClassifier(random_state=SEED)`` (defaults: the re-ranker on) on the training set,
-then recomputes exactly what ``slide.rerank.fit_reranker`` fits on (the held-out rows'
+then recomputes exactly what ``slide.rank.rerank.fit_reranker`` fits on (the held-out rows'
 candidates, memory without the held-out rows, centroids and counts of the fitting rows) and
 what ``predict_topk`` ranks (the test rows' candidates). Saves per candidate: its features,
 whether it is a true label, its row and label id; per test row: its number of true labels;
@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from slide import SlideClassifier
-from slide import rerank
+from slide.rank import rerank
 from slide.data import read_xc
 
 name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -28,7 +28,7 @@ Xte, Yte = read_xc(glob.glob(base + "/test*")[0])
 t0 = time.time()
 m = SlideClassifier(random_state=seed).fit(X, Y)
 print("fit", round(time.time() - t0, 1), "s; train_seconds", round(m.train_seconds_, 1))
-net, memory, rr = m.network_, m.network_.memory, m.network_.reranker
+net, memory, rr = m.network_, m.rank_.memory, m.rank_.reranker
 fit_rows, held_rows = m._rerank_split(X.shape[0], Y.shape[1])
 X = sp.csr_matrix(X)
 X.sort_indices()
@@ -55,7 +55,7 @@ def full_centroids(Xr, Yr):
 
 
 def dump(Xr, Yr, H, cen, exclude, log_count, C_full):
-    cand_ptr, counts, ids, F = rerank.features(net, Xr, H, memory, rr.k_nn, cen, rerank.N_TOP,
+    cand_ptr, counts, ids, F = rerank.features(net.output_layer(), Xr, H, memory, rr.k_nn, cen, rerank.N_TOP,
                                                exclude=exclude, log_count=log_count,
                                                linear=rr.linear)
     used, slot_row = rerank._used(cand_ptr, counts)

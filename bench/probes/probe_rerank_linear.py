@@ -23,8 +23,8 @@ from numba import njit, prange
 
 from slide import SlideClassifier
 from slide.data import read_xc
-from slide.engine.infer import topk_lse_of_logits
-from slide.label_linear import _slot as slot   # the hash slide.label_linear was built with
+from slide.kernels.topk import topk_lse_of_logits
+from slide.rank.linear import _slot as slot   # the hash slide.rank.linear was built with
 
 name, seed, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 CONFIGS = json.loads(sys.argv[4]) if len(sys.argv) > 4 else [[20, 24, 5, 0.2]]

@@ -5,7 +5,7 @@ Amazon-670K shape.
 
 The full ``amazon670k`` preset's 490,449 training rows; ``SlideClassifier()`` trained for a
 few seconds (the weights' quality does not change the cost); the steps of
-``slide.rerank.fit_reranker`` inside that ``fit`` each report their seconds and the resident
+``slide.rank.rerank.fit_reranker`` inside that ``fit`` each report their seconds and the resident
 memory before them and at their peak (a thread samples /proc/self/statm every 10 ms).
 """
 import resource
@@ -13,10 +13,11 @@ import sys
 import threading
 import time
 
-from slide import SlideClassifier, rerank
-from slide.engine.network import Network
-from slide.label_linear import LabelLinear
-from slide.neighbours import NeighbourMemory
+from slide import SlideClassifier
+from slide.rank import rerank
+from slide.network.network import Network
+from slide.rank.linear import LabelLinear
+from slide.rank.vote import NeighbourMemory
 from slide.synthetic import generate
 
 PAGE = 4096 / 2**20

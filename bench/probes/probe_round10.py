@@ -11,7 +11,8 @@ import glob
 import sys
 import time
 
-from slide import SlideClassifier, label_linear
+from slide import SlideClassifier
+from slide.rank import linear as label_linear
 from slide.data import read_xc
 from slide.metrics import inverse_propensity, precision_at_k, psprecision_at_k
 

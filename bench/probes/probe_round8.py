@@ -16,7 +16,7 @@ SEEDS: comma-separated. One line per run (P@1, P@5 of the test set, train_second
   fraction of the learning rate, the memory rebuilt, the fitted re-ranker kept.
 - ``loss``: the sigmoid loss and 2 epochs with the re-ranker (both helped the vote, round 4).
 - ``maxwork``: the linear classifiers on a seeded subset of the fitting rows
-  (``slide.label_linear.MAX_WORK`` lowered: fewer exact logit rows for the hard negatives).
+  (``slide.rank.linear.MAX_WORK`` lowered: fewer exact logit rows for the hard negatives).
 - ``ovr``: a dense one-vs-rest logistic classifier per label (every label a negative of every
   row, Adagrad over the L2-normalised input, fitted on the re-ranker's fitting rows) scored
   on the candidates of a ``probe_rerank_dump.py`` dump, added to or in place of the linear
@@ -30,9 +30,11 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from slide import SlideClassifier, rerank, trainer
+from slide import SlideClassifier
+from slide.rank import rerank
+from slide.network import trainer
 from slide.data import iterate_minibatches, read_xc
-from slide.logistic import expand
+from slide.rank.logistic import expand
 from slide.metrics import precision_at_k
 
 mode, name = sys.argv[1], sys.argv[2]
@@ -77,8 +79,8 @@ if mode == "holdout":
         report(f"leaky re-ranker seed {s}", Leaky(random_state=s).fit(X, Y))
 
 elif mode == "postpass":
-    from slide.neighbours import NeighbourMemory
-    from slide.trainer import NetworkSteps, blas_single_thread
+    from slide.rank.vote import NeighbourMemory
+    from slide.network.trainer import NetworkSteps, blas_single_thread
     for s in seeds():
         report(f"defaults seed {s}", SlideClassifier(random_state=s).fit(X, Y))
         for frac in (0.02, 0.1, 0.3):
@@ -86,7 +88,7 @@ elif mode == "postpass":
             t0 = time.perf_counter()
             Xc, Yc = m._check_data(X, Y, fitted=True)
             held = m._rerank_split(X.shape[0], Y.shape[1])[1]
-            rr = m.network_.reranker
+            rr = m.rank_.reranker
             steps, n_threads = NetworkSteps(m), m._threads()
             steps.start(Xc, Yc, n_threads)
             serial = m.batches_
@@ -96,8 +98,8 @@ elif mode == "postpass":
             m.sync()
             m.network_.release_scratch()
             with blas_single_thread():
-                m.network_.memory = NeighbourMemory.build(m.network_.hidden(Xc), Yc, copy=False)
-            m.network_.reranker = rr
+                m.rank_.memory = NeighbourMemory.build(m.network_.hidden(Xc), Yc, copy=False)
+            m.rank_.reranker = rr
             m.train_seconds_ += time.perf_counter() - t0
             report(f"post-pass lr x {frac} seed {s}", m)
 
@@ -107,7 +109,7 @@ elif mode == "loss":
             report(f"{kw} seed {s}", SlideClassifier(random_state=s, **kw).fit(X, Y))
 
 elif mode == "maxwork":
-    import slide.label_linear as ll
+    import slide.rank.linear as ll
     for s in seeds():
         for mw in [float(a) for a in sys.argv[4].split(",")]:
             ll.MAX_WORK = int(mw)

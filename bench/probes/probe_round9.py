@@ -19,7 +19,8 @@ import time
 import numpy as np
 from numba import njit, prange
 
-from slide import SlideClassifier, label_linear
+from slide import SlideClassifier
+from slide.rank import linear as label_linear
 from slide.data import read_xc
 from slide.data.inputs import take_rows
 from slide.metrics import precision_at_k

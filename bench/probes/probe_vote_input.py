@@ -20,8 +20,8 @@ import scipy.sparse as sp
 
 from slide import SlideClassifier
 from slide.data import read_xc
-from slide.engine.infer import fold_topk
-from slide.neighbours import POWER, _l2_rows
+from slide.kernels.topk import fold_topk
+from slide.rank.vote import POWER, _l2_rows
 
 name = sys.argv[1]
 base = {"debdeps": "/work/data/debdeps", "debtags": "/work/shared/data/debtags"}[name]

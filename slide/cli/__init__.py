@@ -10,7 +10,6 @@ The package: ``main`` (parsing, error handling), ``train``, ``infer`` (evaluate 
 output), ``common`` (exit codes, file names). Every file is written through
 ``slide.fileio``.
 """
-from slide.cli.common import (EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED,  # noqa: F401
-                              EXIT_ERROR, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE,
-                              CliError)
+from slide.cli.common import (EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED, EXIT_ERROR,  # noqa: F401
+                              EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, CliError)
 from slide.cli.main import build_parser, main  # noqa: F401

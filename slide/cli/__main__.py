@@ -3,4 +3,5 @@ import sys
 
 from slide.cli.main import main
 
+
 sys.exit(main())

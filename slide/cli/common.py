@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+
 # exit codes (documented in docs/cli.md)
 EXIT_OK = 0
 EXIT_ERROR = 1        # anything else: I/O error, missing optional dependency, internal error
@@ -69,6 +70,6 @@ def _fmt_seconds(s):
 
 
 def _has_neighbour_memory(model):
-    """Whether ``model`` predicts with the neighbour vote (``slide.neighbours``)."""
+    """Whether ``model`` predicts with the neighbour vote (``slide.rank.vote``)."""
     vote = getattr(model, "_neighbour_vote", None)
     return vote is not None and vote() is not None

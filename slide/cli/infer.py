@@ -6,8 +6,8 @@ import os
 import sys
 import time
 
-from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError,
-                              _err, _info)
+from slide.cli.common import (EXIT_DATA, EXIT_OK, EXIT_USAGE, KS, PROPENSITY_FILE, CliError, _err,
+                              _info)
 from slide.cli.rundir import _resolve_model
 from slide.fileio import atomic_write, write_text
 
@@ -63,6 +63,7 @@ def _evaluation_data(args, model, run_dir):
 
 def cmd_evaluate(args):
     import numpy as np
+
     from slide import metrics
     model, mpath, run_dir = _resolve_model(args.model)
     model, X, Y = _evaluation_data(args, model, run_dir)

@@ -121,13 +121,14 @@ def _clean_run_dir(run_dir):
 def _load_checkpoint(path):
     """``slide.load`` with every failure turned into ``CheckpointError`` (never half-loaded:
     the estimator validates the whole file before it builds a model)."""
-    est = _engine()
+    from slide.persist.checkpoint import CheckpointError
+    from slide.persist.models import load
     try:
-        return est.load(path)
-    except est.CheckpointError:
+        return load(path)
+    except CheckpointError:
         raise
     except (OSError, ValueError, EOFError, KeyError) as e:
-        raise est.CheckpointError(path, f"cannot be loaded: {e}") from None
+        raise CheckpointError(path, f"cannot be loaded: {e}") from None
 
 
 def _latest_good_checkpoint(ckpts, label, quarantine=False):

@@ -8,11 +8,10 @@ import os
 import time
 
 from slide import config as config_mod
-from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA,
-                              EXIT_DIVERGED, EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE,
-                              MODEL_FILE, PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError,
-                              Stopped, _engine, _err, _fmt_seconds, _has_neighbour_memory,
-                              _info)
+from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED,
+                              EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE, MODEL_FILE,
+                              PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError, Stopped, _engine,
+                              _err, _fmt_seconds, _has_neighbour_memory, _info)
 from slide.cli.infer import _scores
 from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
@@ -209,41 +208,11 @@ class _Phase:
 
         progress = Progress(self.label, self.total_batches, self.batch,
                             self.cfg["train"]["log_every_seconds"])
-        stopped = False
-        last_loss = float("nan")
+        self.stopped = False
+        self.last_loss = float("nan")
 
         def callback(m, info):
-            nonlocal stopped, last_loss
-            # training wall time as the engine measures it: the batches themselves, rehashes and
-            # rebuilds included; evaluation, checkpoints, logging and one-off setup (kernel
-            # compilation) excluded, so time-to-accuracy curves compare training alone. The
-            # engine keeps it in its checkpoints, so a resumed run continues the same clock.
-            self.train_seconds = float(info["train_seconds"])
-            self.batch = int(info["batch"])
-            self.epoch = int(info.get("epoch", 0))
-            self.samples = int(info.get("samples", self.samples))
-            loss = float(info["loss"])
-            last_loss = loss
-            self.win_loss += loss
-            self.win_batches += 1
-            am = info.get("active_mean")
-            if am is not None:
-                self.win_active += float(am)
-            if info.get("rehashed"):
-                self.win_rehash += 1
-                self.rehashes += 1
-            if info.get("rebuilt"):
-                self.win_rebuild += 1
-                self.rebuilds += 1
-            if self.eval_every and self.batch % self.eval_every == 0:
-                self._log_eval(m, self.epoch)
-            if self.ckpt_every and self.batch % self.ckpt_every == 0:
-                self._checkpoint(m)
-            progress.p1 = self.last_p1
-            progress.update(self.batch, self.epoch, loss, self.train_seconds, self.samples)
-            if self.stop.signum is not None:
-                stopped = True
-            return stopped
+            return self._after_batch(m, info, progress)
 
         if not self.finished:
             if self.stop.signum is not None:
@@ -269,17 +238,51 @@ class _Phase:
                                EXIT_DIVERGED) from None
             finally:
                 progress.close()
-            if stopped:
+            if self.stopped:
                 if self.last_ckpt_batch != self.batch:
                     self._checkpoint(model)
                 path = self.ckpts.path(self.batch)
                 raise Stopped(f"[{self.label}] stopped by {self.stop.name} after batch "
                               f"{self.batch}; checkpoint written to {path}\nresume with: "
                               f"{self.resume_hint}", self.stop.code)
-            if not math.isfinite(last_loss) and self.batch > 0:
-                raise CliError(f"[{self.label}] training diverged: loss {last_loss} at batch "
-                               f"{self.batch}", EXIT_DIVERGED)
+            if not math.isfinite(self.last_loss) and self.batch > 0:
+                raise CliError(f"[{self.label}] training diverged: loss {self.last_loss} at "
+                               f"batch {self.batch}", EXIT_DIVERGED)
         return self._finish(model)
+
+    def _after_batch(self, m, info, progress):
+        """``fit``'s callback after every batch: the run's counters, evaluation, checkpoint
+        and progress line; True (stop) once a signal asked for it."""
+        # training wall time as the engine measures it: the batches themselves, rehashes and
+        # rebuilds included; evaluation, checkpoints, logging and one-off setup (kernel
+        # compilation) excluded, so time-to-accuracy curves compare training alone. The
+        # engine keeps it in its checkpoints, so a resumed run continues the same clock.
+        self.train_seconds = float(info["train_seconds"])
+        self.batch = int(info["batch"])
+        self.epoch = int(info.get("epoch", 0))
+        self.samples = int(info.get("samples", self.samples))
+        loss = float(info["loss"])
+        self.last_loss = loss
+        self.win_loss += loss
+        self.win_batches += 1
+        am = info.get("active_mean")
+        if am is not None:
+            self.win_active += float(am)
+        if info.get("rehashed"):
+            self.win_rehash += 1
+            self.rehashes += 1
+        if info.get("rebuilt"):
+            self.win_rebuild += 1
+            self.rebuilds += 1
+        if self.eval_every and self.batch % self.eval_every == 0:
+            self._log_eval(m, self.epoch)
+        if self.ckpt_every and self.batch % self.ckpt_every == 0:
+            self._checkpoint(m)
+        progress.p1 = self.last_p1
+        progress.update(self.batch, self.epoch, loss, self.train_seconds, self.samples)
+        if self.stop.signum is not None:
+            self.stopped = True
+        return self.stopped
 
     def _warm_up(self, model):
         """Compile the kernels before the clock starts, visibly (``slide.warmup``); the seconds
@@ -295,7 +298,7 @@ class _Phase:
     def _finish(self, model):
         """Final evaluation, checkpoint and model file; the phase's result."""
         self.finished = True
-        # fit ends by building the neighbour memory (slide.neighbours): its seconds are part of
+        # fit ends by building the neighbour memory (slide.rank.vote): its seconds are part of
         # training, and the evaluations and checkpoint taken during the last batch predate it
         voted = _has_neighbour_memory(model)
         self.train_seconds = float(getattr(model, "train_seconds_", self.train_seconds))
@@ -369,6 +372,7 @@ def cmd_train(args):
 
 def _train(cfg, run_dir, args, stop):
     import numpy as np
+
     from slide import metrics
     text = None
     if cfg["data"]["format"] != "xc":       # raw text: slide.cli.textdata

@@ -5,8 +5,11 @@ list of label lists) into the canonical CSR the kernels expect, with a ValueErro
 argument otherwise; ``iterate_minibatches`` yields row ids of a permutation derived from
 ``(seed, epoch)`` (XC files are label-sorted: never train or evaluate in file order).
 """
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
+
 
 _INT32_MAX = 2**31 - 1
 
@@ -73,27 +76,37 @@ def _checked_sparse(A, name, id_word):
     if data.ndim != 1:
         raise ValueError(f"{name}'s sparse data must be 1-D, got shape {data.shape}")
     if fmt == "coo":
-        coords = getattr(A, "coords", None)
-        row, col = (coords if coords is not None else (A.row, A.col))
-        row, col = np.asarray(row), np.asarray(col)
-        for what, a in (("row", row), ("column", col)):
-            if a.ndim != 1 or a.dtype.kind not in "iu":
-                raise ValueError(f"{name}'s COO {what} ids must be a 1-D integer array, got "
-                                 f"{a.dtype} of shape {a.shape}")
-        if not row.shape[0] == col.shape[0] == data.shape[0]:
-            raise ValueError(f"{name}'s COO arrays disagree in length: {row.shape[0]} row ids, "
-                             f"{col.shape[0]} column ids, {data.shape[0]} values")
-        if row.size:
-            bad = np.flatnonzero((row < 0) | (row >= n_rows))
-            if bad.size:
-                raise ValueError(f"{name} entry {int(bad[0])} has row id {int(row[bad[0]])}, but "
-                                 f"{name} has {n_rows} rows")
-            bad = np.flatnonzero((col < 0) | (col >= n_cols))
-            if bad.size:
-                raise ValueError(f"{name} row {int(row[bad[0]])} has {id_word} id "
-                                 f"{int(col[bad[0]])}, but {name} has {n_cols} columns")
-        return sp.csr_matrix((data, (row.astype(np.int64), col.astype(np.int64))),
-                             shape=(n_rows, n_cols))
+        return _checked_coo(A, data, name, id_word, n_rows, n_cols)
+    return _checked_compressed(A, data, fmt, name, id_word, n_rows, n_cols)
+
+
+def _checked_coo(A, data, name, id_word, n_rows, n_cols):
+    """``_checked_sparse`` of a COO matrix: its row and column ids checked, then CSR."""
+    coords = getattr(A, "coords", None)
+    row, col = (coords if coords is not None else (A.row, A.col))
+    row, col = np.asarray(row), np.asarray(col)
+    for what, a in (("row", row), ("column", col)):
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise ValueError(f"{name}'s COO {what} ids must be a 1-D integer array, got "
+                             f"{a.dtype} of shape {a.shape}")
+    if not row.shape[0] == col.shape[0] == data.shape[0]:
+        raise ValueError(f"{name}'s COO arrays disagree in length: {row.shape[0]} row ids, "
+                         f"{col.shape[0]} column ids, {data.shape[0]} values")
+    if row.size:
+        bad = np.flatnonzero((row < 0) | (row >= n_rows))
+        if bad.size:
+            raise ValueError(f"{name} entry {int(bad[0])} has row id {int(row[bad[0]])}, but "
+                             f"{name} has {n_rows} rows")
+        bad = np.flatnonzero((col < 0) | (col >= n_cols))
+        if bad.size:
+            raise ValueError(f"{name} row {int(row[bad[0]])} has {id_word} id "
+                             f"{int(col[bad[0]])}, but {name} has {n_cols} columns")
+    return sp.csr_matrix((data, (row.astype(np.int64), col.astype(np.int64))),
+                         shape=(n_rows, n_cols))
+
+
+def _checked_compressed(A, data, fmt, name, id_word, n_rows, n_cols):
+    """``_checked_sparse`` of a CSR or CSC matrix: its index structure checked, then CSR."""
     # compressed: CSR rows (ids are columns) or CSC columns (ids are rows)
     indptr, indices = np.asarray(A.indptr), np.asarray(A.indices)
     n_major, n_minor = (n_rows, n_cols) if fmt == "csr" else (n_cols, n_rows)
@@ -191,7 +204,6 @@ def _warn_if_stray_label(ids, name):
         return
     top, second = int(distinct[-1]), int(distinct[-2])
     if 2 * distinct.size < top + 1 and top > 10 * max(second, 1):
-        import warnings
         warnings.warn(f"{name}: label id {top} is more than 10 times the next largest ({second}) "
                       f"and {top + 1 - distinct.size} of the {top + 1} inferred label ids are "
                       "unused: is it mistyped? (pass n_labels to check the ids against it)",

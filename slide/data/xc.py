@@ -34,33 +34,14 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from slide.data._parse import (
-    _E_DUPLICATE,
-    _E_EXTRA_LINE,
-    _E_INDEX_RANGE,
-    _E_LABEL,
-    _E_LABEL_RANGE,
-    _E_MALFORMED,
-    _E_NEG_INDEX,
-    _E_NEG_LABEL,
-    _E_NONNUMERIC,
-    _MODE_FEATURES,
-    _MODE_LABELS,
-    _MODE_XC,
-    _POW10,
-    _ST_LINES,
-    _ST_NHARD,
-    _ST_NNZX,
-    _ST_NNZY,
-    _ST_ROW,
-    _S_DONE,
-    _S_ERROR,
-    _count_bytes,
-    _last_newline,
-    _parse_chunk,
-)
 from slide.data.inputs import _INT32_MAX, as_feature_matrix, as_label_matrix
 from slide.fileio import atomic_write
+from slide.kernels.parse import (_E_DUPLICATE, _E_EXTRA_LINE, _E_INDEX_RANGE, _E_LABEL,
+                                 _E_LABEL_RANGE, _E_MALFORMED, _E_NEG_INDEX, _E_NEG_LABEL,
+                                 _E_NONNUMERIC, _MODE_FEATURES, _MODE_LABELS, _MODE_XC, _POW10,
+                                 _S_DONE, _S_ERROR, _ST_LINES, _ST_NHARD, _ST_NNZX, _ST_NNZY,
+                                 _ST_ROW, _count_bytes, _last_newline, _parse_chunk)
+
 
 _CHUNK = 1 << 25  # 32 MiB of text per parser call
 _HARD_CAP = 4096  # values the kernel hands to Python's float() per call
@@ -408,21 +389,11 @@ def _digits(a, p, e):
     return m, e
 
 
-@njit(cache=True, nogil=True)
-def _write_float(out, pos, v32, pow10):
-    v = np.float64(v32)
-    if v == 0.0:
-        if np.signbit(v):
-            out[pos] = 45
-            pos += 1
-        out[pos] = 48
-        return pos + 1
-    if v < 0:
-        out[pos] = 45
-        pos += 1
-        a = -v
-    else:
-        a = v
+@njit(cache=True, nogil=True, inline="always")
+def _shortest_digits(a, pow10):
+    """(m, e): the fewest significant digits m (6 to 9 of them) of the positive float64 ``a``
+    that read back (float32(float64(text))) as float32(a), and the decimal exponent e of the
+    first one."""
     e0 = int(np.floor(np.log10(a)))
     m = np.int64(0)
     e = e0
@@ -442,7 +413,12 @@ def _write_float(out, pos, v32, pow10):
             continue
         if np.float32(back) == np.float32(a):
             break
-    # strip trailing zeros
+    return m, e
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _digit_bytes(m):
+    """The decimal digits of m > 0 without its trailing zeros, as ASCII bytes."""
     nd = 0
     t = m
     while t > 0:
@@ -456,6 +432,29 @@ def _write_float(out, pos, v32, pow10):
     for k in range(nd - 1, -1, -1):
         digs[k] = 48 + t % 10
         t //= 10
+    return digs
+
+
+@njit(cache=True, nogil=True)
+def _write_float(out, pos, v32, pow10):
+    """Write the float32 ``v32`` at out[pos:] in the shortest decimal text that reads back as
+    it (positional for exponents -5..8, else d.ddde+x); returns the position after it."""
+    v = np.float64(v32)
+    if v == 0.0:
+        if np.signbit(v):
+            out[pos] = 45
+            pos += 1
+        out[pos] = 48
+        return pos + 1
+    if v < 0:
+        out[pos] = 45
+        pos += 1
+        a = -v
+    else:
+        a = v
+    m, e = _shortest_digits(a, pow10)
+    digs = _digit_bytes(m)
+    nd = digs.shape[0]
     if -5 <= e < 9:
         if e >= 0:
             for k in range(max(nd, e + 1)):

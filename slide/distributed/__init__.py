@@ -8,10 +8,11 @@ and optimizer state (docs/distributed.md). Ray is imported only by the "ray" bac
 """
 from importlib import import_module
 
+
 _EXPORTS = {"ShardedSlideClassifier": "slide.distributed.estimator",
-            "load": "slide.distributed.checkpoint",
-            "to_single": "slide.distributed.checkpoint",
-            "from_single": "slide.distributed.checkpoint",
+            "load": "slide.persist.models",
+            "to_single": "slide.distributed.convert",
+            "from_single": "slide.distributed.convert",
             "OutputShard": "slide.distributed.shard",
             "LocalBackend": "slide.distributed.backend"}
 
@@ -20,7 +21,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
+        value = getattr(import_module(_EXPORTS[name]),
+                        "load_sharded" if name == "load" else name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'slide.distributed' has no attribute {name!r}")

@@ -8,16 +8,17 @@ import math
 import numpy as np
 
 from slide.distributed.kernels import (combine_partials, hidden_backward_batch,
-                                       hidden_forward_batch)
-from slide.engine.arrays import Params, Spec, csr, i64, make_touched
-from slide.engine.touched import collect_touched
-from slide.layers import Layout
-from slide.optim import SparseOptimizer
+                                       hidden_forward_batch, init_rows_like_global)
+from slide.kernels.arrays import Params, Spec, csr, i64, make_touched
+from slide.kernels.layers import Layout
+from slide.kernels.rng import init_stream
+from slide.kernels.touched import collect_touched
+from slide.network.optim import SparseOptimizer
 
 
 class HiddenLayer:
     """The first (only) hidden layer of a sharded network: W0T [n_features, hidden] and b0 in
-    the single-process layout and initialisation (``slide.layers``), so layer 0 of a sharded
+    the single-process layout and initialisation (``slide.kernels.layers``), so layer 0 of a sharded
     model and of a ``SlideClassifier`` with the same seed start identical."""
 
     def __init__(self, n_features, n_hidden, seed, optimizer, learning_rate, beta1, beta2,
@@ -27,8 +28,6 @@ class HiddenLayer:
         self.W = np.zeros(self.layout.n_weights, np.float32)
         self.B = np.zeros(self.layout.n_biases, np.float32)
         if init:
-            from slide.distributed.kernels import init_rows_like_global
-            from slide._rng import init_stream
             # init_params' Glorot std of layer 0 (fan-in: the input features)
             std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
             init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(init_stream(0)))
@@ -96,7 +95,7 @@ def local_labels(Y, rows, bounds):
 def combine(stats, n_labels):
     """(log Z per sample, mean loss) from the shards' statistics [S][5, nb]: the loss of the
     softmax against 1/|y| on each label (samples without labels contribute 0, as in
-    ``slide.engine.sample.output_loss``)."""
+    ``slide.kernels.sample.output_loss``)."""
     st = np.stack(stats)
     log_z = combine_partials(np.ascontiguousarray(st[:, 0]), np.ascontiguousarray(st[:, 1]))
     lz = st[:, 2].sum(axis=0)

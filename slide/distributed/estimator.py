@@ -8,15 +8,26 @@ softmax over the union of the shards' active sets.
 
 Supported: one hidden layer, softmax loss, the output layer sampled (``sparse_layers`` None)
 or dense (``sampler="dense"``), every sampler, optimizer and schedule of ``SlideClassifier``,
-and its ``time_budget`` (the batch loop is ``slide.trainer.train``'s).
+and its ``time_budget`` (the batch loop is ``slide.network.trainer.train``'s).
 """
-import numpy as np
+import os
+import weakref
 
-from slide import trainer
+import numpy as np
+from sklearn.exceptions import NotFittedError
+
+from slide.distributed.backend import LocalBackend
+from slide.distributed.checkpoint import read_manifest, restore_driver, save
+from slide.distributed.driver import HiddenLayer, train_batch
+from slide.distributed.ray_backend import RayBackend, ShardFailure
+from slide.distributed.shard import shard_ranges
 from slide.estimator import SlideClassifier
-from slide.labels import names_of
-from slide.params import check_k, is_int
-from slide.trainer import blas_single_thread
+from slide.kernels.topk import probabilities
+from slide.network import trainer
+from slide.network.schedule import RehashSchedule
+from slide.params import is_int
+from slide.rank.stack import RankStack
+
 
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
@@ -94,16 +105,11 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def _make_backend(self):
         if self.backend == "local":
-            from slide.distributed.backend import LocalBackend
             return LocalBackend()
-        from slide.distributed.ray_backend import RayBackend
         # each actor runs its kernels on the shard_cpus threads Ray reserved for it
         return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
-        from slide.distributed.driver import HiddenLayer
-        from slide.distributed.shard import shard_ranges
-        from slide.schedule import RehashSchedule
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
         self._set_identity(n_features, n_labels, seed)
         self.hidden_sizes_ = tuple(int(h) for h in hs)
@@ -116,6 +122,10 @@ class ShardedSlideClassifier(SlideClassifier):
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
                            history=[])
         self.bytes_per_batch_ = 0.0
+        # what SlideClassifier's inference reads: the hidden layer and the shards' output
+        # layer behind Network's query methods, and the neighbour vote's memory in the driver
+        self.network_ = ShardedNetwork(self)
+        self.rank_ = RankStack()
         cfg = self.shard_config()
         specs = [dict(q=q, lo=lo, hi=hi, n_hidden=hs[0], n_labels=n_labels, config=cfg)
                  for q, (lo, hi) in enumerate(ranges)]
@@ -135,7 +145,7 @@ class ShardedSlideClassifier(SlideClassifier):
 
     # -- training ------------------------------------------------------------------------------
     def _train(self, X, Y, end_epoch_index, eval_set, callback, rows=None):
-        # the loop is SlideClassifier's (slide.trainer.train); only the batch step differs
+        # the loop is SlideClassifier's (slide.network.trainer.train); only the batch step differs
         trainer.train(self, X, Y, end_epoch_index, eval_set, callback, steps=_ShardSteps(self),
                       rows=rows)
 
@@ -146,8 +156,6 @@ class ShardedSlideClassifier(SlideClassifier):
     def _recover(self, exc, Y, n_threads):
         """A shard actor died (Ray restarted it empty): every shard and the driver go back to
         the last checkpoint, losing the batches since."""
-        from slide.distributed.checkpoint import read_manifest, restore_driver
-        import os
         path = getattr(self, "last_checkpoint_", None)
         if path is None:
             raise RuntimeError(f"{exc}; no checkpoint to resume from (save one with "
@@ -170,7 +178,6 @@ class ShardedSlideClassifier(SlideClassifier):
     # -- inference -----------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "hidden_"):
-            from sklearn.exceptions import NotFittedError
             raise NotFittedError("this ShardedSlideClassifier is not fitted yet; call fit first")
         if getattr(self, "backend_", None) is None:
             raise RuntimeError("this ShardedSlideClassifier was closed (its shard actors are "
@@ -182,138 +189,10 @@ class ShardedSlideClassifier(SlideClassifier):
         self.backend_.call_all("sync")
         return self
 
-    def _hidden_all(self, X):
-        return self.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
-
-    # -- the neighbour vote (slide.neighbours): the memory lives in the driver, beside the hidden
-    # layer; the shards give their top-k and log-sum-exp parts and the voted labels' logits
-    def _build_memory(self, X, Y, split=None):
-        """(``fit_neighbours``, ``fit``) the memory of the labelled rows, kept by the driver
-        (``split`` is always None: no re-ranker here)."""
-        from slide.neighbours import NeighbourMemory
-        self._threads()
-        self._fix_vote_settings()
-        self.sync()
-        self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
-
-    def _neighbour_vote(self, neighbours=None):
-        k = self.neighbours_ if neighbours is None else int(neighbours)
-        if k <= 0 or getattr(self, "memory_", None) is None:
-            return None
-        return int(k), float(self.neighbour_weight_)
-
-    def _merge_parts(self, parts, k):
-        """The shards' best-first (scores, global ids) lists merged into the global top-k:
-        (ids, scores), the scores as the shards gave them."""
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), self.n_labels_)]
-        return (np.take_along_axis(ids, order, axis=1),
-                np.take_along_axis(scores, order, axis=1))
-
-    def _blended_topk(self, H, k, n_neighbours, weight):
-        """(ids, blended scores) of the exact top-k with the vote, over every shard."""
-        from slide.neighbours import blend_block
-        parts = self.backend_.call_all("topk_lse", H, k)
-        top_ids, top_z = self._merge_parts(parts, k)
-        m = np.max([p[2] for p in parts], axis=0)
-        lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
-        V = self.memory_.vote(H, n_neighbours)
-        rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
-        labels = V.indices.astype(np.int64)
-        v_z = np.zeros(V.nnz, np.float64)
-        masks = [(labels >= lo) & (labels < hi)
-                 for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])]
-        got = self.backend_.call_each("logits_at", [(H, rows[q], labels[q]) for q in masks])
-        for q, vals in zip(masks, got):
-            v_z[q] = vals
-        return blend_block(top_ids, top_z, lse, V, v_z, weight, False, top_ids.shape[1])
-
-    def predict_topk_scored(self, X, k=5, *, neighbours=None, rerank=None):
-        """As ``SlideClassifier.predict_topk_scored`` (no re-ranker across shards: ``rerank``
-        is checked and unused)."""
-        self._check_switches(neighbours, rerank)
-        X = self._check_predict_args(X, k)
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            vote = self._neighbour_vote(neighbours)
-            if vote is not None:
-                return self._blended_topk(H, int(k), *vote)
-            ids, scores = self._merge_parts(self.backend_.call_all("topk_exact", H, int(k)), k)
-        return ids, scores.astype(np.float64)
-
-    def predict_proba(self, X, *, neighbours=None):
-        """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
-        from slide.neighbours import add_vote, probabilities
-        self._check_switches(neighbours, None)
-        X = self._prepare_inference(X)
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            p = probabilities(np.concatenate(self.backend_.call_all("scores", H), axis=1),
-                              False)
-        vote = self._neighbour_vote(neighbours)
-        if vote is not None:
-            add_vote(p, self.memory_.vote(H, vote[0]), vote[1])
-        return p.astype(np.float32)
-
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=None, *, neighbours=None,
-                     rerank=None, return_names=False):
-        """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
-        the driver merges them (exact, with the neighbour vote: each shard's top-k and
-        log-sum-exp parts, the voted labels' logits, blended in the driver). Sparse
-        (``exact=False``, the network alone): each shard's serving index (built from its
-        weights on first use, whatever the sampler) plus the ``prior_candidates``
-        highest biases over ALL shards (None: ``slide.lsh.serving.default_prior`` of the
-        label count, as in the single process; the driver picks them from each shard's own
-        best)."""
-        from slide.lsh.serving import default_prior
-        self._check_fitted()
-        check_k(k, self.n_labels_)
-        self._check_switches(neighbours, rerank)
-        if prior_candidates is None:
-            prior_candidates = default_prior(self.n_labels_)
-        if not is_int(prior_candidates) or prior_candidates < 0:
-            raise ValueError(f"prior_candidates must be a non-negative integer or None, "
-                             f"got {prior_candidates!r}")
-        X = self._check_data(X, fitted=True)
-        self._threads()
-        self.sync()
-        k = int(k)
-        with blas_single_thread():
-            H = self._hidden_all(X)
-            vote = self._neighbour_vote(neighbours)
-            if exact and vote is not None:
-                ids = self._blended_topk(H, k, *vote)[0]
-                return names_of(self, ids) if return_names else ids
-            if exact:
-                parts = self.backend_.call_all("topk_exact", H, k)
-            else:
-                prior = self._global_prior(int(prior_candidates))
-                parts = self.backend_.call_each(
-                    "topk_sparse", [(H, k, prior[(prior >= lo) & (prior < hi)])
-                                    for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])])
-        ids = self._merge_parts(parts, k)[0]
-        return names_of(self, ids) if return_names else ids
-
-    def _global_prior(self, n):
-        if n == 0:
-            return np.zeros(0, np.int64)
-        parts = self.backend_.call_all("prior_scores", n)
-        b = np.concatenate([p[0] for p in parts])
-        ids = np.concatenate([p[1] for p in parts])
-        n = min(n, b.shape[0])
-        return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
-
-    def predict_scores(self, X):
-        X = self._prepare_inference(X)
-        with blas_single_thread():
-            return np.concatenate(self.backend_.call_all("scores", self._hidden_all(X)), axis=1)
-
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, path, extra=None):
         """A checkpoint directory: one file per shard, then the driver's file, then the
         manifest (written last: a directory without it is not a checkpoint)."""
-        from slide.distributed.checkpoint import save
         self._check_fitted()
         save(self, path, extra)
 
@@ -327,20 +206,127 @@ class ShardedSlideClassifier(SlideClassifier):
             pass
 
 
+def merge_parts(parts, k, n_labels):
+    """The shards' best-first (scores, global ids) lists merged into the global top-k:
+    (ids, scores), the scores as the shards gave them."""
+    scores = np.concatenate([p[0] for p in parts], axis=1)
+    ids = np.concatenate([p[1] for p in parts], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :min(int(k), n_labels)]
+    return (np.take_along_axis(ids, order, axis=1),
+            np.take_along_axis(scores, order, axis=1))
+
+
+class ShardedNetwork:
+    """A sharded model's network as ``SlideClassifier``'s fit and inference read it (the
+    query methods of ``slide.network.Network``): the driver's hidden layer (``hidden_``) and
+    the shards' slices of the output layer (``backend_``, label ranges ``bounds_``). Exact
+    top-k: each shard's local top-k with scores, merged in the driver; serving top-k: each
+    shard's serving index plus the highest biases over all shards."""
+
+    def __init__(self, model):
+        # a weak reference: no cycle, so a dropped model is freed (and its actors stopped by
+        # ``__del__``) at once, as before the model held this object
+        self._model = weakref.ref(model)
+
+    @property
+    def model(self):
+        return self._model()
+
+    def hidden(self, X):
+        return self.model.hidden_.forward(X, np.arange(X.shape[0], dtype=np.int64))
+
+    def output_layer(self):
+        return ShardedOutput(self.model)
+
+    def release_scratch(self):
+        """Nothing to release in the driver (each shard keeps its own scratch)."""
+
+    def predict_topk_exact(self, X, k, with_scores=False):
+        m = self.model
+        ids, scores = merge_parts(m.backend_.call_all("topk_exact", self.hidden(X), int(k)), k,
+                                  m.n_labels_)
+        return (ids, scores.astype(np.float64)) if with_scores else ids
+
+    def predict_topk_serving(self, X, k, prior_candidates=0):
+        """Each shard's serving index (built from its weights on first use, whatever the
+        sampler) plus the ``prior_candidates`` highest biases over ALL shards (the driver
+        picks them from each shard's own best)."""
+        m = self.model
+        H = self.hidden(X)
+        prior = self._global_prior(int(prior_candidates))
+        parts = m.backend_.call_each(
+            "topk_sparse", [(H, int(k), prior[(prior >= lo) & (prior < hi)])
+                            for lo, hi in zip(m.bounds_[:-1], m.bounds_[1:])])
+        return merge_parts(parts, k, m.n_labels_)[0]
+
+    def _global_prior(self, n):
+        if n == 0:
+            return np.zeros(0, np.int64)
+        parts = self.model.backend_.call_all("prior_scores", n)
+        b = np.concatenate([p[0] for p in parts])
+        ids = np.concatenate([p[1] for p in parts])
+        n = min(n, b.shape[0])
+        return np.sort(ids[np.argsort(-b, kind="stable")[:n]])
+
+    def predict_scores(self, X):
+        return ShardedOutput(self.model).logits(self.hidden(X))
+
+    def predict_proba(self, X):
+        """Softmax of every shard's logits, gathered (dense)."""
+        return probabilities(self.predict_scores(X), False).astype(np.float32)
+
+
+class ShardedOutput:
+    """The sharded output layer as the ranking stages read it (``slide.rank.output``'s
+    questions, answered by the shards): each shard's top-k and log-sum-exp parts merged in
+    the driver, the logits of given (row, label) pairs asked of the shards that hold them.
+    Softmax only (``ShardedSlideClassifier`` supports no other loss)."""
+
+    sigmoid = False
+
+    def __init__(self, model):
+        self.model = model
+
+    @property
+    def n_labels(self):
+        return self.model.n_labels_
+
+    def topk_lse(self, H, k):
+        parts = self.model.backend_.call_all("topk_lse", H, k)
+        top_ids, top_z = merge_parts(parts, k, self.model.n_labels_)
+        m = np.max([p[2] for p in parts], axis=0)
+        lse = m + np.log(sum(p[3] * np.exp(p[2] - m) for p in parts))
+        return top_ids, top_z, lse
+
+    def logits_at(self, H, V):
+        rows = np.repeat(np.arange(H.shape[0]), np.diff(V.indptr))
+        labels = V.indices.astype(np.int64)
+        v_z = np.zeros(V.nnz, np.float64)
+        bounds = self.model.bounds_
+        masks = [(labels >= lo) & (labels < hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        got = self.model.backend_.call_each("logits_at",
+                                            [(H, rows[q], labels[q]) for q in masks])
+        for q, vals in zip(masks, got):
+            v_z[q] = vals
+        return v_z
+
+    def logits(self, H):
+        return np.concatenate(self.model.backend_.call_all("scores", H), axis=1)
+
+
 class _ShardSteps:
-    """``slide.trainer.train``'s batch steps for a sharded model: the driver trains the hidden
-    layer, the shards their slices of the output layer (``slide.distributed.driver``)."""
+    """``slide.network.trainer.train``'s batch steps for a sharded model: the driver trains
+    the hidden layer, the shards their slices of the output layer
+    (``slide.distributed.driver``)."""
 
     def __init__(self, model):
         self.model = model
 
     def start(self, X, Y, n_threads):
         self.model._prepare_shards(Y, n_threads)
-        self.model.memory_ = None   # the neighbour memory was built from weights this changes
+        self.model.rank_.clear()    # the neighbour memory was built from weights this changes
 
     def step(self, X, Y, rows, serial, lr, n_threads):
-        from slide.distributed.driver import train_batch
-        from slide.distributed.ray_backend import ShardFailure
         m = self.model
         try:
             loss, sent, act = train_batch(m.hidden_, m.backend_, m.bounds_, X, Y, rows, serial,

@@ -2,7 +2,7 @@
 backward of dL/dh into its gradient buffers) and a shard's output layer (active logits and
 partial softmax statistics, then deltas and dL/dh from the global normaliser).
 
-A shard's output layer lives in a two-layer ``slide.engine.Network`` of sizes
+A shard's output layer lives in a two-layer ``slide.network.Network`` of sizes
 (1, hidden, n_local): its layer 1 is the shard's rows, so the engine's active-set selection
 (``select_active``), sampling correction, scratch, row-path optimizer step and LSH
 maintenance apply to it unchanged; layer 0 is a 1 x hidden placeholder that is never used.
@@ -12,11 +12,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide._rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.engine.negatives import correction, is_label
-from slide.engine.sample import select_active
-from slide.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
-                          rows_backward, rows_forward)
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
+                                  rows_backward, rows_forward)
+from slide.kernels.negatives import corrected_logit, correction, is_label
+from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
+from slide.kernels.sample import select_active
+
 
 OUT = 1       # the output layer's index in a shard's (1, hidden, n_local) network
 
@@ -77,7 +78,7 @@ def combine_partials(m, s):
 
 @njit(cache=True, nogil=True)
 def init_rows_like_global(out, g_start, g_lo, std, seed, stream):
-    """out[i] = the Glorot-normal draw ``slide.layers.init_params`` gives flat index
+    """out[i] = the Glorot-normal draw ``slide.kernels.layers.init_params`` gives flat index
     g_lo + i of a layer starting at flat index ``g_start`` (Box-Muller pairs start at even
     offsets from g_start): a shard's rows get exactly the single-process initial weights."""
     n = out.shape[0]
@@ -108,19 +109,11 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
     rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out, h,
                  n_in, False, out, cnt, False, z32)
     ranges, corr = correction(spec, cnt, n_c, n_s, neg, correct)
-    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
-    use_corr = corr.shape[0] > 0
     zmax = -np.inf
     lz = 0.0
     n_found = 0
     for k in range(cnt):
-        zk = np.float64(z32[k])
-        if lo1 <= k < hi1:
-            zk += log_w1
-            if use_corr:
-                zk += corr[out[k]]
-        elif lo2 <= k < hi2:
-            zk += log_w2
+        zk = corrected_logit(np.float64(z32[k]), k, out, ranges, corr)
         z[k] = zk
         if zk > zmax:
             zmax = zk
@@ -190,5 +183,5 @@ def shard_backward_kernel(params, spec, sc, store, zbuf, H, lab_ptr, lab_ind, lo
                 d[k] = v * scale
             for i in range(n_in):
                 h_store[s, i] = H[s, i]
-            rows_backward(params.W, params.GW, params.GB, spec.w_off[OUT], spec.b_off[OUT],
-                          n_in, True, ids, H[s], n_in, False, ids, cnt, d, dH[s], False)
+            rows_backward(params.W, params.GW, params.GB, spec, OUT, True, ids, H[s], n_in, False,
+                          ids, cnt, d, dH[s], False)

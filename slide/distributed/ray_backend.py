@@ -10,6 +10,11 @@ import os
 import socket
 import time
 
+import numba
+
+from slide.distributed.shard import OutputShard
+
+
 CONNECT_TIMEOUT_S = 10.0
 RESTART_TIMEOUT_S = 120.0
 FREE_CPU_WAIT_S = 20.0
@@ -77,11 +82,10 @@ class _ShardActorImpl:
             # not own
             import resource
             resource.setrlimit(resource.RLIMIT_DATA, (int(memory_cap), int(memory_cap)))
-        import numba
         if n_threads:
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         import ray
-        from slide.distributed.shard import OutputShard
+
         # a restart between two calls would otherwise answer them from the constructor's
         # shard silently; every call refuses until the driver reloads a checkpoint
         self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
@@ -93,7 +97,6 @@ class _ShardActorImpl:
         return getattr(self.shard, method)(*args)
 
     def reload(self, file):
-        from slide.distributed.shard import OutputShard
         self.shard = OutputShard.from_file(file)
         self.restarted = False
         return True

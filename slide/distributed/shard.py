@@ -12,15 +12,17 @@ Protocol of one training batch (``slide.distributed.driver``):
 """
 import numpy as np
 
-from slide._rng import STREAM_SHARD_SEED, derived_seed
+from slide.distributed.checkpoint import read_part, write_part
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
-from slide.engine import Network
-from slide.engine.negatives import head_size
-from slide.engine.infer import topk_lse_of_logits, topk_of_logits
-from slide.optim import SparseOptimizer
-from slide.schedule import RehashSchedule
-
+from slide.kernels.negatives import head_size
+from slide.kernels.rng import STREAM_SHARD_SEED, derived_seed, init_stream
+from slide.kernels.topk import topk_lse_of_logits, topk_of_logits
+from slide.kernels.touched import output_entries
+from slide.network import Network
+from slide.network.optim import SparseOptimizer
+from slide.network.schedule import RehashSchedule
+from slide.persist.checkpoint import CheckpointError
 
 
 def shard_ranges(n_labels, n_shards):
@@ -88,7 +90,6 @@ class OutputShard:
 
     def _init_rows(self):
         """The single-process initial weights of rows [lo, hi) (zero biases)."""
-        from slide._rng import init_stream
         n_f, h = int(self.config["n_features"]), self.n_hidden
         W, _ = self.net.output_view()
         std = np.sqrt(2.0 / (h + self.n_labels))
@@ -133,7 +134,6 @@ class OutputShard:
     def backward(self, serial, log_z, n_labels, learning_rate):
         """Deltas from the global normaliser, this shard's dL/dh, then the row update and the
         shard's rehash / rebuild when its schedule says so. Returns dH [nb, hidden]."""
-        from slide.engine.touched import output_entries
         net, nb = self.net, self._nb
         net.serving = None          # built from weights this step changes
         sc = net.sc
@@ -196,7 +196,7 @@ class OutputShard:
         return best_s, best_i + self.lo
 
     def topk_lse(self, H, k, chunk=32768):
-        """For the neighbour vote's blend (``slide.neighbours``): this shard's top-k logits
+        """For the neighbour vote's blend (``slide.rank.vote``): this shard's top-k logits
         (float64, best first) and their global ids, and each row's running log-sum-exp over the
         shard's labels as (max, sum of exp(z - max)), which the driver combines across
         shards."""
@@ -220,7 +220,7 @@ class OutputShard:
         return b[ids].copy(), ids.astype(np.int64) + self.lo
 
     def topk_sparse(self, H, k, prior_global, n_candidates=None):
-        """Sparse serving top-k through this shard's serving index (``slide.lsh.serving``,
+        """Sparse serving top-k through this shard's serving index (``slide.kernels.lsh.serving``,
         built from the shard's weights on first use, whatever sampler trained it): each row's
         most-colliding labels plus the listed prior ids of this shard, scored exactly.
         (scores, global ids), -inf / -1 where fewer than k labels were scored."""
@@ -252,14 +252,11 @@ class OutputShard:
 
     def save_part(self, path):
         """Write this shard's state to ``path`` atomically; returns the file's name."""
-        from slide.distributed.checkpoint import write_part
         return write_part(path, self.state_dict())
 
     @classmethod
     def from_file(cls, path):
         """The shard saved by :meth:`save_part` (CheckpointError naming the file)."""
-        from slide.checkpoint import CheckpointError
-        from slide.distributed.checkpoint import read_part
         state = read_part(path)
         try:
             return cls.from_state(state)

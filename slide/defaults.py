@@ -1,0 +1,79 @@
+"""The tuned constants of the model, each with the measurement that chose it.
+
+The user-facing parameters' defaults live in ``slide.params.TABLE`` (one table drives the
+API, the TOML, the CLI help and docs/parameters.md); this module holds the constants inside
+the stages that no parameter exposes. The stage modules read them as their own module
+attributes (``slide.rank.rerank.MAX_HOLDOUT_ROWS`` is ``RERANK_MAX_HOLDOUT_ROWS``), so a
+probe or a test can still set one there. Figures cite ``bench/results/`` and the probes of
+``bench/probes/``.
+"""
+
+# ---------------------------------------------------------------------------------------------
+# the network's training loop (slide.network.trainer)
+
+# epochs="auto": enough epochs for about this many batches, 3 at least, 10 at most. Measured
+# with the neighbour vote (bench/results/accuracy.md, round 5): the synthetic eurlex-4k and
+# wiki10-31k (~120 batches an epoch) gain 5-12 points of P@1 from 5-6 epochs over 3 and lose
+# again beyond 8-12; debtags (190 batches) and debdeps (355) lose from 4 epochs on
+AUTO_EPOCH_BATCHES = 625
+AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 10
+
+# ---------------------------------------------------------------------------------------------
+# the neighbour vote (slide.rank.vote)
+
+# similarities are raised to this power before voting: the nearest of the k rows count most
+# (measured on debdeps/debtags, 1 to 48: 16 at the top by < 0.004 P@1, 1 close behind)
+VOTE_POWER = 16.0
+
+# ---------------------------------------------------------------------------------------------
+# the re-ranker (slide.rank.rerank)
+
+RERANK_N_TOP = 10               # the network's top labels among a row's candidates
+RERANK_HOLDOUT = 0.1            # share of the training rows held out to fit the re-ranker ...
+# ... at most MAX_HOLDOUT_ROWS (~300k candidates on debdeps' 4,547 held-out rows; their
+# features are float64 [candidates, N_BASE])
+RERANK_MAX_HOLDOUT_ROWS = 5000
+RERANK_MIN_HOLDOUT_ROWS = 200   # fewer held-out rows than this: no re-ranker (77 weights)
+# each held-out row costs one exact row of logits (n_labels dot products) and one search of
+# the memory (n_rows): at most this many of both in all, but never fewer than
+# LARGE_HOLDOUT_ROWS rows for it (Amazon-670K's 670k labels and 490k rows: 1,000 rows, ~8 s of
+# features instead of 40 s for 5,000; debdeps' 71k: the 10 % is below the bound)
+RERANK_MAX_HOLDOUT_WORK = 500_000_000
+RERANK_LARGE_HOLDOUT_ROWS = 1000
+# the centroids keep at most this many entries per label, and at most CENTROID_ENTRIES in
+# all (at least 4 a label: at Amazon-670K's 670k labels 6, 32 MB a build; 128 up to 32k labels)
+RERANK_CENTROID_TERMS = 128
+RERANK_CENTROID_ENTRIES = 4 << 20
+RERANK_C = 1.0                  # the logistic regression's inverse L2 strength (the probe's)
+RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fitted on, at most
+
+# ---------------------------------------------------------------------------------------------
+# the per-label linear classifiers (slide.rank.linear)
+
+LINEAR_N_NEGATIVES = 10         # the network's top labels per row that are trained as negatives
+# the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
+# ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test
+# rows, and 13 s of training, for no gain there); debdeps' rows have ~52
+LINEAR_MAX_ROW_TERMS = 128
+LINEAR_EPOCHS = 5
+LINEAR_LEARNING_RATE = 0.2      # Adagrad's
+LINEAR_MAX_BITS = 24            # at most 2**24 weights (64 MB, float32)
+LINEAR_MIN_BITS = 16
+LINEAR_MAX_WORK = 2_000_000_000  # rows x labels of exact logits for the hard negatives, at most
+# logits computed at once, at most (16 MB: 2,048 rows x 32,768 labels were 268 MB of the
+# fit's peak at Amazon-670K)
+LINEAR_BLOCK_ENTRIES = 4 << 20
+LINEAR_CHUNK = 32768            # output rows per product
+# where the labels fit one chunk, at least this many rows a product: taller products keep BLAS
+# busier (debdeps' 25,880 labels: 162 -> 512 rows a block, the hard negatives of 34k rows
+# ~4.2 -> ~2.9 s on 2 cores, accuracy_probes.log; 53 MB of logits). Beyond one chunk
+# BLOCK_ENTRIES alone bounds it.
+LINEAR_MIN_BLOCK_ROWS = 512
+# one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:
+# 585M, ~0.45 s on 2 cores), over at most MAX_OVR_WEIGHTS weights (64 MB float32; debtags'
+# 33.8k features x 581 labels would be 79 MB: its 5k single-row features dropped, the same
+# P@1 and P@5 over 5 seeds, round 9)
+LINEAR_OVR_EPOCHS = 3
+LINEAR_OVR_LEARNING_RATE = 0.2
+LINEAR_MAX_OVR_WORK = 1_000_000_000
+LINEAR_MAX_OVR_WEIGHTS = 1 << 24

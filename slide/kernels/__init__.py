@@ -1,0 +1,6 @@
+"""Kernels: module-level ``@njit`` functions over flat arrays and NamedTuple bundles, and the
+thin array owners built on them (LSH tables, the serving index). Modules here import only
+numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``, ``arrays``
+(the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
+``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
+"""

@@ -1,0 +1,269 @@
+"""Network parameter layout and the per-layer kernels of one sample.
+
+Every weight of every layer lives in ONE flat float32 array ``W`` (biases in ``B``) with
+per-layer offsets, so a single kernel signature serves any depth:
+
+* layer 0 reads the sparse input and is stored transposed, ``W0T[n_features, n_out0]``: a
+  nonzero input feature ``f`` reads (and its gradient writes) one contiguous row of
+  ``n_out0`` floats;
+* layer ``l > 0`` is stored ``W[n_out, n_in]``, one contiguous row per neuron, so an active
+  neuron reads one row.
+
+A "row" (the unit the sparse optimizer visits) is therefore an input feature in layer 0 and a
+neuron everywhere else. Activations of a layer are a list of (neuron id, value) pairs: a
+dense layer's ids are implicit (0..n-1); a sparse layer keeps its active ids.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from slide.kernels.rng import init_stream, splitmix64, stream_seed
+
+
+# fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
+# stay observable so a diverging run is detected (np.isfinite would be folded away otherwise)
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shapes and flat offsets of a fully connected network.
+
+    ``sizes = (n_features, h1, ..., n_labels)``; layer ``l`` maps ``sizes[l] -> sizes[l+1]``.
+    """
+
+    sizes: tuple
+
+    @property
+    def n_layers(self):
+        return len(self.sizes) - 1
+
+    @property
+    def n_in(self):
+        return np.asarray(self.sizes[:-1], dtype=np.int64)
+
+    @property
+    def n_out(self):
+        return np.asarray(self.sizes[1:], dtype=np.int64)
+
+    @property
+    def n_rows(self):
+        """Rows per layer (layer 0: input features; others: neurons)."""
+        r = self.n_out.copy()
+        r[0] = self.sizes[0]
+        return r
+
+    @property
+    def row_len(self):
+        """Floats per row (layer 0: its outputs; others: their inputs)."""
+        r = self.n_in.copy()
+        r[0] = self.sizes[1]
+        return r
+
+    @property
+    def w_off(self):
+        return np.concatenate([[0], np.cumsum(self.n_in * self.n_out)]).astype(np.int64)
+
+    @property
+    def b_off(self):
+        return np.concatenate([[0], np.cumsum(self.n_out)]).astype(np.int64)
+
+    @property
+    def row_off(self):
+        """Offset of each layer's rows in a flat per-row array (touched-row stamps)."""
+        return np.concatenate([[0], np.cumsum(self.n_rows)]).astype(np.int64)
+
+    @property
+    def n_weights(self):
+        return int(self.w_off[-1])
+
+    @property
+    def n_biases(self):
+        return int(self.b_off[-1])
+
+    def weight_view(self, W, layer):
+        """2-D view of one layer's block of the flat array (layer 0: ``[n_features, n_out]``)."""
+        o = self.w_off
+        return W[o[layer]:o[layer + 1]].reshape(int(self.n_rows[layer]), int(self.row_len[layer]))
+
+    def bias_view(self, B, layer):
+        o = self.b_off
+        return B[o[layer]:o[layer + 1]]
+
+    def memory_bytes(self, n_param_copies=4):
+        """Bytes for weights + biases, times the number of same-shaped copies (W, m, v, g)."""
+        return 4 * n_param_copies * (self.n_weights + self.n_biases)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def normal_pair(seed, stream, i, std):
+    """The Box-Muller pair (float32) of flat positions i, i + 1 from the counter RNG:
+    identical for a seed on any machine (``slide.distributed`` draws single rows with it)."""
+    s = stream_seed(seed, stream, i)
+    s, a = splitmix64(s)
+    s, b = splitmix64(s)
+    u1 = (np.float64(a >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
+    u2 = np.float64(b >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    r = np.sqrt(-2.0 * np.log(u1)) * std
+    return np.float32(r * np.cos(2.0 * np.pi * u2)), np.float32(r * np.sin(2.0 * np.pi * u2))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _init_normal(W, start, stop, std, seed, stream):
+    """Gaussian init by Box-Muller from the counter RNG, pairs from ``start``; in parallel
+    (a pair depends only on its position: the same weights on any thread count; 0.64 s
+    serial at 200k labels, inside ``fit``'s clock)."""
+    for p in prange((stop - start + 1) // 2):
+        i = start + 2 * p
+        c, s = normal_pair(seed, stream, i, std)
+        W[i] = c
+        if i + 1 < stop:
+            W[i + 1] = s
+
+
+def init_params(layout, seed):
+    """Glorot-normal weights (std = sqrt(2 / (fan_in + fan_out))) and zero biases.
+
+    Layer 0's fan-in is counted as the number of input features, as in the dense TF baseline,
+    which keeps the first layer's pre-activations small for tf-idf-like inputs.
+    """
+    W = np.empty(layout.n_weights, dtype=np.float32)
+    B = np.zeros(layout.n_biases, dtype=np.float32)
+    wo = layout.w_off
+    for l in range(layout.n_layers):
+        std = np.sqrt(2.0 / (layout.sizes[l] + layout.sizes[l + 1]))
+        _init_normal(W, int(wo[l]), int(wo[l + 1]), std, np.uint64(seed), np.uint64(init_stream(l)))
+    return W, B
+
+
+# ----------------------------------------------------------------------------------------------
+# One-sample layer kernels (inlined into the batch kernels of slide.network)
+# ----------------------------------------------------------------------------------------------
+
+# Row loops index a slice of the flat array (``row = W[base:base + n]``), not ``W[base + i]``:
+# LLVM vectorises the former (measured 2-6x faster on 128-float rows), not the latter.
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):
+    """out[:n_out] = relu(b0 + sum_j x_val[j] * W0T[x_idx[j]]): one contiguous row per nonzero."""
+    o = out[:n_out]
+    b = B[b_off:b_off + n_out]
+    for i in range(n_out):
+        o[i] = b[i]
+    for j in range(x_idx.shape[0]):
+        base = w_off + np.int64(x_idx[j]) * n_out
+        row = W[base:base + n_out]
+        xv = x_val[j]
+        for i in range(n_out):
+            o[i] += xv * row[i]
+    for i in range(n_out):
+        if o[i] < 0.0:
+            o[i] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, out):
+    """Like first_forward_dense but for the active neurons ``ids[:n_act]`` only (strided reads)."""
+    for k in range(n_act):
+        out[k] = B[b_off + ids[k]]
+    for j in range(x_idx.shape[0]):
+        base = w_off + np.int64(x_idx[j]) * n_out
+        row = W[base:base + n_out]
+        xv = x_val[j]
+        for k in range(n_act):
+            out[k] += xv * row[ids[k]]
+    for k in range(n_act):
+        if out[k] < 0.0:
+            out[k] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act, delta):
+    """g0T[x_idx] += outer(x_val, delta); gb0 += delta (racy adds: HOGWILD)."""
+    if dense:
+        d = delta[:n_out]
+        gb = gB[b_off:b_off + n_out]
+        for i in range(n_out):
+            gb[i] += d[i]
+        for j in range(x_idx.shape[0]):
+            base = w_off + np.int64(x_idx[j]) * n_out
+            grow = gW[base:base + n_out]
+            xv = x_val[j]
+            for i in range(n_out):
+                grow[i] += xv * d[i]
+    else:
+        for k in range(n_act):
+            gB[b_off + ids[k]] += delta[k]
+        for j in range(x_idx.shape[0]):
+            base = w_off + np.int64(x_idx[j]) * n_out
+            grow = gW[base:base + n_out]
+            xv = x_val[j]
+            for k in range(n_act):
+                grow[ids[k]] += xv * delta[k]
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def rows_forward(W, B, w_off, b_off, n_in, in_dense, in_ids, in_vals, n_in_act,
+                 dense, ids, n_act, relu, out):
+    """z_k = b[j] + W[j] . h_in for each active neuron j (= ids[k], or k when dense)."""
+    h = in_vals[:n_in_act]
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        base = w_off + np.int64(j) * n_in
+        row = W[base:base + n_in]
+        s = np.float32(0.0)
+        if in_dense:
+            for i in range(n_in):
+                s += row[i] * h[i]
+        else:
+            for m in range(n_in_act):
+                s += row[in_ids[m]] * h[m]
+        s += B[b_off + j]
+        if relu and s < 0.0:
+            s = 0.0
+        out[k] = s
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def rows_backward(W, gW, gB, spec, l, in_dense, in_ids, in_vals, n_in_act, dense, ids, n_act,
+                  delta, d_in, accumulate):
+    """Message passing back through layer ``l`` (its offsets and width from ``spec``).
+
+    d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
+    after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
+    adds). The output layer of a sampled network does not accumulate here: its gradient is
+    formed per row after the batch from the stored deltas (slide.network.optim.output_step).
+    ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
+    """
+    w_off, b_off, n_in = spec.w_off[l], spec.b_off[l], spec.n_in[l]
+    di = d_in[:n_in_act]
+    h = in_vals[:n_in_act]
+    for m in range(n_in_act):
+        di[m] = 0.0
+    for k in range(n_act):
+        d = delta[k]
+        if d == 0.0:
+            continue
+        j = k if dense else ids[k]
+        base = w_off + np.int64(j) * n_in
+        row = W[base:base + n_in]
+        if accumulate:
+            gB[b_off + j] += d
+            grow = gW[base:base + n_in]
+            if in_dense:
+                for i in range(n_in):
+                    di[i] += d * row[i]
+                    grow[i] += d * h[i]
+            else:
+                for m in range(n_in_act):
+                    c = in_ids[m]
+                    di[m] += d * row[c]
+                    grow[c] += d * h[m]
+        else:
+            if in_dense:
+                for i in range(n_in):
+                    di[i] += d * row[i]
+            else:
+                for m in range(n_in_act):
+                    di[m] += d * row[in_ids[m]]

@@ -1,0 +1,216 @@
+"""Shared negatives of a batch, their importance weights, and the sampling correction.
+
+Every sample of a batch gets the same ``n_shared`` negative output neurons forced into its
+active set, drawn uniformly or (``negative_power`` > 0) with probability
+q_j ~ (count_j + 1)^power, so the frequent labels -- which hold most of the softmax's mass --
+are almost always present. The softmax over a sample's active set then estimates the full one
+by offsetting the logits of the neurons that stand for the rest (the logQ correction of TF's
+sampled softmax), see :func:`correction`.
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from slide.kernels.arrays import SharedDraw
+from slide.kernels.layers import FASTMATH
+from slide.kernels.rng import SHARED_NEGATIVES_KEY
+
+
+@njit(cache=True, nogil=True, inline="always")
+def find_sorted(a, j):
+    """Position of ``j`` in the sorted distinct ids ``a`` (binary search), -1 if absent."""
+    lo = 0
+    hi = a.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        v = a[mid]
+        if v < j:
+            lo = mid + 1
+        elif v > j:
+            hi = mid
+        else:
+            return mid
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def is_label(labels, j):
+    """Whether ``j`` is one of the sorted label ids of one sample."""
+    return find_sorted(labels, j) >= 0
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def correction(spec, n_a, n_c, n_s, neg, enabled):
+    """Logit offsets of one sample's sampled softmax: ((lo1, hi1, lo2, hi2, log_w1, log_w2),
+    corr), as ``slide.kernels.sample.output_loss`` applies them (positions [lo1, hi1) get
+    log_w1 + corr[neuron] when ``corr`` is not empty, [lo2, hi2) get log_w2).
+
+    Layout of the active set (``sample.select_active``): C = [0, n_c) the labels and the LSH
+    ids, chosen without looking at the shared draw S; [n_c, n_s) the ids of S not in C;
+    [n_s, n_a) uniform random fill from outside C and S. The softmax normaliser
+    Z^ = sum over the active set of exp(z_j + offset_j) is then an unbiased estimate of the
+    full sum_j exp(z_j) (``neg``: the batch's ``SharedDraw``; E over S and the fill):
+
+    * C is computed exactly (offset 0): nothing of it is estimated, so counted once.
+    * Frequency draws (``neg.corr`` not empty; pi_j = 1 - (1 - q_j)^n for n draws): S estimates
+      all the mass outside C by Horvitz-Thompson, each j in S \\ C weighted 1 / pi_j.
+    * A fill F of f ids next to frequency draws: given S, (U'/f) sum_F exp(z) with
+      U' = n_out - n_s is unbiased for the mass outside C and S. Mixing the two with weight
+      1/2 (shared j: (1 + 1/pi_j)/2, i.e. ``corr_mix``; fill: U'/(2f)) is unbiased only if
+      the fill is non-empty for EVERY draw, i.e. n_a - n_c > n (|S| <= n): then it is used.
+      Otherwise (the fill exists for some draws only, and which depends on S) no fixed weight
+      of it is unbiased without P(fill non-empty), so the fill is dropped from the estimate
+      (offset -inf: it gets no softmax mass and a zero delta) and S alone estimates by HT.
+    * Uniform draws (``neg.corr`` empty) or no draws: S \\ C and the fill together are a
+      uniform random subset R of the U = n_out - n_c neurons outside C, weighted U / |R|
+      (unbiased whenever R is not empty).
+    ``enabled`` False: no offsets. (fastmath as the rest of the sample pass: its approximate
+    log is part of the pinned numerics.)"""
+    lo1 = hi1 = lo2 = hi2 = 0
+    log_w1 = log_w2 = 0.0
+    corr = neg.corr[:0]
+    if enabled:
+        n_out = spec.n_out[spec.n_layers - 1]
+        lo1, hi1, lo2, hi2 = n_c, n_s, n_s, n_a
+        n_fill = n_a - n_s
+        if neg.corr.shape[0] > 0 and neg.n_draws > 0:
+            corr = neg.corr
+            if n_fill > 0:
+                if n_a - n_c > neg.n_draws:
+                    corr = neg.corr_mix
+                    log_w2 = math.log(max(n_out - n_s, 1) / n_fill) + math.log(0.5)
+                else:
+                    log_w2 = -math.inf
+        elif n_a > n_c:
+            log_w1 = math.log(max(n_out - n_c, 1) / (n_a - n_c))
+            log_w2 = log_w1
+    return (lo1, hi1, lo2, hi2, log_w1, log_w2), corr
+
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def corrected_logit(zk, k, ids, ranges, corr):
+    """``zk`` (the logit at active position k, or a value derived from it) plus the offset
+    ``correction`` gives position k: the one definition of the corrected logit, used by the
+    engine's loss (``slide.kernels.sample.output_loss``) and the shards' forward
+    (``slide.distributed.kernels``). ``ids[k]`` (the neuron) is read only when ``corr`` is
+    not empty, i.e. for a sampled layer. Inlined: the caller's fastmath flags apply to it,
+    as they applied to the copies it replaced (the pinned numerics are unchanged)."""
+    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
+    if lo1 <= k < hi1:
+        zk += log_w1
+        if corr.shape[0] > 0:
+            zk += corr[ids[k]]
+    elif lo2 <= k < hi2:
+        zk += log_w2
+    return zk
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def corrected_max(z, n, ids, ranges, corr):
+    """The largest corrected logit of z[:n] (-inf for n = 0): the shift of a log-sum-exp."""
+    zmax = -np.inf
+    for k in range(n):
+        zk = corrected_logit(z[k], k, ids, ranges, corr)
+        if zk > zmax:
+            zmax = zk
+    return zmax
+
+def inclusion_weights(p_in):
+    """(corr, corr_mix) of neurons drawn with probability ``p_in`` = P(in the shared set):
+    -log p_in and log((1 + 1/p_in) / 2), as float32 (see :func:`correction`)."""
+    p = np.maximum(np.asarray(p_in, np.float64), 1e-300)
+    corr = -np.log(p)
+    return corr.astype(np.float32), np.log(0.5 + 0.5 / p).astype(np.float32)
+
+
+def head_size(n_shared, exact_head):
+    """The labels of the exact head: ``exact_head`` (a share in [0, 1)) of ``n_shared``."""
+    return int(int(n_shared) * float(exact_head))
+
+
+class SharedNegatives:
+    """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
+
+    ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
+    in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for the ids of the latest draw:
+    the kernels read them by neuron id (:func:`correction`).
+
+    ``n_head`` > 0 (frequency draws only): the ``n_head`` labels of highest q -- the most
+    frequent -- are in every batch's set with probability 1 (``corr`` 0: computed exactly,
+    no importance weight), and the other ``n_shared - n_head`` draws come from the remaining
+    labels (q renormalised over them). The head holds much of the softmax's mass, and drawn
+    it would bring the estimate of the normaliser its largest variance
+    (``bench/results/lsh_block_debcontents.md``: the block's exact top logits, an oracle, are
+    97 % head labels)."""
+
+    def __init__(self, n_shared, power, n_out, n_head=0):
+        self.n_shared = int(n_shared)
+        self.power = float(power)
+        self.n_out = int(n_out)
+        self.n_head = min(int(n_head), self.n_shared, self.n_out) if self.power > 0 else 0
+        self.q = None
+        self.cdf = None
+        self.head = np.zeros(0, np.int32)
+        self.corr = np.zeros(self.n_out if self.power > 0 else 0, np.float32)
+        self.corr_mix = np.zeros_like(self.corr)
+
+    def set_label_counts(self, counts):
+        """Training-label counts (length n_out) for frequency-proportional negatives."""
+        if self.power <= 0 or self.n_shared == 0:
+            return
+        q = (np.asarray(counts, np.float64) + 1.0) ** self.power
+        self.set_distribution(q / q.sum())
+
+    def set_distribution(self, q):
+        """The draw's distribution q (length n_out, sums to 1; saved with a model): the head
+        (the ``n_head`` largest q, ties by id) and the cumulative q of the rest."""
+        self.q = q
+        tail = q
+        if self.n_head > 0:
+            head = np.sort(np.argsort(-q, kind="stable")[:self.n_head]).astype(np.int32)
+            self.head = head
+            tail = q.copy()
+            tail[head] = 0.0
+            # the head's inclusion is certain: offset 0, the exact logit
+            self.corr[head] = 0.0
+            self.corr_mix[head] = 0.0
+        # without a head, q itself (bit for bit: the recorded fixtures drew from it)
+        self.tail_q = tail / tail.sum() if self.n_head > 0 and tail.sum() > 0 else tail
+        self.cdf = np.cumsum(self.tail_q)
+        self.cdf[-1] = 1.0
+
+    def draw(self, seed, serial):
+        """The batch's shared negative output neurons (sorted, deduplicated, int32), from
+        (seed, serial); updates ``corr`` at the drawn ids."""
+        if self.n_shared == 0:
+            return np.zeros(0, np.int32)
+        g = np.random.default_rng([int(seed), int(serial), SHARED_NEGATIVES_KEY])
+        n_o = self.n_out
+        if self.power <= 0:
+            return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
+        if self.cdf is None:
+            self.set_label_counts(np.zeros(n_o))
+        n_draws = self.n_shared - self.n_head
+        if n_draws == 0 or self.head.shape[0] == n_o:
+            return self.head.copy()
+        # the draws in sorted order: searchsorted walks the cdf once instead of jumping
+        # about in it, and the distinct ids fall out without a sort (609 -> 241 us a batch
+        # at 200k labels; the same ids)
+        u = np.sort(g.random(n_draws))
+        draws = np.minimum(np.searchsorted(self.cdf, u, side="right"), n_o - 1)
+        keep = np.empty(draws.shape[0], np.bool_)
+        keep[0] = True
+        np.not_equal(draws[1:], draws[:-1], out=keep[1:])
+        ids = draws[keep].astype(np.int32)
+        q = self.tail_q[ids]
+        p_in = -np.expm1(n_draws * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
+        self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
+        if self.n_head == 0:
+            return ids
+        return np.union1d(ids, self.head).astype(np.int32)
+
+    def bundle(self, ids):
+        """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""
+        return SharedDraw(ids, self.corr, self.corr_mix, self.n_shared)

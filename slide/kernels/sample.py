@@ -1,0 +1,352 @@
+"""One sample through the network: active-set selection, forward, loss, backward.
+
+Per sample, in its thread's scratch (``Scratch`` row ``c``):
+
+    h0 = relu(b0 + sum_j x_j W0T[j])                 layer 0: only x's nonzero features
+    for each later layer: active = all neurons, or LSH sampler(h_in) (on the output layer:
+                          the labels forced, then the shared negatives not yet in) padded
+                          with random neurons to min_active;
+                          z = W[active] h_in + b[active]   (only the active rows)
+    softmax (or sigmoid) over the active logits; delta = p - y/|y|
+    backward by message passing: g[active] += outer(delta, h_in); d_in = W[active]^T delta
+    g0T[x.indices] += outer(x.data, d0)
+
+``ids``/``n_act`` are the sample's own rows of ``Scratch.ids``/``Scratch.n_act`` (they outlive
+the batch kernel: they list the touched rows).
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
+                                  CFG_THRESHOLD, SAMPLER_RANDOM)
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense,
+                                  first_forward_sparse, rows_backward, rows_forward)
+from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
+from slide.kernels.lsh.samplers import sample_into
+from slide.kernels.negatives import corrected_logit, corrected_max, correction, is_label
+from slide.kernels.rng import randint
+
+
+# ----------------------------------------------------------------------------------------------
+# Active sets
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def _pad_random(ids, n, target, n_neurons, rng, mark, serial):
+    """Append uniformly random neurons not yet in ``ids[:n]`` until ``target`` are present
+    (``target`` <= n_neurons). ``mark`` is a per-thread stamp array that is never cleared:
+    mark[j] == serial means j is already in the set, so no O(n_neurons) clearing per sample."""
+    while n < target:
+        rng, j = randint(rng, n_neurons)
+        if mark[j] != serial:
+            mark[j] = serial
+            ids[n] = j
+            n += 1
+    return n, rng
+
+
+@njit(cache=True, nogil=True)
+def _fill_active(n_out, forced, min_active, rng, ids, mark, serial):
+    """Active set without LSH: the forced ids plus random neurons up to ``min_active``."""
+    n = 0
+    for i in range(forced.shape[0]):
+        j = forced[i]
+        if mark[j] != serial:
+            mark[j] = serial
+            ids[n] = j
+            n += 1
+    n_kept = n
+    n, rng = _pad_random(ids, n, min(min_active, n_out), n_out, rng, mark, serial)
+    return n, rng, n_kept
+
+
+@njit(cache=True, nogil=True)
+def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, labels, shared,
+                  rng, serial, out):
+    """Active neurons of sparse layer ``l`` for one input vector; returns
+    (count, rng, n_c, n_s) with the layout ``out[:count]`` =
+
+        [0, n_c)      C: the ``labels`` (forced), then the LSH candidates (LSH samplers)
+        [n_c, n_s)    the ``shared`` negatives not in C
+        [n_s, count)  uniform random fill up to min_active (none of them in C or shared)
+
+    The LSH sampler is queried with only the labels forced, so C never depends on the shared
+    draw: that is what makes the sampling correction unbiased (``negatives.correction``).
+    The input is hashed with the layer's functions (a sparse input -- the network input or a
+    sparse previous layer -- is scattered into the thread's ``xbuf`` and hashed densely, so
+    unsorted active ids work too; ``xbuf`` is all-zero between calls)."""
+    cfg = spec.cfg
+    n_neurons = spec.n_out[l]
+    min_act = spec.min_active[l]
+    mark = sc.marks[c, l]
+    code = cfg[CFG_SAMPLER]
+    if code == SAMPLER_RANDOM:
+        forced = gather_forced(sc.forced_buf[c], labels, shared)
+        n, rng, n_kept = _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
+        return n, rng, min(labels.shape[0], n_kept), n_kept
+    fam, K, Lh, bits = cfg[CFG_FAMILY], cfg[CFG_K], cfg[CFG_L], cfg[CFG_BITS]
+    codes = sc.codes[c]
+    intp = tables.intp[l]
+    floatp = tables.floatp[l]
+    if l == 0:
+        # the network input: sorted CSR indices, hash it sparsely
+        hash_sparse_into(fam, K, Lh, bits, intp, floatp, in_ids, in_vals, codes)
+    elif in_sparse:
+        xbuf = sc.xbuf[c]
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = in_vals[m]
+        hash_dense_into(fam, K, Lh, bits, intp, floatp, xbuf[:spec.n_in[l]], codes)
+        for m in range(n_in_act):
+            xbuf[in_ids[m]] = 0.0
+    else:
+        hash_dense_into(fam, K, Lh, bits, intp, floatp, in_vals[:spec.n_in[l]], codes)
+    n_c, rng = sample_into(code, codes, tables.toff[l], tables.titems[l], n_neurons,
+                           cfg[CFG_BUDGET], cfg[CFG_THRESHOLD], labels, 0, rng, sc.set_keys[c],
+                           sc.set_counts[c], sc.order[c], out)
+    # the shared negatives and the random fill are added here (not by the sampler) so that
+    # the caller knows which positions are which
+    target = min(min_act, n_neurons, out.shape[0])
+    n = n_c
+    if shared.shape[0] > 0 or n < target:
+        for k in range(n_c):
+            mark[out[k]] = serial
+        for i in range(shared.shape[0]):
+            j = shared[i]
+            if mark[j] != serial and n < out.shape[0]:
+                mark[j] = serial
+                out[n] = j
+                n += 1
+    n_s = n
+    if n < target:
+        n, rng = _pad_random(out, n, target, n_neurons, rng, mark, serial)
+    return n, rng, n_c, n_s
+
+
+@njit(cache=True, nogil=True)
+def gather_forced(buf, labels, extra):
+    """buf[:n] = labels followed by ``extra`` (the batch's shared negatives, or the prior
+    candidates at inference); returns that view: the ids forced into the output layer."""
+    ny = labels.shape[0]
+    for i in range(ny):
+        buf[i] = labels[i]
+    for i in range(extra.shape[0]):
+        buf[ny + i] = extra[i]
+    return buf[:ny + extra.shape[0]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, labels, shared, rng, serial):
+    """Forward pass of one sample into the thread's ``sc.acts[c]``; ``labels`` (forced, and
+    queried with) and ``shared`` (added after the LSH ids) enter the output layer's active set,
+    see ``select_active``. Returns (finite, n_c, n_s): ``finite`` is False when a hidden layer
+    came out non-finite (a diverging run: it must not reach the hash functions; the caller
+    reports NaN and nothing is updated); n_c, n_s: the last sparse layer's layout."""
+    return forward_into(params, spec, tables, sc, c, sc.acts[c], ids, n_act, x_idx, x_val,
+                        labels, shared, rng, serial, True)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, labels, shared,
+                 rng, serial, compute_last):
+    """``forward`` with the activations written to ``acts`` (the thread's row of ``sc.acts``,
+    or a per-sample row: the batched engine keeps every sample's hidden layers until its
+    backward pass) and the thread's scratch row ``c`` for the sampler. ``compute_last``
+    False: the output layer's active set is selected but its logits are not computed (the
+    batched engine computes them for the whole batch, ``slide.network.block``)."""
+    W, B = params.W, params.B
+    n_layers = spec.n_layers
+    last = n_layers - 1
+    no_lab = labels[:0]
+    no_shared = shared[:0]
+    a_off, s_off = sc.a_off, sc.s_off
+    n_c = n_s = 0
+    n0 = spec.n_out[0]
+    a0 = acts[a_off[0]:a_off[1]]
+    if spec.sparse[0]:
+        id0 = ids[s_off[0]:s_off[1]]
+        cnt, rng, n_c, n_s = select_active(0, spec, tables, sc, c, True, x_idx, x_val,
+                                           x_idx.shape[0], labels if last == 0 else no_lab,
+                                           shared if last == 0 else no_shared, rng, serial,
+                                           id0)
+        n_act[0] = cnt
+        first_forward_sparse(W, B, spec.w_off[0], spec.b_off[0], n0, x_idx, x_val, id0, cnt,
+                             a0)
+    else:
+        n_act[0] = n0
+        first_forward_dense(W, B, spec.w_off[0], spec.b_off[0], n0, x_idx, x_val, a0)
+    for l in range(1, n_layers):
+        a_in = acts[a_off[l - 1]:a_off[l]]
+        a_l = acts[a_off[l]:a_off[l + 1]]
+        chk = np.float32(0.0)
+        for m in range(n_act[l - 1]):
+            chk += a_in[m] * np.float32(0.0)
+        if chk != 0.0 or not np.isfinite(chk):
+            for q in range(l, n_layers):
+                n_act[q] = 0
+            return False, n_c, n_s
+        id_in = ids[s_off[l - 1]:s_off[l]]
+        id_l = ids[s_off[l]:s_off[l + 1]]
+        if spec.sparse[l]:
+            cnt, rng, n_c, n_s = select_active(l, spec, tables, sc, c, spec.sparse[l - 1],
+                                               id_in, a_in, n_act[l - 1],
+                                               labels if l == last else no_lab,
+                                               shared if l == last else no_shared, rng, serial,
+                                               id_l)
+            n_act[l] = cnt
+        else:
+            n_act[l] = spec.n_out[l]
+        if l == last and not compute_last:
+            break
+        rows_forward(W, B, spec.w_off[l], spec.b_off[l], spec.n_in[l], not spec.sparse[l - 1],
+                     id_in, a_in, n_act[l - 1], not spec.sparse[l], id_l, n_act[l], l != last,
+                     a_l)
+    return True, n_c, n_s
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_ranges, corr):
+    """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
+
+    softmax: cross-entropy against the target distribution 1/|y| on each true label (the SLIDE
+    paper / TF baseline); sigmoid: binary cross-entropy summed over the active outputs.
+    ``corr_ranges`` = (lo1, hi1, lo2, hi2, log_w1, log_w2): logits at positions [lo1, hi1)
+    are offset by log_w1 (+ corr[neuron] when ``corr`` is not empty), those at [lo2, hi2) by
+    log_w2 (softmax only; see ``slide.kernels.negatives.correction``).
+    """
+    ny = labels.shape[0]
+    if loss_code != 0:
+        return _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta)
+    if ny == 0:
+        # no target distribution: the sample contributes nothing
+        for k in range(n_act):
+            delta[k] = 0.0
+        return 0.0
+    zmax = corrected_max(z, n_act, ids, corr_ranges, corr)
+    if not np.isfinite(zmax):
+        # overflowed logits (a diverging run): report NaN, the engine stops before updating
+        for k in range(n_act):
+            delta[k] = 0.0
+        return np.nan
+    # one pass reads z (delta may alias z: the dense path computes in place)
+    ssum = 0.0
+    lz = 0.0
+    n_found = 0
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        zk = corrected_logit(z[k] - zmax, k, ids, corr_ranges, corr)
+        if is_label(labels, j):
+            lz += zk
+            n_found += 1
+        e = math.exp(zk)
+        delta[k] = e
+        ssum += e
+    inv = 1.0 / ssum
+    logs = math.log(ssum)
+    w = 1.0 / ny
+    loss = -w * lz + w * n_found * logs
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        d = delta[k] * inv
+        if is_label(labels, j):
+            d -= w
+        delta[k] = d * scale
+    return loss
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta):
+    """Binary cross-entropy summed over the active outputs; delta = scale * (p - y)."""
+    loss = 0.0
+    for k in range(n_act):
+        j = k if dense else ids[k]
+        zk = z[k]
+        y = 1.0 if is_label(labels, j) else 0.0
+        # stable BCE: max(z,0) - z*y + log(1 + exp(-|z|))
+        loss += max(zk, 0.0) - zk * y + math.log1p(math.exp(-abs(zk)))
+        if zk >= 0:
+            p = 1.0 / (1.0 + math.exp(-zk))
+        else:
+            ez = math.exp(zk)
+            p = ez / (1.0 + ez)
+        delta[k] = (p - y) * scale
+    return loss
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale, correct):
+    """Training loss of one forwarded sample; writes its output deltas to ``sc.dels[c]``.
+    ``neg``: the batch's shared draw and its log importance weights (``arrays.SharedDraw``,
+    see ``slide.kernels.negatives``); n_c, n_s: the output layer's layout (``forward``);
+    ``correct``: apply the sampling correction."""
+    last = spec.n_layers - 1
+    a0, a1 = sc.a_off[last], sc.a_off[last + 1]
+    ranges, corr = correction(spec, n_act[last], n_c, n_s, neg,
+                              correct and spec.sparse[last] and spec.loss_code == 0)
+    return output_loss(sc.acts[c, a0:a1], n_act[last], not spec.sparse[last],
+                       ids[sc.s_off[last]:sc.s_off[last + 1]], labels, spec.loss_code, scale,
+                       sc.dels[c, a0:a1], ranges, corr)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d_store):
+    """Back-propagate the output deltas of one sample, adding its gradients into GW/GB (racy,
+    HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
+    (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
+    the batch (``slide.network.optim.output_step``)."""
+    last = spec.n_layers - 1
+    a_off, s_off = sc.a_off, sc.s_off
+    acts = sc.acts[c]
+    dels = sc.dels[c]
+    sparse = spec.sparse
+    if row_path:
+        d_last = dels[a_off[last]:a_off[last + 1]]
+        for k in range(n_act[last]):
+            d_store[k] = d_last[k]
+        a_in = acts[a_off[last - 1]:a_off[last]]
+        if sparse[last - 1]:
+            for i in range(spec.n_in[last]):
+                h_store[i] = 0.0
+            for m in range(n_act[last - 1]):
+                h_store[ids[s_off[last - 1] + m]] = a_in[m]
+        else:
+            for i in range(spec.n_in[last]):
+                h_store[i] = a_in[i]
+    backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, last,
+                  not row_path)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, top,
+                  accumulate_top):
+    """Back-propagate one sample from layer ``top``'s deltas (``dels`` at layer ``top``) down
+    to the input, adding the gradients into GW/GB (racy, HOGWILD); layer ``top``'s own weight
+    gradient is added only with ``accumulate_top``. ``top`` = 0: the deltas of the first
+    layer are already in place (the batched engine formed them from its block products)."""
+    W, GW, GB = params.W, params.GW, params.GB
+    sparse = spec.sparse
+    for l in range(top, 0, -1):
+        a_in = acts[a_off[l - 1]:a_off[l]]
+        d_in = dels[a_off[l - 1]:a_off[l]]
+        rows_backward(W, GW, GB, spec, l, not sparse[l - 1],
+                      ids[s_off[l - 1]:s_off[l]], a_in, n_act[l - 1], not sparse[l],
+                      ids[s_off[l]:s_off[l + 1]], n_act[l], dels[a_off[l]:a_off[l + 1]], d_in,
+                      accumulate_top or l != top)
+        for m in range(n_act[l - 1]):
+            if a_in[m] <= 0.0:       # ReLU mask (a_in is the post-ReLU activation)
+                d_in[m] = 0.0
+    first_backward(GW, GB, spec.w_off[0], spec.b_off[0], spec.n_out[0], x_idx, x_val,
+                   not sparse[0], ids[s_off[0]:s_off[1]], n_act[0], dels[a_off[0]:a_off[1]])

@@ -1,0 +1,99 @@
+"""Which rows a batch touched: the optimizer visits only those.
+
+Layer 0's rows are the batch's input features (row length n_out[0]); later layers' rows are
+their active neurons (all of them for a dense layer). A sampled output layer (the row path)
+is not listed here: ``output_entries`` transposes its active sets into per-row entry lists
+for ``slide.network.optim.output_step``.
+"""
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _list_row(tb, nr, start, length, rowid):
+    tb.starts[nr] = start
+    tb.lens[nr] = length
+    tb.rowids[nr] = rowid
+    return nr + 1
+
+
+@njit(cache=True, nogil=True)
+def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_path):
+    """Deduplicated list of the rows (and biases) the batch ``rows`` touched, into the
+    ``Touched`` bundle ``tb`` (its stamps are never cleared: stamp == serial means already
+    listed in this batch). ``ids``/``n_act``: the batch's active sets (per sample). Returns
+    (n_rows, n_bias)."""
+    nr = 0
+    nbias = 0
+    nb = rows.shape[0]
+    n0 = spec.n_out[0]
+    for s in range(nb):
+        r = rows[s]
+        for p in range(X.ptr[r], X.ptr[r + 1]):
+            f = X.ind[p]
+            if tb.stamp_rows[row_off[0] + f] != serial:
+                tb.stamp_rows[row_off[0] + f] = serial
+                nr = _list_row(tb, nr, spec.w_off[0] + np.int64(f) * n0, n0, row_off[0] + f)
+    n_upd = spec.n_layers - 1 if row_path else spec.n_layers
+    for l in range(n_upd):
+        b0 = spec.b_off[l]
+        n_in = spec.n_in[l]
+        if spec.sparse[l]:
+            for s in range(nb):
+                for k in range(n_act[s, l]):
+                    j = ids[s, s_off[l] + k]
+                    if tb.stamp_bias[b0 + j] != serial:
+                        tb.stamp_bias[b0 + j] = serial
+                        tb.bias_ids[nbias] = b0 + j
+                        nbias += 1
+                        if l > 0:
+                            nr = _list_row(tb, nr, spec.w_off[l] + np.int64(j) * n_in, n_in,
+                                           row_off[l] + j)
+        else:
+            for j in range(spec.n_out[l]):
+                tb.bias_ids[nbias] = b0 + j
+                nbias += 1
+                if l > 0:
+                    nr = _list_row(tb, nr, spec.w_off[l] + np.int64(j) * n_in, n_in,
+                                   row_off[l] + j)
+    return nr, nbias
+
+
+@njit(cache=True, nogil=True)
+def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
+    """Transpose the batch's output-layer active sets into per-row lists (``OutputRows``).
+
+    uniq[:n_uniq] = distinct active output neurons; for unique row u, ent[row_ptr[u]:
+    row_ptr[u+1]] are the flat positions s * d_cap + k of its (sample, active slot) pairs, in
+    sample order (so the per-row gradient sums are deterministic). ``stamp`` (never cleared)
+    and ``slot`` are per-neuron scratch; stamp[j] = serial also records that row j is updated
+    in this batch (the incremental rehash reads it). Returns n_uniq."""
+    stamp, slot, uniq, row_ptr, ent = orows.stamp, orows.slot, orows.uniq, orows.row_ptr, \
+        orows.ent
+    nb = n_act.shape[0]
+    last = n_act.shape[1] - 1
+    nu = 0
+    for s in range(nb):
+        for k in range(n_act[s, last]):
+            j = ids[s, s_off_last + k]
+            if stamp[j] != serial:
+                stamp[j] = serial
+                slot[j] = nu
+                uniq[nu] = j
+                row_ptr[nu + 1] = 0
+                nu += 1
+            row_ptr[slot[j] + 1] += 1
+    row_ptr[0] = 0
+    for u in range(nu):
+        row_ptr[u + 1] += row_ptr[u]
+    # fill, using row_ptr[u] as a cursor, then shift back
+    for s in range(nb):
+        for k in range(n_act[s, last]):
+            j = ids[s, s_off_last + k]
+            u = slot[j]
+            ent[row_ptr[u]] = s * d_cap + k
+            row_ptr[u] += 1
+    for u in range(nu, 0, -1):
+        row_ptr[u] = row_ptr[u - 1]
+    row_ptr[0] = 0
+    return nu

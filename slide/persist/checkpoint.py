@@ -1,0 +1,531 @@
+"""The checkpoint file format of ``SlideClassifier`` and ``SlideEnsemble`` (``model.save``;
+``slide.load`` is ``slide.persist.models.load``, the one module that knows the model classes).
+This module writes a model's parts and reads them back into a model built by ``load``; it
+imports the components (LSH and serving indices, the neighbour memory, the re-ranker), never
+the estimators.
+
+One file, written atomically through ``slide.fileio.atomic_write``: an ``np.savez`` archive with
+a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed, optimizer step,
+schedule state, epoch position, history, the caller's ``extra``) and the arrays ``W``, ``B``,
+the optimizer's state (``opt_*``) and each LSH index's tables and hash parameters
+(``lsh<layer>_*``), and the serving index of sparse inference when one was built
+(``serve_*``, settings under ``serving``; optional, so older files load), and the neighbour
+memory of the training rows when the model has one (``nbr_*``, settings under ``neighbours``;
+optional likewise). ``load`` checks the format, the metadata and every array's shape and
+dtype (from the headers) before it builds a model, then reads each array as it copies it in,
+and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
+truncated, mismatched or unsupported file.
+
+Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (the catch-up of
+rows idle since an earlier step reads it: without it, the first sync after a load applied the
+pending momentum at the base rate, not the schedule's). Version-1 files load with every past
+step at the base learning rate (exact at a constant schedule); files written before the
+optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
+to date; every hyperparameter a version-1 file does not record (it was written before the
+parameter existed) is pinned to the behaviour of the code that wrote it
+(``UNRECORDED_PARAMS``), never to today's default. Version 3 adds ``engine`` (files
+before it were trained by the per-sample engine, and resume on it); version 4 adds
+``exact_head`` (files before it drew every shared negative). Version 4 records them all. A file of another version is refused with its version number.
+"""
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from slide import params as params_mod
+from slide.fileio import atomic_write
+from slide.kernels.lsh.index import LSHIndex
+from slide.kernels.lsh.serving import ServingIndex
+from slide.labels import names_for_saving, set_classes
+from slide.rank.rerank import ReRanker
+from slide.rank.vote import NeighbourMemory
+
+VOTE_SETTINGS = ("neighbours", "neighbour_weight", "rerank")
+
+FORMAT = "slide-checkpoint"
+ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
+
+# The hyperparameters a checkpoint may not record, by the format version from which every file
+# records them: a file of an older version was written by code that may have predated some of
+# them (``params`` is the writer's ``get_params()``), and each one it lacks is pinned to the
+# value that reproduces what that code did -- never to today's default, which would change a
+# loaded model's predictions or its resumed training (rerank=True would hold out a tenth of
+# rows the network already trained on). The commit that added each parameter, for the record.
+# A parameter added later bumps FORMAT_VERSION and gets an entry under the new version.
+UNRECORDED_PARAMS = {
+    2: {
+        "shared_negatives": 0,          # 602d820: no negatives shared by a batch before
+        "sampling_correction": False,   # 28bf736: no logQ correction before
+        "negative_power": 0.0,          # 5ae6175: shared negatives were uniform before
+        "output_bias_init": "zero",     # 5ae6175: output biases started at zero before
+        "lr_schedule": "constant",      # d1dff5a: a constant learning rate before
+        "warmup_batches": 0,            # d1dff5a
+        "time_budget": None,            # 492f367: no budget before
+        "neighbours": 0,                # 753cf9e: exact predictions by the network alone
+        "neighbour_weight": 0.85,       # 753cf9e (unused with neighbours=0)
+        "rerank": False,                # 1d10254: no held-out rows, no re-ranker before
+    },
+    3: {
+        "engine": "per_sample",         # round 3: every sample scored its own active set
+    },
+    4: {
+        "exact_head": 0.0,              # round 3: every shared negative was drawn
+    },
+}
+
+
+def pin_unrecorded_params(path, params, version, names=None):
+    """``params`` (a file's recorded hyperparameters, format ``version``) completed with
+    UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s,
+    the ``slide.params`` table's)
+    that a file of that version may lack; CheckpointError naming a parameter it must record
+    and does not."""
+    params = dict(params)
+    for name in sorted(params_mod.BY_NAME) if names is None else names:
+        if name in params:
+            continue
+        pinned = [pins[name] for since, pins in sorted(UNRECORDED_PARAMS.items())
+                  if version < since and name in pins]
+        if not pinned:
+            raise CheckpointError(path, f"the hyperparameter {name!r} is not recorded (a "
+                                        f"format-{version} file records it)")
+        params[name] = pinned[0]
+    return params
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupted or does not match what is expected."""
+
+    def __init__(self, path, problem):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+def _model_arrays(model):
+    net = model.network_
+    arrays = {"W": net.W, "B": net.B}
+    arrays.update(model.optimizer_.state_arrays())
+    arrays["opt_rates"] = model.optimizer_.step_rates
+    for l, idx in net.indices.items():
+        for k, v in idx.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"lsh{l}_{k}"] = v
+    if net.serving is not None:
+        for k, v in net.serving.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"serve_{k}"] = v
+    rank = model.rank_
+    if rank.memory is not None:
+        for k, v in rank.memory.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"nbr_{k}"] = v
+    if rank.reranker is not None:
+        for k, v in rank.reranker.state_dict().items():
+            if isinstance(v, np.ndarray):
+                arrays[f"rr_{k}"] = v
+    return arrays
+
+
+def _metadata(model, arrays, extra):
+    net = model.network_
+    meta = {
+        "format": FORMAT, "version": FORMAT_VERSION,
+        "params": model.get_params(deep=False),
+        "sizes": list(net.layout.sizes),
+        "sparse_layers": list(model.sparse_layers_),
+        "seed": model.seed_,
+        "opt_t": model.optimizer_.t,
+        "batches": model.batches_, "samples": model.samples_,
+        "epoch": model.epoch_, "batch_in_epoch": model.batch_in_epoch_,
+        "train_seconds": model.train_seconds_,
+        "schedule": model.schedule_.state(),
+        "history": model.history_,
+        "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
+                         if not isinstance(v, np.ndarray)}
+                for l, idx in net.indices.items()},
+        "serving": None if net.serving is None else
+        {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
+        "neighbours": None if model.rank_.memory is None else
+        {k: v for k, v in model.rank_.memory.state_dict().items()
+         if not isinstance(v, np.ndarray)},
+        "reranker": None if model.rank_.reranker is None else
+        {k: v for k, v in model.rank_.reranker.state_dict().items()
+         if not isinstance(v, np.ndarray)},
+        "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
+        "extra": extra,
+        # optional (files before it load as label ids): slide.labels
+        "label_names": names_for_saving(model),
+    }
+    # the vote's settings as fitted (predictions use them; a set_params after fit does not)
+    meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
+                           if hasattr(model, name + "_")})
+    meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
+    if meta["params"]["sparse_layers"] is not None:
+        meta["params"]["sparse_layers"] = [int(v) for v in meta["params"]["sparse_layers"]]
+    return meta
+
+
+def _write_arrays(f, meta, arrays):
+    """The archive itself (a test replaces this to fail half-way through a write)."""
+    np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+
+
+def save(model, path, extra=None, attachment=None):
+    """Write ``model``'s checkpoint to ``path`` atomically (the previous file survives any
+    failure). ``attachment``: ``(meta, arrays)`` of the text steps in front of the model
+    (``slide.text.pipeline_state``; ``load`` then returns the pipeline)."""
+    if extra is not None:
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
+    arrays = _model_arrays(model)
+    if attachment is not None:
+        arrays.update(attachment[1])
+    meta = _metadata(model, arrays, extra)
+    if attachment is not None:
+        meta["text"] = attachment[0]
+    with atomic_write(path, "wb") as f:
+        _write_arrays(f, meta, arrays)
+
+
+def save_ensemble(ensemble, path, extra=None):
+    """Write a fitted ``SlideEnsemble`` to ``path`` atomically: one archive whose ``__meta__``
+    holds the ensemble's parameters and each member's checkpoint metadata, and whose arrays
+    are the members' (member k's under ``m<k>/``)."""
+    if extra is not None:
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
+    arrays, members = {}, []
+    for k, member in enumerate(ensemble.members_):
+        own = _model_arrays(member)
+        members.append(_metadata(member, own, None))
+        arrays.update({f"m{k}/{name}": a for name, a in own.items()})
+    template = {k: list(v) if isinstance(v, tuple) else v
+                for k, v in ensemble._template().get_params(deep=False).items()}
+    meta = {"format": ENSEMBLE_FORMAT, "version": FORMAT_VERSION,
+            "n_models": len(members), "random_state": ensemble.random_state,
+            "seed": ensemble.seed_, "estimator": template, "members": members,
+            "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
+            "extra": extra}
+    with atomic_write(path, "wb") as f:
+        _write_arrays(f, meta, arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+class _ArchiveArrays:
+    """The arrays of an open checkpoint archive, each read from the file when it is asked for
+    (and not kept): ``load`` builds the model first and then copies the saved arrays into it
+    one at a time, so a large model is never in memory twice (a 670k-label file of 1.45 GB
+    peaked at 2.9 GB when every array was read first). ``shape_dtype`` reads an array's
+    header only. Values set here (the step records of old files) are kept."""
+
+    def __init__(self, npz):
+        self._npz = npz
+        self._names = [n for n in npz.files if n != "__meta__"]
+        self._set = {}
+
+    def __getitem__(self, name):
+        if name in self._set:
+            return self._set[name]
+        if name not in self._names:
+            raise KeyError(name)
+        try:
+            return self._npz[name]
+        except _READ_ERRORS as exc:
+            raise _Unreadable(exc) from None
+
+    def __setitem__(self, name, value):
+        self._set[name] = value
+
+    def __contains__(self, name):
+        return name in self._set or name in self._names
+
+    def __iter__(self):
+        return iter(list(dict.fromkeys(self._names + list(self._set))))
+
+    def read_all(self):
+        return {name: self[name] for name in self}
+
+    def shape_dtype(self, name):
+        if name in self._set:
+            return self._set[name].shape, self._set[name].dtype
+        if name not in self._names:
+            raise KeyError(name)
+        try:
+            with self._npz.zip.open(name + ".npy") as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        except _READ_ERRORS as exc:
+            raise _Unreadable(exc) from None
+        return tuple(shape), dtype
+
+
+class _Unreadable(Exception):
+    """An array of an open archive could not be read (``load`` names the file)."""
+
+
+def _shape_dtype(arrays, name):
+    """(shape, dtype) of a saved array without reading it where the arrays allow that."""
+    if isinstance(arrays, _ArchiveArrays):
+        return arrays.shape_dtype(name)
+    return arrays[name].shape, arrays[name].dtype
+
+
+# what a damaged archive raises when it is read (the directory, a header or an array)
+_READ_ERRORS = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, UnicodeDecodeError)
+
+
+def _open(path):
+    """``(npz, meta)`` of a checkpoint file of a supported version, its archive left open."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(path, "no such file")
+    try:
+        z = np.load(path, allow_pickle=False)
+    except _READ_ERRORS as exc:
+        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
+    try:
+        if "__meta__" not in z.files:
+            raise CheckpointError(path, "not a slide checkpoint (no metadata entry)")
+        meta = json.loads(z["__meta__"].tobytes().decode())
+        _check_format(path, meta)
+    except CheckpointError:
+        z.close()
+        raise
+    except _READ_ERRORS as exc:
+        z.close()
+        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
+    return z, meta
+
+
+def _check_format(path, meta):
+    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
+        raise CheckpointError(path, "not a slide checkpoint (wrong format tag)")
+    if meta.get("version") not in SUPPORTED_VERSIONS:
+        raise CheckpointError(path, f"format version {meta.get('version')!r} is not supported "
+                                    f"(this slide reads version "
+                                    f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+
+
+def read(path):
+    """``(meta, arrays)`` of a checkpoint file of a supported version; nothing is built."""
+    npz, meta = _open(path)
+    try:
+        return meta, _ArchiveArrays(npz).read_all()
+    except _Unreadable as exc:
+        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
+    finally:
+        npz.close()
+
+
+def _check_listed_arrays(path, meta, arrays):
+    expected = meta["arrays"]
+    for name, (shape, dtype) in expected.items():
+        if name not in arrays:
+            raise CheckpointError(path, f"array {name!r} is missing")
+        a_shape, a_dtype = _shape_dtype(arrays, name)
+        if list(a_shape) != list(shape) or str(a_dtype) != dtype:
+            raise CheckpointError(path, f"array {name!r} has shape {a_shape} / {a_dtype}, "
+                                        f"expected {tuple(shape)} / {dtype}")
+    extra_names = set(arrays) - set(expected)
+    if extra_names:
+        raise CheckpointError(path, f"unexpected arrays {sorted(extra_names)}")
+
+
+def load_model(path, meta, arrays, cls):
+    """The ``cls`` (``SlideClassifier`` or a subclass: the caller names it, this module knows
+    no model class) of one model's checkpoint entries, validated and restored."""
+    model, sizes = _build_model(path, meta, cls)
+    _check_state_arrays(path, meta, arrays, model, sizes)
+    _restore(model, path, meta, arrays)
+    return model
+
+
+def _build_model(path, meta, cls):
+    """An unfitted-then-built ``cls`` of the saved hyperparameters, sizes and seed (its
+    weights still the fresh initialisation)."""
+    params = pin_unrecorded_params(path, meta["params"], meta["version"])
+    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if params.get("sparse_layers") is not None:
+        params["sparse_layers"] = tuple(params["sparse_layers"])
+    model = cls(**params)
+    hs, sparse = model._checked_params()
+    sizes = [int(s) for s in meta["sizes"]]
+    if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
+        raise CheckpointError(path, "layer sizes in the metadata do not match the "
+                                    "hyperparameters")
+    model._build(sizes[0], sizes[-1], hs, sparse, seed=int(meta["seed"]))
+    return model, sizes
+
+
+def _check_state_arrays(path, meta, arrays, model, sizes):
+    """Every array fits the built network and optimizer (fills in the step records of files
+    written before they existed)."""
+    net = model.network_
+    for name, target in (("W", net.W), ("B", net.B)):
+        if _shape_dtype(arrays, name) != (target.shape, target.dtype):
+            raise CheckpointError(path, f"array {name!r} does not fit the network {sizes}")
+    for name, target in model.optimizer_.state_arrays().items():
+        if name not in arrays and name in ("opt_TW", "opt_TB"):
+            # written before the step records existed: treat every row as up to date
+            arrays[name] = np.full(target.shape, min(int(meta["opt_t"]), 2**31 - 1),
+                                   dtype=target.dtype)
+        if name not in arrays or _shape_dtype(arrays, name) != (target.shape, target.dtype):
+            raise CheckpointError(path, f"optimizer array {name!r} does not fit")
+    steps = int(meta["opt_t"])
+    if "opt_rates" in arrays:
+        if _shape_dtype(arrays, "opt_rates") != ((steps + 1,), np.dtype(np.float64)):
+            raise CheckpointError(path, f"optimizer array 'opt_rates' does not fit (one "
+                                        f"float64 rate per step: {steps + 1} entries)")
+    elif meta["version"] >= 2:
+        raise CheckpointError(path, "optimizer array 'opt_rates' is missing (format 2 "
+                                    "records every step's rate)")
+
+
+def _restore(model, path, meta, arrays):
+    net = model.network_
+    net.W[:] = arrays["W"]         # each array read once, where it is copied
+    net.B[:] = arrays["B"]
+    if not (np.isfinite(net.W).all() and np.isfinite(net.B).all()):
+        raise CheckpointError(path, "weights contain non-finite values")
+    opt = model.optimizer_
+    for name, target in opt.state_arrays().items():
+        target[:] = arrays[name]
+    if "opt_rates" in arrays:
+        try:
+            opt.set_step_rates(arrays["opt_rates"])
+        except ValueError as exc:
+            raise CheckpointError(path, str(exc)) from None
+    else:
+        # format 1 did not record the steps' rates: the base rate's, which that code's
+        # first sync after a load used too (exact for a constant schedule)
+        opt.set_step_rates(opt.constant_rates(int(meta["opt_t"])))
+    model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
+                        epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
+                        train_seconds=float(meta["train_seconds"]),
+                        history=list(meta["history"]))
+    model.schedule_.set_state(meta["schedule"])
+    _load_lsh(model, path, meta.get("lsh", {}), arrays)
+    _load_serving(model, path, meta.get("serving"), arrays)
+    _load_memory(model, path, meta.get("neighbours"), arrays)
+    _load_reranker(model, path, meta.get("reranker"), arrays)
+    try:
+        set_classes(model, meta.get("label_names"))
+    except ValueError as exc:
+        raise CheckpointError(path, f"label names: {exc}") from None
+    model.extra_ = meta.get("extra")
+    model.checkpoint_meta_ = meta
+
+
+def _load_lsh(model, path, lsh_meta, arrays):
+    """Restore the LSH tables exactly (they were built from older weights, so they cannot be
+    recomputed from the saved ones)."""
+    net = model.network_
+    want = set(l for l in range(net.layout.n_layers) if net.sparse[l]) if net.uses_tables \
+        else set()
+    got = set(int(l) for l in lsh_meta)
+    if want != got:
+        raise CheckpointError(path, f"LSH state for layers {sorted(got)}, expected "
+                                    f"{sorted(want)}")
+    restored = {}
+    for l in sorted(want):
+        d = dict(lsh_meta[str(l)])
+        prefix = f"lsh{l}_"
+        for name in arrays:
+            if name.startswith(prefix):
+                d[name[len(prefix):]] = arrays[name]
+        try:
+            idx = LSHIndex.from_state(d)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(path, f"LSH tables of layer {l}: {exc}") from None
+        if idx.dim != int(net.n_in[l]) or idx.n_neurons != int(net.n_out[l]):
+            raise CheckpointError(path, f"LSH tables of layer {l} do not fit the layer")
+        restored[l] = idx
+    net.set_indices(restored)
+
+
+def _prefixed_state(path, settings, arrays, prefix, what):
+    """The state dict of an optional part of a file: its ``settings`` (None: the file has no
+    such part) plus its arrays named ``prefix*`` (prefix stripped). Arrays without settings
+    are a corrupt file."""
+    names = [n for n in arrays if n.startswith(prefix)]
+    if settings is None:
+        if names:
+            raise CheckpointError(path, f"{what} arrays {sorted(names)} without settings")
+        return None
+    d = dict(settings)
+    d.update({n[len(prefix):]: arrays[n] for n in names})
+    return d
+
+
+def _load_serving(model, path, serving_meta, arrays):
+    """Restore the serving index of sparse inference, if the file has one (files written
+    before it existed, or saved before any sparse prediction, have none: it is built on
+    demand)."""
+    d = _prefixed_state(path, serving_meta, arrays, "serve_", "serving index")
+    if d is None:
+        return
+    try:
+        ix = ServingIndex.from_state(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"serving index: {exc}") from None
+    Wo, _ = model.network_.output_view()
+    if not ix.fits(Wo):
+        raise CheckpointError(path, "serving index does not fit the output layer")
+    model.network_.serving = ix
+
+
+def _load_memory(model, path, memory_meta, arrays):
+    """Restore the neighbour memory (``slide.rank.vote``), if the file has one (files written
+    before it existed, or by a model fitted with neighbours=0, have none)."""
+    net = model.network_
+    model.rank_.memory = memory_from_arrays(path, memory_meta, arrays, net.layout.n_in[-1],
+                                            net.layout.n_out[-1])
+
+
+def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
+    """The ``NeighbourMemory`` saved as the ``nbr_*`` arrays and the ``memory_meta`` settings
+    of a file (None when it has none), checked against the hidden width ``dim`` and the label
+    count; CheckpointError naming ``path`` otherwise. Shared by single and sharded models."""
+    d = _prefixed_state(path, memory_meta, arrays, "nbr_", "neighbour memory")
+    if d is None:
+        return None
+    try:
+        mem = NeighbourMemory.from_state(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"neighbour memory: {exc}") from None
+    if not mem.fits(dim, n_labels):
+        raise CheckpointError(path, "neighbour memory does not fit the network")
+    return mem
+
+
+def _load_reranker(model, path, reranker_meta, arrays):
+    """Restore the re-ranker (``slide.rank.rerank``), if the file has one (files written before it
+    existed, or by a model fitted without one, have none). It needs the neighbour memory."""
+    net = model.network_
+    d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
+    if d is None:
+        model.rank_.reranker = None
+        return
+    if model.rank_.memory is None:
+        raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
+    try:
+        model.rank_.reranker = ReRanker.from_state(d, int(net.layout.n_out[-1]),
+                                           int(net.layout.sizes[0]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"re-ranker: {exc}") from None

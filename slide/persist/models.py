@@ -1,0 +1,102 @@
+"""``load``: the one module that knows the model classes. It reads any slide checkpoint --
+a ``SlideClassifier`` file, a ``SlideEnsemble`` file (``slide.persist.checkpoint``'s format)
+or a ``ShardedSlideClassifier`` directory (``slide.distributed.checkpoint``'s) -- validates it
+and builds the model; the models' components restore their own parts. The formats record no
+module or class names (JSON metadata and plain arrays, no pickles), so files written before
+the package's modules moved load unchanged."""
+import os
+
+from slide.distributed.checkpoint import read_manifest, read_part, restore_driver
+from slide.distributed.estimator import ShardedSlideClassifier
+from slide.ensemble import SlideEnsemble
+from slide.estimator import SlideClassifier
+from slide.text import pipeline_from_state
+from slide.persist.checkpoint import (ENSEMBLE_FORMAT, CheckpointError, _ArchiveArrays,
+                                      _check_listed_arrays, _open, load_model,
+                                      _Unreadable, pin_unrecorded_params)
+
+
+def load(path):
+    """Load a model saved by ``SlideClassifier.save``, a ``SlideEnsemble`` saved by its
+    ``save`` or, for a directory, the ``ShardedSlideClassifier`` saved there. Everything is
+    validated before the model is built; any problem raises CheckpointError naming the file."""
+    if os.path.isdir(os.fspath(path)):
+        # a sharded model's checkpoint directory (slide.distributed.checkpoint)
+        return load_sharded(path)
+    npz, meta = _open(path)
+    try:
+        arrays = _ArchiveArrays(npz)
+        if meta["format"] == ENSEMBLE_FORMAT:
+            # the members' arrays are split by prefix: read them all (ensembles of small
+            # members; a single model reads each array when it copies it)
+            arrays = arrays.read_all()
+        _check_listed_arrays(path, meta, arrays)
+        if meta["format"] == ENSEMBLE_FORMAT:
+            return _load_ensemble(path, meta, arrays)
+        model = load_model(path, meta, arrays, SlideClassifier)
+        if meta.get("text") is None:
+            return model
+        # a model that carries its vectorizer: the Pipeline (slide.text)
+        return pipeline_from_state(model, meta["text"], arrays)
+    except CheckpointError:
+        raise
+    except _Unreadable as exc:
+        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
+    finally:
+        npz.close()
+
+
+def _load_ensemble(path, meta, arrays):
+    n = int(meta["n_models"])
+    if n < 1 or len(meta["members"]) != n:
+        raise CheckpointError(path, f"ensemble of {n} members lists {len(meta['members'])}")
+    members = []
+    for k, member_meta in enumerate(meta["members"]):
+        prefix = f"m{k}/"
+        own = {name[len(prefix):]: a for name, a in arrays.items() if name.startswith(prefix)}
+        _check_listed_arrays(path, member_meta, own)
+        members.append(load_model(path, member_meta, own, SlideClassifier))
+    if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
+        raise CheckpointError(path, "ensemble members differ in their input or label count")
+    template = pin_unrecorded_params(path, meta["estimator"], meta["version"])
+    ensemble = SlideEnsemble(estimator=_unfitted(template), n_models=n,
+                             random_state=meta["random_state"])
+    ensemble.seed_ = int(meta["seed"])
+    ensemble._set_members(members)
+    ensemble.extra_ = meta.get("extra")
+    return ensemble
+
+
+def _unfitted(params):
+    """The unfitted ``SlideClassifier`` of saved hyperparameters (JSON lists back to tuples)."""
+    params = dict(params)
+    for name in ("hidden_sizes", "sparse_layers"):
+        if isinstance(params.get(name), list):
+            params[name] = tuple(params[name])
+    return SlideClassifier(**params)
+
+
+def load_sharded(path, backend=None, ray_address=None):
+    """A ``ShardedSlideClassifier`` from the checkpoint directory ``path`` (every shard read
+    back by its own process). ``backend``: override the saved backend ("local" / "ray")."""
+    path = os.fspath(path)
+    man = read_manifest(path)
+    dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
+    # the sharded format has not changed since before the vote and its re-ranker existed: a
+    # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
+    # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
+    params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
+    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if backend is not None:
+        params["backend"] = backend
+    if ray_address is not None:
+        params["ray_address"] = ray_address
+    model = ShardedSlideClassifier(**params)
+    hs, sparse = model._checked_params()
+    model._build(dmeta["n_features"], dmeta["n_labels"], hs, sparse, seed=dmeta["seed"],
+                 shard_files=[os.path.join(path, n) for n in man["shards"]])
+    restore_driver(model, path, man)
+    model.last_checkpoint_ = path
+    return model

@@ -1,0 +1,588 @@
+"""The re-ranker: a logistic regression over the candidates of the neighbour vote, fitted on a
+held-out slice of the training rows.
+
+The fixed blend of ``slide.rank.vote`` ranks a row's candidate labels -- the network's top
+labels and every label of its nearest training rows -- by (1 - w) * p_network + w * vote. Which
+of the two to trust differs from candidate to candidate (a label many close neighbours carry
+against one the network alone proposes; a frequent label against a rare one), and the network
+never sees the input words directly, which the label trees' per-label linear classifiers do.
+So ``fit`` can learn the ranking instead (``SlideClassifier(rerank=True)``, the default):
+
+1. the network is trained on the rows outside a seeded held-out slice (``HOLDOUT`` of them, at
+   most ``MAX_HOLDOUT_ROWS``, fewer where labels and rows are many: ``holdout_rows``);
+2. the neighbour memory of every row is built; each held-out row's candidates (its nearest
+   rows outside the slice, the label centroids and counts of the rows outside it: what a test
+   row sees of rows the network trained on) get the ``N_BASE`` features below
+   (``candidate_features``, one Numba pass over the rows);
+3. a logistic regression learns from them which candidates are the row's labels; its input
+   is the standardised features and their pairwise products (``N_TERMS`` weights);
+4. the label centroids are rebuilt over every training row.
+
+The features of candidate label j of a row (``FEATURES``): the network's log-probability and
+probability of j, the vote's share of j, the share of the k nearest rows that carry j, the best
+similarity among them, the rank of the first of them (over k), j's rank in the network's top
+``N_TOP`` (1 when absent), log(1 + j's count among the memory's rows), the nearest row's
+similarity, the cosine between the row's input and j's input centroid (the unit-L2 sum of
+the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries),
+and j's score by a linear classifier over the input (``slide.rank.linear``, fitted on the
+fitting rows: one-vs-rest where the labels are few, else against the network's hard negatives).
+The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
+in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
+added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
+(round 9).
+
+Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
+matrix over every label; the re-ranker scores only candidates). The model stores the
+re-ranker's weights and the centroids as arrays (``rr_*`` in checkpoints).
+"""
+from typing import NamedTuple
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, prange
+
+from slide import defaults
+from slide.data.inputs import take_rows
+from slide.kernels.arrays import Csr
+from slide.kernels.topk import segment_topk, topk_lse_of_logits
+from slide.rank.linear import classifiers_from_state, fit_classifiers
+from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
+from slide.rank.vote import POWER, NeighbourMemory
+
+
+# 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
+# OneVsRest classifiers (slide.rank.linear); all loaded
+STATE_FORMATS = (1, 2, 3)
+FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
+            "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
+            "linear_score")
+N_BASE = len(FEATURES)
+# the feature columns by name (Numba reads them as compile-time constants)
+LOG_PROB = FEATURES.index("log_prob")
+PROB = FEATURES.index("prob")
+VOTE = FEATURES.index("vote")
+NEIGHBOUR_SHARE = FEATURES.index("neighbour_share")
+BEST_SIMILARITY = FEATURES.index("best_similarity")
+FIRST_RANK = FEATURES.index("first_rank")
+NETWORK_RANK = FEATURES.index("network_rank")
+LOG_COUNT = FEATURES.index("log_count")
+NEAREST_SIMILARITY = FEATURES.index("nearest_similarity")
+CENTROID_COSINE = FEATURES.index("centroid_cosine")
+LINEAR_SCORE = FEATURES.index("linear_score")
+_LINEAR = LINEAR_SCORE          # the last: a format-1 re-ranker uses the others
+N_TERMS = n_terms(N_BASE)       # the features, their squares and products
+# the tuned sizes of the candidates, the held-out slice, the centroids and the regression
+# (the measurements that chose each: slide.defaults)
+N_TOP = defaults.RERANK_N_TOP
+HOLDOUT = defaults.RERANK_HOLDOUT
+MAX_HOLDOUT_ROWS = defaults.RERANK_MAX_HOLDOUT_ROWS
+MIN_HOLDOUT_ROWS = defaults.RERANK_MIN_HOLDOUT_ROWS
+MAX_HOLDOUT_WORK = defaults.RERANK_MAX_HOLDOUT_WORK
+LARGE_HOLDOUT_ROWS = defaults.RERANK_LARGE_HOLDOUT_ROWS
+CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
+_CENTROID_ENTRIES = defaults.RERANK_CENTROID_ENTRIES
+_C = defaults.RERANK_C
+_MAX_FIT_CANDIDATES = defaults.RERANK_MAX_FIT_CANDIDATES
+
+
+def n_holdout(n_rows, n_labels=0, min_rows=MIN_HOLDOUT_ROWS):
+    """The number of rows ``holdout_rows`` holds out of n_rows: ``HOLDOUT`` of them, at most
+    ``MAX_HOLDOUT_ROWS`` and at most ``MAX_HOLDOUT_WORK / (n_labels + n_rows)`` (but that
+    bound never below ``LARGE_HOLDOUT_ROWS``); 0 (no re-ranker) when that is fewer than
+    ``min_rows``."""
+    by_work = max(LARGE_HOLDOUT_ROWS, MAX_HOLDOUT_WORK // max(1, int(n_labels) + int(n_rows)))
+    n_held = min(int(HOLDOUT * n_rows), MAX_HOLDOUT_ROWS, by_work)
+    return n_held if n_held >= max(1, min_rows) else 0
+
+
+def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
+    """(training rows, held-out rows), sorted int64: ``n_holdout`` rows held out, a seeded
+    draw (a resumed fit trains on the same rows); None when ``n_holdout`` is 0."""
+    n_held = n_holdout(n_rows, n_labels, min_rows)
+    if n_held == 0:
+        return None
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
+    return np.sort(perm[n_held:]).astype(np.int64), np.sort(perm[:n_held]).astype(np.int64)
+
+
+def centroid_terms(n_labels):
+    """Entries kept per label centroid: ``CENTROID_TERMS``, fewer at many labels."""
+    return int(max(4, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
+
+
+# ------------------------------------------------------------------------------------------------
+# label centroids
+
+@njit(cache=True, parallel=True)
+def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
+                     out_ids, out_vals, out_n):
+    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` that
+    ``use_row`` marks, in a dense per-thread accumulator, its m largest entries (ties: the
+    lower feature id) written to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole
+    sum's L2 norm; ``out_n[j]``: how many."""
+    n_labels = l_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        acc = np.zeros(n_features, np.float64)
+        seen = np.zeros(n_features, np.bool_)
+        touched = np.empty(n_features, np.int64)
+        for j in range((c * n_labels) // n_chunks, ((c + 1) * n_labels) // n_chunks):
+            nt = 0
+            for q in range(l_ptr[j], l_ptr[j + 1]):
+                r = l_rows[q]
+                if not use_row[r]:
+                    continue
+                for p in range(x_ptr[r], x_ptr[r + 1]):
+                    f = x_ind[p]
+                    if not seen[f]:
+                        seen[f] = True
+                        touched[nt] = f
+                        nt += 1
+                    acc[f] += x_dat[p]
+            vals = np.empty(nt, np.float64)
+            norm = 0.0
+            for t in range(nt):
+                vals[t] = acc[touched[t]]
+                norm += vals[t] * vals[t]
+            norm = np.sqrt(norm)
+            if norm == 0.0:
+                norm = 1.0
+            keep = min(m, nt)
+            if nt > m:
+                # the m-th largest value by partition (O(nt); a full sort of a frequent
+                # label's thousands of features was most of the time), then the larger ones
+                # and as many of the equal ones as fit, lower feature ids first
+                thr = np.partition(vals, nt - m)[nt - m]
+                sel = np.empty(m, np.int64)
+                ns = 0
+                for t in range(nt):
+                    if vals[t] > thr:
+                        sel[ns] = touched[t]
+                        ns += 1
+                if ns < m:
+                    ties = np.empty(nt, np.int64)
+                    n_ties = 0
+                    for t in range(nt):
+                        if vals[t] == thr:
+                            ties[n_ties] = touched[t]
+                            n_ties += 1
+                    ties = np.sort(ties[:n_ties])
+                    for t in range(m - ns):
+                        sel[ns + t] = ties[t]
+                feats = np.sort(sel)
+            else:
+                feats = np.sort(touched[:nt])
+            for t in range(keep):
+                out_ids[j, t] = feats[t]
+                out_vals[j, t] = acc[feats[t]] / norm
+            for t in range(nt):                 # the accumulator back to zero for the next
+                acc[touched[t]] = 0.0
+                seen[touched[t]] = False
+            out_n[j] = keep
+
+
+@njit(cache=True)
+def _compact_rows(ids, vals, counts):
+    """Row j's first counts[j] entries of the [n, m] arrays moved to the front of their flat
+    buffers, in place (an entry only ever moves to a lower position); returns how many."""
+    flat_ids = ids.ravel()
+    flat_vals = vals.ravel()
+    m = ids.shape[1]
+    pos = 0
+    for j in range(ids.shape[0]):
+        for t in range(counts[j]):
+            flat_ids[pos] = flat_ids[j * m + t]
+            flat_vals[pos] = flat_vals[j * m + t]
+            pos += 1
+    return pos
+
+
+def label_centroids(X, Y, max_terms, rows=None):
+    """Each label's input centroid: the sum of the inputs of its rows (of the rows ``rows``
+    only, when given), its ``max_terms`` largest entries kept, divided by the whole sum's L2
+    norm (so the cosine to it is the full centroid's, less the dropped entries). CSR parts
+    (indptr int64 [n_labels + 1], ids int32 sorted, values float32), labels without rows
+    empty. One parallel pass over the labels (scipy's Y.T @ X took 17 s on wiki10-31k's 675
+    words and 19 labels a row)."""
+    X = sp.csr_matrix(X)
+    Yc = sp.csc_matrix(Y)
+    n_labels, m = Y.shape[1], int(max_terms)
+    ids = np.zeros((n_labels, m), np.int32)
+    vals = np.zeros((n_labels, m), np.float32)
+    counts = np.zeros(n_labels, np.int64)
+    # a dense accumulator per chunk (17 bytes a feature): few chunks, two per thread
+    n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
+    # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
+    # float64 copies of them were 0.6 GB of the fit's peak)
+    use_row = np.ones(X.shape[0], np.bool_) if rows is None else _row_mask(X.shape[0], rows)
+    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int32, copy=False),
+                     use_row,
+                     X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                     X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
+                     vals, counts)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    # compacted in place (a boolean-mask copy beside the [n_labels, m] arrays was twice their
+    # 134 MB at Amazon-670K); copied out only when the slack is large
+    total = _compact_rows(ids, vals, counts)
+    ids, vals = ids.reshape(-1)[:total], vals.reshape(-1)[:total]
+    if total < 0.75 * n_labels * m:
+        ids, vals = ids.copy(), vals.copy()
+    return indptr, ids, vals
+
+
+# ------------------------------------------------------------------------------------------------
+# the features
+
+@njit(cache=True, nogil=True)
+def _log_sigmoid(z):
+    if z >= 0:
+        return -np.log1p(np.exp(-z))
+    return z - np.log1p(np.exp(z))
+
+
+class NetworkTop(NamedTuple):
+    """The network's side of a block of rows: each row's top labels ``ids`` [n, t] (-1
+    padded) and their logits ``z``, best first, and the row's log-sum-exp ``lse`` [n]."""
+    ids: np.ndarray
+    z: np.ndarray
+    lse: np.ndarray
+
+
+class Candidates(NamedTuple):
+    """The candidates written by ``candidate_features``: row r's ``n[r]`` candidates are
+    ``ids[ptr[r]:ptr[r] + n[r]]``, their features the same rows of ``feat`` [slots, N_BASE]."""
+    ptr: np.ndarray
+    ids: np.ndarray
+    feat: np.ndarray
+    n: np.ndarray
+
+
+@njit(cache=True, nogil=True)
+def _new_candidate(out_ids, out_feat, u, j, network_rank):
+    """Slot u holds candidate j: features zeroed but its rank in the network's top (1 when
+    absent) and its first neighbour's rank, 1 (k / k) until a neighbour carries it."""
+    out_ids[u] = j
+    out_feat[u, :] = 0.0
+    out_feat[u, FIRST_RANK] = 1.0
+    out_feat[u, NETWORK_RANK] = network_rank
+
+
+@njit(cache=True, nogil=True)
+def _add_top(top_ids, top_z, a, out_ids, out_feat):
+    """The network's top labels of one row as its first candidates (from slot a); the logit
+    waits in the LOG_PROB column until ``_finish_candidates``. Returns how many."""
+    m = 0
+    for t in range(top_ids.shape[0]):
+        j = top_ids[t]
+        if j < 0:
+            continue
+        _new_candidate(out_ids, out_feat, a + m, j, min(t, N_TOP) / N_TOP)
+        out_feat[a + m, LOG_PROB] = top_z[t]
+        m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat):
+    """The labels of one row's nearest memory rows (``near``, similarities ``sims``, best
+    first) into its candidates after the m it has: the vote share, neighbour share, best
+    similarity and first neighbour's rank of each. Returns the row's candidate count."""
+    k = near.shape[0]
+    wsum = 0.0
+    for t in range(k):
+        wsum += max(sims[t], 0.0) ** POWER
+    if wsum == 0.0:
+        wsum = 1.0
+    for t in range(k):
+        i = near[t]
+        if i < 0:
+            continue
+        s = sims[t]
+        w = max(s, 0.0) ** POWER / wsum
+        for q in range(m_ptr[i], m_ptr[i + 1]):
+            j = m_ids[q]
+            u = -1
+            for v in range(a, a + m):           # a row's candidates are few (~10-200)
+                if out_ids[v] == j:
+                    u = v
+                    break
+            if u < 0:
+                u = a + m
+                m += 1
+                _new_candidate(out_ids, out_feat, u, j, 1.0)
+            out_feat[u, VOTE] += w
+            out_feat[u, NEIGHBOUR_SHARE] += 1.0 / k
+            if s > out_feat[u, BEST_SIMILARITY]:
+                out_feat[u, BEST_SIMILARITY] = s
+            if t / k < out_feat[u, FIRST_RANK]:
+                out_feat[u, FIRST_RANK] = t / k
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _centroid_dot(x_ind, x_dat, x0, x1, c_ids, c_val, c0, c1):
+    """The dot product of an input row and a centroid: a merge of two sorted id lists."""
+    dot = 0.0
+    p, c = x0, c0
+    while p < x1 and c < c1:
+        if x_ind[p] == c_ids[c]:
+            dot += x_dat[p] * c_val[c]
+            p += 1
+            c += 1
+        elif x_ind[p] < c_ids[c]:
+            p += 1
+        else:
+            c += 1
+    return dot
+
+
+@njit(cache=True, nogil=True)
+def _finish_candidates(r, a, m, n_top, lse, sigmoid, nearest, H, Wo, bo, log_count, cen, X,
+                       out_ids, out_feat):
+    """The features of row r's m candidates that need the label: the log-probability and
+    probability (the logit of a voted label outside the top computed here), the label's
+    count, the nearest similarity, the cosine to the label's centroid (``cen``, CSR)."""
+    x0, x1 = X.ptr[r], X.ptr[r + 1]
+    x_norm = 0.0
+    for p in range(x0, x1):
+        x_norm += X.dat[p] * X.dat[p]
+    x_norm = np.sqrt(x_norm)
+    if x_norm == 0.0:
+        x_norm = 1.0
+    for u in range(a, a + m):
+        j = out_ids[u]
+        if u - a < n_top:
+            z = out_feat[u, LOG_PROB]
+        else:
+            z = bo[j]
+            for d in range(H.shape[1]):
+                z += H[r, d] * Wo[j, d]
+        lp = _log_sigmoid(z) if sigmoid else z - lse
+        out_feat[u, LOG_PROB] = lp
+        out_feat[u, PROB] = np.exp(lp)
+        out_feat[u, LOG_COUNT] = log_count[j]
+        out_feat[u, NEAREST_SIMILARITY] = nearest
+        dot = _centroid_dot(X.ind, X.dat, x0, x1, cen.ind, cen.dat, cen.ptr[j], cen.ptr[j + 1])
+        out_feat[u, CENTROID_COSINE] = dot / x_norm
+
+
+@njit(cache=True, parallel=True)
+def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo, log_count, cen, X,
+                       out):
+    """Per row r: its candidates -- the network's top labels (``top``, a ``NetworkTop``) then
+    every label of its nearest memory rows ``near[r]`` (similarities ``sims``, best first;
+    the memory's labels CSR ``m_ptr``/``m_ids``) -- written from ``out.ptr[r]`` into ``out.ids``
+    with their features in ``out.feat`` (the columns of ``FEATURES`` but ``linear_score``);
+    ``out.n[r]``: how many. ``H``/``Wo``/``bo``: the hidden rows and output layer (the logits
+    of voted labels outside the top); ``cen``: the label centroids (CSR, ids sorted); ``X``:
+    the input rows (CSR, ids sorted)."""
+    # the output arrays out of their bundle before the prange (Numba 0.68 drops stores made
+    # through a bundle attribute inside one)
+    cand_ptr, out_ids, out_feat, out_n = out.ptr, out.ids, out.feat, out.n
+    top_ids, top_z, lse = top.ids, top.z, top.lse
+    k = near.shape[1]
+    for r in prange(near.shape[0]):
+        a = cand_ptr[r]
+        n_top = _add_top(top_ids[r], top_z[r], a, out_ids, out_feat)
+        m = _add_votes(near[r], sims[r], m_ptr, m_ids, a, n_top, out_ids, out_feat)
+        out_n[r] = m
+        nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
+        _finish_candidates(r, a, m, n_top, lse[r], sigmoid, nearest, H, Wo, bo, log_count, cen,
+                           X, out_ids, out_feat)
+
+
+def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
+             linear=None):
+    """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
+    [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
+    [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
+    that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
+    memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
+    Wo, bo = output.W, output.b
+    n = H.shape[0]
+    top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
+    sigmoid = output.sigmoid
+    lse = np.zeros(n) if sigmoid else run_max + np.log(run_sum)
+    near, sims = memory.nearest(H, k_nn, exclude)
+    per_row = np.diff(memory.label_indptr)
+    bound = top_ids.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
+    cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
+    ids = np.full(cand_ptr[-1], -1, np.int64)
+    F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
+    counts = np.zeros(n, np.int64)
+    c_ptr, c_ids, c_val = centroids
+    candidate_features(NetworkTop(top_ids, top_z, lse), sigmoid, near, sims,
+                       memory.label_indptr, memory.label_ids,
+                       np.ascontiguousarray(H, np.float32), Wo, bo,
+                       memory.log_counts() if log_count is None else log_count,
+                       Csr(c_ptr, c_ids, c_val),
+                       Csr(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                           X.data.astype(np.float32, copy=False)),
+                       Candidates(cand_ptr, ids, F, counts))
+    if linear is not None:
+        linear.score_into(X, cand_ptr, counts, ids, F, _LINEAR)
+    return cand_ptr, counts, ids, F
+
+
+def _used(cand_ptr, counts):
+    """The slots holding candidates (row-major): a boolean mask over the slots."""
+    slot_row = np.repeat(np.arange(counts.shape[0]), np.diff(cand_ptr))
+    offset = np.arange(cand_ptr[-1]) - cand_ptr[slot_row]
+    return offset < counts[slot_row], slot_row
+
+
+class ReRanker:
+    """The fitted re-ranker: feature means and scales [N_BASE], coefficients [N_TERMS] and
+    intercept of the logistic regression, the vote's neighbour count ``k_nn`` it was fitted
+    with, the label centroids (CSR parts) and the ``LabelLinear`` classifiers. A re-ranker of
+    a format-1 checkpoint has no classifiers and uses the first N_BASE - 1 features."""
+
+    def __init__(self, mean, scale, coef, intercept, k_nn, centroids, linear=None):
+        self.mean = np.asarray(mean, np.float64)
+        self.scale = np.asarray(scale, np.float64)
+        self.coef = np.asarray(coef, np.float64)
+        self.intercept = float(intercept)
+        self.k_nn = int(k_nn)
+        self.centroids = centroids
+        self.linear = linear
+        self.n_features = self.mean.shape[0]
+
+    # -- fitting -------------------------------------------------------------------------------
+    @staticmethod
+    def fit_weights(F, truth, seed=0):
+        """(mean, scale, coef, intercept) of the logistic regression of ``truth`` on the
+        expanded standardised features F, or None when truth has a single class."""
+        if truth.all() or not truth.any():
+            return None
+        if F.shape[0] > _MAX_FIT_CANDIDATES:
+            keep = np.sort(np.random.default_rng(seed).choice(F.shape[0], _MAX_FIT_CANDIDATES,
+                                                              replace=False))
+            F, truth = F[keep], truth[keep]
+        mean = F.mean(axis=0)
+        scale = F.std(axis=0)
+        scale[scale == 0] = 1.0
+        w = newton_logistic((F - mean) / scale, truth, _C)
+        return mean, scale, w[:-1], float(w[-1])
+
+    # -- scoring -------------------------------------------------------------------------------
+    def score(self, F):
+        """The logistic regression's decision values of the candidates' features F."""
+        F = F[:, :self.n_features]
+        return expand((F - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def topk(self, output, X, H, memory, k):
+        """(ids [n, k] int64, probabilities [n, k] float64) of each row's k best candidates
+        by the re-ranker (the network's top max(k, N_TOP) are candidates, so a row has k
+        unless the output layer has fewer labels)."""
+        n_top = max(int(k), N_TOP)
+        cand_ptr, counts, ids, F = features(output, X, H, memory, self.k_nn, self.centroids,
+                                            n_top, linear=self.linear)
+        s = np.full(ids.shape[0], -np.inf)
+        used, _ = _used(cand_ptr, counts)
+        s[used] = self.score(F[used])
+        out = np.zeros((H.shape[0], k), np.int64)
+        out_s = np.zeros((H.shape[0], k), np.float64)
+        segment_topk(cand_ptr, counts, ids, s, int(k), out, out_s)
+        with np.errstate(over="ignore"):
+            return out, 1.0 / (1.0 + np.exp(-out_s))
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self):
+        c_ptr, c_ids, c_val = self.centroids
+        d = {"format": 1, "k_nn": self.k_nn, "intercept": self.intercept, "mean": self.mean,
+             "scale": self.scale, "coef": self.coef, "cen_indptr": c_ptr, "cen_ids": c_ids,
+             "cen_values": c_val}
+        if self.linear is not None:
+            d.update(self.linear.state())
+            d["format"] = 3 if "ovr_weights" in d else 2
+        return d
+
+    @classmethod
+    def from_state(cls, d, n_labels, n_features):
+        """ValueError naming what is wrong with a saved re-ranker."""
+        fmt = int(d.get("format", -1))
+        if fmt not in STATE_FORMATS:
+            raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
+        n_feat = _LINEAR if fmt == 1 else N_BASE
+        for name, size in (("mean", n_feat), ("scale", n_feat), ("coef", n_terms(n_feat))):
+            a = d[name]
+            if a.dtype != np.float64 or a.shape != (size,) or not np.isfinite(a).all():
+                raise ValueError(f"{name} must be {size} finite float64 values")
+        if not (d["scale"] > 0).all():
+            raise ValueError("scale must be positive")
+        if not np.isfinite(float(d["intercept"])) or int(d["k_nn"]) < 1:
+            raise ValueError("bad intercept or neighbour count")
+        ptr, ids, val = d["cen_indptr"], d["cen_ids"], d["cen_values"]
+        if (ptr.dtype != np.int64 or ptr.shape != (n_labels + 1,) or ptr[0] != 0
+                or (np.diff(ptr) < 0).any() or ptr[-1] != ids.shape[0]
+                or val.shape != ids.shape):
+            raise ValueError("the centroids' indptr does not fit the label count")
+        if ids.dtype != np.int32 or val.dtype != np.float32 or not np.isfinite(val).all():
+            raise ValueError("centroid ids must be int32, values finite float32")
+        if ids.size and (ids.min() < 0 or ids.max() >= n_features):
+            raise ValueError(f"centroid feature ids outside [0, {n_features})")
+        linear = None
+        if fmt > 1:
+            if (fmt == 3) != ("ovr_weights" in d):
+                raise ValueError(f"format {fmt} does not match the classifiers saved")
+            linear = classifiers_from_state(d, n_labels, n_features)
+        return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
+                   (ptr, ids, val), linear)
+
+
+def _row_mask(n_rows, rows):
+    mask = np.zeros(n_rows, np.bool_)
+    mask[rows] = True
+    return mask
+
+
+def label_counts(Y, rows):
+    """How many of the rows ``rows`` of Y (CSR) carry each label: int64 [n_labels] (no copy of
+    Y: a copy of Amazon-670K's labels was 63 MB of the fit's peak)."""
+    use = _row_mask(Y.shape[0], rows)
+    per_row = np.diff(Y.indptr)
+    keep = np.repeat(use, per_row)
+    return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
+
+
+def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
+    """Fit the re-ranker of a network (its ``OutputLayer``, and ``H_all``: the last hidden
+    layer of every row of X, consumed) trained on the ``fit_rows`` of X, Y, on the held-out rows.
+    Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
+    neighbour memory of every row). The held-out rows see the memory without themselves and
+    the other held-out rows, and the centroids, label counts and linear classifiers of the
+    fitting rows only (what a test row sees of rows the network trained on); no copy of X or
+    of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
+    a pass of exact logits over the rows); the centroids are."""
+    H_held = H_all[held_rows]                 # before the memory normalises H_all in place
+    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed)
+    memory = NeighbourMemory.build(H_all, Y, copy=False)
+    del H_all
+    terms = centroid_terms(Y.shape[1])
+    cen = label_centroids(X, Y, terms, rows=fit_rows)
+    log_count = np.log1p(label_counts(Y, fit_rows).astype(np.float64))
+    Xh, Yh = take_rows(X, held_rows), take_rows(Y, held_rows)
+    Xh.sort_indices()
+    n_labels = np.int64(Y.shape[1])
+    parts_F, parts_truth = [], []
+    # the logit block stays block x 32768 floats (16 MB; 1,024 rows were 128 MB of the peak
+    # at Amazon-670K, 256 rows 32 MB of what stayed above rerank=False)
+    for a in range(0, Xh.shape[0], block):
+        b = min(Xh.shape[0], a + block)
+        cand_ptr, counts, ids, F = features(output, Xh[a:b], H_held[a:b], memory, k_nn, cen,
+                                            N_TOP, exclude=held_rows, log_count=log_count,
+                                            linear=linear)
+        used, slot_row = _used(cand_ptr, counts)
+        Yb = Yh[a:b]
+        true_keys = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(Yb.indptr)) \
+            * n_labels + Yb.indices
+        parts_truth.append(np.isin(slot_row[used].astype(np.int64) * n_labels + ids[used],
+                                   true_keys))
+        parts_F.append(F[used])
+    del cen
+    F, truth = np.concatenate(parts_F), np.concatenate(parts_truth)
+    weights = ReRanker.fit_weights(F, truth, seed)
+    if weights is None:
+        return None, memory
+    return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms),
+                    linear=linear), memory
