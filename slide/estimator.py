@@ -297,17 +297,18 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         ``train_seconds_`` never includes it.
         """
         self._validate_params()
-        compile_seconds = self._warm_up()
+        compile_seconds = self._warm_up(X, Y)
         self._fit_core(X, Y, eval_set, callback, resume)
         self.compile_seconds_ = compile_seconds
         return self
 
-    def _warm_up(self):
-        """Compile the run's kernels before its clock starts (``slide.warmup``): the seconds
-        go to ``compile_seconds_``, never to ``train_seconds_``."""
+    def _warm_up(self, X=None, Y=None):
+        """Compile the run's kernels before its clock starts (``slide.warmup``; with the
+        training data, only the linear classifiers it selects): the seconds go to
+        ``compile_seconds_``, never to ``train_seconds_``."""
         from slide import warmup
         self._threads()
-        return warmup.warm_up(self)
+        return warmup.warm_up(self, X, Y)
 
     def _fit_core(self, X, Y, eval_set, callback, resume):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""

@@ -142,7 +142,13 @@ def test_train_reports_compilation_apart_and_writes_the_plot(tmp_path, capsys, f
     for phase in ("slide", "dense-baseline"):
         assert summary[phase]["compile_seconds"] > 0
         assert summary[phase]["train_seconds"] > 0
-    assert "per epoch" in out and "dense baseline's final P@1" in out
+    assert "per epoch" in out and "dense network's final P@1" in out
+    # the networks are compared alone; the vote fitted after each is timed on its own lines
+    assert "then, fitted after each network (seconds not counted above), the neighbour vote" \
+        in out
+    for phase in ("slide", "dense-baseline"):
+        assert summary[phase]["post_fit"]["stage"] == "neighbour vote"
+        assert summary[phase]["post_fit"]["seconds"] >= 0
     if "slide_seconds_to_dense_final_P@1" in summary:
         assert summary["time_to_dense_final_P@1_speedup"] == pytest.approx(
             summary["dense-baseline"]["train_seconds"]
