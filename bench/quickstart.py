@@ -134,7 +134,8 @@ def compare(measured, quoted):
 
 def run_fresh_clone(keep=None):
     """Clone HEAD into a temporary directory, run the quickstart there; returns
-    (wall seconds, user+sys seconds of the child, exit code, output, metrics, summary)."""
+    (wall seconds, user+sys seconds of the child, its peak RSS in bytes, exit code, output,
+    metrics, summary)."""
     from bench.common import git_commit
     if git_commit().endswith("+dirty"):
         print("warning: the working tree differs from HEAD; the clone runs HEAD", flush=True)
@@ -152,6 +153,7 @@ def run_fresh_clone(keep=None):
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        peak = after.ru_maxrss * 1024        # Linux: KiB; the largest child (not git's clone)
         run_dir = os.path.join(clone, "runs", "quickstart")
         metrics = summary = ""
         if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
@@ -160,7 +162,7 @@ def run_fresh_clone(keep=None):
             summary = open(os.path.join(run_dir, "summary.json")).read()
         if keep:
             shutil.copytree(run_dir, keep, dirs_exist_ok=True)
-        return wall, cpu, r.returncode, r.stdout + r.stderr, metrics, summary
+        return wall, cpu, peak, r.returncode, r.stdout + r.stderr, metrics, summary
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -175,12 +177,12 @@ def main(argv=None):
     commit = git_commit()
     m = machine_description()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    wall, cpu, code, output, metrics, summary = run_fresh_clone(args.keep)
+    wall, cpu, peak, code, output, metrics, summary = run_fresh_clone(args.keep)
     header = (f"# {' '.join(COMMAND)} from a fresh clone of commit {commit} (python -m "
               f"slide.cli, PYTHONPATH at the clone, empty Numba cache: every kernel compiles), "
               f"by bench/quickstart.py, {started}; {m['cores']} cores ({m['cpu']}), "
               f"under flock -x /tmp/slide.lock; exit {code}; whole command {wall:.1f} s wall "
-              f"({cpu:.1f} s CPU)")
+              f"({cpu:.1f} s CPU), peak RSS {peak / 2**30:.2f} GiB")
     text = header + "\n" + output
     if metrics:
         text += "# metrics.jsonl of the run\n" + metrics
