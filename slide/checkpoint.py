@@ -20,8 +20,8 @@ optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with e
 to date; every hyperparameter a version-1 file does not record (it was written before the
 parameter existed) is pinned to the behaviour of the code that wrote it
 (``UNRECORDED_PARAMS``), never to today's default. Version 3 adds ``engine`` (files
-before it were trained by the per-sample engine, and resume on it). Version 3 records them
-all. A file of another version is refused with its version number.
+before it were trained by the per-sample engine, and resume on it); version 4 adds
+``exact_head`` (files before it drew every shared negative). Version 4 records them all. A file of another version is refused with its version number.
 """
 import json
 import os
@@ -33,8 +33,8 @@ from slide.fileio import atomic_write
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
-FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 
 # The hyperparameters a checkpoint may not record, by the format version from which every file
 # records them: a file of an older version was written by code that may have predated some of
@@ -58,6 +58,9 @@ UNRECORDED_PARAMS = {
     },
     3: {
         "engine": "per_sample",         # round 3: every sample scored its own active set
+    },
+    4: {
+        "exact_head": 0.0,              # round 3: every shared negative was drawn
     },
 }
 

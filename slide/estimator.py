@@ -22,6 +22,7 @@ from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: 
                               load)
 from slide.checkpoint import save as save_checkpoint
 from slide.engine import Network
+from slide.engine.negatives import head_size
 from slide.optim import SparseOptimizer
 from slide.params import is_int
 from slide.schedule import RehashSchedule
@@ -63,6 +64,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         negatives). They keep the sampled softmax's normaliser honest (LSH alone only proposes
         near neighbours); sharing them keeps the rows a batch touches -- the sparse
         optimizer's cost -- small.
+    exact_head : float in [0, 1)
+        The share of ``shared_negatives`` given to the most frequent labels: they are in every
+        batch's block, computed exactly (no importance weight), and the other shared
+        negatives are drawn by frequency from the remaining labels. The head holds much of
+        the softmax's mass, and drawing it put most of the variance into the normaliser's
+        estimate (``bench/results/lsh_block_debcontents.md``). Needs ``negative_power`` > 0.
     sampling_correction : bool
         Softmax only: add log(U / |R|) to the logits of the |R| uniform random negatives,
         which stand for the U output neurons neither forced nor LSH-selected (the logQ
@@ -135,7 +142,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
-                 sampler_threshold=2, min_active=0, shared_negatives=2048,
+                 sampler_threshold=2, min_active=0, shared_negatives=2048, exact_head=0.125,
                  sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
                  sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
@@ -156,6 +163,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.sampler_threshold = sampler_threshold
         self.min_active = min_active
         self.shared_negatives = shared_negatives
+        self.exact_head = exact_head
         self.sampling_correction = sampling_correction
         self.negative_power = negative_power
         self.output_bias_init = output_bias_init
@@ -269,6 +277,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                        budget=int(self.sampler_budget), threshold=int(self.sampler_threshold))
         self.network_ = Network(sizes, flags, mins, loss=self.loss, seed=self.seed_, lsh=lsh,
                                 shared_negatives=int(self.shared_negatives),
+                                shared_head=head_size(self.shared_negatives, self.exact_head),
                                 correct=bool(self.sampling_correction),
                                 negative_power=float(self.negative_power),
                                 engine=self.engine)

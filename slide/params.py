@@ -115,6 +115,10 @@ TABLE = (
        "its own random neurons up to this size", ge=0, optional=True),
     _p("shared_negatives", "sampler.shared_negatives", "int", 2048, "negatives drawn by label "
        "frequency once per batch and active for every sample of it", ge=0, optional=True),
+    _p("exact_head", "sampler.exact_head", "float", 0.125, "share of shared_negatives given to "
+       "the most frequent labels: in every batch's block and computed exactly, the rest drawn "
+       "by frequency from the other labels (0: every one drawn; needs negative_power > 0)",
+       ge=0, lt=1, optional=True),
     _p("sampling_correction", "sampler.sampling_correction", "bool", True, "add -log P(drawn) "
        "to each shared negative's logit so the sampled softmax estimates the full one",
        optional=True),

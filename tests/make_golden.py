@@ -27,7 +27,7 @@ GOLDEN_CKPT = os.path.join(DATA, "golden_ckpt.npz")
 SHAPE = dict(n_features=400, n_train=600, n_test=40)
 N_ROWS = 8          # test rows whose predictions are pinned
 BASE = dict(hidden_sizes=(16,), K=2, L=8, range_pow=6, bucket_size=16, sampler_budget=48,
-            shared_negatives=24, min_active=40, batch_size=64, epochs=2, rehash_period=3,
+            shared_negatives=24, exact_head=0.0, min_active=40, batch_size=64, epochs=2, rehash_period=3,
             rebuild_period=7, rehash_decay=0.0, learning_rate=3e-3, lr_schedule="constant",
             n_threads=1,
             random_state=0,

@@ -14,11 +14,11 @@ LSH = dict(family="dwta", K=2, L=4, range_pow=6, bucket_size=8, policy="fifo", b
            threshold=2)
 
 
-def _net(engine, sampler, loss, sparse_hidden, min_active, seed=3):
+def _net(engine, sampler, loss, sparse_hidden, min_active, seed=3, head=0):
     lsh = dict(LSH, sampler=sampler)
     net = Network((40, 16, C), [sparse_hidden, True], [8 if sparse_hidden else 0, min_active],
                   loss=loss, seed=seed, lsh=lsh, shared_negatives=30, correct=True,
-                  negative_power=1.0, engine=engine)
+                  negative_power=1.0, engine=engine, shared_head=head)
     net.W *= 4.0
     net.B[:] = np.random.default_rng(seed).normal(0, 0.3, net.B.shape)
     net.set_label_counts(np.random.default_rng(seed + 1).zipf(1.5, C).clip(max=500))
@@ -26,10 +26,10 @@ def _net(engine, sampler, loss, sparse_hidden, min_active, seed=3):
     return net
 
 
-def _train(engine, sampler, loss, sparse_hidden, min_active, optimizer, n_batches):
+def _train(engine, sampler, loss, sparse_hidden, min_active, optimizer, n_batches, head=0):
     rng = np.random.default_rng(11)
     X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
-    net = _net(engine, sampler, loss, sparse_hidden, min_active)
+    net = _net(engine, sampler, loss, sparse_hidden, min_active, head=head)
     opt = SparseOptimizer(optimizer, net.layout, 1.0 if optimizer == "sgd" else 1e-2)
     # one thread: HOGWILD's racy adds into shared rows may drop an update with two (by
     # design), which would hide a real difference between the paths
@@ -65,6 +65,24 @@ def test_batched_step_equals_per_sample_step(sampler, loss, sparse_hidden, min_a
     assert moved > 1e-3                                     # the step did something
     np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
     np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("sampler", ["random", "vanilla"])
+@pytest.mark.parametrize("min_active", [0, 50])
+def test_batched_step_with_exact_head_equals_per_sample_step(sampler, min_active):
+    """With an exact head (the most frequent labels in every block, weight 1) both engines
+    take the same step, and the head really is in the block."""
+    args = (sampler, "softmax", False, min_active)
+    ref, l_ref = _train("per_sample", *args, "sgd", 1, head=10)
+    got, l_got = _train("batched", *args, "sgd", 1, head=10)
+    head = got.negatives.head
+    assert head.shape[0] == 10 and np.isin(head, got.block_shared).all()
+    np.testing.assert_allclose(l_got, l_ref, rtol=1e-5)
+    moved = np.abs(ref.W - _net("per_sample", *args, head=10).W).max()
+    np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
+    # and the head changes the step (the draw and the weights differ without it)
+    other, _ = _train("batched", *args, "sgd", 1, head=0)
+    assert np.abs(other.W - got.W).max() > 1e-4
 
 
 @pytest.mark.parametrize("sampler", ["random", "vanilla"])

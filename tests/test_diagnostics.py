@@ -391,7 +391,9 @@ def test_uniform_correction_is_unbiased_when_a_random_negative_is_present():
     dict(),                                            # vanilla + frequency negatives
     dict(sampler="topk", min_active=80),               # fill present for every draw
     dict(sampler="random", min_active=60),             # fill present for every draw
-    dict(sampler="random", min_active=24),             # fill present for some draws only
+    # fill present for some draws only (without a head: the head's certain ids make the
+    # block larger, and the fill then present for every draw of this data)
+    dict(sampler="random", min_active=24, exact_head=0.0),
     dict(min_active=50),                               # LSH: the fill is rarely guaranteed
     dict(sampler="random", min_active=30, negative_power=0.0),
 ])

@@ -20,7 +20,7 @@ from slide.trainer import blas_single_thread
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
                      "bucket_policy", "sampler_budget", "sampler_threshold", "min_active",
-                     "shared_negatives", "sampling_correction", "negative_power", "optimizer",
+                     "shared_negatives", "exact_head", "sampling_correction", "negative_power", "optimizer",
                      "learning_rate", "beta1", "beta2", "epsilon", "rehash_period",
                      "rebuild_period", "rehash_decay")
 

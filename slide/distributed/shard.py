@@ -16,6 +16,7 @@ from slide._rng import STREAM_SHARD_SEED, derived_seed
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
                                        shard_forward_kernel)
 from slide.engine import Network
+from slide.engine.negatives import head_size
 from slide.engine.infer import topk_lse_of_logits, topk_of_logits
 from slide.optim import SparseOptimizer
 from slide.schedule import RehashSchedule
@@ -71,6 +72,7 @@ class OutputShard:
                        threshold=int(cfg["sampler_threshold"]))
         self.net = Network((1, self.n_hidden, self.n_local), [False, True], [0, min_act],
                            seed=self.seed, lsh=lsh, init=False, shared_negatives=n_shared,
+                           shared_head=head_size(n_shared, cfg.get("exact_head", 0.0)),
                            correct=bool(cfg["sampling_correction"]),
                            negative_power=float(cfg["negative_power"]),
                            # a shard runs its own kernels (slide.distributed.kernels): no

@@ -259,7 +259,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
     exact = drawn[:0]
     shared = drawn
     if net.oracle_m > 0:
-        exact = _oracle_ids(net, X, rows)
+        chooser = net.block_chooser if net.block_chooser is not None else _oracle_ids
+        exact = chooser(net, X, rows)
         shared = np.union1d(drawn, exact).astype(np.int32)
     ns = shared.shape[0]
     lay = net.layout

@@ -179,12 +179,15 @@ def engine_log_offsets(net, ids, sources, log_inclusion):
 def shared_log_inclusion(net, n_draws=None):
     """log P(j in the shared set) for every output neuron: 1 - (1 - q_j)^n for n draws with
     probability q_j (``negative_power`` > 0), as ``SharedNegatives.draw`` weights them."""
-    n = int(net.n_shared if n_draws is None else n_draws)
-    q = net.negatives.q
+    neg = net.negatives
+    n = int(net.n_shared - neg.n_head if n_draws is None else n_draws)
+    q = neg.tail_q if neg.q is not None else None
     if q is None:
         n_out = int(net.n_out[-1])
         q = np.full(n_out, 1.0 / n_out)
-    return np.log(np.maximum(-np.expm1(n * np.log1p(-np.minimum(q, 1 - 1e-12))), 1e-300))
+    out = np.log(np.maximum(-np.expm1(n * np.log1p(-np.minimum(q, 1 - 1e-12))), 1e-300))
+    out[neg.head] = 0.0          # the exact head is in every block
+    return out
 
 
 def normaliser_engine(z, ids, offsets):

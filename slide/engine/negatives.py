@@ -96,19 +96,34 @@ def inclusion_weights(p_in):
     return corr.astype(np.float32), np.log(0.5 + 0.5 / p).astype(np.float32)
 
 
+def head_size(n_shared, exact_head):
+    """The labels of the exact head: ``exact_head`` (a share in [0, 1)) of ``n_shared``."""
+    return int(int(n_shared) * float(exact_head))
+
+
 class SharedNegatives:
     """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
 
     ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
     in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for the ids of the latest draw:
-    the kernels read them by neuron id (:func:`correction`)."""
+    the kernels read them by neuron id (:func:`correction`).
 
-    def __init__(self, n_shared, power, n_out):
+    ``n_head`` > 0 (frequency draws only): the ``n_head`` labels of highest q -- the most
+    frequent -- are in every batch's set with probability 1 (``corr`` 0: computed exactly,
+    no importance weight), and the other ``n_shared - n_head`` draws come from the remaining
+    labels (q renormalised over them). The head holds much of the softmax's mass, and drawn
+    it would bring the estimate of the normaliser its largest variance
+    (``bench/results/lsh_block_debcontents.md``: the block's exact top logits, an oracle, are
+    97 % head labels)."""
+
+    def __init__(self, n_shared, power, n_out, n_head=0):
         self.n_shared = int(n_shared)
         self.power = float(power)
         self.n_out = int(n_out)
+        self.n_head = min(int(n_head), self.n_shared, self.n_out) if self.power > 0 else 0
         self.q = None
         self.cdf = None
+        self.head = np.zeros(0, np.int32)
         self.corr = np.zeros(self.n_out if self.power > 0 else 0, np.float32)
         self.corr_mix = np.zeros_like(self.corr)
 
@@ -117,9 +132,24 @@ class SharedNegatives:
         if self.power <= 0 or self.n_shared == 0:
             return
         q = (np.asarray(counts, np.float64) + 1.0) ** self.power
-        q /= q.sum()
+        self.set_distribution(q / q.sum())
+
+    def set_distribution(self, q):
+        """The draw's distribution q (length n_out, sums to 1; saved with a model): the head
+        (the ``n_head`` largest q, ties by id) and the cumulative q of the rest."""
         self.q = q
-        self.cdf = np.cumsum(q)
+        tail = q
+        if self.n_head > 0:
+            head = np.sort(np.argsort(-q, kind="stable")[:self.n_head]).astype(np.int32)
+            self.head = head
+            tail = q.copy()
+            tail[head] = 0.0
+            # the head's inclusion is certain: offset 0, the exact logit
+            self.corr[head] = 0.0
+            self.corr_mix[head] = 0.0
+        # without a head, q itself (bit for bit: the recorded fixtures drew from it)
+        self.tail_q = tail / tail.sum() if self.n_head > 0 and tail.sum() > 0 else tail
+        self.cdf = np.cumsum(self.tail_q)
         self.cdf[-1] = 1.0
 
     def draw(self, seed, serial):
@@ -133,19 +163,24 @@ class SharedNegatives:
             return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
         if self.cdf is None:
             self.set_label_counts(np.zeros(n_o))
+        n_draws = self.n_shared - self.n_head
+        if n_draws == 0 or self.head.shape[0] == n_o:
+            return self.head.copy()
         # the draws in sorted order: searchsorted walks the cdf once instead of jumping
         # about in it, and the distinct ids fall out without a sort (609 -> 241 us a batch
         # at 200k labels; the same ids)
-        u = np.sort(g.random(self.n_shared))
+        u = np.sort(g.random(n_draws))
         draws = np.minimum(np.searchsorted(self.cdf, u, side="right"), n_o - 1)
         keep = np.empty(draws.shape[0], np.bool_)
         keep[0] = True
         np.not_equal(draws[1:], draws[:-1], out=keep[1:])
         ids = draws[keep].astype(np.int32)
-        q = self.q[ids]
-        p_in = -np.expm1(self.n_shared * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
+        q = self.tail_q[ids]
+        p_in = -np.expm1(n_draws * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
         self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
-        return ids
+        if self.n_head == 0:
+            return ids
+        return np.union1d(ids, self.head).astype(np.int32)
 
     def bundle(self, ids):
         """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""

@@ -29,7 +29,8 @@ class Network:
     """
 
     def __init__(self, sizes, sparse, min_active, loss="softmax", seed=0, lsh=None, init=True,
-                 shared_negatives=0, correct=True, negative_power=0.0, engine="batched"):
+                 shared_negatives=0, correct=True, negative_power=0.0, engine="batched",
+                 shared_head=0):
         from slide.layers import Layout, init_params
         self.layout = lay = Layout(tuple(int(s) for s in sizes))
         L = lay.n_layers
@@ -62,8 +63,12 @@ class Network:
         self.oracle_m = 0
         self.oracle_per_sample = 0
         self.oracle_seconds = 0.0
+        # the same hook with another chooser: a callable (net, X, rows) -> sorted int32 ids
+        # (at most ``oracle_m``) in place of the oracle; its seconds count as training
+        # (bench/lsh_block.py: the LSH choosing part of the block)
+        self.block_chooser = None
         self.negatives = SharedNegatives(int(shared_negatives) if self.sparse[-1] else 0,
-                                         negative_power, int(lay.n_out[-1]))
+                                         negative_power, int(lay.n_out[-1]), int(shared_head))
         self.n_in, self.n_out = lay.n_in, lay.n_out
         self.w_off, self.b_off, self.row_off = lay.w_off, lay.b_off, lay.row_off
         self.touched_rows = make_touched(lay)
@@ -340,7 +345,8 @@ class Network:
                 "sparse": [bool(s) for s in self.sparse],
                 "min_active": [int(m) for m in self.min_active], "loss": self.loss,
                 "seed": self.seed, "lsh": self.lsh, "shared_negatives": self.n_shared,
-                "correct": self.correct, "negative_power": self.negatives.power, "indices": {}}
+                "correct": self.correct, "negative_power": self.negatives.power,
+                "shared_head": self.negatives.n_head, "indices": {}}
         arrays = {"W": self.W.copy(), "B": self.B.copy()}
         if self.negatives.q is not None:
             arrays["neg_q"] = self.negatives.q.copy()

@@ -32,15 +32,14 @@ def network_from_state(cls, state):
     net = cls(meta["sizes"], meta["sparse"], meta["min_active"], loss=meta["loss"],
               seed=meta["seed"], lsh=meta["lsh"], init=False,
               shared_negatives=meta["shared_negatives"], correct=meta["correct"],
-              negative_power=meta["negative_power"])
+              negative_power=meta["negative_power"],
+              # a state without it predates the head (slide.engine.negatives)
+              shared_head=meta.get("shared_head", 0))
     net.W[:] = _array(arrays, "W", net.W.shape, net.W.dtype)
     net.B[:] = _array(arrays, "B", net.B.shape, net.B.dtype)
     if "neg_q" in arrays:
         q = _array(arrays, "neg_q", (int(net.n_out[-1]),), np.float64)
-        neg = net.negatives
-        neg.q = q.copy()
-        neg.cdf = np.cumsum(neg.q)
-        neg.cdf[-1] = 1.0
+        net.negatives.set_distribution(q.copy())
     want = {l for l in range(net.layout.n_layers) if net.sparse[l]} if net.uses_tables else set()
     got = {int(l) for l in meta["indices"]}
     if got and got != want:

@@ -1,0 +1,195 @@
+"""A roofline for slide's training step: the work each sample must do, this machine's rates,
+and the fraction of the bound each engine reaches.
+
+    python bench/roofline.py --data xc200k --n-train 30000 --out bench/results/roofline_xc200k
+    python bench/roofline.py --data datasets/debcontents --out bench/results/roofline_debcontents
+
+Counted per sample of a batch (batch 128, hidden 128, ``shared_negatives`` 2,048 drawn by
+label frequency; the counts come from the data and a real draw, not from formulas alone):
+
+* FLOPs: the input layer forward and its weight gradient (2 nnz h each); the output block's
+  three products (3 x 2 |S| h); the extras (true labels outside S: 3 x 2 e h).
+* Bytes that must move: every touched row of W and of Adam's two moments read and written
+  once (6 x 4 h bytes a row; the input layer's touched features, the block's rows, the extras'
+  rows), the block's rows gathered once (4 h |S| / B) -- a fused step could do no less. The
+  gradient buffers are NOT counted: they are what a fused kernel avoids.
+
+The machine's rates, measured here: the GEMM rate at the block's shape of one OpenBLAS
+thread, and of one such call per core at once (the batch split across them) and the memory bandwidth of a Numba
+``prange`` triad over 512 MiB with all threads. The bound of a batch is max(FLOPs / GEMM rate,
+bytes / bandwidth) (perfect overlap) and, more reachable, their sum. Each engine
+(``per_sample``: before the batched engine; ``batched``: now) trains one epoch of the network
+alone after a compile fit; achieved samples/s divided by the bound's is its fraction.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from numba import njit, prange
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench.common import git_commit, machine_description  # noqa: E402,F401
+from bench.engine_ab import _machine, load  # noqa: E402
+
+
+@njit(parallel=True, cache=True)
+def _triad(a, b, c, s):
+    for i in prange(a.shape[0]):
+        a[i] = b[i] + s * c[i]
+
+
+def memory_bandwidth(mib=512, reps=5):
+    """Bytes/s of a triad a = b + s c (3 arrays of ``mib`` MiB: 2 reads, 1 write)."""
+    n = mib * 2 ** 20 // 4
+    a, b, c = (np.ones(n, np.float32) for _ in range(3))
+    _triad(a, b, c, np.float32(2.0))
+    best = np.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _triad(a, b, c, np.float32(2.0))
+        best = min(best, time.perf_counter() - t0)
+    return 3 * 4 * n / best
+
+
+def gemm_rate(B, S, h, threads=1, reps=20):
+    """FLOP/s of ``threads`` single-threaded OpenBLAS calls running at once (Python threads:
+    numpy releases the GIL), each over the block's three products for its share of the
+    batch -- how the batch would split across the cores."""
+    import threading
+    from threadpoolctl import threadpool_limits
+    rng = np.random.default_rng(0)
+    b = B // threads
+    H = rng.standard_normal((b, h), np.float32)
+    W = rng.standard_normal((S, h), np.float32)
+    bufs = [(np.empty((b, S), np.float32), np.empty((b, h), np.float32),
+             np.empty((S, h), np.float32)) for _ in range(threads)]
+
+    def products(i):
+        Z, dH, dW = bufs[i]
+        np.matmul(H, W.T, out=Z)
+        np.matmul(Z, W, out=dH)
+        np.matmul(Z.T, H, out=dW)
+
+    with threadpool_limits(1, user_api="blas"):
+        best = np.inf
+        for _ in range(reps):
+            ts = [threading.Thread(target=products, args=(i,)) for i in range(threads)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            best = min(best, time.perf_counter() - t0)
+    return 3 * 2 * b * threads * S * h / best
+
+
+def step_counts(X, Y, n_shared, batch, h, seed=0, n_batches=20):
+    """Per sample: nnz, touched input rows, block size, extras (true labels outside S)."""
+    from slide.engine.negatives import SharedNegatives
+    neg = SharedNegatives(n_shared, 1.0, Y.shape[1])
+    neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
+    rng = np.random.default_rng(seed)
+    out = {"nnz": [], "touched_in": [], "block": [], "extras": []}
+    for i in range(n_batches):
+        rows = rng.choice(X.shape[0], batch, replace=False)
+        S = neg.draw(seed, i)
+        xb, yb = X[rows], Y[rows]
+        out["nnz"].append(xb.nnz / batch)
+        out["touched_in"].append(np.unique(xb.indices).shape[0] / batch)
+        out["block"].append(S.shape[0])
+        out["extras"].append((yb.nnz - np.isin(yb.indices, S).sum()) / batch)
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def bound(c, h, batch, flops_rate, bw):
+    """(FLOPs, bytes, seconds) per sample, and the two bounds of samples/s."""
+    S = c["block"]
+    flops = 4 * c["nnz"] * h + 6 * (S / 1.0) * h + 6 * c["extras"] * h
+    touched_rows = c["touched_in"] + S / batch + c["extras"]
+    bytes_ = 6 * 4 * h * touched_rows + 4 * h * S / batch
+    t_f, t_m = flops / flops_rate, bytes_ / bw
+    return {"flops": flops, "bytes": bytes_, "t_flops": t_f, "t_bytes": t_m,
+            "bound_overlap": 1.0 / max(t_f, t_m), "bound_sum": 1.0 / (t_f + t_m)}
+
+
+def train_rate(X, Y, engine, threads, n_shared):
+    import slide
+    m = slide.SlideClassifier(engine=engine, learning_rate=1e-3, lr_schedule="constant",
+                              epochs=1, n_threads=threads, random_state=0, neighbours=0,
+                              rerank=False, shared_negatives=n_shared)
+    m.fit(X, Y)
+    return X.shape[0] / m.train_seconds_
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--n-train", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shared-negatives", type=int, default=2048)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import slide
+    from slide.data.inputs import as_feature_matrix, as_label_matrix
+    commit = git_commit()
+    X, Y, _, _ = load(args.data, args.n_train, 10)
+    X, Y = as_feature_matrix(X), as_label_matrix(Y, n_rows=X.shape[0])
+    h, batch = 128, 128
+    slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
+                          engine="per_sample", random_state=0).fit(X[:2048], Y[:2048])
+    slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
+                          random_state=0).fit(X[:2048], Y[:2048])          # compile both
+    c = step_counts(X, Y, args.shared_negatives, batch, h)
+    g1 = gemm_rate(batch, int(c["block"]), h)
+    flops_rate = gemm_rate(batch, int(c["block"]), h, threads=args.threads)
+    bw = memory_bandwidth()
+    b = bound(c, h, batch, flops_rate, bw)
+    rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives)
+             for e in ("per_sample", "batched")}
+    res = {"data": args.data, "commit": commit, "machine": machine_description(),
+           "n_train": X.shape[0], "n_labels": Y.shape[1], "counts_per_sample": c,
+           "gemm_flops_per_s_one_thread": g1, "gemm_flops_per_s": flops_rate, "memory_bytes_per_s": bw, "bound": b,
+           "samples_per_s": rates,
+           "fraction_of_overlap_bound": {e: r / b["bound_overlap"] for e, r in rates.items()},
+           "fraction_of_sum_bound": {e: r / b["bound_sum"] for e, r in rates.items()}}
+    with open(args.out + ".json", "w") as f:
+        json.dump(res, f, indent=1)
+    lines = [f"# Roofline of the training step: {args.data}", "",
+             f"- {X.shape[0]:,} points, {Y.shape[1]:,} labels; hidden {h}, batch {batch}, "
+             f"{args.shared_negatives} shared negatives, {args.threads} threads",
+             f"- commit {commit}; {_machine()}",
+             f"- command: `python bench/roofline.py {' '.join(sys.argv[1:])}`", "",
+             "| per sample | value |", "|---|---|",
+             f"| input nnz | {c['nnz']:.1f} |",
+             f"| touched input rows (distinct in the batch / B) | {c['touched_in']:.1f} |",
+             f"| block |S| (distinct draws) | {c['block']:.0f} |",
+             f"| extras (true labels outside S) | {c['extras']:.2f} |",
+             f"| FLOPs | {b['flops'] / 1e6:.2f} M |",
+             f"| bytes that must move | {b['bytes'] / 1e3:.0f} kB |",
+             f"| arithmetic intensity | {b['flops'] / b['bytes']:.1f} FLOP/byte |", "",
+             "| machine | value |", "|---|---|",
+             f"| GEMM, one OpenBLAS thread, block shape | {g1 / 1e9:.1f} GFLOP/s |",
+             f"| GEMM, {args.threads} such calls at once (the batch split) | "
+             f"{flops_rate / 1e9:.1f} GFLOP/s |",
+             f"| memory bandwidth (triad, {args.threads} threads) | {bw / 1e9:.1f} GB/s |", "",
+             "| bound / engine | samples/s | fraction of max-bound | fraction of sum-bound |",
+             "|---|---|---|---|",
+             f"| bound, FLOPs and bytes overlapped | {b['bound_overlap']:,.0f} | 1 | |",
+             f"| bound, FLOPs then bytes | {b['bound_sum']:,.0f} | | 1 |"]
+    for e, r in rates.items():
+        lines.append(f"| slide `{e}` | {r:,.0f} | {r / b['bound_overlap']:.2f} | "
+                     f"{r / b['bound_sum']:.2f} |")
+    lines += ["", f"FLOPs alone allow {1 / b['t_flops']:,.0f} samples/s, the bytes alone "
+              f"{1 / b['t_bytes']:,.0f}."]
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

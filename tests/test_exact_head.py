@@ -1,0 +1,88 @@
+"""The exact head of the shared negatives (slide.engine.negatives.SharedNegatives, n_head > 0):
+the most frequent labels are in every draw with weight 1, the rest are drawn from the other
+labels with the inclusion probabilities the correction uses, and the normaliser's estimate
+stays unbiased."""
+import numpy as np
+import pytest
+
+import slide
+from slide.engine.negatives import SharedNegatives, head_size
+
+N_OUT, N_SHARED, N_HEAD = 60, 12, 4
+
+
+def _negatives(n_head=N_HEAD, seed=0):
+    neg = SharedNegatives(N_SHARED, 1.0, N_OUT, n_head)
+    counts = np.random.default_rng(seed).zipf(1.6, N_OUT).clip(max=400)
+    neg.set_label_counts(counts)
+    return neg, counts
+
+
+def test_head_is_the_most_frequent_labels_and_always_drawn_with_weight_one():
+    neg, counts = _negatives()
+    top = np.argsort(-counts, kind="stable")[:N_HEAD]
+    np.testing.assert_array_equal(neg.head, np.sort(top))
+    for serial in range(50):
+        ids = neg.draw(7, serial)
+        assert np.isin(neg.head, ids).all()
+        assert np.all(np.diff(ids) > 0) and ids.shape[0] <= N_SHARED
+        np.testing.assert_array_equal(neg.corr[neg.head], 0.0)
+        np.testing.assert_array_equal(neg.corr_mix[neg.head], 0.0)
+    # the tail's draws never land on the head: the draw has n_shared - n_head tail draws
+    assert neg.tail_q[neg.head].sum() == 0.0
+    assert neg.tail_q.sum() == pytest.approx(1.0)
+
+
+def test_tail_inclusion_probabilities_match_the_draws():
+    """exp(-corr[j]) -- the probability the correction divides by -- against the frequency
+    with which j is drawn, over 6,000 batches (binomial tolerance, 5 sigma)."""
+    neg, _ = _negatives()
+    n = 6000
+    seen = np.zeros(N_OUT)
+    for serial in range(n):
+        seen[neg.draw(3, serial)] += 1
+    # every id drawn at least once has its weight recorded
+    p = np.exp(-neg.corr.astype(np.float64))
+    drawn = seen > 0
+    freq = seen / n
+    sigma = np.sqrt(p * (1 - p) / n) + 1e-9
+    assert np.all(np.abs(freq[drawn] - p[drawn]) < 5 * sigma[drawn] + 2e-3)
+    np.testing.assert_array_equal(freq[neg.head], 1.0)
+
+
+def test_normaliser_estimate_is_unbiased_with_a_head():
+    """E over the draw of sum_{j in S} exp(z_j) / P(j in S) = sum_j exp(z_j) (head: P = 1)."""
+    neg, _ = _negatives()
+    z = np.random.default_rng(5).normal(0, 1.5, N_OUT)
+    full = np.exp(z).sum()
+    est = []
+    for serial in range(4000):
+        ids = neg.draw(11, serial)
+        est.append((np.exp(z[ids] + neg.corr[ids].astype(np.float64))).sum())
+    est = np.array(est)
+    assert abs(est.mean() - full) < 5 * est.std() / np.sqrt(est.size)
+
+
+def test_head_lowers_the_normaliser_variance():
+    """Why the head exists: at equal block size, the estimate's spread shrinks when the
+    head's mass is exact (logits that follow frequency, as a log-prior start makes them)."""
+    spread = {}
+    for n_head in (0, N_HEAD):
+        neg, counts = _negatives(n_head)
+        z = np.log(counts + 1.0)
+        est = [np.exp(z[ids] + neg.corr[ids].astype(np.float64)).sum()
+               for ids in (neg.draw(2, s) for s in range(2000))]
+        spread[n_head] = np.std(est)
+    assert spread[N_HEAD] < 0.8 * spread[0]
+
+
+def test_head_size_and_estimator_parameter():
+    assert head_size(2048, 0.125) == 256 and head_size(24, 0.0) == 0 and head_size(7, 0.5) == 3
+    with pytest.raises(ValueError, match="exact_head"):
+        slide.SlideClassifier(exact_head=1.0).fit(np.eye(4, dtype=np.float32),
+                                                  [[0], [1], [2], [3]])
+
+
+def test_uniform_draws_have_no_head():
+    neg = SharedNegatives(N_SHARED, 0.0, N_OUT, N_HEAD)
+    assert neg.n_head == 0 and neg.head.shape[0] == 0
