@@ -47,6 +47,16 @@ ORDER = ("slide", "slide_lsh", "slide_dense", "tf", "torch", "tf_sampled", "omik
          "omikuji_bonsai", "napkinxc")
 
 
+def _tf_head(a, num_sampled):
+    """The head TF's sampled softmax gets: slide's (its exact_head share of the negatives,
+    unless --slide-param sets another) or --tf-head's number."""
+    if a.tf_head != "slide":
+        return int(a.tf_head)
+    from slide.params import BY_NAME
+    share = a.slide_params.get("exact_head", BY_NAME["exact_head"].default)
+    return int(int(num_sampled) * float(share))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -88,6 +98,11 @@ def parse_args(argv=None):
                    help="tf_sampled candidate sampler (synthetic label ids are in random "
                    "popularity order, so log-uniform's Zipf-by-id prior does not apply; "
                    "unigram draws in proportion to training label count + 1, as slide does)")
+    p.add_argument("--tf-head", default="slide",
+                   help="tf_sampled's exact head: the N most frequent labels in every batch's "
+                   "negatives with expected count 1, the rest of --num-sampled drawn from the "
+                   "other labels (slide's exact_head); 'slide' = the head slide's defaults "
+                   "give at this --num-sampled, 0 = none")
     p.add_argument("--tf-target", default="all", choices=["all", "one"],
                    help="tf_sampled's target per point and step: all (one row per true label, "
                    "weighted 1/|y|: estimates slide's loss) or one (one true label drawn "
@@ -304,6 +319,7 @@ def main(argv=None):
             spec["num_sampled"] = max(1, min(spec["num_sampled"], meta["n_labels"]))
             spec["candidate_sampler"] = a.candidate_sampler
             spec["tf_target"] = a.tf_target
+            spec["tf_head"] = _tf_head(a, spec["num_sampled"])
         cp = cache_path(a, spec)
         if s in a.reuse_set and cp.exists():
             r = json.loads(cp.read_text())

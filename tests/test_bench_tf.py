@@ -68,6 +68,25 @@ def test_sampled_output_layer_is_updated_row_sparsely():
     assert {2, 5, 9} <= moved and len(moved) <= 3 + 2  # true labels + at most 2 negatives
 
 
+def test_sampled_head_is_in_every_batch_with_expected_count_one():
+    """--tf-head: the most frequent labels (counts = arange: the last ids) are among every
+    batch's candidates with expected count 1; the other draws avoid them."""
+    m = _model(sampled={"num_sampled": 5, "sampler": "unigram", "head": 3})
+    _, Y = _batch()
+    labels = m.tf.constant(np.array([2, 11, 9], np.int64))
+    for _ in range(5):
+        cand, t_exp, s_exp = (v.numpy() for v in m._candidates(labels))
+        assert cand[:3].tolist() == [9, 10, 11] and len(set(cand.tolist())) == 5
+        np.testing.assert_array_equal(s_exp[:3], 1.0)
+        assert (s_exp[3:] < 1.0).all()
+        # a true label in the head (11, 9) gets expected count 1, one outside (2) less
+        assert t_exp[1, 0] == 1.0 and t_exp[2, 0] == 1.0 and t_exp[0, 0] < 1.0
+    W1 = m.W1.numpy().copy()
+    m.train_batch(*_batch())
+    moved = set(np.flatnonzero(np.any(m.W1.numpy() != W1, axis=1)).tolist())
+    assert {9, 10, 11} <= moved
+
+
 def test_reset_undoes_the_warm_up_step():
     m = _model()
     X, Y = _batch()

@@ -21,7 +21,11 @@ throw-away batch before the clock starts (``bench/dense_loop.py``).
   training count + 1, slide's shared-negative distribution); ``remove_accidental_hits`` drops a
   row's own label from them. ``tf_target="one"`` (``--tf-target one``): one true label drawn
   uniformly per point and step (weight 1) instead of one row per label -- the stock TF recipe,
-  cheaper on points with many labels; it estimates the same loss in expectation.
+  cheaper on points with many labels; it estimates the same loss in expectation. ``tf_head``
+  (``--tf-head``, by default the head slide's ``exact_head`` gives): that many of the most
+  frequent labels are in every batch's negatives with expected count 1 (no logQ offset), and
+  the other ``num_sampled - tf_head`` are drawn by the unigram sampler from the remaining
+  labels -- the same exact head as slide's.
 
 Initialisation: the same NumPy-drawn arrays as PyTorch (``bench.common.init_dense_weights``); by
 default (``--init glorot_normal+log_prior``) the output biases start at slide's log label prior.
@@ -79,6 +83,21 @@ class _TFModel:
         # distribution of slide's shared negatives (sampler.negative_power = 1)
         self.unigrams = None if label_counts is None else \
             (np.asarray(label_counts, np.float64) + 1.0).tolist()
+        # the exact head (slide's exact_head): the most frequent labels are in every batch's
+        # negatives with expected count 1 (no logQ offset); the other draws come from the
+        # rest (their unigram weight made negligible for the head)
+        self.head = None
+        n_head = int((sampled or {}).get("head", 0))
+        if n_head > 0 and label_counts is not None:
+            counts = np.asarray(label_counts, np.float64)
+            head = np.sort(np.argsort(-(counts + 1.0), kind="stable")[:n_head])
+            tail = counts + 1.0
+            tail[head] = 1e-30
+            self.unigrams = tail.tolist()
+            mask = np.zeros(n_labels, np.bool_)
+            mask[head] = True
+            self.head = tf.constant(head.astype(np.int64))
+            self.head_mask = tf.constant(mask)
         self.W0 = tf.Variable(W0, name="W0")
         self.b0 = tf.Variable(b0, name="b0")
         # sampled_softmax_loss wants the output weights as [n_labels, hidden]
@@ -188,6 +207,14 @@ class _TFModel:
         if s["sampler"] == "log_uniform":
             return tf.random.log_uniform_candidate_sampler(true, 1, s["num_sampled"], True,
                                                            self.L)
+        if s["sampler"] == "unigram" and self.head is not None:
+            n_head = int(self.head.shape[0])
+            cand, t_exp, s_exp = tf.random.fixed_unigram_candidate_sampler(
+                true, 1, s["num_sampled"] - n_head, True, self.L, unigrams=self.unigrams)
+            in_head = tf.expand_dims(tf.gather(self.head_mask, labels), 1)
+            return (tf.concat([self.head, cand], 0),
+                    tf.where(in_head, tf.ones_like(t_exp), t_exp),
+                    tf.concat([tf.ones([n_head], s_exp.dtype), s_exp], 0))
         if s["sampler"] == "unigram":
             return tf.random.fixed_unigram_candidate_sampler(
                 true, 1, s["num_sampled"], True, self.L, unigrams=self.unigrams)
@@ -228,6 +255,7 @@ def _train(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads, sampled):
         extra["num_sampled"] = sampled["num_sampled"]
         extra["candidate_sampler"] = sampled["sampler"]
         extra["tf_target"] = sampled["target"]
+        extra["tf_head"] = sampled["head"]
     return rec, final, extra
 
 
@@ -238,5 +266,5 @@ def run_dense(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
 def run_sampled(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
     sampled = {"num_sampled": int(spec["num_sampled"]),
                "sampler": spec.get("candidate_sampler", "unigram"),
-               "target": spec.get("tf_target", "all")}
+               "target": spec.get("tf_target", "all"), "head": int(spec.get("tf_head", 0))}
     return _train(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads, sampled)
