@@ -88,10 +88,10 @@ def gemm_rate(B, S, h, threads=1, reps=20):
     return 3 * 2 * b * threads * S * h / best
 
 
-def step_counts(X, Y, n_shared, batch, h, seed=0, n_batches=20):
+def step_counts(X, Y, n_shared, exact_head, batch, h, seed=0, n_batches=20):
     """Per sample: nnz, touched input rows, block size, extras (true labels outside S)."""
-    from slide.engine.negatives import SharedNegatives
-    neg = SharedNegatives(n_shared, 1.0, Y.shape[1])
+    from slide.engine.negatives import SharedNegatives, head_size
+    neg = SharedNegatives(n_shared, 1.0, Y.shape[1], head_size(n_shared, exact_head))
     neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
     rng = np.random.default_rng(seed)
     out = {"nnz": [], "touched_in": [], "block": [], "extras": []}
@@ -117,11 +117,11 @@ def bound(c, h, batch, flops_rate, bw):
             "bound_overlap": 1.0 / max(t_f, t_m), "bound_sum": 1.0 / (t_f + t_m)}
 
 
-def train_rate(X, Y, engine, threads, n_shared):
+def train_rate(X, Y, engine, threads, n_shared, exact_head):
     import slide
     m = slide.SlideClassifier(engine=engine, learning_rate=1e-3, lr_schedule="constant",
                               epochs=1, n_threads=threads, random_state=0, neighbours=0,
-                              rerank=False, shared_negatives=n_shared)
+                              rerank=False, shared_negatives=n_shared, exact_head=exact_head)
     m.fit(X, Y)
     return X.shape[0] / m.train_seconds_
 
@@ -131,11 +131,17 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--n-train", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--shared-negatives", type=int, default=2048)
+    ap.add_argument("--shared-negatives", type=int, default=None, help="default: slide's")
+    ap.add_argument("--exact-head", type=float, default=None, help="default: slide's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import slide
     from slide.data.inputs import as_feature_matrix, as_label_matrix
+    from slide.params import BY_NAME
+    if args.shared_negatives is None:
+        args.shared_negatives = BY_NAME["shared_negatives"].default
+    if args.exact_head is None:
+        args.exact_head = BY_NAME["exact_head"].default
     commit = git_commit()
     X, Y, _, _ = load(args.data, args.n_train, 10)
     X, Y = as_feature_matrix(X), as_label_matrix(Y, n_rows=X.shape[0])
@@ -144,12 +150,12 @@ def main():
                           engine="per_sample", random_state=0).fit(X[:2048], Y[:2048])
     slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
                           random_state=0).fit(X[:2048], Y[:2048])          # compile both
-    c = step_counts(X, Y, args.shared_negatives, batch, h)
+    c = step_counts(X, Y, args.shared_negatives, args.exact_head, batch, h)
     g1 = gemm_rate(batch, int(c["block"]), h)
     flops_rate = gemm_rate(batch, int(c["block"]), h, threads=args.threads)
     bw = memory_bandwidth()
     b = bound(c, h, batch, flops_rate, bw)
-    rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives)
+    rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives, args.exact_head)
              for e in ("per_sample", "batched")}
     res = {"data": args.data, "commit": commit, "machine": machine_description(),
            "n_train": X.shape[0], "n_labels": Y.shape[1], "counts_per_sample": c,
@@ -161,7 +167,8 @@ def main():
         json.dump(res, f, indent=1)
     lines = [f"# Roofline of the training step: {args.data}", "",
              f"- {X.shape[0]:,} points, {Y.shape[1]:,} labels; hidden {h}, batch {batch}, "
-             f"{args.shared_negatives} shared negatives, {args.threads} threads",
+             f"{args.shared_negatives} shared negatives (exact head {args.exact_head}), "
+             f"{args.threads} threads",
              f"- commit {commit}; {_machine()}",
              f"- command: `python bench/roofline.py {' '.join(sys.argv[1:])}`", "",
              "| per sample | value |", "|---|---|",

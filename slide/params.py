@@ -113,9 +113,9 @@ TABLE = (
        "of tables a neuron must appear in", ge=1, optional=True),
     _p("min_active", "sampler.min_active", "int", 0, "each sample's active set is padded with "
        "its own random neurons up to this size", ge=0, optional=True),
-    _p("shared_negatives", "sampler.shared_negatives", "int", 2048, "negatives drawn by label "
+    _p("shared_negatives", "sampler.shared_negatives", "int", 1024, "negatives drawn by label "
        "frequency once per batch and active for every sample of it", ge=0, optional=True),
-    _p("exact_head", "sampler.exact_head", "float", 0.125, "share of shared_negatives given to "
+    _p("exact_head", "sampler.exact_head", "float", 0.5, "share of shared_negatives given to "
        "the most frequent labels: in every batch's block and computed exactly, the rest drawn "
        "by frequency from the other labels (0: every one drawn; needs negative_power > 0)",
        ge=0, lt=1, optional=True),
