@@ -39,7 +39,7 @@ params = json.loads(sys.argv[1])
 X, Y, Xt, Yt = slide.generate("xc200k", scale=0.05, n_train=3000, n_test=300, seed=0)
 model = slide.SlideClassifier(**dict(dict(random_state=0, n_threads=2, learning_rate=1e-3),
                                      **params))
-model._validate_params()
+model._checked_params()
 with event.install_recorder("numba:compile") as rec:
     compile_s = model._warm_up(X, Y)      # what fit(X, Y) compiles
 compiled = sorted({e.data["dispatcher"].py_func.__module__ + "."

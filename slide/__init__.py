@@ -20,9 +20,11 @@ _EXPORTS = {
     "SlideClassifier": "slide.estimator",
     "SlideEnsemble": "slide.ensemble",
     "load": "slide.estimator",
+    "save": "slide.text",
 }
 _SUBMODULES = {"data", "synthetic", "metrics", "lsh", "layers", "optim", "network", "estimator",
-               "cli", "params", "trainer", "checkpoint", "distributed", "ensemble"}
+               "cli", "params", "trainer", "checkpoint", "distributed", "ensemble",
+               "labels", "text"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -30,6 +30,9 @@ import zipfile
 import numpy as np
 
 from slide.fileio import atomic_write
+from slide.labels import names_for_saving, set_classes
+
+VOTE_SETTINGS = ("neighbours", "neighbour_weight", "rerank")
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
@@ -145,7 +148,12 @@ def _metadata(model, arrays, extra):
         {k: v for k, v in net.reranker.state_dict().items() if not isinstance(v, np.ndarray)},
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
+        # optional (files before it load as label ids): slide.labels
+        "label_names": names_for_saving(model),
     }
+    # the vote's settings as fitted (predictions use them; a set_params after fit does not)
+    meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
+                           if hasattr(model, name + "_")})
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     if meta["params"]["sparse_layers"] is not None:
         meta["params"]["sparse_layers"] = [int(v) for v in meta["params"]["sparse_layers"]]
@@ -157,16 +165,21 @@ def _write_arrays(f, meta, arrays):
     np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
 
 
-def save(model, path, extra=None):
+def save(model, path, extra=None, attachment=None):
     """Write ``model``'s checkpoint to ``path`` atomically (the previous file survives any
-    failure)."""
+    failure). ``attachment``: ``(meta, arrays)`` of the text steps in front of the model
+    (``slide.text.pipeline_state``; ``load`` then returns the pipeline)."""
     if extra is not None:
         try:
             json.dumps(extra)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
     arrays = _model_arrays(model)
+    if attachment is not None:
+        arrays.update(attachment[1])
     meta = _metadata(model, arrays, extra)
+    if attachment is not None:
+        meta["text"] = attachment[0]
     with atomic_write(path, "wb") as f:
         _write_arrays(f, meta, arrays)
 
@@ -331,7 +344,7 @@ def _build_model(path, meta):
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = SlideClassifier(**params)
-    hs, sparse = model._validate_params()
+    hs, sparse = model._checked_params()
     sizes = [int(s) for s in meta["sizes"]]
     if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
         raise CheckpointError(path, "layer sizes in the metadata do not match the "
@@ -391,6 +404,10 @@ def _restore(model, path, meta, arrays):
     _load_serving(model, path, meta.get("serving"), arrays)
     _load_memory(model, path, meta.get("neighbours"), arrays)
     _load_reranker(model, path, meta.get("reranker"), arrays)
+    try:
+        set_classes(model, meta.get("label_names"))
+    except ValueError as exc:
+        raise CheckpointError(path, f"label names: {exc}") from None
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
 
@@ -413,7 +430,11 @@ def load(path):
         _check_listed_arrays(path, meta, arrays)
         if meta["format"] == ENSEMBLE_FORMAT:
             return _load_ensemble(path, meta, arrays)
-        return _load_model(path, meta, arrays)
+        model = _load_model(path, meta, arrays)
+        if meta.get("text") is None:
+            return model
+        from slide.text import pipeline_from_state     # a model that carries its vectorizer
+        return pipeline_from_state(model, meta["text"], arrays)
     except CheckpointError:
         raise
     except _Unreadable as exc:

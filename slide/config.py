@@ -346,6 +346,10 @@ def _check_data_source(cfg: dict, problems: list, check_files=True):
     elif data["overrides"]:
         problems.append(("data.overrides", "only applies to a synthetic set (data.preset)"))
 
+    if data["format"] is None:
+        # from data.train's extension (.jsonl / .tsv are raw text: slide.data.textfile)
+        from slide.data.textfile import format_of
+        data["format"] = format_of(data["train"]) if data["train"] is not None else "xc"
     for key in ("train", "test"):
         path = data[key]
         if path is None:
@@ -361,7 +365,7 @@ def _check_data_source(cfg: dict, problems: list, check_files=True):
             problems.append((f"data.{key}", f"not a regular file: {path}"))
         elif not os.access(path, os.R_OK):
             problems.append((f"data.{key}", f"file not readable: {path}"))
-        else:
+        elif data["format"] == "xc":
             shape = _header_shape(path)
             if shape is None:
                 problems.append((f"data.{key}", f"{path}: line 1 is not an XC header "
@@ -447,6 +451,10 @@ def resume_differences(saved: dict, current: dict) -> list:
     """Keys whose values differ between a checkpoint's config and the current one, ignoring
     :data:`RESUME_MUTABLE`. Returns ``[(key, saved_value, current_value), ...]``."""
     a, b = flatten(saved), flatten(current)
+    # a key the saved configuration lacks was added to slide after that run was written:
+    # the run had its default (the [text] keys of an XC run)
+    a.update({k: _config_default(params.BY_KEY[k]) for k in set(b) - set(a)
+              if k in params.BY_KEY})
     diffs = []
     for key in sorted(set(a) | set(b)):
         if key in RESUME_MUTABLE:

@@ -73,7 +73,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             raise ValueError(f"random_state must be None or a non-negative integer, got "
                              f"{self.random_state!r}")
         template = self._template()
-        template._validate_params()
+        template._checked_params()
         return template
 
     def _members_to_fit(self, template):
@@ -92,16 +92,19 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                                            time_budget=share, **extra)
                 for k in range(int(self.n_models))]
 
-    def fit(self, X, Y, eval_set=None, callback=None):
+    def fit(self, X, Y, eval_set=None, callback=None, classes=None):
         """Train the members one after another. ``callback(member, info)`` is each member's
         ``fit`` callback, with ``info["member"]`` = its index; a true return value stops that
-        member (the next one still trains)."""
+        member (the next one still trains). Y and ``classes``: as ``SlideClassifier.fit``
+        takes them (read once; every member gets the same ``classes_``)."""
+        from slide.labels import encode
         members = self._members_to_fit(self._validate())
+        Y, names = encode(Y, name="Y", classes=classes)
         fitted = []
         for k, member in enumerate(members):
             cb = None if callback is None else \
                 (lambda m, info, k=k: callback(m, dict(info, member=k)))
-            fitted.append(member.fit(X, Y, eval_set=eval_set, callback=cb))
+            fitted.append(member.fit(X, Y, eval_set=eval_set, callback=cb, classes=names))
         self._set_members(fitted)
         return self
 
@@ -110,6 +113,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         first = self.members_[0]
         self.n_features_in_ = first.n_features_in_
         self.n_labels_ = first.n_labels_
+        self.classes_ = first.classes_
+        self.named_labels_ = first.named_labels_
         self.train_seconds_ = float(sum(m.train_seconds_ for m in self.members_))
         self.compile_seconds_ = float(sum(getattr(m, "compile_seconds_", 0.0)
                                           for m in self.members_))
@@ -149,8 +154,9 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         """The ensemble's scores: its mean probabilities (``predict_proba``)."""
         return self.predict_proba(X)
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=256):
-        """(n, k) int64 label ids by mean member probability, best first. Every label is
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=256, *, return_names=False):
+        """(n, k) int64 label ids by mean member probability, best first (``return_names``:
+        their ``classes_`` names). Every label is
         scored (``exact=False``, the members' LSH serving, is not offered for an ensemble);
         ``prior_candidates`` is accepted for ``SlideClassifier``'s signature and unused."""
         self._check_fitted()
@@ -166,18 +172,19 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                 idx = np.tile(np.arange(p.shape[1]), (p.shape[0], 1))
             order = np.argsort(-np.take_along_axis(p, idx, axis=1), axis=1, kind="stable")
             out.append(np.take_along_axis(idx, order, axis=1).astype(np.int64))
-        return np.vstack(out)
+        ids = np.vstack(out)
+        return np.asarray(self.classes_)[ids] if return_names else ids
 
     def predict(self, X):
-        """Top-1 label id per row."""
-        return self.predict_topk(X, k=1)[:, 0]
+        """Top-1 label per row, as ``classes_`` names it."""
+        return self.predict_topk(X, k=1, return_names=True)[:, 0]
 
-    def score(self, X, Y, exact=True, prior_candidates=256):
-        """Precision@1 of the top prediction."""
-        from slide.data import as_label_matrix
+    def score(self, X, y, exact=True, prior_candidates=256):
+        """Precision@1 of the top prediction (y: the true labels, as ``fit`` takes its Y)."""
+        from slide.labels import encode_known
         self._check_fitted()
         top = self.predict_topk(X, k=1, exact=exact)[:, 0]
-        Y = as_label_matrix(Y, n_labels=self.n_labels_, n_rows=top.shape[0], name="Y")
+        Y = encode_known(y, self, n_rows=top.shape[0], name="Y")
         return float(np.asarray(Y[np.arange(top.shape[0]), top]).ravel().mean())
 
     # ------------------------------------------------------------------------------------------

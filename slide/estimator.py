@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover
     BaseEstimator = object
     ClassifierMixin = object
 
+from slide import labels as labels_mod
 from slide import params as params_mod
 from slide import trainer
 from slide.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError,  # noqa: F401 (re-exported)
@@ -26,10 +27,11 @@ from slide.engine.negatives import head_size
 from slide.optim import SparseOptimizer
 from slide.params import is_int
 from slide.schedule import RehashSchedule
+from slide.sklearn_api import ScikitLearnAPI
 from slide.trainer import DivergenceError, blas_single_thread  # noqa: F401 (re-exported)
 
 
-class SlideClassifier(ClassifierMixin, BaseEstimator):
+class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     """Extreme multi-label classifier: sparse input -> ReLU hidden layers -> softmax output,
     trained by SLIDE (LSH-selected active neurons, sparse backprop, HOGWILD batches).
 
@@ -142,6 +144,10 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
 
     _BUILT_ATTR = "network_"     # set by _build: the model holds trained state
 
+    # scikit-learn's declaration of the parameters (its _validate_params and estimator
+    # checks read it), generated from slide.params' table like every other spelling of them
+    _parameter_constraints = params_mod.sklearn_constraints()
+
     def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=1024, exact_head=0.5,
@@ -195,10 +201,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # validation
     # ------------------------------------------------------------------------------------------
-    def _validate_params(self):
+    def _checked_params(self):
         """Check every hyperparameter against ``slide.params``; raise ValueError naming the
-        offending one. Returns (hidden sizes, sparse layer indices)."""
+        offending one, then scikit-learn's ``_validate_params`` over the constraints generated
+        from the same table. Returns (hidden sizes, sparse layer indices)."""
         values = params_mod.check_estimator_params(self.get_params(deep=False))
+        self._validate_params()
         hs = tuple(values["hidden_sizes"])
         n_layers = len(hs) + 1
         if self.sampler == "dense":
@@ -220,28 +228,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             check_hash_config(self.hash_family, self.K, self.L, self.range_pow)
         return hs, tuple(sorted(set(int(l) for l in sparse)))
 
-    def _check_data(self, X, Y=None, fitted=False, training=False):
-        """Canonical CSR of X (and Y) through ``slide.data``'s validators, which every entry
-        point that reaches a kernel goes through. ``training``: Y must have a positive label
-        (a model cannot learn from none; rows without labels are fine)."""
-        from slide.data import as_feature_matrix, as_label_matrix
-        n_features = self.n_features_in_ if fitted else None
-        X = as_feature_matrix(X, n_features=n_features, name="X")
-        if X.shape[0] == 0:
-            raise ValueError("X has no rows")
-        X.indptr = X.indptr.astype(np.int64, copy=False)
-        if Y is None:
-            return X
-        n_labels = self.n_labels_ if fitted else None
-        Y = as_label_matrix(Y, n_labels=n_labels, n_rows=X.shape[0], name="Y")
-        if training and Y.nnz == 0:
-            raise ValueError(f"Y has no positive labels (all {Y.shape[0]} rows are empty): "
-                             "nothing to train on")
-        if Y.shape[1] == 0:
-            raise ValueError("Y has no label columns")
-        Y.indptr = Y.indptr.astype(np.int64, copy=False)
-        return X, Y
-
     # ------------------------------------------------------------------------------------------
     # building
     # ------------------------------------------------------------------------------------------
@@ -262,6 +248,8 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.seed_ = int(seed)
         self.n_features_in_ = int(n_features)
         self.n_labels_ = int(n_labels)
+        labels_mod.set_classes(self, None)      # ids until fit names them
+        self._fix_vote_settings()
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None):
         """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
@@ -296,7 +284,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
-    def fit(self, X, Y, eval_set=None, callback=None, resume=False):
+    def fit(self, X, Y, eval_set=None, callback=None, resume=False, classes=None):
         """Train for ``epochs`` passes over (X, Y) (``"auto"``: ``trainer.resolve_epochs``).
 
         resume=False: fresh initialisation. resume=True: continue a model that was stopped by
@@ -306,10 +294,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         after that batch. Before training, the kernels the run uses are compiled (once per
         process and configuration, ``slide.warmup``): ``compile_seconds_`` holds that time,
         ``train_seconds_`` never includes it.
+
+        Y: a 0/1 matrix, label lists of ids or of names, or a 1-D array of names
+        (``slide.labels``: which is read how); ``classes``: the names of Y's labels (of a
+        matrix's columns, e.g. ``MultiLabelBinarizer.classes_``), fixing their order. The
+        fitted ``classes_`` name the output columns.
         """
-        self._validate_params()
+        self._checked_params()
         compile_seconds = self._warm_up(X, Y)
-        self._fit_core(X, Y, eval_set, callback, resume)
+        self._fit_core(X, Y, eval_set, callback, resume, classes)
         self.compile_seconds_ = compile_seconds
         return self
 
@@ -321,15 +314,16 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self._threads()
         return warmup.warm_up(self, X, Y)
 
-    def _fit_core(self, X, Y, eval_set, callback, resume):
+    def _fit_core(self, X, Y, eval_set, callback, resume, classes=None):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""
-        hs, sparse = self._validate_params()
+        hs, sparse = self._checked_params()
         fitted = resume and self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
-        if eval_set is not None:
-            eval_set = self._check_eval_set(eval_set, X, Y)
+        X, Y, names = self._check_training_data(X, Y, fitted, classes)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(self, names)
+        if eval_set is not None:
+            eval_set = self._check_eval_set(eval_set, X, Y)
         split = self._rerank_split(X.shape[0], Y.shape[1])
         self._train(X, Y, self.planned_batches(X.shape[0], Y.shape[1])[0], eval_set, callback,
                     rows=None if split is None else split[0])
@@ -389,6 +383,7 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         """``fit_neighbours`` on rows already checked (``_check_data`` copies its input);
         with ``split`` (network rows, held-out rows) the re-ranker is fitted first."""
         self._threads()
+        self._fix_vote_settings()
         self.sync()
         self.network_.release_scratch()
         if split is None:
@@ -401,21 +396,16 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.network_.memory = memory
         self.network_.reranker = reranker
 
-    def _check_neighbour_settings(self):
-        """The settings of the vote and its re-ranker, checked at prediction too:
-        ``set_params`` may change them after ``fit``."""
-        for name in ("neighbours", "neighbour_weight", "rerank"):
-            _, problem = params_mod.check_value(params_mod.BY_NAME[name], getattr(self, name))
-            if problem:
-                raise ValueError(f"{name} {problem}")
-
-    def _exact_topk(self, X, k, with_scores):
+    def _exact_topk(self, X, k, with_scores, neighbours=None, rerank=None):
         """Exact top-k of checked rows X (BLAS held to one thread by the caller): ranked by
         the re-ranker when the model has one and ``rerank`` is on, else the network's
         probabilities blended with the neighbour vote when it has its memory, else the logits.
-        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits)."""
-        vote = self._neighbour_vote()       # checks the vote's settings, rerank among them
-        if vote is not None and self.rerank and self.network_.reranker is not None:
+        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits).
+        ``neighbours`` / ``rerank``: this call's (None: the fitted ``neighbours_`` /
+        ``rerank_``)."""
+        vote = self._neighbour_vote(neighbours)
+        rerank = self.rerank_ if rerank is None else rerank
+        if vote is not None and rerank and self.network_.reranker is not None:
             out = self.network_.predict_topk_reranked(X, k)
         elif vote is not None:
             out = self.network_.predict_topk_blended(X, k, *vote)
@@ -423,22 +413,26 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
         return out if with_scores else out[0]
 
-    def _neighbour_vote(self):
-        """Whether exact predictions blend in the neighbour vote: (k, weight) or None."""
-        self._check_neighbour_settings()
-        if self.neighbours <= 0 or self.network_.memory is None:
+    def _neighbour_vote(self, neighbours=None):
+        """Whether exact predictions blend in the neighbour vote: (k, weight) or None
+        (``neighbours``: this call's vote size; None: the fitted ``neighbours_``)."""
+        k = self.neighbours_ if neighbours is None else int(neighbours)
+        if k <= 0 or self.network_.memory is None:
             return None
-        return int(self.neighbours), float(self.neighbour_weight)
+        return int(k), float(self.neighbour_weight_)
 
-    def partial_fit(self, X, Y):
+    def partial_fit(self, X, Y, classes=None):
         """One more epoch over (X, Y), continuing the current state (initialised on first
-        call)."""
-        hs, sparse = self._validate_params()
+        call). Names: the first call fixes ``classes_`` (from Y, or from ``classes``: pass
+        every name there when later calls may bring others); later calls refuse a name not
+        among them."""
+        hs, sparse = self._checked_params()
         compile_seconds = self._warm_up()
         fitted = self._built()
-        X, Y = self._check_data(X, Y, fitted=fitted, training=True)
+        X, Y, names = self._check_training_data(X, Y, fitted, classes)
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(self, names)
         self.compile_seconds_ = compile_seconds
         self.batch_in_epoch_ = 0
         self._train(X, Y, self.epoch_ + 1, None, None)
@@ -447,17 +441,6 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
     def _built(self):
         """Whether the model holds trained state (``_build`` ran)."""
         return hasattr(self, self._BUILT_ATTR)
-
-    def _check_eval_set(self, eval_set, X, Y):
-        from slide.data import as_feature_matrix, as_label_matrix
-        try:
-            Xe, Ye = eval_set
-        except (TypeError, ValueError):
-            raise ValueError("eval_set must be a pair (X_val, Y_val)") from None
-        Xe = as_feature_matrix(Xe, n_features=X.shape[1], name="eval_set X")
-        Xe.indptr = Xe.indptr.astype(np.int64, copy=False)
-        Ye = as_label_matrix(Ye, n_labels=Y.shape[1], n_rows=Xe.shape[0], name="eval_set Y")
-        return Xe, Ye
 
     def _train(self, X, Y, end_epoch, eval_set, callback, rows=None):
         trainer.train(self, X, Y, end_epoch, eval_set, callback, rows=rows)
@@ -492,8 +475,12 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         self.optimizer_.flush(self.network_.W, self.network_.B)
         return self
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
-        """(n, k) int64 label ids, best first. exact=True scores every output neuron, blended
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=None, *, neighbours=None,
+                     rerank=None, return_names=False):
+        """(n, k) int64 label ids (column ids of ``classes_``), best first;
+        ``return_names=True``: the labels' names, ``classes_[ids]``. ``neighbours`` /
+        ``rerank``: this call's vote size and re-ranker switch (None: as fitted,
+        ``neighbours_`` / ``rerank_``; ``set_params`` after ``fit`` does not change them). exact=True scores every output neuron, blended
         with the neighbour vote of the training rows when the model has its memory
         (``neighbours``, ``slide.neighbours``); exact=False is sparse serving, by the network
         alone: the output layer's serving index
@@ -509,15 +496,18 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
                                              or prior_candidates < 0):
             raise ValueError(f"prior_candidates must be a non-negative integer or None, "
                              f"got {prior_candidates!r}")
+        self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
         with blas_single_thread():     # OpenBLAS vs Numba thread contention (slide.trainer)
             if exact:
-                return self._exact_topk(X, int(k), with_scores=False)
-            if prior_candidates is None:
-                from slide.lsh.serving import default_prior
-                prior_candidates = default_prior(self.network_.layout.n_out[-1])
-            return self.network_.predict_topk_serving(X, int(k),
-                                                      prior_candidates=int(prior_candidates))
+                ids = self._exact_topk(X, int(k), False, neighbours, rerank)
+            else:
+                if prior_candidates is None:
+                    from slide.lsh.serving import default_prior
+                    prior_candidates = default_prior(self.network_.layout.n_out[-1])
+                ids = self.network_.predict_topk_serving(X, int(k),
+                                                         prior_candidates=int(prior_candidates))
+        return labels_mod.names_of(self, ids) if return_names else ids
 
     def serving_index(self, n_bits=None, n_tables=None, n_candidates=None, n_ranges=None):
         """The serving index sparse ``predict_topk`` uses (built now if missing, or rebuilt
@@ -544,20 +534,24 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
         params_mod.check_k(k, self.n_labels_)
         return self._prepare_inference(X)
 
-    def predict_topk_scored(self, X, k=5):
+    def predict_topk_scored(self, X, k=5, *, neighbours=None, rerank=None):
         """Exact top-k with the score that ranked each label: (ids [n, k] int64, scores [n, k]
-        float64): the blended probability with the neighbour vote, else the logit."""
+        float64): the blended probability with the neighbour vote, else the logit
+        (``neighbours`` / ``rerank``: as ``predict_topk``'s)."""
+        self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
         with blas_single_thread():
-            return self._exact_topk(X, int(k), with_scores=True)
+            return self._exact_topk(X, int(k), True, neighbours, rerank)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X, *, neighbours=None):
         """Dense label probabilities [n, n_labels] (float32) of exact inference: the softmax
         of the network's logits (the per-label sigmoid for loss="sigmoid"), blended with the
         neighbour vote when the model has its memory (``neighbours``). Mind the size at many
-        labels: ``predict_topk`` needs no dense matrix."""
+        labels: ``predict_topk`` needs no dense matrix. ``neighbours``: as ``predict_topk``'s.
+        """
+        self._check_switches(neighbours, None)
         X = self._prepare_inference(X)
-        vote = self._neighbour_vote() or (0, 0.0)
+        vote = self._neighbour_vote(neighbours) or (0, 0.0)
         with blas_single_thread():
             return self.network_.predict_proba(X, *vote)
 
@@ -569,13 +563,15 @@ class SlideClassifier(ClassifierMixin, BaseEstimator):
             return self.network_.predict_scores(X)
 
     def predict(self, X):
-        """Top-1 label id per row."""
-        return self.predict_topk(X, k=1)[:, 0]
+        """The top-1 label per row, as ``classes_`` names it (scikit-learn's convention: the
+        label id itself for a model fitted on ids)."""
+        return self.predict_topk(X, k=1, return_names=True)[:, 0]
 
-    def score(self, X, Y, exact=True, prior_candidates=None):
-        """Precision@1 of the top prediction (``predict_topk``'s inference options)."""
+    def score(self, X, y, exact=True, prior_candidates=None):
+        """Precision@1 of the top prediction (``predict_topk``'s inference options); y, the
+        true labels, as ``fit`` takes its Y, its names among ``classes_``."""
         self._check_fitted()
-        X, Y = self._check_data(X, Y, fitted=True)
+        X, Y = self._check_data(X, y, fitted=True)
         top = self.predict_topk(X, k=1, exact=exact, prior_candidates=prior_candidates)[:, 0]
         hit = np.asarray(Y[np.arange(X.shape[0]), top]).ravel()
         return float(hit.mean())

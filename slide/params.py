@@ -65,9 +65,13 @@ def _p(name, key, kind, default, doc, **kw):
 TABLE = (
     _p(None, "output_dir", "str", "runs/run",
        "run directory (config, metrics, checkpoints, model)"),
-    _p(None, "data.format", "str", "xc", "format of data.train / data.test", choices=("xc",)),
+    _p(None, "data.format", "str", None, "format of data.train / data.test: xc (header "
+       "'points features labels'), jsonl ({\"text\": ..., \"labels\": [...]} a line) or tsv "
+       "(labels,comma,separated<TAB>text); unset: from data.train's extension (.jsonl, .tsv, "
+       "else xc). jsonl and tsv are raw text, vectorised by the [text] settings "
+       "(docs/text.md)", choices=("xc", "jsonl", "tsv"), optional=True),
     _p(None, "data.train", "str", None,
-       "training file (XC format: header 'points features labels')", optional=True),
+       "training file (data.format)", optional=True),
     _p(None, "data.test", "str", None, "test file; the evaluation sample is drawn from it "
        "(from the training file when absent)", optional=True),
     _p(None, "data.preset", "str", None, "synthetic preset (slide.synthetic.PRESETS) used "
@@ -85,6 +89,26 @@ TABLE = (
        "(XC repository: 2.6 for Amazon, 1.5 otherwise)", ge=0),
     _p(None, "data.save_generated", "bool", True, "synthetic: write train.txt/test.txt into "
        "OUTPUT_DIR/data so evaluate/predict can use them"),
+    _p(None, "text.vectorizer", "str", "tfidf", "raw-text data: tfidf (TfidfVectorizer, "
+       "vocabulary and idf from the training file) or hashing (HashingVectorizer of "
+       "text.n_features columns, then TfidfTransformer: no vocabulary kept)",
+       choices=("tfidf", "hashing")),
+    _p(None, "text.sublinear_tf", "bool", True, "tf = 1 + log(count) (measured best: "
+       "docs/text.md)"),
+    _p(None, "text.min_df", "int", 2, "tfidf: drop terms in fewer training documents", ge=1),
+    _p(None, "text.max_df", "float", 1.0, "tfidf: drop terms in a larger share of the "
+       "training documents", gt=0, le=1),
+    _p(None, "text.max_features", "int", None, "tfidf: keep the most frequent terms only; "
+       "unset: all", ge=1, optional=True),
+    _p(None, "text.ngram_max", "int", 1, "word n-grams from 1 to this length", ge=1, le=3),
+    _p(None, "text.lowercase", "bool", True, "lowercase before tokenising"),
+    _p(None, "text.token_pattern", "str", r"(?u)\b\w+\b",
+       "regular expression of a token (words, one-letter ones kept, 'libfoo-dev' split in "
+       "two: the best of four patterns measured on debdeps' raw text, docs/text.md)"),
+    _p(None, "text.strip_accents", "str", None, "ascii or unicode: strip accents; unset: "
+       "keep them", choices=("ascii", "unicode"), optional=True),
+    _p(None, "text.n_features", "int", 2**20, "hashing: columns of the hashed features",
+       ge=1),
     _p("hidden_sizes", "model.hidden_sizes", "int_list", (128,),
        "widths of the hidden ReLU layers (at least one)", ge=1),
     _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons",
@@ -354,6 +378,55 @@ def check_estimator_params(values: dict) -> dict:
         if problem:
             raise ValueError(f"{p.name} {problem}")
         out[p.name] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# scikit-learn's parameter constraints
+
+def _interval(p: Param, number_type):
+    from sklearn.utils._param_validation import Interval
+    left = p.gt if p.gt is not None else p.ge
+    right = p.lt if p.lt is not None else p.le
+    closed = {(True, True): "both", (True, False): "left", (False, True): "right",
+              (False, False): "neither"}[(p.ge is not None, p.le is not None)]
+    return Interval(number_type, left, right, closed=closed)
+
+
+def sklearn_constraints(params=None) -> dict:
+    """``_parameter_constraints`` (scikit-learn's declaration, read by its
+    ``_validate_params`` and ``estimator_checks``) generated from the table's rows: kinds,
+    bounds and choices become ``Interval`` / ``StrOptions`` / ``"boolean"`` / ``None``. The
+    table's own check (``check_estimator_params``) stays the stricter one (bools are not
+    integers, floats must be finite) and the one whose messages the user reads."""
+    from numbers import Integral, Real
+
+    from sklearn.utils._param_validation import StrOptions
+    out = {}
+    for p in ESTIMATOR_PARAMS if params is None else params:
+        kind = p.kind
+        allowed = []
+        if kind.endswith("_or_none") or kind == "layers":
+            allowed.append(None)
+            kind = kind[:-len("_or_none")] if kind.endswith("_or_none") else kind
+        if kind == "int_or_auto":
+            allowed.append(StrOptions({"auto"}))
+            kind = "int"
+        if kind == "int_list":
+            allowed += ["array-like", _interval(p, Integral)]
+        elif kind == "layers":
+            allowed.append("array-like")
+        elif kind == "int":
+            allowed.append(_interval(p, Integral))
+        elif kind == "float":
+            allowed.append(_interval(p, Real))
+        elif kind == "bool":
+            allowed.append("boolean")
+        elif kind == "str":
+            allowed.append(StrOptions(set(p.choices)) if p.choices else str)
+        elif kind == "table":
+            allowed.append(dict)
+        out[p.name] = allowed
     return out
 
 

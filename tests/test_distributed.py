@@ -55,7 +55,7 @@ def test_dense_shards_give_the_full_softmax_gradient():
                                optimizer="sgd", learning_rate=1.0, lr_schedule="constant",
                                output_bias_init="zero", batch_size=n, epochs=1, random_state=4,
                                n_threads=1)
-    hs, sparse = m._validate_params()
+    hs, sparse = m._checked_params()
     m._build(F, C, hs, sparse)
     W0 = m.hidden_.W.reshape(F, H).copy()
     b0 = m.hidden_.B.copy()
@@ -111,7 +111,7 @@ def test_three_shards_sampled_step_equals_the_single_process_step():
     single = SlideClassifier(**kw)
     sharded = ShardedSlideClassifier(n_shards=3, backend="local", **kw)
     for m in (single, sharded):
-        m._build(F, C, *m._validate_params())
+        m._build(F, C, *m._checked_params())
     W0, b0 = single.network_.layout.weight_view(single.network_.W, 0).copy(), \
         single.network_.layout.bias_view(single.network_.B, 0).copy()
     Wo0 = single.network_.output_view()[0].copy()

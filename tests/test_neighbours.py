@@ -77,8 +77,7 @@ def test_blended_top_k_is_the_top_k_of_the_blended_probabilities(tiny):
         np.put_along_axis(outside, top, -np.inf, axis=1)
         assert np.all(outside.max(axis=1) <= kth[:, 0] + 1e-6)
         # the blend is the documented mixture of the network and the vote
-        Pn = m.set_params(neighbours=0).predict_proba(Xte)
-        m.set_params(neighbours=7)
+        Pn = m.predict_proba(Xte, neighbours=0)
         V = m.network_.memory.vote(m.network_.hidden(Xte), 7).toarray()
         np.testing.assert_allclose(P, 0.4 * Pn + 0.6 * V, atol=1e-5)
 
@@ -88,13 +87,15 @@ def test_neighbours_zero_or_weight_zero_is_the_network_alone(tiny, trained):
     alone = trained.network_.predict_topk_exact(Xte, 5)
     with_vote = trained.predict_topk(Xte, k=5)
     assert not np.array_equal(alone, with_vote)     # the vote changes some rankings
+    np.testing.assert_array_equal(trained.predict_topk(Xte, k=5, neighbours=0), alone)
+    logits_top = trained.predict_topk_scored(Xte, k=5, neighbours=0)
+    np.testing.assert_array_equal(logits_top[0], alone)
+    np.testing.assert_allclose(logits_top[1], np.take_along_axis(
+        trained.predict_scores(Xte), alone, axis=1), rtol=1e-5, atol=1e-5)
+    # the vote's settings are fixed at fit: set_params afterwards changes no prediction
     trained.set_params(neighbours=0)
     try:
-        np.testing.assert_array_equal(trained.predict_topk(Xte, k=5), alone)
-        logits_top = trained.predict_topk_scored(Xte, k=5)
-        np.testing.assert_array_equal(logits_top[0], alone)
-        np.testing.assert_allclose(logits_top[1], np.take_along_axis(
-            trained.predict_scores(Xte), alone, axis=1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(trained.predict_topk(Xte, k=5), with_vote)
     finally:
         trained.set_params(neighbours=20)
     m = slide.SlideClassifier(epochs=3, neighbour_weight=0.0, **SMALL).fit(*tiny[:2])
@@ -122,8 +123,7 @@ def test_the_vote_helps_where_labels_follow_the_neighbours():
                               random_state=0).fit(Xtr, Ytr)
     hit = lambda top: float(np.mean(Yte.toarray()[np.arange(200), top[:, 0]]))  # noqa: E731
     with_vote = hit(m.predict_topk(Xte, k=1))
-    m.set_params(neighbours=0)
-    alone = hit(m.predict_topk(Xte, k=1))
+    alone = hit(m.predict_topk(Xte, k=1, neighbours=0))
     assert with_vote >= 0.9 and with_vote > alone + 0.2, (with_vote, alone)
 
 
@@ -248,11 +248,14 @@ def test_bad_settings_are_refused(tiny):
         with pytest.raises(ValueError, match="neighbour"):
             slide.SlideClassifier(epochs=1, **bad, **SMALL).fit(Xtr, Ytr)
     m = slide.SlideClassifier(epochs=1, **SMALL).fit(Xtr, Ytr)
-    for bad in (dict(neighbours=2.5), dict(neighbour_weight=2.0)):     # set after fit
-        m.set_params(**bad)
-        with pytest.raises(ValueError, match="neighbour"):
-            m.predict_topk(Xtr[:3])
-        m.set_params(neighbours=20, neighbour_weight=0.85)
+    for bad in (-1, 2.5, True):         # a prediction's own vote size
+        with pytest.raises(ValueError, match="neighbours"):
+            m.predict_topk(Xtr[:3], neighbours=bad)
+    before = m.predict_topk(Xtr[:3])
+    m.set_params(neighbours=2.5)        # after fit: not read by predictions; refit refuses it
+    np.testing.assert_array_equal(m.predict_topk(Xtr[:3]), before)
+    with pytest.raises(ValueError, match="neighbours"):
+        m.fit_neighbours(Xtr, Ytr)
     with pytest.raises(ValueError, match="hidden rows"):
         NeighbourMemory.build(np.zeros((3, 2), np.float32), sp.csr_matrix((4, 5)))
 

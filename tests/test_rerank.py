@@ -206,11 +206,14 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
         best = c[np.argsort(-s[ptr[r]:ptr[r] + counts[r]], kind="stable")[:5]]
         np.testing.assert_array_equal(top[r], best)
     # the probabilities and rerank=False are the fixed blend
-    blend = model.set_params(rerank=False).predict_topk(Xte, k=5)
+    blend = model.predict_topk(Xte, k=5, rerank=False)
+    P = model.predict_proba(Xte)
+    np.testing.assert_array_equal(blend, np.argsort(-P, axis=1, kind="stable")[:, :5])
+    assert not np.array_equal(blend, top)
+    # fixed at fit: set_params(rerank=False) afterwards changes nothing
     try:
-        P = model.predict_proba(Xte)
-        np.testing.assert_array_equal(blend, np.argsort(-P, axis=1, kind="stable")[:, :5])
-        assert not np.array_equal(blend, top)
+        np.testing.assert_array_equal(model.set_params(rerank=False).predict_topk(Xte, k=5),
+                                      top)
     finally:
         model.set_params(rerank=True)
 
@@ -221,7 +224,7 @@ def test_the_reranker_uses_the_words_the_network_has_not_learned(data):
     Xtr, Ytr, Xte, Yte = data
     m = slide.SlideClassifier(**dict(SMALL, epochs=1, batch_size=512)).fit(Xtr, Ytr)
     reranked = p_at_1(m.predict_topk(Xte, k=1), Yte)
-    blend = p_at_1(m.set_params(rerank=False).predict_topk(Xte, k=1), Yte)
+    blend = p_at_1(m.predict_topk(Xte, k=1, rerank=False), Yte)
     assert reranked > blend + 0.1, (reranked, blend)
 
 
@@ -353,13 +356,9 @@ def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
 def test_bad_rerank_setting_is_refused(data, model):
     with pytest.raises(ValueError, match="rerank"):
         slide.SlideClassifier(rerank="yes").fit(*data[:2])
-    try:
-        for bad in (2, 0):          # 0 too: not taken for False
-            model.set_params(rerank=bad)
-            with pytest.raises(ValueError, match="rerank must be true or false, got an integer"):
-                model.predict_topk(data[2], k=1)
-    finally:
-        model.set_params(rerank=True)
+    for bad in (2, 0):          # 0 too: not taken for False
+        with pytest.raises(ValueError, match="rerank must be true or false, got an integer"):
+            model.predict_topk(data[2], k=1, rerank=bad)
 
 
 @pytest.mark.parametrize("ovr", [True, False])
@@ -369,7 +368,7 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     monkeypatch.setattr(warmup, "_WARMED", {})
     Xtr, Ytr, Xte, Yte = data
     m = slide.SlideClassifier(**dict(SMALL, epochs=1, loss="sigmoid"))
-    m._validate_params()
+    m._checked_params()
     assert m._warm_up() > 0.0
     before = warmup.kernel_signatures()
     for kernel in ("rerank.candidate_features", "label_linear.ovr_epoch",

@@ -90,7 +90,7 @@ def test_fit_after_the_warm_up_compiles_nothing(data, fresh_process, change):
     kernel of slide."""
     X, Y, Xt, Yt = data
     model = slide.SlideClassifier(**dict(SMALL, epochs=2, batch_size=48, **change))
-    model._validate_params()
+    model._checked_params()
     assert model._warm_up() > 0.0
     before = warmup.kernel_signatures()
     assert sum(before.values()) > 0

@@ -108,8 +108,7 @@ def main(name, train_levers):
         m = slide.SlideClassifier(n_threads=2, random_state=0, **cfg).fit(Xtr, Ytr)
         wall = time.perf_counter() - t0
         with_vote = p1(Yte, m.predict_topk(Xte, k=1))
-        m.set_params(neighbours=0)
-        alone = p1(Yte, m.predict_topk(Xte, k=1))
+        alone = p1(Yte, m.predict_topk(Xte, k=1, neighbours=0))
         print(f"{name} train lever {cfg}: train {m.train_seconds_:.1f}s (fit wall {wall:.1f}s) "
               f"with the vote {with_vote} network alone {alone}", flush=True)
 

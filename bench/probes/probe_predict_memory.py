@@ -38,9 +38,8 @@ t = time.perf_counter()
 m.predict_topk(Xt, 5)
 print(f"exact, with the vote: {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} MiB",
       flush=True)
-m.set_params(neighbours=0)
 t = time.perf_counter()
-m.predict_topk(Xt, 5)
+m.predict_topk(Xt, 5, neighbours=0)
 print(f"exact, network alone: {time.perf_counter() - t:.1f} s, peak {peak_mib():.0f} MiB",
       flush=True)
 t = time.perf_counter()

@@ -51,7 +51,7 @@ class Leaky(SlideClassifier):
     """The network trains on every row; the re-ranker is still fitted on the held-out split."""
 
     def _fit_core(self, X, Y, eval_set, callback, resume):
-        hs, sparse = self._validate_params()
+        hs, sparse = self._checked_params()
         X, Y = self._check_data(X, Y, fitted=False)
         self._build(X.shape[1], Y.shape[1], hs, sparse)
         split = self._rerank_split(X.shape[0], Y.shape[1])

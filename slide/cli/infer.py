@@ -47,11 +47,25 @@ def _conform(X, n_features, path):
     return X
 
 
+def _evaluation_data(args, model, run_dir):
+    """``(classifier, X, Y)`` of ``slide evaluate``'s data file: XC, or raw text for a model
+    trained on text (its vectorizer, its label names; unseen names left out with a note)."""
+    from slide import data as data_mod
+    from slide.cli.textdata import known_labels, read_text_for_model, text_parts
+    from slide.data.textfile import format_of
+    steps, model = text_parts(model, run_dir)
+    if format_of(args.data) != "xc":
+        X, label_lists = read_text_for_model(args.data, steps, model, need_labels=False)
+        return model, X, known_labels(model.classes_, label_lists, args.data)
+    X, Y = data_mod.read_xc(args.data)
+    return model, X, Y
+
+
 def cmd_evaluate(args):
     import numpy as np
-    from slide import data as data_mod, metrics
+    from slide import metrics
     model, mpath, run_dir = _resolve_model(args.model)
-    X, Y = data_mod.read_xc(args.data)
+    model, X, Y = _evaluation_data(args, model, run_dir)
     n_features, n_labels = _model_dims(model)
     X = _conform(X, n_features, args.data)
     if n_labels is not None and Y.shape[1] != n_labels:
@@ -164,7 +178,11 @@ def cmd_predict(args):
         raise CliError(f"--chunk-size must be >= 1, got {args.chunk_size}", EXIT_USAGE)
     if not os.path.isfile(args.data):
         raise CliError(f"data file not found: {args.data}", EXIT_DATA)
-    model, mpath, _ = _resolve_model(args.model)
+    from slide.cli.textdata import text_parts
+    from slide.data.textfile import format_of
+    model, mpath, run_dir = _resolve_model(args.model)
+    args.text_steps, model = text_parts(model, run_dir)
+    args.text_input = format_of(args.data) != "xc"
     n_features, _ = _model_dims(model)
     to_stdout = args.out in (None, "-")
     out_path = None if to_stdout else args.out
@@ -183,6 +201,8 @@ def cmd_predict(args):
 def _write_predictions(out, model, args, n_features):
     """Stream ``args.data`` chunk by chunk into ``out``; returns the number of lines."""
     import tempfile
+    if getattr(args, "text_input", False):
+        return _write_text_predictions(out, model, args)
     written = 0
     with tempfile.TemporaryDirectory(prefix="slide-predict-") as tmpdir:
         for _, X in _iter_xc_chunks(args.data, args.chunk_size, tmpdir):
@@ -194,6 +214,40 @@ def _write_predictions(out, model, args, n_features):
                                       if a >= 0))
             out.write("\n".join(lines) + "\n")
             written += len(lines)
+    return written
+
+
+def _write_text_predictions(out, model, args):
+    """``slide predict`` on a JSONL / TSV file: one JSON line per document, the label names
+    and their scores, streamed in chunks of ``--chunk-size`` documents."""
+    import numpy as np
+    from slide.cli.textdata import _transform
+    from slide.data.textfile import iter_text_file
+    if args.text_steps is None:
+        raise CliError(f"{args.data} is raw text, but the model carries no vectorizer (it was "
+                       f"not trained on a .jsonl / .tsv file)", EXIT_DATA)
+    names = np.asarray(model.classes_)
+    written = 0
+    chunk = []
+
+    def flush():
+        X = _conform(_transform(args.text_steps, chunk), getattr(model, "n_features_in_", None),
+                     args.data)
+        ids, scores = _topk_with_scores(model, X, min(args.k, model.n_labels_),
+                                        not args.sparse)
+        for lab, sc in zip(ids, scores):
+            keep = lab >= 0
+            out.write(json.dumps({"labels": names[lab[keep]].tolist(),
+                                  "scores": [round(float(v), 6) for v in sc[keep]]}) + "\n")
+        return len(chunk)
+
+    for _, text, _ in iter_text_file(args.data):
+        chunk.append(text)
+        if len(chunk) == args.chunk_size:
+            written += flush()
+            chunk = []
+    if chunk:
+        written += flush()
     return written
 
 

@@ -110,7 +110,8 @@ def _clean_run_dir(run_dir):
     import shutil
     for name in (CHECKPOINT_DIR, BASELINE_DIR, "data"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
-    for name in (METRICS_FILE, MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROPENSITY_FILE):
+    for name in (METRICS_FILE, MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROPENSITY_FILE,
+                 "vectorizer.slide"):     # slide.cli.textdata.VECTORIZER_FILE
         try:
             os.remove(os.path.join(run_dir, name))
         except FileNotFoundError:

@@ -80,7 +80,10 @@ class _Phase:
     """One training run into ``run_dir``: the main SLIDE run, or the dense baseline."""
 
     def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
-                 announce_fresh=True, resume_hint="slide train --config ... --resume"):
+                 announce_fresh=True, resume_hint="slide train --config ... --resume",
+                 text=None):
+        self.text = text        # slide.cli.textdata.TextRun of a run on raw text, else None
+        self.classes = None if text is None else text.classes     # its label names
         self.announce_fresh = announce_fresh
         self.resume_hint = resume_hint
         self.cfg = cfg
@@ -264,7 +267,7 @@ class _Phase:
             self.stop.immediate = False
             self._warm_up(model)
             try:
-                model.fit(self.X, self.Y, callback=callback, resume=resumed)
+                model.fit(self.X, self.Y, callback=callback, resume=resumed, classes=self.classes)
             except est.DivergenceError as e:
                 progress.close()
                 good = self.ckpts.list()
@@ -326,7 +329,8 @@ class _Phase:
         if (voted or self.last_ckpt_batch != self.batch
                 or not os.path.exists(self.ckpts.path(self.batch))):
             self._checkpoint(model)
-        model.save(os.path.join(self.run_dir, MODEL_FILE), extra=self._extra())
+        from slide.cli.textdata import save_final       # with its vectorizer, for text
+        save_final(model, os.path.join(self.run_dir, MODEL_FILE), self.text, self._extra())
         result = {"phase": self.phase, "sampler": self.sampler_kind, "batches": self.batch,
                   "epochs": self.epochs, "samples": self.samples,
                   "train_seconds": round(self.network_seconds, 3), "P@1": self.network_p1,
@@ -388,7 +392,12 @@ def cmd_train(args):
 def _train(cfg, run_dir, args, stop):
     import numpy as np
     from slide import metrics
-    loaded = _load_training_data(cfg, run_dir, stop)
+    text = None
+    if cfg["data"]["format"] != "xc":       # raw text: slide.cli.textdata
+        from slide.cli.textdata import load_text_data
+        loaded, text = load_text_data(cfg, run_dir, args.resume)
+    else:
+        loaded = _load_training_data(cfg, run_dir, stop)
     if loaded is None or stop.signum is not None:
         raise Stopped(f"stopped by {stop.name} while reading data; nothing trained",
                       stop.code)
@@ -413,12 +422,14 @@ def _train(cfg, run_dir, args, stop):
     for phase, kind, pdir in phases:
         resume = args.resume or phase != "slide"
         model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
-                            announce_fresh=args.resume, resume_hint=hint).run()
+                            announce_fresh=args.resume, resume_hint=hint, text=text).run()
         results[phase] = res
         del model
 
     summary = {"config": os.path.join(run_dir, CONFIG_FILE),
                "eval_points": n_eval, "eval_source": pool_name, **results}
+    if text is not None:        # raw text: the vectorizer's fit on the training file
+        summary["vectorizer_seconds"] = round(text.vectorize_seconds, 3)
     s, b = results.get("slide"), results.get("dense-baseline")
     if s and b and s["train_seconds"] > 0:
         summary.update(_versus_dense(run_dir, s, b))

@@ -166,8 +166,8 @@ def as_feature_matrix(X, n_features=None, name="X"):
     if data.dtype.kind == "f" and not np.isfinite(data).all():
         bad = int(np.flatnonzero(~np.isfinite(data))[0])
         row = int(np.searchsorted(M.indptr, bad, side="right") - 1)
-        raise ValueError(f"{name} contains a non-finite value ({data[bad]!r} at row {row}, "
-                         f"column {int(M.indices[bad])})")
+        raise ValueError(f"{name} contains a non-finite value (NaN or inf: {data[bad]!r} at "
+                         f"row {row}, column {int(M.indices[bad])})")
     M.sum_duplicates()  # sorts indices too
     with np.errstate(over="ignore"):
         M.data = M.data.astype(np.float32, copy=False)

@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from slide.checkpoint import CheckpointError, pin_unrecorded_params
+from slide.checkpoint import VOTE_SETTINGS, CheckpointError, pin_unrecorded_params
+from slide.labels import names_for_saving, set_classes
 from slide.fileio import atomic_write, write_text
 
 MANIFEST = "manifest.json"
@@ -44,12 +45,15 @@ def read_part(path):
 def _driver_state(model):
     hid = model.hidden_
     meta = {"params": model.get_params(deep=False), "seed": model.seed_,
+            "label_names": names_for_saving(model),
             "n_features": model.n_features_in_, "n_labels": model.n_labels_,
             "bounds": [int(b) for b in model.bounds_], "opt_t": hid.optimizer.t,
             "batches": model.batches_, "samples": model.samples_, "epoch": model.epoch_,
             "batch_in_epoch": model.batch_in_epoch_, "train_seconds": model.train_seconds_,
             "history": model.history_, "schedule": model.schedule_.state()}
     meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
+    meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
+                           if hasattr(model, name + "_")})
     arrays = {k: v for k, v in hid.state_arrays().items()}
     arrays["opt_rates"] = hid.optimizer.step_rates
     mem = getattr(model, "memory_", None)
@@ -135,6 +139,10 @@ def restore_driver(model, path, man):
                         epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
                         train_seconds=float(meta["train_seconds"]),
                         history=list(meta["history"]))
+    try:
+        set_classes(model, meta.get("label_names"))
+    except ValueError as exc:
+        raise CheckpointError(path, f"label names: {exc}") from None
     model.extra_ = man.get("extra")
 
 
@@ -162,7 +170,7 @@ def load(path, backend=None, ray_address=None):
     if ray_address is not None:
         params["ray_address"] = ray_address
     model = ShardedSlideClassifier(**params)
-    hs, sparse = model._validate_params()
+    hs, sparse = model._checked_params()
     model._build(dmeta["n_features"], dmeta["n_labels"], hs, sparse, seed=dmeta["seed"],
                  shard_files=[os.path.join(path, n) for n in man["shards"]])
     restore_driver(model, path, man)
@@ -178,7 +186,7 @@ def to_single(model):
     params = {k: v for k, v in model.get_params(deep=False).items()
               if k not in model._extra_params}
     single = SlideClassifier(**params)
-    hs, sparse = single._validate_params()
+    hs, sparse = single._checked_params()
     single._build(model.n_features_in_, model.n_labels_, hs, sparse, seed=model.seed_)
     net, opt, hid = single.network_, single.optimizer_, model.hidden_
     lay = net.layout
@@ -205,6 +213,7 @@ def to_single(model):
                          train_seconds=model.train_seconds_, history=list(model.history_))
     single._ensure_lsh()
     single.network_.memory = getattr(model, "memory_", None)
+    set_classes(single, model.classes_ if model.named_labels_ else None)
     return single
 
 
@@ -217,7 +226,7 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     single._check_fitted()
     model = ShardedSlideClassifier(n_shards=n_shards, backend=backend, ray_address=ray_address,
                                    **single.get_params(deep=False))
-    hs, sparse = model._validate_params()
+    hs, sparse = model._checked_params()
     lay = single.network_.layout
     H = hs[0]
     n0w, n0b, r0 = int(lay.w_off[1]), int(lay.b_off[1]), int(lay.row_off[1])
@@ -264,4 +273,5 @@ def from_single(single, n_shards, backend="local", ray_address=None):
                         batch_in_epoch=single.batch_in_epoch_,
                         train_seconds=single.train_seconds_, history=list(single.history_))
     model.memory_ = single.network_.memory
+    set_classes(model, single.classes_ if single.named_labels_ else None)
     return model

@@ -14,6 +14,7 @@ import numpy as np
 
 from slide import trainer
 from slide.estimator import SlideClassifier
+from slide.labels import names_of
 from slide.params import check_k, is_int
 from slide.trainer import blas_single_thread
 
@@ -56,8 +57,8 @@ class ShardedSlideClassifier(SlideClassifier):
         return sorted(set(SlideClassifier._get_param_names()) | set(cls._extra_params))
 
     # -- validation ----------------------------------------------------------------------------
-    def _validate_params(self):
-        hs, sparse = super()._validate_params()
+    def _checked_params(self):
+        hs, sparse = super()._checked_params()
         if len(hs) != 1:
             raise ValueError(f"ShardedSlideClassifier supports exactly one hidden layer, got "
                              f"hidden_sizes={tuple(hs)!r}")
@@ -191,14 +192,15 @@ class ShardedSlideClassifier(SlideClassifier):
         (``split`` is always None: no re-ranker here)."""
         from slide.neighbours import NeighbourMemory
         self._threads()
+        self._fix_vote_settings()
         self.sync()
         self.memory_ = NeighbourMemory.build(self._hidden_all(X), Y, copy=False)
 
-    def _neighbour_vote(self):
-        self._check_neighbour_settings()
-        if self.neighbours <= 0 or getattr(self, "memory_", None) is None:
+    def _neighbour_vote(self, neighbours=None):
+        k = self.neighbours_ if neighbours is None else int(neighbours)
+        if k <= 0 or getattr(self, "memory_", None) is None:
             return None
-        return int(self.neighbours), float(self.neighbour_weight)
+        return int(k), float(self.neighbour_weight_)
 
     def _merge_parts(self, parts, k):
         """The shards' best-first (scores, global ids) lists merged into the global top-k:
@@ -227,31 +229,35 @@ class ShardedSlideClassifier(SlideClassifier):
             v_z[q] = vals
         return blend_block(top_ids, top_z, lse, V, v_z, weight, False, top_ids.shape[1])
 
-    def predict_topk_scored(self, X, k=5):
-        """As ``SlideClassifier.predict_topk_scored``."""
+    def predict_topk_scored(self, X, k=5, *, neighbours=None, rerank=None):
+        """As ``SlideClassifier.predict_topk_scored`` (no re-ranker across shards: ``rerank``
+        is checked and unused)."""
+        self._check_switches(neighbours, rerank)
         X = self._check_predict_args(X, k)
         with blas_single_thread():
             H = self._hidden_all(X)
-            vote = self._neighbour_vote()
+            vote = self._neighbour_vote(neighbours)
             if vote is not None:
                 return self._blended_topk(H, int(k), *vote)
             ids, scores = self._merge_parts(self.backend_.call_all("topk_exact", H, int(k)), k)
         return ids, scores.astype(np.float64)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X, *, neighbours=None):
         """As ``SlideClassifier.predict_proba`` (every shard's logits gathered: dense)."""
         from slide.neighbours import add_vote, probabilities
+        self._check_switches(neighbours, None)
         X = self._prepare_inference(X)
         with blas_single_thread():
             H = self._hidden_all(X)
             p = probabilities(np.concatenate(self.backend_.call_all("scores", H), axis=1),
                               False)
-        vote = self._neighbour_vote()
+        vote = self._neighbour_vote(neighbours)
         if vote is not None:
             add_vote(p, self.memory_.vote(H, vote[0]), vote[1])
         return p.astype(np.float32)
 
-    def predict_topk(self, X, k=5, exact=True, prior_candidates=None):
+    def predict_topk(self, X, k=5, exact=True, prior_candidates=None, *, neighbours=None,
+                     rerank=None, return_names=False):
         """As ``SlideClassifier.predict_topk``: each shard returns its local top-k with scores,
         the driver merges them (exact, with the neighbour vote: each shard's top-k and
         log-sum-exp parts, the voted labels' logits, blended in the driver). Sparse
@@ -263,6 +269,7 @@ class ShardedSlideClassifier(SlideClassifier):
         from slide.lsh.serving import default_prior
         self._check_fitted()
         check_k(k, self.n_labels_)
+        self._check_switches(neighbours, rerank)
         if prior_candidates is None:
             prior_candidates = default_prior(self.n_labels_)
         if not is_int(prior_candidates) or prior_candidates < 0:
@@ -274,9 +281,10 @@ class ShardedSlideClassifier(SlideClassifier):
         k = int(k)
         with blas_single_thread():
             H = self._hidden_all(X)
-            vote = self._neighbour_vote()
+            vote = self._neighbour_vote(neighbours)
             if exact and vote is not None:
-                return self._blended_topk(H, k, *vote)[0]
+                ids = self._blended_topk(H, k, *vote)[0]
+                return names_of(self, ids) if return_names else ids
             if exact:
                 parts = self.backend_.call_all("topk_exact", H, k)
             else:
@@ -284,7 +292,8 @@ class ShardedSlideClassifier(SlideClassifier):
                 parts = self.backend_.call_each(
                     "topk_sparse", [(H, k, prior[(prior >= lo) & (prior < hi)])
                                     for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])])
-        return self._merge_parts(parts, k)[0]
+        ids = self._merge_parts(parts, k)[0]
+        return names_of(self, ids) if return_names else ids
 
     def _global_prior(self, n):
         if n == 0:
