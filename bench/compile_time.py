@@ -22,9 +22,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# the quickstart's two phases: slide (default engine: DWTA LSH, vanilla sampler, softmax, Adam)
-# and the dense baseline (sampler "dense": BLAS output layer, the other kernels)
-CONFIGS = {"slide (vanilla, dwta, softmax, adam)": {},
+# the quickstart's two phases: slide (the defaults: sampler "random", softmax, Adam, the vote
+# and re-ranker) and the dense baseline (sampler "dense": BLAS output layer, the other kernels)
+CONFIGS = {"slide (defaults: random sampler, vote, re-ranker)": {},
            "dense baseline (sampler dense)": {"sampler": "dense"}}
 
 CHILD = r"""
@@ -41,7 +41,7 @@ model = slide.SlideClassifier(**dict(dict(random_state=0, n_threads=2, learning_
                                      **params))
 model._checked_params()
 with event.install_recorder("numba:compile") as rec:
-    compile_s = model._warm_up()
+    compile_s = model._warm_up(X, Y)      # what fit(X, Y) compiles
 compiled = sorted({e.data["dispatcher"].py_func.__module__ + "."
                    + e.data["dispatcher"].py_func.__name__ for _, e in rec.buffer if e.is_start})
 before = warmup.kernel_signatures()

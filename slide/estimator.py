@@ -306,16 +306,17 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         fitted ``classes_`` name the output columns.
         """
         self._checked_params()
-        compile_seconds = self._warm_up()
+        compile_seconds = self._warm_up(X, Y)
         self._fit_core(X, Y, eval_set, callback, resume, classes)
         self.compile_seconds_ = compile_seconds
         return self
 
-    def _warm_up(self):
-        """Compile the run's kernels before its clock starts (``slide.warmup``): the seconds
-        go to ``compile_seconds_``, never to ``train_seconds_``."""
+    def _warm_up(self, X=None, Y=None):
+        """Compile the run's kernels before its clock starts (``slide.warmup``; with the
+        training data, only the linear classifiers it selects): the seconds go to
+        ``compile_seconds_``, never to ``train_seconds_``."""
         self._threads()
-        return warmup.warm_up(self)
+        return warmup.warm_up(self, X, Y)
 
     def _fit_core(self, X, Y, eval_set, callback, resume, classes=None):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""

@@ -27,7 +27,7 @@ from sklearn.pipeline import Pipeline
 from slide.fileio import atomic_write
 from slide.persist.checkpoint import save as save_checkpoint
 
-FORMAT_KEY = "text"         # the checkpoint metadata entry (slide.checkpoint)
+FORMAT_KEY = "text"         # the checkpoint metadata entry (slide.persist.checkpoint)
 ARRAY_PREFIX = "text_"
 
 _KINDS = ("TfidfVectorizer", "CountVectorizer", "HashingVectorizer", "TfidfTransformer")

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from numba.core.registry import CPUDispatcher
 
 from slide import metrics
+from slide.rank import linear as label_linear
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
 
 
@@ -46,9 +47,40 @@ def config_key(model):
             None if sparse is None else tuple(sorted(int(layer) for layer in sparse)))
 
 
-def is_warm(model):
-    """True when ``model``'s configuration was already warmed up in this process."""
-    return config_key(model) in _WARMED
+def is_warm(model, X=None, Y=None):
+    """True when ``model``'s configuration was already warmed up in this process (with the
+    linear classifiers a fit on (X, Y) trains, ``linear_kinds``)."""
+    done = _WARMED.get(config_key(model))
+    return done is not None and linear_kinds(model, X, Y) <= done[1]
+
+
+def linear_kinds(model, X=None, Y=None):
+    """The kinds of the re-ranker's linear classifiers (``"ovr"``, ``"hashed"``) a fit of
+    ``model`` on (X, Y) may train (``label_linear.fit_classifiers`` chooses by the data's
+    sizes): both without the data or when its shape leaves it open, none without a
+    re-ranker. Decided without the seeded held-out draw: one-vs-rest is certain when the
+    training rows with the most terms afford it, excluded when those with the fewest do not."""
+    if not (bool(getattr(model, "rerank", False)) and int(getattr(model, "neighbours", 0)) > 0):
+        return frozenset()
+    if X is None or Y is None or not (sp.issparse(X) and sp.issparse(Y)) \
+            or X.shape[0] != Y.shape[0]:
+        return frozenset(("ovr", "hashed"))
+    n_rows, n_labels = int(X.shape[0]), int(Y.shape[1])
+    n_held = model._n_held(n_rows, n_labels)
+    if n_held == 0:
+        return frozenset()
+    terms = np.sort(np.minimum(np.diff(sp.csr_matrix(X).indptr),
+                               label_linear.MAX_ROW_TERMS))
+    n_fit = n_rows - n_held
+    work = n_labels * label_linear.OVR_EPOCHS
+
+    def affordable(t):
+        return float(t) * work <= label_linear.MAX_OVR_WORK
+    if affordable(terms[n_rows - n_fit:].sum()):
+        return frozenset(("ovr",))
+    if not affordable(terms[:n_fit].sum()):
+        return frozenset(("hashed",))
+    return frozenset(("ovr", "hashed"))
 
 
 def tiny_data(seed=0):
@@ -85,41 +117,57 @@ def tiny_copy(model):
     return type(model)(**p)
 
 
-def warm_up(model):
-    """Compile (or load from Numba's cache) every kernel a fit of ``model`` will call, unless
+def warm_up(model, X=None, Y=None):
+    """Compile (or load from Numba's cache) every kernel a fit of ``model`` (on X, Y when
+    given: only the linear classifiers that data selects, ``linear_kinds``) will call, unless
     this process already did for its configuration. Returns the seconds spent here (0.0 when
     already warm). ``model``'s hyperparameters must be valid (``fit`` checks them first)."""
     key = config_key(model)
-    if key in _WARMED:
+    kinds = linear_kinds(model, X, Y)
+    done = _WARMED.get(key)
+    if done is not None and kinds <= done[1]:
         return 0.0
     t0 = time.perf_counter()
-    X, Y = tiny_data()
     copy = tiny_copy(model)
+    if X is not None and not kinds:
+        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
     copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
-    copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    X, Y = tiny_data()
+    saved = label_linear.MAX_OVR_WORK
+    if "ovr" not in kinds:
+        label_linear.MAX_OVR_WORK = -1  # the tiny set affords one-vs-rest: let it choose hashed
+    try:
+        copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    finally:
+        label_linear.MAX_OVR_WORK = saved
     if copy.rank_.reranker is not None:
-        _warm_linear(copy, X, Y)
+        _warm_linear(copy, X, Y, kinds)
+    if done is not None:
+        kinds = kinds | done[1]
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)
     metrics.evaluate(Y, top, ks=(1, 3, 5),
                      inv_propensity=metrics.inverse_propensity(Y, 0.55, 1.5))
     seconds = time.perf_counter() - t0
-    _WARMED[key] = seconds
+    _WARMED[key] = (seconds, kinds)
     return seconds
 
 
-def _warm_linear(model, X, Y):
-    """Both kinds of the re-ranker's linear classifiers, fitted and scored on the tiny set:
-    which one a fit trains depends on the data's sizes (``label_linear.fit_classifiers``)."""
+def _warm_linear(model, X, Y, kinds=frozenset(("ovr", "hashed"))):
+    """The kinds ``kinds`` of the re-ranker's linear classifiers, fitted and scored on the
+    tiny set: which one a fit trains depends on the data's sizes
+    (``slide.rank.linear.fit_classifiers``, ``linear_kinds``)."""
     strongest_terms(X, 1)           # the cut of long rows (no tiny row is longer than 128)
     rows = np.arange(X.shape[0], dtype=np.int64)
     ptr = np.arange(X.shape[0] + 1, dtype=np.int64)
     counts = np.ones(X.shape[0], np.int64)
     ids = Y.indices[Y.indptr[:-1]].astype(np.int64)         # each row's first label
     F = np.zeros((X.shape[0], 1))
-    H = model.network_.hidden(X)
-    for fitted in (LabelLinear.fit(model._output(), H, X, Y, rows), OneVsRest.fit(X, Y, rows)):
-        fitted.score_into(X, ptr, counts, ids, F, 0)
+    if "hashed" in kinds:
+        H = model.network_.hidden(X)
+        LabelLinear.fit(model._output(), H, X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
+    if "ovr" in kinds:
+        OneVsRest.fit(X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
 
 
 def kernel_signatures():

@@ -148,16 +148,22 @@ def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
     assert len(checkpoints(run)) == 2  # keep_checkpoints = 2 (19 batches: 15 and the final 19)
     assert checkpoints(run)[-1] == "ckpt-000000019.slide"
     recs = metrics(run)
-    assert [r["batch"] for r in recs] == [5, 10, 15, 19]
+    # the last batch twice: the network alone, then with the neighbour vote fitted after it
+    assert [r["batch"] for r in recs] == [5, 10, 15, 19, 19]
+    assert [r["neighbour_vote"] for r in recs] == [False] * 4 + [True]
     for r in recs:
         for key in ("epoch", "train_seconds", "loss", "P@1", "P@3", "P@5", "active_mean",
                     "rehashes", "rebuilds"):
             assert key in r
-        assert 0.0 <= r["P@1"] <= 1.0 and np.isfinite(r["loss"])
+        assert 0.0 <= r["P@1"] <= 1.0
+    assert all(np.isfinite(r["loss"]) for r in recs[:4])
     secs = [r["train_seconds"] for r in recs]
     assert secs == sorted(secs) and secs[0] > 0
     summary = json.load(open(os.path.join(run, "summary.json")))
-    assert summary["slide"]["batches"] == 19 and summary["slide"]["P@1"] == recs[-1]["P@1"]
+    assert summary["slide"]["batches"] == 19 and summary["slide"]["P@1"] == recs[-2]["P@1"]
+    assert summary["slide"]["train_seconds"] == pytest.approx(recs[-2]["train_seconds"],
+                                                              abs=1e-3)
+    assert summary["slide"]["post_fit"]["P@1"] == recs[-1]["P@1"]
     assert "P@1" in out  # the final comparison line
     # the resolved config is valid TOML naming every default
     from slide.config import load_config
@@ -170,8 +176,8 @@ def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
     assert code == 0, err
     assert "resuming from" in out and "batch 19" in out
     recs2 = metrics(run)
-    assert [r["batch"] for r in recs2] == [5, 10, 15, 19, 20, 25, 30, 35, 38]
-    assert recs2[:4] == recs  # the first epoch's records are kept unchanged
+    assert [r["batch"] for r in recs2] == [5, 10, 15, 19, 19, 20, 25, 30, 35, 38, 38]
+    assert recs2[:5] == recs  # the first epoch's records are kept unchanged
     assert checkpoints(run)[-1] == "ckpt-000000038.slide"
 
     # evaluate: table, then JSON
@@ -207,7 +213,8 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
     code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
     assert code == cli.EXIT_CHECKPOINT and "nothing to resume" in err
     assert run_cli(["train", "--config", cfg], capsys)[0] == 0
-    assert [r["batch"] for r in metrics(run)] == [19]  # eval_every 0: evaluated at the end only
+    # eval_every 0: evaluated at the end only, the network alone and with the vote fitted after
+    assert [r["batch"] for r in metrics(run)] == [19, 19]
     assert checkpoints(run) == ["ckpt-000000019.slide"]
     code, out, err = run_cli(["train", "--config", cfg], capsys)
     assert code == cli.EXIT_USAGE and "--resume" in err and "--overwrite" in err
@@ -217,7 +224,7 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
     assert code == 0, err
     with open(os.path.join(run, "data", "train.txt")) as f:
         assert f.readline().split() == ["300", "750", "100"]
-    assert [r["batch"] for r in metrics(run)] == [10]
+    assert [r["batch"] for r in metrics(run)] == [10, 10]
 
 
 def test_resume_with_changed_config_is_refused(tmp_path, capsys):
@@ -333,7 +340,7 @@ def test_truncated_and_corrupt_checkpoints(tmp_path, capsys):
     code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
     assert code == 0, err
     assert "unusable" in err and "falling back" in err and "batch 15" in out
-    assert [r["batch"] for r in metrics(run)] == [5, 10, 15, 19]
+    assert [r["batch"] for r in metrics(run)] == [5, 10, 15, 19, 19]
     assert checkpoints(run) == ["ckpt-000000015.slide", "ckpt-000000019.slide",
                                 "ckpt-000000019.slide.corrupt"]
     # garbage in every checkpoint: refused with a clear error

@@ -142,7 +142,13 @@ def test_train_reports_compilation_apart_and_writes_the_plot(tmp_path, capsys, f
     for phase in ("slide", "dense-baseline"):
         assert summary[phase]["compile_seconds"] > 0
         assert summary[phase]["train_seconds"] > 0
-    assert "per epoch" in out and "dense baseline's final P@1" in out
+    assert "per epoch" in out and "dense network's final P@1" in out
+    # the networks are compared alone; the vote fitted after each is timed on its own lines
+    assert "then, fitted after each network (seconds not counted above), the neighbour vote" \
+        in out
+    for phase in ("slide", "dense-baseline"):
+        assert summary[phase]["post_fit"]["stage"] == "neighbour vote"
+        assert summary[phase]["post_fit"]["seconds"] >= 0
     if "slide_seconds_to_dense_final_P@1" in summary:
         assert summary["time_to_dense_final_P@1_speedup"] == pytest.approx(
             summary["dense-baseline"]["train_seconds"]
@@ -191,3 +197,48 @@ def test_quickstart_config_shows_the_point_of_the_project():
     assert shape["n_labels"] >= 100_000
     assert cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense"
     assert cfg["train"]["eval_every_batches"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# compiling only what the run uses (issue 30: the quickstart's cold compile)
+
+def test_a_network_without_tables_hands_its_kernels_none():
+    # sampler "random": no LSH tables, so the kernels compile without the LSH code
+    # (sample.select_active prunes it by the argument's type)
+    X, Y, _, _ = slide.generate("tiny", seed=1)
+    m = slide.SlideClassifier(**dict(SMALL, sampler="random")).fit(X, Y)
+    assert m.network_.tables is None
+    lsh = slide.SlideClassifier(**SMALL).fit(X, Y)
+    assert lsh.network_.tables is not None
+
+
+def test_linear_kinds_follow_the_data(monkeypatch):
+    from slide.rank import linear as label_linear
+    X, Y, _, _ = slide.generate("tiny", seed=1, n_train=3000)
+    m = slide.SlideClassifier(**dict(SMALL, neighbours=20))
+    assert m.rerank and m._n_held(X.shape[0], Y.shape[1]) > 0
+    assert warmup.linear_kinds(m) == {"ovr", "hashed"}             # no data: both
+    assert warmup.linear_kinds(m, X, Y) == {"ovr"}                  # tiny labels: affordable
+    monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)
+    assert warmup.linear_kinds(m, X, Y) == {"hashed"}
+    assert warmup.linear_kinds(m.set_params(rerank=False), X, Y) == set()
+    small = slide.generate("tiny", seed=1, n_train=500)[:2]         # too few rows to hold out
+    assert warmup.linear_kinds(m.set_params(rerank=True), *small) == set()
+
+
+def test_warm_up_with_the_data_compiles_only_the_linear_kind_it_selects(fresh_process,
+                                                                       monkeypatch):
+    from slide.rank import linear as label_linear
+    X, Y, _, _ = slide.generate("tiny", seed=1, n_train=3000)
+    m = slide.SlideClassifier(**dict(SMALL, neighbours=20, sampler="random"))
+    m._validate_params()
+    monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)
+
+    def no_ovr(*args, **kwargs):
+        raise AssertionError("one-vs-rest fitted in a warm-up for hashed classifiers")
+    monkeypatch.setattr(label_linear.OneVsRest, "fit", staticmethod(no_ovr))
+    m._warm_up(X, Y)
+    assert warmup.is_warm(m, X, Y) and not warmup.is_warm(m)        # ovr not warmed
+    assert label_linear.MAX_OVR_WORK == 0                           # restored after the fit
+    m.fit(X, Y)
+    assert isinstance(m.rank_.reranker.linear, label_linear.LabelLinear)

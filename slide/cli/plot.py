@@ -49,7 +49,9 @@ def cmd_generate(args):
 
 
 def _plot_series(run_dir):
-    """``[(label, seconds, p1)]`` for a run directory (and its dense baseline, if any)."""
+    """``[(label, seconds, p1, after_fit)]`` for a run directory (and its dense baseline, if
+    any): each network's curve, and (``after_fit``) the points of the model with the vote and
+    re-ranker fitted after it."""
     series = []
     for sub, suffix in (("", ""), (BASELINE_DIR, " (dense baseline)")):
         d = os.path.join(run_dir, sub) if sub else run_dir
@@ -72,8 +74,15 @@ def _plot_series(run_dir):
                 name += " (dense)" if kind == "dense" else f" (slide, {kind} sampler)"
             except (ConfigError, KeyError, TypeError):
                 pass
-        series.append((name, [0.0] + [r["train_seconds"] for r in recs],
-                       [None] + [r["P@1"] for r in recs]))
+        # the network's curve; what fit builds after it (the neighbour vote and re-ranker) is
+        # its own point, at the network's seconds plus its own
+        net = [r for r in recs if not r.get("neighbour_vote")]
+        post = [r for r in recs if r.get("neighbour_vote")]
+        series.append((name, [0.0] + [r["train_seconds"] for r in net],
+                       [None] + [r["P@1"] for r in net], False))
+        if post:
+            series.append((name + " + vote, re-ranker", [r["train_seconds"] for r in post],
+                           [r["P@1"] for r in post], True))
     return series
 
 
@@ -86,7 +95,7 @@ def cmd_plot(args):
 
 def write_time_to_accuracy(run_dirs, out):
     """P@1 against training seconds of the runs in ``run_dirs`` (each with its dense baseline,
-    if any) as a PNG at ``out``; returns the number of curves."""
+    if any) as a PNG at ``out``; returns the number of curves (networks)."""
     series = []
     for d in run_dirs:
         series.extend(_plot_series(d))
@@ -98,9 +107,11 @@ def write_time_to_accuracy(run_dirs, out):
         raise CliError("'slide plot' needs matplotlib, which is not installed: "
                        "pip install matplotlib", EXIT_ERROR) from None
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for name, xs, ys in series:
+    for name, xs, ys, after_fit in series:
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
+        style = dict(marker="*", markersize=9, linestyle="none") if after_fit else \
+            dict(marker="o", markersize=3)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, **style)
     ax.set_xlabel("training wall time (s, kernel compilation excluded)")
     ax.set_ylabel("P@1 (evaluation sample)")
     ax.set_title("time to accuracy")
@@ -111,4 +122,4 @@ def write_time_to_accuracy(run_dirs, out):
     with atomic_write(out, "wb") as f:
         fig.savefig(f, format="png")
     plt.close(fig)
-    return len(series)
+    return sum(1 for *_, after_fit in series if not after_fit)

@@ -109,6 +109,9 @@ class _Phase:
                         "train_seconds": self.train_seconds, "samples": self.samples,
                         "rehashes": self.rehashes, "rebuilds": self.rebuilds,
                         "last_p1": self.last_p1, "finished": self.finished,
+                        # the network alone at its last batch (before the vote and re-ranker)
+                        "network_seconds": self.network_seconds,
+                        "network_p1": self.network_p1,
                         # the partial averages of the next metrics line, so that a resumed
                         # run logs exactly what an uninterrupted one would
                         "window": [self.win_loss, self.win_active, self.win_batches,
@@ -160,6 +163,8 @@ class _Phase:
         self.rehashes = int(st.get("rehashes", 0))
         self.rebuilds = int(st.get("rebuilds", 0))
         self.last_p1 = st.get("last_p1")
+        self.network_seconds = st.get("network_seconds")
+        self.network_p1 = st.get("network_p1")
         self.last_ckpt_batch = self.last_eval_batch = self.batch
         win = st.get("window") or [0.0, 0.0, 0, 0, 0]
         (self.win_loss, self.win_active, self.win_batches, self.win_rehash,
@@ -193,6 +198,7 @@ class _Phase:
         self.batch = self.epoch = self.samples = self.rehashes = self.rebuilds = 0
         self.train_seconds = self.compile_seconds = 0.0
         self.last_p1 = None
+        self.network_seconds = self.network_p1 = None
         self.finished = False
         self.last_eval_batch = self.last_ckpt_batch = -1
         self.win_loss = self.win_active = 0.0
@@ -274,8 +280,13 @@ class _Phase:
         if info.get("rebuilt"):
             self.win_rebuild += 1
             self.rebuilds += 1
-        if self.eval_every and self.batch % self.eval_every == 0:
+        last = self.batch >= self.total_batches
+        if (self.eval_every and self.batch % self.eval_every == 0) or last:
+            # the last batch is always evaluated: the network alone, before fit goes on to
+            # the neighbour vote and the re-ranker (timed apart, ``_finish``)
             self._log_eval(m, self.epoch)
+        if last:
+            self.network_seconds, self.network_p1 = self.train_seconds, self.last_p1
         if self.ckpt_every and self.batch % self.ckpt_every == 0:
             self._checkpoint(m)
         progress.p1 = self.last_p1
@@ -288,34 +299,46 @@ class _Phase:
         """Compile the kernels before the clock starts, visibly (``slide.warmup``); the seconds
         go to the summary, never to the training time."""
         from slide import warmup
-        if warmup.is_warm(model):
+        if warmup.is_warm(model, self.X, self.Y):
             return
         print(f"[{self.label}] compiling kernels (first run only; later runs load them from "
               f"Numba's cache) ...", end=" ", flush=True)
-        self.compile_seconds = model._warm_up()
+        self.compile_seconds = model._warm_up(self.X, self.Y)
         _info(_fmt_seconds(self.compile_seconds))
 
     def _finish(self, model):
-        """Final evaluation, checkpoint and model file; the phase's result."""
+        """Final evaluation, checkpoint and model file; the phase's result: the network alone
+        (``train_seconds``, ``P@1``: its training clock and P@1 at its last batch) and, apart,
+        what ``fit`` built after the network (``post_fit``: the neighbour memory and the
+        re-ranker, their seconds and the whole model's P@1)."""
         self.finished = True
-        # fit ends by building the neighbour memory (slide.rank.vote): its seconds are part of
-        # training, and the evaluations and checkpoint taken during the last batch predate it
+        # fit ends by building the neighbour memory (slide.rank.vote) and fitting the re-ranker
+        # (slide.rank.rerank): the evaluations and checkpoint taken during the last batch
+        # predate it
         voted = _has_neighbour_memory(model)
+        if self.network_seconds is None:        # stopped early (time_budget) or no batch run
+            self.network_seconds = self.train_seconds
+            self.network_p1 = self.last_p1 if self.last_eval_batch == self.batch else None
+        if self.network_p1 is None and not voted:
+            self.network_p1 = self._log_eval(model, self.epoch)["P@1"]
         self.train_seconds = float(getattr(model, "train_seconds_", self.train_seconds))
-        if self.last_eval_batch != self.batch or voted:
+        post_fit = None
+        if voted:
             rec = self._log_eval(model, self.epoch)
-        else:
-            rec = None
+            reranked = getattr(getattr(model, "rank_", None), "reranker", None) is not None
+            post_fit = {"stage": "neighbour vote + re-ranker" if reranked
+                        else "neighbour vote",
+                        "seconds": round(max(0.0, self.train_seconds - self.network_seconds), 3),
+                        "P@1": rec["P@1"]}
         if (voted or self.last_ckpt_batch != self.batch
                 or not os.path.exists(self.ckpts.path(self.batch))):
             self._checkpoint(model)
         from slide.cli.textdata import save_final       # with its vectorizer, for text
         save_final(model, os.path.join(self.run_dir, MODEL_FILE), self.text, self._extra())
-        p1 = self.last_p1 if rec is None else rec["P@1"]
         result = {"phase": self.phase, "sampler": self.sampler_kind, "batches": self.batch,
                   "epochs": self.epochs, "samples": self.samples,
-                  "train_seconds": round(self.train_seconds, 3), "P@1": p1,
-                  "compile_seconds": round(self.compile_seconds, 3),
+                  "train_seconds": round(self.network_seconds, 3), "P@1": self.network_p1,
+                  "post_fit": post_fit, "compile_seconds": round(self.compile_seconds, 3),
                   "rehashes": self.rehashes, "rebuilds": self.rebuilds}
         return model, result
 
@@ -423,19 +446,26 @@ def _train(cfg, run_dir, args, stop):
     return EXIT_OK
 
 
+def _network_records(path):
+    """The evaluations of the network alone in a metrics log (the last one, with the neighbour
+    vote and the re-ranker after fit, left out)."""
+    return [r for r in read_metrics(path)
+            if r.get("P@1") is not None and not r.get("neighbour_vote")]
+
+
 def _versus_dense(run_dir, s, b):
-    """Speed-up per epoch, and time to accuracy: how soon slide reached the dense baseline's
-    final P@1 (first evaluation at or above it, in training seconds), and where the dense
-    baseline stood after as much training time as the whole slide run took."""
+    """The networks against each other, the same batches: speed-up per epoch, and time to
+    accuracy: how soon slide's network reached the dense network's final P@1 (first
+    evaluation at or above it, in training seconds), and where the dense network stood after
+    as much training time as slide's whole network run took."""
     out = {"speedup_vs_dense": round(b["train_seconds"] / s["train_seconds"], 3)}
-    dense_log = read_metrics(os.path.join(run_dir, BASELINE_DIR, METRICS_FILE))
+    dense_log = _network_records(os.path.join(run_dir, BASELINE_DIR, METRICS_FILE))
     within = [r for r in dense_log if r["train_seconds"] <= s["train_seconds"]]
     out["dense_P@1_at_slide_time"] = within[-1]["P@1"] if within else None
     target = b["P@1"]
     if target is not None:
-        slide_log = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE))
-                     if r.get("P@1") is not None]
-        reached = [r for r in slide_log if r["P@1"] >= target]
+        reached = [r for r in _network_records(os.path.join(run_dir, METRICS_FILE))
+                   if r["P@1"] >= target]
         if reached and reached[0]["train_seconds"] > 0:
             t = reached[0]["train_seconds"]
             out["slide_seconds_to_dense_final_P@1"] = t
@@ -443,38 +473,61 @@ def _versus_dense(run_dir, s, b):
     return out
 
 
-def _print_summary(summary, results, n_eval, pool_name):
-    _info("")
-    _info(f"P@1 on {n_eval:,} held-out points ({pool_name}); training wall time (kernel "
-          f"compilation apart):")
-    for phase in results:
-        r = results[phase]
-        if phase != "slide":
-            name = "dense baseline (full softmax)"
-        elif r["sampler"] == "dense":
-            name = "dense (full softmax)"
-        else:
-            name = f"slide ({r['sampler']} LSH sampler)" if r["sampler"] != "random" \
-                else "sampled softmax (random)"
+def _phase_name(phase, sampler):
+    if phase != "slide" or sampler == "dense":
+        return "dense network (full softmax)"
+    if sampler == "random":
+        return "slide's network (sampled softmax)"
+    return f"slide's network ({sampler} LSH sampler)"
+
+
+def _p1(p):
+    return "-" if p is None else f"{p:.4f}"
+
+
+def summary_lines(summary, results, n_eval, pool_name):
+    """The lines ``slide train`` prints at the end (the README quotes them)."""
+    lines = [f"P@1 on {n_eval:,} held-out points ({pool_name}); training wall time, kernel "
+             f"compilation apart:"]
+    for phase, r in results.items():
         compiled = (f", compile {_fmt_seconds(r['compile_seconds'])}"
                     if r.get("compile_seconds") else "")
-        _info(f"  {name:32s} P@1 {r['P@1']:.4f}   {_fmt_seconds(r['train_seconds'])}"
-              f"   ({r['batches']:,} batches{compiled})")
-    if "speedup_vs_dense" not in summary:
-        return
-    s, b = results["slide"], results["dense-baseline"]
-    if "slide_seconds_to_dense_final_P@1" in summary:
-        _info(f"  slide reached the dense baseline's final P@1 ({b['P@1']:.3f}) after "
-              f"{_fmt_seconds(summary['slide_seconds_to_dense_final_P@1'])}, "
-              f"{summary['time_to_dense_final_P@1_speedup']:.1f}x sooner; per epoch "
-              f"{summary['speedup_vs_dense']:.1f}x faster")
-    else:
-        _info(f"  slide did not reach the dense baseline's final P@1 ({b['P@1']:.3f}); per "
-              f"epoch {summary['speedup_vs_dense']:.1f}x faster")
-    at = summary["dense_P@1_at_slide_time"]
-    at = "not evaluated yet" if at is None else f"at P@1 {at:.4f}"
-    _info(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole run) the "
-          f"dense baseline was {at}")
+        lines.append(f"  {_phase_name(phase, r['sampler']):36s} P@1 {_p1(r['P@1'])}  "
+                     f"{_fmt_seconds(r['train_seconds']):>9s}   ({r['batches']:,} batches"
+                     f"{compiled})")
+    if "speedup_vs_dense" in summary:
+        s, b = results["slide"], results["dense-baseline"]
+        if "slide_seconds_to_dense_final_P@1" in summary:
+            lines.append(
+                f"  slide's network reached the dense network's final P@1 ({b['P@1']:.3f}) "
+                f"after {_fmt_seconds(summary['slide_seconds_to_dense_final_P@1'])}, "
+                f"{summary['time_to_dense_final_P@1_speedup']:.1f}x sooner; per epoch "
+                f"{summary['speedup_vs_dense']:.1f}x faster")
+        else:
+            lines.append(f"  slide's network did not reach the dense network's final P@1 "
+                         f"({_p1(b['P@1'])}); per epoch {summary['speedup_vs_dense']:.1f}x "
+                         f"faster")
+        at = summary["dense_P@1_at_slide_time"]
+        at = "not evaluated yet" if at is None else f"at P@1 {at:.4f}"
+        lines.append(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole "
+                     f"network) the dense network was {at}")
+    post = [(phase, r["post_fit"]) for phase, r in results.items() if r.get("post_fit")]
+    if post:
+        stage = post[0][1]["stage"]
+        lines.append(f"then, fitted after each network (seconds not counted above), the "
+                     f"{stage}:")
+        for phase, pf in post:
+            on = ("slide's network" if phase == "slide" and results[phase]["sampler"] != "dense"
+                  else "the dense network")
+            lines.append(f"  {'on ' + on:36s} P@1 {_p1(pf['P@1'])}  "
+                         f"{_fmt_seconds(pf['seconds']):>9s}")
+    return lines
+
+
+def _print_summary(summary, results, n_eval, pool_name):
+    _info("")
+    for line in summary_lines(summary, results, n_eval, pool_name):
+        _info(line)
 
 
 def _write_plot(run_dir):

@@ -82,6 +82,13 @@ def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, 
     min_act = spec.min_active[l]
     mark = sc.marks[c, l]
     code = cfg[CFG_SAMPLER]
+    if tables is None:
+        # a network without hash tables (``Network.tables`` is None: sampler "random"). Numba
+        # prunes an ``is None`` test of an argument by its type before compiling, so this
+        # specialisation never compiles the LSH hashing and sampling below (cold compile time)
+        forced = gather_forced(sc.forced_buf[c], labels, shared)
+        n, rng, n_kept = _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
+        return n, rng, min(labels.shape[0], n_kept), n_kept
     if code == SAMPLER_RANDOM:
         forced = gather_forced(sc.forced_buf[c], labels, shared)
         n, rng, n_kept = _fill_active(n_neurons, forced, min_act, rng, out, mark, serial)
@@ -170,7 +177,7 @@ def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, la
     a0 = acts[a_off[0]:a_off[1]]
     if spec.sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
-        cnt, rng, n_c, n_s = select_active(0, spec, tables, sc, c, True, x_idx, x_val,
+        cnt, rng, n_c, n_s = select_active(np.int64(0), spec, tables, sc, c, True, x_idx, x_val,
                                            x_idx.shape[0], labels if last == 0 else no_lab,
                                            shared if last == 0 else no_shared, rng, serial,
                                            id0)

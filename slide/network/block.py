@@ -279,7 +279,9 @@ def forward_backward(net, X, Y, rows, seed, serial):
     WS, bS = blk.WS[:ns], blk.bS[:ns]
     gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]), int(lay.n_in[last]),
                 shared, WS, bS)
-    Z = blk.Z[:nb, :ns]
+    # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
+    # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
+    Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
     with np.errstate(over="ignore", invalid="ignore"):
         # a diverging run overflows here; the loss below reports it (DivergenceError)
         np.matmul(H, WS.T, out=Z)

@@ -78,7 +78,9 @@ def hidden(net, X, lo=0, hi=None, n_chunks=None):
     h_off = np.concatenate([[0], np.cumsum(lay.sizes[1:-1])]).astype(np.int64)
     out = np.zeros((hi - lo, int(lay.n_in[-1])), np.float32)
     scratch = np.zeros((n_chunks, int(h_off[-1])), np.float32)
-    hidden_batch_kernel(net.params, net.spec, h_off, csr(X), lo, hi, out, scratch)
+    # int64 row pointers whatever X holds (training's are int64): one compiled specialisation
+    Xc = csr(X)._replace(ptr=np.asarray(X.indptr, np.int64))
+    hidden_batch_kernel(net.params, net.spec, h_off, Xc, lo, hi, out, scratch)
     return out
 
 

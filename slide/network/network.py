@@ -195,8 +195,11 @@ class Network:
         self._pack_lsh()
 
     def _pack_lsh(self):
-        """The kernels' view of the LSH arrays (call after the indices changed)."""
-        self.tables = pack_tables(self.layout.n_layers, self.indices)
+        """The kernels' view of the LSH arrays (call after the indices changed); None for a
+        network without tables, whose kernels then compile without the LSH code
+        (``sample.select_active``)."""
+        self.tables = pack_tables(self.layout.n_layers, self.indices) if self.uses_tables \
+            else None
 
     # -- scratch -----------------------------------------------------------------------------
     def prepare(self, batch_size, n_chunks, max_labels):
