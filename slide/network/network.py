@@ -209,7 +209,9 @@ class Network:
             return
         lay = self.layout
         self.sc = sc = make_scratch(self.spec, self.lsh, self.uses_tables, batch_size, n_chunks,
-                                    int(max_labels) + self.n_shared + self.oracle_m,
+                                    # the forced list is (labels + exact ids) + the block,
+                                    # and the block holds the exact ids too: twice oracle_m
+                                    int(max_labels) + self.n_shared + 2 * self.oracle_m,
                                     self.min_active, self.n_shared)
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
