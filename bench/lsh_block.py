@@ -17,8 +17,9 @@ place, with ALL of its cost counted as training time:
   ``headN+oracle`` / ``headN+lsh``: the head, then the oracle's or the LSH's |S|/2 ids and
   the remaining draws (does anything beyond the head pay?);
 * ``lsh``:      ``|S|/2`` frequency draws + the union of every sample's LSH candidates, cut to
-  |S|/2 ids. SimHash tables over the output rows augmented for inner-product search
-  (v = [w, b] / M, then sqrt(1 - |v|^2) appended, M the largest row norm; query [h, 1, 0]),
+  |S|/2 ids. SimHash tables over the output rows less their mean (h.(w - mean) ranks a
+  query's labels as h.w does; the log-prior bias, which dwarfs w, is left to the draws; the
+  inner-product augmentation [w, b] / M + sqrt(1 - |v|^2) put most rows into a few buckets),
   ``--K`` bits per table, ``--L`` tables, at most ``--bucket-cap`` ids read per bucket; the
   tables are rebuilt from the current weights every ``--rebuild`` batches. Per sample, the
   ids found in the most of its L buckets (the top ``ceil(4 |S|/2 / batch)``, as the oracle's
@@ -47,24 +48,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.common import git_commit  # noqa: E402
 from bench.engine_ab import _machine, load  # noqa: E402
-
-
-@njit(cache=True, nogil=True)
-def _bucket_sort(codes, n_buckets, offsets, items):
-    """Per table l: items[l] = the row ids ordered by their code, offsets[l, b] the start of
-    bucket b (a counting sort: linear in the rows)."""
-    n, L = codes.shape
-    for l in range(L):
-        cnt = np.zeros(n_buckets + 1, np.int64)
-        for j in range(n):
-            cnt[codes[j, l] + 1] += 1
-        for b in range(n_buckets):
-            cnt[b + 1] += cnt[b]
-        offsets[l, :] = cnt
-        for j in range(n):
-            b = codes[j, l]
-            items[l, cnt[b]] = j
-            cnt[b] += 1
+from slide.kernels.lsh.serving import build_tables_kernel  # noqa: E402
 
 
 @njit(cache=True, nogil=True)
@@ -117,11 +101,10 @@ def _pack(bits, L, K):
 
 
 class LSHBlock:
-    """The block chooser: SimHash tables over the augmented output rows."""
+    """The block chooser: SimHash tables over the centred output rows."""
 
-    def __init__(self, K, L, bucket_cap, rebuild, per_sample, seed, augment=False):
+    def __init__(self, K, L, bucket_cap, rebuild, per_sample, seed):
         self.K, self.L, self.cap, self.rebuild = K, L, bucket_cap, rebuild
-        self.aug = augment
         self.per_sample = per_sample
         self.rng = np.random.default_rng(seed)
         self.batches = 0
@@ -138,21 +121,14 @@ class LSHBlock:
             self.hist = np.zeros(self.L + 1, np.int64)
             self.offsets = np.empty((self.L, (1 << self.K) + 1), np.int64)
             self.items = np.empty((self.L, n), np.int64)
+        # the rows less their mean: h.(w - mean) ranks a query's labels as h.w does, and
+        # without the shared direction (and the log-prior bias, which dwarfs w) the codes
+        # spread over the buckets; the bias's share is the frequency draw's. (The projections
+        # keep the d + 2 columns of the measured runs; the last two meet zeros.)
         V = np.zeros((n, d + 2), np.float32)
-        if self.aug:
-            V[:, :d] = Wo
-            V[:, d] = bo
-            norm2 = (V[:, :d + 1] ** 2).sum(axis=1)
-            M2 = norm2.max() or 1.0
-            V[:, :d + 1] /= np.sqrt(M2)
-            V[:, d + 1] = np.sqrt(np.maximum(1.0 - norm2 / M2, 0.0))
-        else:
-            # the rows less their mean: h.(w - mean) ranks a query's labels as h.w does, and
-            # without the shared direction (and the log-prior bias, which dwarfs w) the
-            # codes spread over the buckets; the bias's share is the frequency draw's
-            V[:, :d] = Wo - Wo.mean(axis=0)
+        V[:, :d] = Wo - Wo.mean(axis=0)
         codes = _pack(V @ self.proj.T > 0, self.L, self.K)
-        _bucket_sort(codes, 1 << self.K, self.offsets, self.items)
+        build_tables_kernel(codes, self.offsets, self.items)
 
     def __call__(self, net, X, rows):
         from slide.data.inputs import take_rows
@@ -163,8 +139,6 @@ class LSHBlock:
         H = net.hidden(take_rows(X, rows))
         Q = np.zeros((H.shape[0], H.shape[1] + 2), np.float32)
         Q[:, :H.shape[1]] = H
-        if self.aug:
-            Q[:, H.shape[1]] = 1.0
         qcodes = _pack(Q @ self.proj.T > 0, self.L, self.K)
         m = net.oracle_m
         ids = np.empty(H.shape[0] * self.per_sample, np.int64)
@@ -312,7 +286,7 @@ def main():
              f"network alone; test: {Xt.shape[0]:,} rows; seeds {args.seeds}",
              f"- commit {commit}; {_machine()}",
              f"- command: `python bench/lsh_block.py {' '.join(sys.argv[1:])}`",
-             f"- lsh: SimHash over inner-product-augmented rows, K={args.K}, L={args.L}, "
+             f"- lsh: SimHash over the output rows less their mean, K={args.K}, L={args.L}, "
              f"<= {args.bucket_cap} ids per bucket, rebuilt every {args.rebuild} batches; its "
              "seconds (tables, hidden pass, queries) count as training; the oracle's do not",
              "", "| block | variant | active ids / sample | train s | of which LSH s | "
