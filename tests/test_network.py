@@ -7,6 +7,7 @@ import scipy.sparse as sp
 
 from slide.kernels.lsh.hashes import hash_dense_batch
 from slide.network import Network
+from slide.network.block import first_layer_gradient
 from slide.network.schedule import RehashSchedule
 from slide.network.optim import SparseOptimizer, adam_lr
 
@@ -47,11 +48,14 @@ def test_sparse_adam_touches_only_active_rows():
     net.forward_backward(X, Y, rows, 1, 1)
     lay = net.layout
     # the batch gradient: buffered layers from GW/GB, the sampled output layer from the
-    # stored per-sample deltas and inputs (what slide.network.optim.output_step sums)
+    # stored per-sample deltas and inputs (what slide.network.row_steps.output_step sums)
     G = np.zeros(lay.n_weights, np.float32)
     GB = np.zeros(lay.n_biases, np.float32)
     G[:net.GW.size] = net.GW
     GB[:net.GB.size] = net.GB
+    if net.fused_first:
+        # the batched engine's first layer: formed in the update from the per-sample deltas
+        lay.weight_view(G, 0)[:] += first_layer_gradient(net, X, rows)
     G1 = lay.weight_view(G, 1)
     GB1 = lay.bias_view(GB, 1)
     active = set()
@@ -98,7 +102,8 @@ def test_sparse_adam_touches_only_active_rows():
         sel[lay.w_off[1] + j * 8:lay.w_off[1] + (j + 1) * 8] = True
     for f in feats:                          # layer 0: the batch's feature rows
         sel[lay.w_off[0] + f * 8:lay.w_off[0] + (f + 1) * 8] = True
-    assert nr >= len(feats)
+    # the batch's feature rows: in the touched list, or (batched engine) the fused step's
+    assert nr == (0 if net.fused_first else len(feats))
     np.testing.assert_allclose(net.W[sel], expect[sel], rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(opt.MW[sel], m[sel], rtol=1e-4, atol=1e-9)
     mb = 0.9 * MB0 + 0.1 * GB
@@ -125,7 +130,8 @@ def test_touched_rows_are_unique():
         assert len(np.unique(starts)) == nr
         assert len(np.unique(net.touched_rows.bias_ids[:nb])) == nb
         # every hidden-layer row (dense layer 1) is listed, plus the features in the batch
-        assert nr >= len(np.unique(X.indices)) + 3
+        # (those by the fused first-layer step instead, in the batched engine)
+        assert nr == (0 if net.fused_first else len(np.unique(X.indices))) + 3
         net.GW[:] = 0
         net.GB[:] = 0
 

@@ -116,7 +116,7 @@ def test_catch_up_is_dense_adam_under_a_cosine_schedule():
 def test_a_rows_catch_up_costs_a_few_blocks_whatever_its_gap():
     """The discounted sum over a gap of a million steps reads a few blocks of prefix sums
     and equals the direct sum (whose terms past ~350 steps are below 1e-16 of the first)."""
-    from slide.network.optim import RATE_BLOCK, block_powers, discounted_rate_sum, extend_rate_sums
+    from slide.network.adam import RATE_BLOCK, block_powers, discounted_rate_sum, extend_rate_sums
     rng = np.random.default_rng(1)
     n = 1_000_000
     rates = np.zeros(n + 1)

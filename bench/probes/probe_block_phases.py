@@ -82,13 +82,14 @@ def main():
             BK.gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]),
                            int(lay.n_in[last]), shared, WS, bS)
             t = tick("gather W_S", t)
-            Z = blk.Z[:128, :ns]
+            Z = blk.Z.reshape(-1)[:128 * ns].reshape(128, ns)
             np.matmul(H, WS.T, out=Z)
             t = tick("Z = H W_S^T", t)
             d_store = net.store.d_store[:128]
             with BK._parallel_chunks():
-                BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, bS, H, d_store,
-                              losses, np.float32(1 / 128), net.correct)
+                BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z,
+                              BK.block_offsets(bS, shared, neg), H, d_store, losses,
+                              np.float32(1 / 128), net.correct)
             t = tick("corrected softmax", t)
             dH = blk.dH[:128]
             np.matmul(Z, WS, out=dH)
@@ -96,11 +97,17 @@ def main():
             np.sum(Z, axis=0, out=blk.dbS[:ns])
             t = tick("dH, dW_S products", t)
             with BK._parallel_chunks():
-                BK.block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store)
+                BK.block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store,
+                                  not net.fused_first)
             t = tick("backward (per sample)", t)
             nr, nbias = net.touched(X, rows, serial)
             t = tick("touched rows", t)
             opt.step(net.params, net.touched_rows, nr, nbias)
+            if net.fused_first:
+                frows = BK._feature_rows(net, X, rows)
+                nf = BK.feature_entries(Xc, rows, frows)
+                a0, a1 = int(sc.a_off[0]), int(sc.a_off[1])
+                opt.step_first(net.W, frows, nf, X.data, blk.dels[:128, a0:a1])
             t = tick("hidden Adam", t)
             store = Store(net.store.h_store, net.store.d_store)
             nu = BK.output_entries(blk.extra[:128], blk.counts[:128, 2:3], 0,

@@ -58,7 +58,7 @@ class HiddenLayer:
         hidden_backward_batch(self.GW, self.GB, self.n_hidden, Xc, rows, H, dH, int(n_chunks))
         nr, nbias = collect_touched(self.spec, self.layout.row_off, i64([0, 0]), self._no_ids,
                                     self._no_act, Xc, rows, self.touched, np.int64(serial),
-                                    False)
+                                    False, True)
         self.optimizer.step(self.params, self.touched, nr, nbias)
 
     def reset_stamps(self):

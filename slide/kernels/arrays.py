@@ -120,6 +120,18 @@ class OutputRows(NamedTuple):
     g_out: np.ndarray        # [n_chunks, n_in + 1] float32 gradient scratch of output_step
 
 
+class FeatureRows(NamedTuple):
+    """The batch's input features as per-feature entry lists (``touched.feature_entries``),
+    for the batched engine's fused first-layer step (``slide.network.optim``)."""
+    mark: np.ndarray         # [n_features] uint8 scratch, all-zero between batches
+    slot: np.ndarray         # [n_features] int32: a feature's index in uniq (this batch)
+    uniq: np.ndarray         # distinct features of the batch
+    row_ptr: np.ndarray      # entries of uniq[u]: [row_ptr[u], row_ptr[u+1])
+    ent_p: np.ndarray        # position of the entry's value in X's data
+    ent_s: np.ndarray        # the entry's sample (position in the batch)
+    g: np.ndarray            # [threads, n_hidden] float32 gradient scratch
+
+
 class SharedDraw(NamedTuple):
     ids: np.ndarray          # the batch's shared negatives, sorted, distinct, int32
     corr: np.ndarray         # per neuron: -log pi_j (pi_j = P(j in the draw)); empty: uniform
@@ -248,6 +260,16 @@ def make_output_rows(stamp, n_out_last, n_in_last, batch_size, cap, n_chunks):
                       row_ptr=np.zeros(n_u + 1, np.int64),
                       ent=np.zeros(batch_size * cap, np.int64),
                       g_out=np.zeros((n_chunks, int(n_in_last) + 1), np.float32))
+
+
+def make_feature_rows(n_features, n_hidden, n_entries, n_threads):
+    """FeatureRows for batches of at most ``n_entries`` input values."""
+    n_f, n_e = int(n_features), max(int(n_entries), 1)
+    n_u = min(n_f, n_e)
+    return FeatureRows(mark=np.zeros(n_f, np.uint8), slot=np.zeros(n_f, np.int32),
+                       uniq=np.zeros(n_u, np.int32), row_ptr=np.zeros(n_u + 1, np.int64),
+                       ent_p=np.zeros(n_e, np.int64), ent_s=np.zeros(n_e, np.int32),
+                       g=np.zeros((int(n_threads), int(n_hidden)), np.float32))
 
 
 def make_touched(layout):

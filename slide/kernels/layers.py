@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import init_stream, splitmix64, stream_seed
 
 
@@ -137,6 +138,10 @@ def init_params(layout, seed):
     return W, B
 
 
+# rows ahead a row loop prefetches (slide.kernels.prefetch)
+PREFETCH_AHEAD = 2
+
+
 # ----------------------------------------------------------------------------------------------
 # One-sample layer kernels (inlined into the batch kernels of slide.network)
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +156,11 @@ def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):
     b = B[b_off:b_off + n_out]
     for i in range(n_out):
         o[i] = b[i]
-    for j in range(x_idx.shape[0]):
+    n_x = x_idx.shape[0]
+    for j in range(n_x):
+        if j + PREFETCH_AHEAD < n_x:
+            # the rows are scattered over W: ask for a later one while this one is summed
+            prefetch_row(W, w_off + np.int64(x_idx[j + PREFETCH_AHEAD]) * n_out, n_out)
         base = w_off + np.int64(x_idx[j]) * n_out
         row = W[base:base + n_out]
         xv = x_val[j]
@@ -179,13 +188,24 @@ def first_forward_sparse(W, B, w_off, b_off, n_out, x_idx, x_val, ids, n_act, ou
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
-def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act, delta):
-    """g0T[x_idx] += outer(x_val, delta); gb0 += delta (racy adds: HOGWILD)."""
+def first_bias_backward(gB, b_off, n_out, dense, ids, n_act, delta):
+    """gb0 += delta (racy adds: HOGWILD): the first layer's bias gradient."""
     if dense:
         d = delta[:n_out]
         gb = gB[b_off:b_off + n_out]
         for i in range(n_out):
             gb[i] += d[i]
+    else:
+        for k in range(n_act):
+            gB[b_off + ids[k]] += delta[k]
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act, delta):
+    """g0T[x_idx] += outer(x_val, delta); gb0 += delta (racy adds: HOGWILD)."""
+    first_bias_backward(gB, b_off, n_out, dense, ids, n_act, delta)
+    if dense:
+        d = delta[:n_out]
         for j in range(x_idx.shape[0]):
             base = w_off + np.int64(x_idx[j]) * n_out
             grow = gW[base:base + n_out]
@@ -193,8 +213,6 @@ def first_backward(gW, gB, w_off, b_off, n_out, x_idx, x_val, dense, ids, n_act,
             for i in range(n_out):
                 grow[i] += xv * d[i]
     else:
-        for k in range(n_act):
-            gB[b_off + ids[k]] += delta[k]
         for j in range(x_idx.shape[0]):
             base = w_off + np.int64(x_idx[j]) * n_out
             grow = gW[base:base + n_out]
@@ -233,7 +251,7 @@ def rows_backward(W, gW, gB, spec, l, in_dense, in_ids, in_vals, n_in_act, dense
     d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
     after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
     adds). The output layer of a sampled network does not accumulate here: its gradient is
-    formed per row after the batch from the stored deltas (slide.network.optim.output_step).
+    formed per row after the batch from the stored deltas (slide.network.row_steps.output_step).
     ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
     w_off, b_off, n_in = spec.w_off[l], spec.b_off[l], spec.n_in[l]

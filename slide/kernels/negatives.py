@@ -40,11 +40,16 @@ def is_label(labels, j):
     return find_sorted(labels, j) >= 0
 
 
+# which per-neuron offset array ``correction`` applies to [lo1, hi1): none, ``corr`` (-log pi),
+# ``corr_mix`` (log((1 + 1/pi) / 2)); the batched engine precomputes the block's offsets per kind
+CORR_NONE, CORR_PLAIN, CORR_MIX = 0, 1, 2
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def correction(spec, n_a, n_c, n_s, neg, enabled):
+def correction_kind(spec, n_a, n_c, n_s, neg, enabled):
     """Logit offsets of one sample's sampled softmax: ((lo1, hi1, lo2, hi2, log_w1, log_w2),
-    corr), as ``slide.kernels.sample.output_loss`` applies them (positions [lo1, hi1) get
-    log_w1 + corr[neuron] when ``corr`` is not empty, [lo2, hi2) get log_w2).
+    kind): positions [lo1, hi1) get log_w1 (+ the neuron's entry of ``neg.corr`` for kind
+    CORR_PLAIN, of ``neg.corr_mix`` for CORR_MIX), positions [lo2, hi2) get log_w2.
 
     Layout of the active set (``sample.select_active``): C = [0, n_c) the labels and the LSH
     ids, chosen without looking at the shared draw S; [n_c, n_s) the ids of S not in C;
@@ -69,24 +74,35 @@ def correction(spec, n_a, n_c, n_s, neg, enabled):
     log is part of the pinned numerics.)"""
     lo1 = hi1 = lo2 = hi2 = 0
     log_w1 = log_w2 = 0.0
-    corr = neg.corr[:0]
+    kind = CORR_NONE
     if enabled:
         n_out = spec.n_out[spec.n_layers - 1]
         lo1, hi1, lo2, hi2 = n_c, n_s, n_s, n_a
         n_fill = n_a - n_s
         if neg.corr.shape[0] > 0 and neg.n_draws > 0:
-            corr = neg.corr
+            kind = CORR_PLAIN
             if n_fill > 0:
                 if n_a - n_c > neg.n_draws:
-                    corr = neg.corr_mix
+                    kind = CORR_MIX
                     log_w2 = math.log(max(n_out - n_s, 1) / n_fill) + math.log(0.5)
                 else:
                     log_w2 = -math.inf
         elif n_a > n_c:
             log_w1 = math.log(max(n_out - n_c, 1) / (n_a - n_c))
             log_w2 = log_w1
-    return (lo1, hi1, lo2, hi2, log_w1, log_w2), corr
+    return (lo1, hi1, lo2, hi2, log_w1, log_w2), kind
 
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def correction(spec, n_a, n_c, n_s, neg, enabled):
+    """``correction_kind``'s offsets as ``slide.kernels.sample.output_loss`` applies them:
+    (ranges, corr), ``corr`` the per-neuron offset array (empty: none)."""
+    ranges, kind = correction_kind(spec, n_a, n_c, n_s, neg, enabled)
+    if kind == CORR_PLAIN:
+        return ranges, neg.corr
+    if kind == CORR_MIX:
+        return ranges, neg.corr_mix
+    return ranges, neg.corr[:0]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
@@ -116,6 +132,7 @@ def corrected_max(z, n, ids, ranges, corr):
         if zk > zmax:
             zmax = zk
     return zmax
+
 
 def inclusion_weights(p_in):
     """(corr, corr_mix) of neurons drawn with probability ``p_in`` = P(in the shared set):

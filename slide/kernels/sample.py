@@ -21,8 +21,9 @@ from numba import njit
 
 from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
                                   CFG_THRESHOLD, SAMPLER_RANDOM)
-from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense,
-                                  first_forward_sparse, rows_backward, rows_forward)
+from slide.kernels.layers import (FASTMATH, first_backward, first_bias_backward,
+                                  first_forward_dense, first_forward_sparse, rows_backward,
+                                  rows_forward)
 from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.kernels.lsh.samplers import sample_into
 from slide.kernels.negatives import corrected_logit, corrected_max, correction, is_label
@@ -313,7 +314,7 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
     """Back-propagate the output deltas of one sample, adding its gradients into GW/GB (racy,
     HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
     (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
-    the batch (``slide.network.optim.output_step``)."""
+    the batch (``slide.network.row_steps.output_step``)."""
     last = spec.n_layers - 1
     a_off, s_off = sc.a_off, sc.s_off
     acts = sc.acts[c]
@@ -333,16 +334,19 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
             for i in range(spec.n_in[last]):
                 h_store[i] = a_in[i]
     backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, last,
-                  not row_path)
+                  not row_path, True)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_val, top,
-                  accumulate_top):
+                  accumulate_top, first_weights):
     """Back-propagate one sample from layer ``top``'s deltas (``dels`` at layer ``top``) down
     to the input, adding the gradients into GW/GB (racy, HOGWILD); layer ``top``'s own weight
-    gradient is added only with ``accumulate_top``. ``top`` = 0: the deltas of the first
-    layer are already in place (the batched engine formed them from its block products)."""
+    gradient is added only with ``accumulate_top``, the first layer's weight gradient only with
+    ``first_weights`` (else its deltas stay in ``dels`` for the fused step that forms it,
+    ``slide.network.row_steps.first_layer_step``; its bias gradient is added either way).
+    ``top`` = 0: the deltas of the first layer are already in place (the batched engine
+    formed them from its block products)."""
     W, GW, GB = params.W, params.GW, params.GB
     sparse = spec.sparse
     for l in range(top, 0, -1):
@@ -355,5 +359,9 @@ def backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act, x_idx, x_v
         for m in range(n_act[l - 1]):
             if a_in[m] <= 0.0:       # ReLU mask (a_in is the post-ReLU activation)
                 d_in[m] = 0.0
-    first_backward(GW, GB, spec.w_off[0], spec.b_off[0], spec.n_out[0], x_idx, x_val,
-                   not sparse[0], ids[s_off[0]:s_off[1]], n_act[0], dels[a_off[0]:a_off[1]])
+    if first_weights:
+        first_backward(GW, GB, spec.w_off[0], spec.b_off[0], spec.n_out[0], x_idx, x_val,
+                       not sparse[0], ids[s_off[0]:s_off[1]], n_act[0], dels[a_off[0]:a_off[1]])
+    else:
+        first_bias_backward(GB, spec.b_off[0], spec.n_out[0], not sparse[0],
+                            ids[s_off[0]:s_off[1]], n_act[0], dels[a_off[0]:a_off[1]])

@@ -3,7 +3,7 @@
 Layer 0's rows are the batch's input features (row length n_out[0]); later layers' rows are
 their active neurons (all of them for a dense layer). A sampled output layer (the row path)
 is not listed here: ``output_entries`` transposes its active sets into per-row entry lists
-for ``slide.network.optim.output_step``.
+for ``slide.network.row_steps.output_step``.
 """
 import numpy as np
 from numba import njit
@@ -18,16 +18,19 @@ def _list_row(tb, nr, start, length, rowid):
 
 
 @njit(cache=True, nogil=True)
-def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_path):
+def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_path,
+                    first_rows):
     """Deduplicated list of the rows (and biases) the batch ``rows`` touched, into the
     ``Touched`` bundle ``tb`` (its stamps are never cleared: stamp == serial means already
-    listed in this batch). ``ids``/``n_act``: the batch's active sets (per sample). Returns
-    (n_rows, n_bias)."""
+    listed in this batch). ``ids``/``n_act``: the batch's active sets (per sample).
+    ``first_rows`` False: the first layer's rows (the batch's input features) are left out,
+    its biases stay (the batched engine updates those rows by ``feature_entries`` and
+    ``slide.network.row_steps.first_layer_step``). Returns (n_rows, n_bias)."""
     nr = 0
     nbias = 0
     nb = rows.shape[0]
     n0 = spec.n_out[0]
-    for s in range(nb):
+    for s in range(nb if first_rows else 0):
         r = rows[s]
         for p in range(X.ptr[r], X.ptr[r + 1]):
             f = X.ind[p]
@@ -96,4 +99,45 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     for u in range(nu, 0, -1):
         row_ptr[u] = row_ptr[u - 1]
     row_ptr[0] = 0
+    return nu
+
+
+@njit(cache=True, nogil=True)
+def feature_entries(X, rows, frows):
+    """Transpose the batch's input rows into per-feature entry lists (``FeatureRows``):
+    uniq[:n_uniq] = the distinct features of the batch; for unique feature u,
+    ent_p[row_ptr[u]:row_ptr[u+1]] are the positions of its values in ``X``'s data and ent_s
+    the samples (batch positions) they belong to, in sample order (so each feature's gradient
+    sum is deterministic). ``mark``/``slot`` are per-feature scratch; ``mark`` is all-zero
+    again on return. Returns n_uniq."""
+    mark, slot, uniq, row_ptr, ent_p, ent_s = (frows.mark, frows.slot, frows.uniq,
+                                               frows.row_ptr, frows.ent_p, frows.ent_s)
+    nu = 0
+    for s in range(rows.shape[0]):
+        r = rows[s]
+        for p in range(X.ptr[r], X.ptr[r + 1]):
+            f = X.ind[p]
+            if mark[f] == 0:
+                mark[f] = 1
+                slot[f] = nu
+                uniq[nu] = f
+                row_ptr[nu + 1] = 0
+                nu += 1
+            row_ptr[slot[f] + 1] += 1
+    row_ptr[0] = 0
+    for u in range(nu):
+        row_ptr[u + 1] += row_ptr[u]
+    # fill, using row_ptr[u] as a cursor, then shift back
+    for s in range(rows.shape[0]):
+        r = rows[s]
+        for p in range(X.ptr[r], X.ptr[r + 1]):
+            u = slot[X.ind[p]]
+            ent_p[row_ptr[u]] = p
+            ent_s[row_ptr[u]] = s
+            row_ptr[u] += 1
+    for u in range(nu, 0, -1):
+        row_ptr[u] = row_ptr[u - 1]
+    row_ptr[0] = 0
+    for u in range(nu):
+        mark[uniq[u]] = 0
     return nu

@@ -63,11 +63,13 @@ def forward_backward(net, X, Y, rows, seed, serial):
 
 def touched(net, X, rows, serial):
     """List the rows of the buffered layers that batch ``rows`` touched into
-    ``net.touched_rows``; returns (n_rows, n_bias)."""
+    ``net.touched_rows`` (without the first layer's under ``net.fused_first``); returns
+    (n_rows, n_bias)."""
     nb = rows.shape[0]
     sc = net.sc
     return collect_touched(net.spec, net.row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb],
-                           csr(X), rows, net.touched_rows, np.int64(serial), net.row_path)
+                           csr(X), rows, net.touched_rows, np.int64(serial), net.row_path,
+                           not net.fused_first)
 
 
 def update(net, X, rows, serial, optimizer):
@@ -105,7 +107,7 @@ def one_sample(net, x_indices, x_data, labels, serial, return_active):
     sc = net.sc
     last = lay.n_layers - 1
     if net.row_path:
-        # the output layer's gradient, as slide.network.optim.output_step forms it
+        # the output layer's gradient, as slide.network.row_steps.output_step forms it
         a = int(sc.s_off[last])
         n_i = int(lay.n_in[last])
         for k in range(int(sc.n_act[0, last])):

@@ -34,12 +34,15 @@ import numpy as np
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
-from slide.kernels.arrays import csr
-from slide.kernels.layers import FASTMATH
-from slide.kernels.negatives import correction, find_sorted
+from slide.kernels.arrays import csr, make_feature_rows
+from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
+from slide.kernels.prefetch import prefetch_row
+from slide.kernels.expsum import exp_shifted_inplace, max_or_nan
+from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, correction_kind,
+                                     find_sorted, is_label)
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss
-from slide.kernels.touched import output_entries
+from slide.kernels.touched import feature_entries, output_entries
 
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
@@ -81,7 +84,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     a_off, s_off = sc.a_off, sc.s_off
     n_h = spec.n_in[last]
     # bundle members out before the prange: Numba's parfor lowering drops stores made through
-    # a tuple attribute inside the loop (see slide.network.optim.output_step)
+    # a tuple attribute inside the loop (see slide.network.row_steps.output_step)
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
                                                          blk.counts, sc.ids, sc.n_act)
     b_forced = blk.forced
@@ -146,65 +149,183 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
 @njit(cache=True, nogil=True, parallel=True)
 def gather_rows(W, B, w_off, b_off, n_in, shared, WS, bS):
     """WS[i] = the output layer's row shared[i], bS[i] its bias."""
-    for i in prange(shared.shape[0]):
+    n_s = shared.shape[0]
+    for i in prange(n_s):
+        if i + PREFETCH_AHEAD < n_s:
+            prefetch_row(W, w_off + np.int64(shared[i + PREFETCH_AHEAD]) * n_in, n_in)
         o = w_off + np.int64(shared[i]) * n_in
         WS[i, :] = W[o:o + n_in]
         bS[i] = B[b_off + shared[i]]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_loss(params, spec, sc, blk, Y, rows, neg, Z, bS, H, d_store, losses, scale, correct):
-    """Step 4: per sample, the extras' logits, the per-sample path's corrected loss over S and
-    the extras (``sample.output_loss``, in the same order), the deltas back into Z (dZ) and
-    the extras' into ``d_store[s, :n_extra]``."""
+def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses, scale, correct):
+    """Step 4: per sample, the extras' logits, the corrected softmax over S and the extras,
+    its deltas back into Z (dZ) and the extras' into ``d_store[s, :n_extra]``. ``offs[kind]``
+    = S's biases plus each column's offset of that ``correction_kind``. A softmax sample
+    whose active set holds all of S (always, unless its capacity cut S short) takes the
+    vectorised row pass (``_softmax_row``); any other sample the per-sample path's
+    ``sample.output_loss`` in that path's order."""
     nb = rows.shape[0]
     last = spec.n_layers - 1
     W, B = params.W, params.B
     w_off, b_off = spec.w_off[last], spec.b_off[last]
-    n_h = spec.n_in[last]
     s_lo = sc.s_off[last]
     use_corr = correct and spec.loss_code == 0
-    zbuf, b_col, counts, sc_ids, sc_n_act = blk.zbuf, blk.col, blk.counts, sc.ids, sc.n_act
+    counts, b_col, sc_ids, sc_n_act = blk.counts, blk.col, sc.ids, sc.n_act
+    zbuf = blk.zbuf
     Yp, Yi = Y.ptr, Y.ind
+    ns = Z.shape[1]
     for s in prange(nb):
         if not math.isfinite(losses[s]):
             continue
         t = numba.get_thread_id()
-        z = zbuf[t]
         n = sc_n_act[s, last]
-        col = b_col[s]
+        n_c, n_s, n_x = counts[s, 0], counts[s, 1], counts[s, 2]
         out = sc_ids[s, s_lo:s_lo + n]
-        h = H[s]
-        zs = Z[s]
-        for k in range(n):
-            c = col[k]
-            if c >= 0:
-                z[k] = zs[c] + bS[c]
-            else:
-                o = w_off + np.int64(out[k]) * n_h
-                acc = B[b_off + out[k]]
-                for i in range(n_h):
-                    acc += W[o + i] * h[i]
-                z[k] = acc
         labels = Yi[Yp[rows[s]]:Yp[rows[s] + 1]]
-        ranges, corr = correction(spec, n, counts[s, 0], counts[s, 1], neg, use_corr)
-        losses[s] = output_loss(z, n, False, out, labels, spec.loss_code, scale, z, ranges,
-                                corr)
-        n_x = 0
-        d = d_store[s]
-        for k in range(n):
-            c = col[k]
+        ranges, kind = correction_kind(spec, n, n_c, n_s, neg, use_corr)
+        if spec.loss_code == 0 and n - n_x == ns:
+            _extras_logits(W, B, w_off, b_off, H[s], out, b_col[s], n, n_s, ranges[5],
+                           d_store[s])
+            losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c,
+                                     d_store[s, :n_x], labels, scale, zbuf[t])
+        else:
+            corr = neg.corr[:0]
+            if kind == CORR_PLAIN:
+                corr = neg.corr
+            elif kind == CORR_MIX:
+                corr = neg.corr_mix
+            losses[s] = _loss_by_positions(W, B, w_off, b_off, H[s], Z[s], offs[0], out,
+                                           b_col[s], labels, spec.loss_code, scale,
+                                           (ranges, corr), zbuf[t], d_store[s])
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _loss_by_positions(W, B, w_off, b_off, h, zs, bS, out, col, labels, loss_code, scale,
+                       corrections, z, d):
+    """One sample's loss in the per-sample path's order (``sample.output_loss`` over its
+    active positions ``out``): the sigmoid loss, and a softmax whose active set lost part of
+    S to its capacity (S's other columns get a zero delta)."""
+    n_h = h.shape[0]
+    n = out.shape[0]
+    ranges, corr = corrections
+    for k in range(n):
+        c = col[k]
+        if c >= 0:
+            z[k] = zs[c] + bS[c]
+        else:
+            o = w_off + np.int64(out[k]) * n_h
+            acc = B[b_off + out[k]]
+            for i in range(n_h):
+                acc += W[o + i] * h[i]
+            z[k] = acc
+    loss = output_loss(z, n, False, out, labels, loss_code, scale, z, ranges, corr)
+    zs[:] = 0.0
+    n_x = 0
+    for k in range(n):
+        c = col[k]
+        if c >= 0:
+            zs[c] = z[k]
+        else:
+            d[n_x] = z[k]
+            n_x += 1
+    return loss
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _extras_logits(W, B, w_off, b_off, h, out, col, n, n_s, log_w2, d):
+    """d[e] = the corrected logit of the sample's e-th extra (an active id outside S, in
+    position order): a C id (offset 0) or, from position n_s on, the fill (offset log_w2)."""
+    n_h = h.shape[0]
+    n_x = 0
+    for k in range(n):
+        if col[k] >= 0:
+            continue
+        o = w_off + np.int64(out[k]) * n_h
+        acc = B[b_off + out[k]]
+        for i in range(n_h):
+            acc += W[o + i] * h[i]
+        d[n_x] = acc + log_w2 if k >= n_s else acc
+        n_x += 1
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
+    """The corrected softmax of one sample whose active set holds all of S: ``zs`` (its row
+    of H W_S^T) and ``dx`` (its extras' corrected logits) become its deltas, scale * (p - y);
+    returns its loss.
+
+    S's columns get ``off`` (bias + the column's offset) and ``log_w1``, except those in C
+    (the sample's labels and LSH ids: computed exactly, logit + bias, kept aside in ``saved``
+    meanwhile); then one shift, one exp pass over the row (``expsum``: vectorised) and one
+    scaling pass, where the per-sample path walks the active positions with a libm exp."""
+    ny = labels.shape[0]
+    if ny == 0:
+        # no target distribution: the sample contributes nothing
+        zs[:] = 0.0
+        dx[:] = 0.0
+        return 0.0
+    for k in range(n_c):
+        c = col[k]
+        if c >= 0:
+            saved[k] = zs[c] + bS[c]
+    w1 = np.float32(log_w1)
+    for c in range(zs.shape[0]):
+        zs[c] += off[c] + w1
+    # the labels are in C: their corrected logit is the exact one
+    lz = 0.0
+    n_found = 0
+    e = 0
+    for k in range(n_c):
+        c = col[k]
+        if c >= 0:
+            v = saved[k]
+            zs[c] = v
+        else:
+            v = dx[e]
+            e += 1
+        if is_label(labels, out[k]):
+            lz += v
+            n_found += 1
+    zmax, bad = max_or_nan(zs)
+    xmax, xbad = max_or_nan(dx)
+    zmax = max(zmax, xmax)
+    if bad or xbad or not math.isfinite(zmax):
+        # overflowed logits (a diverging run): report NaN, the engine stops before updating
+        zs[:] = 0.0
+        dx[:] = 0.0
+        return np.nan
+    ssum = exp_shifted_inplace(zs, zmax)
+    for i in range(dx.shape[0]):
+        v = math.exp(np.float64(dx[i]) - zmax)      # a dropped fill (-inf) gets 0
+        dx[i] = v
+        ssum += v
+    f = np.float32(scale / ssum)
+    for c in range(zs.shape[0]):
+        zs[c] *= f
+    for i in range(dx.shape[0]):
+        dx[i] *= f
+    wl = np.float32(scale / ny)
+    e = 0
+    for k in range(n_c):
+        c = col[k]
+        if is_label(labels, out[k]):
             if c >= 0:
-                zs[c] = z[k]
+                zs[c] -= wl
             else:
-                d[n_x] = z[k]
-                n_x += 1
+                dx[e] -= wl
+        if c < 0:
+            e += 1
+    w = 1.0 / ny
+    return -w * (lz - n_found * zmax) + w * n_found * math.log(ssum)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_backward(params, spec, sc, blk, X, rows, dH, d_store):
+def block_backward(params, spec, sc, blk, X, rows, dH, d_store, first_weights):
     """Step 6: per sample, the extras' share of dH, the ReLU mask, and the back-propagation
-    through the hidden layers (gradients into GW/GB without locks)."""
+    through the hidden layers (gradients into GW/GB without locks; the first layer's weight
+    gradient only with ``first_weights``, else the update forms it from ``blk.dels``)."""
     nb = rows.shape[0]
     last = spec.n_layers - 1
     W = params.W
@@ -238,7 +359,22 @@ def block_backward(params, spec, sc, blk, X, rows, dH, d_store):
                 d_h[i] = g[i] if a_h[i] > 0.0 else 0.0
         backward_from(params, spec, a_off, s_off, acts, dels, ids, n_act,
                       Xi[Xp[r]:Xp[r + 1]], Xd[Xp[r]:Xp[r + 1]], last - 1,
-                      True)
+                      True, first_weights)
+
+
+def block_offsets(bS, shared, neg):
+    """[3, |S|] float32: the biases of S's columns plus each ``correction_kind``'s offset
+    (CORR_NONE: none; CORR_PLAIN: ``neg.corr``; CORR_MIX: ``neg.corr_mix``), the same for
+    every sample of the batch (``block_loss``)."""
+    offs = np.empty((3, shared.shape[0]), np.float32)
+    offs[CORR_NONE] = bS
+    if neg.corr.shape[0] > 0:
+        offs[CORR_PLAIN] = bS + neg.corr[shared]
+        offs[CORR_MIX] = bS + neg.corr_mix[shared]
+    else:
+        offs[CORR_PLAIN] = bS
+        offs[CORR_MIX] = bS
+    return offs
 
 
 def _parallel_chunks():
@@ -286,8 +422,9 @@ def forward_backward(net, X, Y, rows, seed, serial):
         # a diverging run overflows here; the loss below reports it (DivergenceError)
         np.matmul(H, WS.T, out=Z)
     d_store = net.store.d_store[:nb]
+    offs = block_offsets(bS, shared, neg)
     with _parallel_chunks():
-        block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, bS, H, d_store, losses,
+        block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, H, d_store, losses,
                    np.float32(1.0 / nb), net.correct)
     if not np.isfinite(losses).all():
         return losses
@@ -296,7 +433,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
     np.matmul(Z.T, H, out=blk.dWS[:ns])
     np.sum(Z, axis=0, out=blk.dbS[:ns])
     with _parallel_chunks():
-        block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store)
+        block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store,
+                       not net.fused_first)
     net.block_shared = shared
     return losses
 
@@ -326,6 +464,11 @@ def update(net, X, rows, serial, optimizer):
     blk = net.block
     nr, nbias = net.touched(X, rows, serial)
     optimizer.step(net.params, net.touched_rows, nr, nbias)
+    if net.fused_first:
+        frows = _feature_rows(net, X, rows)
+        nf = feature_entries(csr(X), rows, frows)
+        a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
+        optimizer.step_first(net.W, frows, nf, X.data, blk.dels[:nb, a0:a1])
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, net.store.d_store.shape[1],
                         net.out_rows, np.int64(serial))
     optimizer.step_output(net.W, net.B, net.out_rows, nu, net.store)
@@ -333,3 +476,25 @@ def update(net, X, rows, serial, optimizer):
     ns = shared.shape[0]
     optimizer.step_block(net.W, net.B, shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp,
                          serial)
+
+
+def _feature_rows(net, X, rows):
+    """The network's ``FeatureRows``, grown (doubled) when batch ``rows`` has more input
+    values than it holds."""
+    n_e = int((X.indptr[rows + 1] - X.indptr[rows]).sum())
+    frows = net.feature_rows
+    if frows is None or frows.ent_p.shape[0] < n_e:
+        cap = max(n_e, 2 * (frows.ent_p.shape[0] if frows is not None else 0))
+        frows = make_feature_rows(net.layout.sizes[0], net.layout.n_out[0], cap,
+                                  numba.config.NUMBA_NUM_THREADS)
+        net.feature_rows = frows
+    return frows
+
+
+def first_layer_gradient(net, X, rows):
+    """The first layer's weight gradient of the batch ``rows`` [n_features, n_hidden] as the
+    fused step (``row_steps.first_layer_step``) forms it from the per-sample deltas, after
+    ``forward_backward`` (for tests and diagnostics: training never builds it densely)."""
+    nb = rows.shape[0]
+    a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
+    return np.asarray(X[rows].T @ net.block.dels[:nb, a0:a1], np.float32)

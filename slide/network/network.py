@@ -54,7 +54,7 @@ class Network:
         else:
             self.W = np.zeros(lay.n_weights, np.float32)
             self.B = np.zeros(lay.n_biases, np.float32)
-        # a sampled output layer takes the per-row path (slide.network.optim.output_step): its
+        # a sampled output layer takes the per-row path (slide.network.row_steps.output_step): its
         # gradient never lives in a buffer, so the buffers stop where the output layer starts
         self.row_path = bool(self.sparse[-1]) and L > 1
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
@@ -90,6 +90,7 @@ class Network:
         # per output neuron: serial of the batch that last updated it (incremental rehash)
         self.out_stamp = np.zeros(int(lay.n_out[-1]) if self.row_path else 1, np.int64)
         self._scratch_key = None
+        self.feature_rows = None
         # slide.kernels.lsh.serving.ServingIndex over the output layer: built on demand by sparse
         # inference, dropped whenever training changes the weights (slide.network.trainer.train)
         self.serving = None
@@ -220,6 +221,7 @@ class Network:
                                              batch_size, cap, n_chunks)
         self.losses = np.zeros(batch_size, np.float64)
         self.block = None
+        self.feature_rows = None
         if self.batched:
             # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
             self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
@@ -231,7 +233,7 @@ class Network:
         """Drop the per-fit scratch (``prepare`` allocates it again for the next training):
         nothing after training reads it, and the end of ``fit`` (the neighbour memory, the
         re-ranker) is where a large model's memory peaks."""
-        for name in ("sc", "store", "out_rows", "losses", "block"):
+        for name in ("sc", "store", "out_rows", "losses", "block", "feature_rows"):
             if hasattr(self, name):
                 setattr(self, name, None)
         self._scratch_key = None
@@ -246,6 +248,12 @@ class Network:
         """Whether batches take the batched engine (a sampled output layer after hidden
         layers, ``engine="batched"``)."""
         return self.row_path and self.engine == "batched"
+
+    @property
+    def fused_first(self):
+        """Whether the first layer's rows get their gradient and update fused from the
+        per-sample deltas (the batched engine, a dense first layer), not through GW."""
+        return self.batched and not self.sparse[0]
 
     def forward_backward(self, X, Y, rows, seed, serial):
         if self.batched:

@@ -1,0 +1,150 @@
+"""Row steps that form each row's gradient as they update it, race-free and in a fixed order:
+the sampled output layer's rows from the per-sample deltas (``output_step``), the batched
+engine's shared block from its GEMM gradient (``block_step``) and its first layer from the
+per-sample first-layer deltas (``first_layer_step``). The update itself is
+``slide.network.adam``'s; ``slide.network.optim.SparseOptimizer`` calls these.
+"""
+import numba
+import numpy as np
+from numba import njit, prange
+
+from slide.kernels.layers import FASTMATH
+from slide.kernels.prefetch import prefetch_row
+from slide.network.adam import KIND_ADAM, _adam_row, _catch_up, _consts
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def _row_gradient(u, out_rows, store, g):
+    """g = gradient of unique output row u: the sum over its (sample s, slot k) entries of
+    d_store[s, k] * h_store[s], in entry order. Returns the bias gradient."""
+    d_cap = store.d_store.shape[1]
+    n_in = store.h_store.shape[1]
+    for i in range(n_in):
+        g[i] = 0.0
+    gb = np.float32(0.0)
+    for e in range(out_rows.row_ptr[u], out_rows.row_ptr[u + 1]):
+        p = out_rows.ent[e]
+        s = p // d_cap
+        d = store.d_store[s, p - s * d_cap]
+        gb += d
+        h = store.h_store[s]
+        for i in range(n_in):
+            g[i] += d * h[i]
+    return gb
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
+    """Gradient and update of the sampled output layer, one unique active row at a time.
+
+    Row j's gradient is formed here, race-free and in a fixed order, from the per-sample deltas
+    the batch kernel stored (``store``: h_store[s] = the layer's input for sample s, d_store
+    its deltas; ``out_rows``: the per-row entry lists of ``slide.kernels.touched``). It is
+    applied at once (Adam, kind KIND_ADAM, or SGD with step hyper.lr_t), so the output layer
+    needs no gradient buffer at all (343 MB saved at Amazon-670K) and each of its touched rows
+    is read and written once per batch. Rows are dealt to threads round-robin: the rows every
+    sample shares (labels of frequent classes, the batch's shared negatives) come first in
+    ``uniq`` and would otherwise all land on one thread. Non-empty ``mom.TW``/``mom.TB`` (the
+    layer's slices of the step records): the missed zero-gradient steps first."""
+    # bundle members are taken out before the prange: Numba 0.68's parfor lowering drops a
+    # store written directly through a tuple attribute (``mom.TW[j] = t``) inside the loop
+    MW, VW, MB, VB, TW, TB = mom
+    g_out, uniq = out_rows.g_out, out_rows.uniq
+    n_in = store.h_store.shape[1]
+    n_chunks = g_out.shape[0]
+    for c in prange(n_chunks):
+        g = g_out[c]
+        for u in range(c, n_uniq, n_chunks):
+            j = uniq[u]
+            g[n_in] = _row_gradient(u, out_rows, store, g)
+            _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
+                             b_off + j, j, g[:n_in], g[n_in:], hyper, kind)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kind):
+    """One output neuron's update from its gradient: row ``W[base:base+len(g)]`` gets ``g``,
+    bias ``B[e]`` gets ``gb[0]``; Adam (after the missed steps, when the layer's step records
+    ``TW``/``TB`` are not empty) or SGD at the step ``hyper`` describes. (Inlined into the
+    row loops: the constants derived from ``hyper`` here are hoisted out of them.)"""
+    k = _consts(hyper)
+    lr = np.float32(hyper.lr_t)
+    t = hyper.t
+    n_in = g.shape[0]
+    w = W[base:base + n_in]
+    if kind == KIND_ADAM:
+        mw = MW[base:base + n_in]
+        vw = VW[base:base + n_in]
+        if TW.shape[0] > 0:
+            _catch_up(w, mw, vw, TW[j], t, hyper)
+            _catch_up(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], TB[j], t, hyper)
+            TW[j] = t
+            TB[j] = t
+        _adam_row(w, mw, vw, g, k, True)
+        _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
+    else:
+        for i in range(n_in):
+            w[i] -= lr * g[i]
+        B[e] -= lr * gb[0]
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial):
+    """The update of the output rows ``rows`` (distinct) from their batch gradient ``dW[i]``
+    / ``db[i]`` (the batched engine's shared block, ``slide.network.block``): as
+    ``output_step`` does for one row, in parallel over rows; ``stamp[j] = serial`` records the
+    update for the incremental rehash."""
+    MW, VW, MB, VB, TW, TB = mom
+    n_in = dW.shape[1]
+    n_r = rows.shape[0]
+    for i in prange(n_r):
+        if i + 1 < n_r:
+            nxt = w_off + np.int64(rows[i + 1]) * n_in
+            prefetch_row(W, nxt, n_in)
+            prefetch_row(MW, nxt, n_in)
+            prefetch_row(VW, nxt, n_in)
+        j = rows[i]
+        stamp[j] = serial
+        _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
+                         j, dW[i], db[i:i + 1], hyper, kind)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
+def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, dels):
+    """The batched engine's first layer, gradient and update fused: row f (the weights of
+    input feature f, ``W[w_off + f * h : + h]``) gets g = sum over the batch's entries of
+    feature f of x_value * that sample's first-layer delta (``dels[s]``), in sample order
+    (``frows``: ``slide.kernels.touched.feature_entries``), then Adam (after the missed steps
+    when ``TW`` -- the layer's step records -- is not empty) or SGD. No gradient buffer is
+    read or written: the per-sample backward leaves these rows alone, where racy adds into
+    GW and a second pass to apply and zero them cost twice the bytes."""
+    uniq, row_ptr, ent_p, ent_s, g_buf = frows.uniq, frows.row_ptr, frows.ent_p, frows.ent_s, \
+        frows.g
+    n_h = dels.shape[1]
+    k = _consts(hyper)
+    lr = np.float32(hyper.lr_t)
+    t = hyper.t
+    for u in prange(n_uniq):
+        if u + 1 < n_uniq:
+            nxt = w_off + np.int64(uniq[u + 1]) * n_h
+            prefetch_row(W, nxt, n_h)
+            prefetch_row(MW, nxt, n_h)
+            prefetch_row(VW, nxt, n_h)
+        g = g_buf[numba.get_thread_id()]
+        g[:] = 0.0
+        for e in range(row_ptr[u], row_ptr[u + 1]):
+            xv = x_val[ent_p[e]]
+            d = dels[ent_s[e]]
+            for i in range(n_h):
+                g[i] += xv * d[i]
+        f = uniq[u]
+        base = w_off + np.int64(f) * n_h
+        w = W[base:base + n_h]
+        if kind == KIND_ADAM:
+            if TW.shape[0] > 0:
+                _catch_up(w, MW[base:base + n_h], VW[base:base + n_h], TW[f], t, hyper)
+                TW[f] = t
+            _adam_row(w, MW[base:base + n_h], VW[base:base + n_h], g, k, False)
+        else:
+            for i in range(n_h):
+                w[i] -= lr * g[i]
