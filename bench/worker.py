@@ -82,6 +82,12 @@ def summarise(spec, rec, meta, extra):
         "samples_per_second": samples / total if total > 0 else None,
         # time per batch, and the epoch time it extrapolates to (partial runs)
         "steady_seconds_per_batch": steady,
+        # an epoch's time from the end of the first batch on: what a system's setup before it
+        # (slide's fit builds its model inside the clock, TF builds its variables before its
+        # clock starts) does not count in; and that first batch's end
+        "steady_epoch_seconds": ((rec.batch_end[-1] - rec.batch_end[0]) / (n - 1) * bpe
+                                 if n > 1 else None),
+        "first_batch_end_seconds": rec.batch_end[0] if n else None,
         "extrapolated_epoch_seconds": steady * bpe if steady is not None else None,
         "eval_seconds_total": rec.eval_seconds,
         "cpu_utilisation": _utilisation(rec, spec["threads"]),

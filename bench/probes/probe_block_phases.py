@@ -4,7 +4,7 @@ every kernel), BLAS single-threaded as in training (``--blas-threads`` to compar
 
     python bench/probes/probe_block_phases.py [--data datasets/debcontents] [--batches 150]
 
-Without ``--data``: the xc200k preset (200k labels, 30,000 points). Prints milliseconds per
+Without ``--data``: the ``--preset`` (xc200k: 200k labels; 30,000 points). Prints milliseconds per
 batch for: the shared draw, the per-sample forward (hidden layers, active sets), the gather of
 the block's rows, the first product, the corrected softmax, the two backward products, the
 per-sample backward, the touched-row listing, the hidden layers' Adam step, the extras' row
@@ -22,7 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None, help="an XC training file; default: xc200k")
+    ap.add_argument("--data", default=None, help="an XC training file; default: --preset")
+    ap.add_argument("--preset", default="xc200k", help="a synthetic preset (xc200k, "
+                    "amazon670k, ...) when no --data")
+    ap.add_argument("--n-train", type=int, default=30000, help="rows of the preset")
     ap.add_argument("--batches", type=int, default=150)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads for the "
@@ -36,13 +39,14 @@ def main():
     if args.data:
         X, Y = slide.read_xc(args.data)
     else:
-        X, Y, _, _ = slide.synthetic.generate("xc200k", seed=0, n_train=30000, n_test=10)
+        X, Y, _, _ = slide.synthetic.generate(args.preset, seed=0, n_train=args.n_train,
+                                              n_test=10)
     from slide.data.inputs import as_feature_matrix, as_label_matrix
     # the canonical dtypes fit uses: other index dtypes would compile other kernel
     # specialisations inside the timed loop
     X = as_feature_matrix(X)
     Y = as_label_matrix(Y, n_rows=X.shape[0])
-    print(f"commit {git_commit()}; data {args.data or 'xc200k'}: {X.shape[0]} points, "
+    print(f"commit {git_commit()}; data {args.data or args.preset}: {X.shape[0]} points, "
           f"{Y.shape[1]} labels")
     m = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1,
                               n_threads=args.threads, random_state=0, neighbours=0,

@@ -45,13 +45,37 @@ def max_or_nan(z):
     return m, bad
 
 
+# the sum's flags: no "reassoc", so its order is the code's own (a vectorised reduction with
+# reassoc gave sums that differed in the last bit between a freshly compiled and a cached
+# kernel, and a run resumed from a checkpoint must repeat the uninterrupted one bit for bit)
+ORDERED = FASTMATH - {"reassoc"}
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH)
 def exp_shifted_inplace(z, shift):
     """z[c] = e^(z[c] - shift) for the float32 row z (shift >= every entry, no NaN in z);
-    returns the sum of the new entries (float64)."""
-    total = 0.0
+    returns the sum of the new entries (float64, ``ordered_sum``)."""
     for c in range(z.shape[0]):
-        e = exp_nonpositive(np.float64(z[c]) - shift)
-        z[c] = e
-        total += e
-    return total
+        z[c] = exp_nonpositive(np.float64(z[c]) - shift)
+    return ordered_sum(z)
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def ordered_sum(z):
+    """The sum of the float32 row z in float64, in a fixed order: eight interleaved partial
+    sums (independent lanes, which the compiler may still pack into one vector add), then
+    the tail, then the eight in order."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    n8 = z.shape[0] - z.shape[0] % 8
+    for c in range(0, n8, 8):
+        s0 += z[c]
+        s1 += z[c + 1]
+        s2 += z[c + 2]
+        s3 += z[c + 3]
+        s4 += z[c + 4]
+        s5 += z[c + 5]
+        s6 += z[c + 6]
+        s7 += z[c + 7]
+    for c in range(n8, z.shape[0]):
+        s0 += z[c]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))

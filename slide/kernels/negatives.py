@@ -226,7 +226,13 @@ class SharedNegatives:
         self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
         if self.n_head == 0:
             return ids
-        return np.union1d(ids, self.head).astype(np.int32)
+        # the draws come from outside the head (q 0 there): a sort of both is their union
+        # (np.union1d's hashing took 80 of the draw's 190 us at 200k labels)
+        both = np.sort(np.concatenate([ids, self.head]))
+        keep = np.empty(both.shape[0], np.bool_)
+        keep[0] = True
+        np.not_equal(both[1:], both[:-1], out=keep[1:])
+        return both[keep]
 
     def bundle(self, ids):
         """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""

@@ -240,6 +240,8 @@ def _extras_logits(W, B, w_off, b_off, h, out, col, n, n_s, log_w2, d):
     n_h = h.shape[0]
     n_x = 0
     for k in range(n):
+        if k + PREFETCH_AHEAD < n and col[k + PREFETCH_AHEAD] < 0:
+            prefetch_row(W, w_off + np.int64(out[k + PREFETCH_AHEAD]) * n_h, n_h)
         if col[k] >= 0:
             continue
         o = w_off + np.int64(out[k]) * n_h

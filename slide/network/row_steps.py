@@ -55,6 +55,11 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
     for c in prange(n_chunks):
         g = g_out[c]
         for u in range(c, n_uniq, n_chunks):
+            if u + n_chunks < n_uniq:
+                nxt = w_off + np.int64(uniq[u + n_chunks]) * n_in
+                prefetch_row(W, nxt, n_in)
+                prefetch_row(MW, nxt, n_in)
+                prefetch_row(VW, nxt, n_in)
             j = uniq[u]
             g[n_in] = _row_gradient(u, out_rows, store, g)
             _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
