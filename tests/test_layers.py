@@ -221,3 +221,11 @@ def test_layout_offsets_and_views():
         want = np.sqrt(2.0 / (big.sizes[l] + big.sizes[l + 1]))
         assert w.std() == pytest.approx(want, rel=0.03), f"layer {l}"
         assert abs(w.mean()) < 0.05 * want
+
+
+def test_zeros_touched_is_zeros():
+    from slide.kernels.layers import zeros_touched
+    for n in (0, 1, 70_000, 200_001):
+        a = zeros_touched(n, np.float32)
+        assert a.dtype == np.float32 and a.shape == (n,) and not a.any()
+    assert zeros_touched(5, np.int32).dtype == np.int32

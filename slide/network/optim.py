@@ -5,6 +5,8 @@ arithmetic and its semantics (dense Adam's trajectory at sparse cost) are docume
 """
 import numpy as np
 
+from slide.kernels.layers import zeros_touched
+
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
                                 adam_flush_rows, adam_ids, adam_lr, adam_rows, block_powers,
                                 discounted_rate_sum, extend_rate_sums, sgd_ids, sgd_rows)
@@ -37,8 +39,8 @@ class SparseOptimizer:
         self.epsilon = float(epsilon)
         n_weights, n_biases = layout.n_weights, layout.n_biases
         if kind in ("adam", "lazy_adam"):
-            self.MW = np.zeros(n_weights, dtype=np.float32)
-            self.VW = np.zeros(n_weights, dtype=np.float32)
+            self.MW = zeros_touched(n_weights, np.float32)
+            self.VW = zeros_touched(n_weights, np.float32)
             self.MB = np.zeros(n_biases, dtype=np.float32)
             self.VB = np.zeros(n_biases, dtype=np.float32)
         else:
