@@ -62,6 +62,37 @@ def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_p
     return nr, nbias
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _count_entry(j, new, slot, uniq, row_ptr, nu):
+    """Count one entry of row j (``new``: its first in the batch, so it gets the next slot in
+    ``uniq``); returns the number of unique rows so far."""
+    if new:
+        slot[j] = nu
+        uniq[nu] = j
+        row_ptr[nu + 1] = 0
+        nu += 1
+    row_ptr[slot[j] + 1] += 1
+    return nu
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _counts_to_starts(row_ptr, nu):
+    """row_ptr[1:nu+1] held each unique row's entry count: make row_ptr[u] its first entry's
+    position (row_ptr[nu] the total), the fill's cursors."""
+    row_ptr[0] = 0
+    for u in range(nu):
+        row_ptr[u + 1] += row_ptr[u]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cursors_to_starts(row_ptr, nu):
+    """After the fill advanced each cursor row_ptr[u] to its row's end: shift them back, so
+    row u's entries are [row_ptr[u], row_ptr[u+1])."""
+    for u in range(nu, 0, -1):
+        row_ptr[u] = row_ptr[u - 1]
+    row_ptr[0] = 0
+
+
 @njit(cache=True, nogil=True)
 def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     """Transpose the batch's output-layer active sets into per-row lists (``OutputRows``).
@@ -79,16 +110,10 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     for s in range(nb):
         for k in range(n_act[s, last]):
             j = ids[s, s_off_last + k]
-            if stamp[j] != serial:
-                stamp[j] = serial
-                slot[j] = nu
-                uniq[nu] = j
-                row_ptr[nu + 1] = 0
-                nu += 1
-            row_ptr[slot[j] + 1] += 1
-    row_ptr[0] = 0
-    for u in range(nu):
-        row_ptr[u + 1] += row_ptr[u]
+            new = stamp[j] != serial
+            stamp[j] = serial
+            nu = _count_entry(j, new, slot, uniq, row_ptr, nu)
+    _counts_to_starts(row_ptr, nu)
     # fill, using row_ptr[u] as a cursor, then shift back
     for s in range(nb):
         for k in range(n_act[s, last]):
@@ -96,9 +121,7 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
             u = slot[j]
             ent[row_ptr[u]] = s * d_cap + k
             row_ptr[u] += 1
-    for u in range(nu, 0, -1):
-        row_ptr[u] = row_ptr[u - 1]
-    row_ptr[0] = 0
+    _cursors_to_starts(row_ptr, nu)
     return nu
 
 
@@ -117,16 +140,10 @@ def feature_entries(X, rows, frows):
         r = rows[s]
         for p in range(X.ptr[r], X.ptr[r + 1]):
             f = X.ind[p]
-            if mark[f] == 0:
-                mark[f] = 1
-                slot[f] = nu
-                uniq[nu] = f
-                row_ptr[nu + 1] = 0
-                nu += 1
-            row_ptr[slot[f] + 1] += 1
-    row_ptr[0] = 0
-    for u in range(nu):
-        row_ptr[u + 1] += row_ptr[u]
+            new = mark[f] == 0
+            mark[f] = 1
+            nu = _count_entry(f, new, slot, uniq, row_ptr, nu)
+    _counts_to_starts(row_ptr, nu)
     # fill, using row_ptr[u] as a cursor, then shift back
     for s in range(rows.shape[0]):
         r = rows[s]
@@ -135,9 +152,7 @@ def feature_entries(X, rows, frows):
             ent_p[row_ptr[u]] = p
             ent_s[row_ptr[u]] = s
             row_ptr[u] += 1
-    for u in range(nu, 0, -1):
-        row_ptr[u] = row_ptr[u - 1]
-    row_ptr[0] = 0
+    _cursors_to_starts(row_ptr, nu)
     for u in range(nu):
         mark[uniq[u]] = 0
     return nu

@@ -13,6 +13,15 @@ from slide.kernels.prefetch import prefetch_row
 from slide.network.adam import KIND_ADAM, _adam_row, _catch_up, _consts
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_adam_row(W, MW, VW, start, n):
+    """Prefetch a row of W and of both moments (a row step's next row: the rows are scattered,
+    ``slide.kernels.prefetch``)."""
+    prefetch_row(W, start, n)
+    prefetch_row(MW, start, n)
+    prefetch_row(VW, start, n)
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _row_gradient(u, out_rows, store, g):
     """g = gradient of unique output row u: the sum over its (sample s, slot k) entries of
@@ -56,10 +65,7 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
         g = g_out[c]
         for u in range(c, n_uniq, n_chunks):
             if u + n_chunks < n_uniq:
-                nxt = w_off + np.int64(uniq[u + n_chunks]) * n_in
-                prefetch_row(W, nxt, n_in)
-                prefetch_row(MW, nxt, n_in)
-                prefetch_row(VW, nxt, n_in)
+                _prefetch_adam_row(W, MW, VW, w_off + np.int64(uniq[u + n_chunks]) * n_in, n_in)
             j = uniq[u]
             g[n_in] = _row_gradient(u, out_rows, store, g)
             _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
@@ -104,10 +110,7 @@ def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial
     n_r = rows.shape[0]
     for i in prange(n_r):
         if i + 1 < n_r:
-            nxt = w_off + np.int64(rows[i + 1]) * n_in
-            prefetch_row(W, nxt, n_in)
-            prefetch_row(MW, nxt, n_in)
-            prefetch_row(VW, nxt, n_in)
+            _prefetch_adam_row(W, MW, VW, w_off + np.int64(rows[i + 1]) * n_in, n_in)
         j = rows[i]
         stamp[j] = serial
         _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
@@ -131,10 +134,7 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
     t = hyper.t
     for u in prange(n_uniq):
         if u + 1 < n_uniq:
-            nxt = w_off + np.int64(uniq[u + 1]) * n_h
-            prefetch_row(W, nxt, n_h)
-            prefetch_row(MW, nxt, n_h)
-            prefetch_row(VW, nxt, n_h)
+            _prefetch_adam_row(W, MW, VW, w_off + np.int64(uniq[u + 1]) * n_h, n_h)
         g = g_buf[numba.get_thread_id()]
         g[:] = 0.0
         for e in range(row_ptr[u], row_ptr[u + 1]):
