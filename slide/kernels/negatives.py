@@ -93,16 +93,22 @@ def correction_kind(spec, n_a, n_c, n_s, neg, enabled):
     return (lo1, hi1, lo2, hi2, log_w1, log_w2), kind
 
 
+@njit(cache=True, nogil=True, inline="always")
+def corr_array(neg, kind):
+    """The per-neuron offsets of a ``correction_kind`` (empty for CORR_NONE)."""
+    if kind == CORR_PLAIN:
+        return neg.corr
+    if kind == CORR_MIX:
+        return neg.corr_mix
+    return neg.corr[:0]
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def correction(spec, n_a, n_c, n_s, neg, enabled):
     """``correction_kind``'s offsets as ``slide.kernels.sample.output_loss`` applies them:
     (ranges, corr), ``corr`` the per-neuron offset array (empty: none)."""
     ranges, kind = correction_kind(spec, n_a, n_c, n_s, neg, enabled)
-    if kind == CORR_PLAIN:
-        return ranges, neg.corr
-    if kind == CORR_MIX:
-        return ranges, neg.corr_mix
-    return ranges, neg.corr[:0]
+    return ranges, corr_array(neg, kind)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")

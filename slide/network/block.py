@@ -35,11 +35,11 @@ from numba import njit, prange
 
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
-from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
-from slide.kernels.prefetch import prefetch_row
 from slide.kernels.expsum import exp_shifted_inplace, max_or_nan
-from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, correction_kind,
-                                     find_sorted, is_label)
+from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
+from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
+                                     correction_kind, find_sorted, is_label)
+from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss
 from slide.kernels.touched import feature_entries, output_entries
@@ -191,14 +191,10 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
             losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c,
                                      d_store[s, :n_x], labels, scale, zbuf[t])
         else:
-            corr = neg.corr[:0]
-            if kind == CORR_PLAIN:
-                corr = neg.corr
-            elif kind == CORR_MIX:
-                corr = neg.corr_mix
             losses[s] = _loss_by_positions(W, B, w_off, b_off, H[s], Z[s], offs[0], out,
                                            b_col[s], labels, spec.loss_code, scale,
-                                           (ranges, corr), zbuf[t], d_store[s])
+                                           (ranges, corr_array(neg, kind)), zbuf[t],
+                                           d_store[s])
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")

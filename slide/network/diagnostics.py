@@ -36,6 +36,16 @@ SOURCE_LABEL, SOURCE_LSH, SOURCE_SHARED, SOURCE_PAD = 0, 1, 2, 3
 SOURCE_NAMES = ("labels", "lsh", "shared", "padding")
 
 
+def _paired_rows(X, Y):
+    """(X, Y) as CSR matrices with the same, non-zero number of rows (else ValueError)."""
+    X = sp.csr_matrix(X)
+    Y = sp.csr_matrix(Y)
+    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
+        raise ValueError(f"X and Y must have the same, non-zero number of rows; got "
+                         f"{X.shape[0]} and {Y.shape[0]}")
+    return X, Y
+
+
 def _network(model):
     """The Network of a fitted SlideClassifier (or a Network itself), checked to have the
     supported shape: every layer dense except, possibly, the output layer."""
@@ -271,11 +281,7 @@ def diagnose(model, X, Y, n_rows=256, k=32, serial=None, seed=0, max_labels=None
     net = _network(model)
     if not net.sparse[-1]:
         raise ValueError("the output layer is dense: every neuron is active")
-    X = sp.csr_matrix(X)
-    Y = sp.csr_matrix(Y)
-    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
-        raise ValueError(f"X and Y must have the same, non-zero number of rows; got "
-                         f"{X.shape[0]} and {Y.shape[0]}")
+    X, Y = _paired_rows(X, Y)
     n_rows = int(n_rows)
     if n_rows < 1:
         raise ValueError(f"n_rows must be >= 1, got {n_rows}")
@@ -350,11 +356,7 @@ def every(n_batches, X, Y, n_rows=200, log=print, k=32, seed=0):
         raise ValueError(f"n_rows must be >= 1, got {n_rows}")
     if not callable(log):
         raise ValueError("log must be callable (e.g. print or logging.info)")
-    X = sp.csr_matrix(X)
-    Y = sp.csr_matrix(Y)
-    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
-        raise ValueError(f"X and Y must have the same, non-zero number of rows; got "
-                         f"{X.shape[0]} and {Y.shape[0]}")
+    X, Y = _paired_rows(X, Y)
 
     def callback(model, info):
         if info["batch"] % n_batches == 0:

@@ -114,23 +114,21 @@ def _model_arrays(model):
     arrays.update(model.optimizer_.state_arrays())
     arrays["opt_rates"] = model.optimizer_.step_rates
     for l, idx in net.indices.items():
-        for k, v in idx.state_dict().items():
-            if isinstance(v, np.ndarray):
-                arrays[f"lsh{l}_{k}"] = v
-    if net.serving is not None:
-        for k, v in net.serving.state_dict().items():
-            if isinstance(v, np.ndarray):
-                arrays[f"serve_{k}"] = v
+        _add_arrays(arrays, f"lsh{l}_", idx)
     rank = model.rank_
-    if rank.memory is not None:
-        for k, v in rank.memory.state_dict().items():
-            if isinstance(v, np.ndarray):
-                arrays[f"nbr_{k}"] = v
-    if rank.reranker is not None:
-        for k, v in rank.reranker.state_dict().items():
-            if isinstance(v, np.ndarray):
-                arrays[f"rr_{k}"] = v
+    for prefix, part in (("serve_", net.serving), ("nbr_", rank.memory),
+                         ("rr_", rank.reranker)):
+        if part is not None:
+            _add_arrays(arrays, prefix, part)
     return arrays
+
+
+def _add_arrays(arrays, prefix, part):
+    """arrays[prefix + key] = each array of ``part.state_dict()`` (its other entries are
+    settings, written with the metadata)."""
+    for k, v in part.state_dict().items():
+        if isinstance(v, np.ndarray):
+            arrays[f"{prefix}{k}"] = v
 
 
 def _metadata(model, arrays, extra):
