@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from slide.kernels.expsum import EXP_FLOOR, exp_shifted_inplace, max_or_nan
+from slide.kernels.expsum import EXP_FLOOR, exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.negatives import CORR_MIX, CORR_NONE, CORR_PLAIN
 from slide.network import block as BK
 
@@ -55,8 +55,9 @@ def _both(c, scale=0.25):
                                      np.float32(scale), (c["ranges"], c["arr"]),
                                      np.zeros(64, np.float32), d_ref)
     z_got, d_got = c["zs"].copy(), np.zeros(64, np.float32)
-    BK._extras_logits(c["W"], c["B"], 0, 0, c["h"], c["out"], c["col"], c["n"], c["n_s"],
-                      c["ranges"][5], d_got)
+    extra = c["out"][c["col"] < 0]          # in position order, as block_forward lists them
+    BK._extras_logits(c["W"], c["B"], 0, 0, c["h"], extra, c["n"] - c["n_s"], c["ranges"][5],
+                      d_got)
     loss_got = BK._softmax_row(z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4],
                                c["col"], c["out"], c["n_c"], d_got[:n_x], c["labels"],
                                np.float32(scale), np.zeros(64, np.float32))
@@ -108,3 +109,18 @@ def test_exp_pass_matches_libm():
     assert abs(total / want.sum() - 1) < 1e-7
     assert abs(total / got.astype(np.float64).sum() - 1) < 1e-13   # the sum of what it wrote
     assert max_or_nan(np.array([1.0, np.nan, 2.0], np.float32))[1]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 100, 2051])
+def test_lane_max_and_finite_check(n):
+    """The softmax's eight-lane maximum equals numpy's, and any inf or NaN is reported,
+    wherever it sits (lanes and tail)."""
+    rng = np.random.default_rng(n)
+    z = (rng.standard_normal(n) * 10).astype(np.float32)
+    m, finite = max_and_finite(z)
+    assert finite and m == (z.max() if n else -np.inf)
+    for pos in sorted({0, n // 2, n - 1}) if n else []:
+        for bad in (np.nan, np.inf, -np.inf):
+            y = z.copy()
+            y[pos] = bad
+            assert not max_and_finite(y)[1]

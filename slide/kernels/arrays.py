@@ -68,7 +68,7 @@ class Scratch(NamedTuple):
     order: np.ndarray
     xbuf: np.ndarray         # [n_chunks, max n_in of a sparse layer] float32, zero between uses
     marks: np.ndarray        # [n_chunks, n_layers, n] int64 stamps of the random fill
-    forced_buf: np.ndarray   # [n_chunks, max forced] int32
+    forced_buf: np.ndarray   # [n_chunks, max forced] int32: positions in S of C's ids
 
 
 class Store(NamedTuple):
@@ -185,7 +185,8 @@ def make_scratch(spec, lsh, uses_tables, n_slots, n_chunks, n_forced, min_active
     """Per-thread and per-sample scratch for the kernels. ``lsh``: the network's LSH settings
     (sampler scratch sizes); ``n_forced``: most ids forced into the output layer (labels and
     shared negatives), ``n_shared`` of them shared negatives (the LSH sampler is queried with
-    only the labels forced; the shared ones are deduplicated with the ``marks`` stamps)."""
+    only the labels forced; the shared ones not in C are found by binary search,
+    ``sample._append_shared``)."""
     L = spec.n_layers
     last = L - 1
     sparse = spec.sparse

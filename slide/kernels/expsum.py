@@ -45,6 +45,38 @@ def max_or_nan(z):
     return m, bad
 
 
+@njit(cache=True, nogil=True, fastmath=FASTMATH)
+def max_and_finite(z):
+    """(largest entry of the float32 row z, whether every entry is finite): the shift of a
+    softmax over a row of S's logits and its divergence check (an inf or NaN there is an
+    overflow: S's offsets are finite). Eight independent maxima, which the compiler packs
+    into one vector max (a single running max stays scalar without "nnan": 5x slower,
+    measured), and a sum of z * 0 (0 unless some entry is inf or NaN). The maximum is the
+    same whatever the order. -inf for an empty row."""
+    n = z.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+    n8 = n - n % 8
+    for c in range(0, n8, 8):
+        a0, a1, a2, a3 = z[c], z[c + 1], z[c + 2], z[c + 3]
+        a4, a5, a6, a7 = z[c + 4], z[c + 5], z[c + 6], z[c + 7]
+        m0 = a0 if a0 > m0 else m0
+        m1 = a1 if a1 > m1 else m1
+        m2 = a2 if a2 > m2 else m2
+        m3 = a3 if a3 > m3 else m3
+        m4 = a4 if a4 > m4 else m4
+        m5 = a5 if a5 > m5 else m5
+        m6 = a6 if a6 > m6 else m6
+        m7 = a7 if a7 > m7 else m7
+    for c in range(n8, n):
+        a0 = z[c]
+        m0 = a0 if a0 > m0 else m0
+    chk = np.float32(0.0)
+    for c in range(n):
+        chk += z[c] * np.float32(0.0)
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    return np.float64(m), chk == 0.0
+
+
 # the sum's flags: no "reassoc", so its order is the code's own (a vectorised reduction with
 # reassoc gave sums that differed in the last bit between a freshly compiled and a cached
 # kernel, and a run resumed from a checkpoint must repeat the uninterrupted one bit for bit)

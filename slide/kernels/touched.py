@@ -63,16 +63,15 @@ def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_p
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _count_entry(j, new, slot, uniq, row_ptr, nu):
-    """Count one entry of row j (``new``: its first in the batch, so it gets the next slot in
-    ``uniq``); returns the number of unique rows so far."""
-    if new:
-        slot[j] = nu
-        uniq[nu] = j
-        row_ptr[nu + 1] = 0
-        nu += 1
-    row_ptr[slot[j] + 1] += 1
-    return nu
+def _new_row(j, slot, uniq, row_ptr, nu):
+    """Row j's first entry in the batch: it gets the next slot in ``uniq``, with a zero count;
+    returns the number of unique rows so far. (Only for a new row: the count itself stays in
+    the caller's loop, ``row_ptr[slot[j] + 1] += 1``, where passing a flag into a helper that
+    does both made the whole loop 4x slower, measured.)"""
+    slot[j] = nu
+    uniq[nu] = j
+    row_ptr[nu + 1] = 0
+    return nu + 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -110,17 +109,18 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     for s in range(nb):
         for k in range(n_act[s, last]):
             j = ids[s, s_off_last + k]
-            new = stamp[j] != serial
-            stamp[j] = serial
-            nu = _count_entry(j, new, slot, uniq, row_ptr, nu)
+            if stamp[j] != serial:
+                stamp[j] = serial
+                nu = _new_row(j, slot, uniq, row_ptr, nu)
+            row_ptr[slot[j] + 1] += 1
     _counts_to_starts(row_ptr, nu)
     # fill, using row_ptr[u] as a cursor, then shift back
     for s in range(nb):
         for k in range(n_act[s, last]):
-            j = ids[s, s_off_last + k]
-            u = slot[j]
-            ent[row_ptr[u]] = s * d_cap + k
-            row_ptr[u] += 1
+            u = slot[ids[s, s_off_last + k]]
+            q = row_ptr[u]
+            ent[q] = s * d_cap + k
+            row_ptr[u] = q + 1
     _cursors_to_starts(row_ptr, nu)
     return nu
 
@@ -140,18 +140,22 @@ def feature_entries(X, rows, frows):
         r = rows[s]
         for p in range(X.ptr[r], X.ptr[r + 1]):
             f = X.ind[p]
-            new = mark[f] == 0
-            mark[f] = 1
-            nu = _count_entry(f, new, slot, uniq, row_ptr, nu)
+            if mark[f] == 0:
+                mark[f] = 1
+                nu = _new_row(f, slot, uniq, row_ptr, nu)
+            row_ptr[slot[f] + 1] += 1
     _counts_to_starts(row_ptr, nu)
     # fill, using row_ptr[u] as a cursor, then shift back
     for s in range(rows.shape[0]):
         r = rows[s]
         for p in range(X.ptr[r], X.ptr[r + 1]):
             u = slot[X.ind[p]]
-            ent_p[row_ptr[u]] = p
-            ent_s[row_ptr[u]] = s
-            row_ptr[u] += 1
+            # the cursor read once: a store into ent_p (int64, as row_ptr) may alias it for
+            # the compiler, which then reloads it for every use (4x slower, measured)
+            q = row_ptr[u]
+            ent_p[q] = p
+            ent_s[q] = s
+            row_ptr[u] = q + 1
     _cursors_to_starts(row_ptr, nu)
     for u in range(nu):
         mark[uniq[u]] = 0

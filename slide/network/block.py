@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
-from slide.kernels.expsum import exp_shifted_inplace, max_or_nan
+from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, find_sorted, is_label)
@@ -172,7 +172,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
     w_off, b_off = spec.w_off[last], spec.b_off[last]
     s_lo = sc.s_off[last]
     use_corr = correct and spec.loss_code == 0
-    counts, b_col, sc_ids, sc_n_act = blk.counts, blk.col, sc.ids, sc.n_act
+    counts, b_col, b_extra, sc_ids, sc_n_act = blk.counts, blk.col, blk.extra, sc.ids, sc.n_act
     zbuf = blk.zbuf
     Yp, Yi = Y.ptr, Y.ind
     ns = Z.shape[1]
@@ -186,7 +186,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
         labels = Yi[Yp[rows[s]]:Yp[rows[s] + 1]]
         ranges, kind = correction_kind(spec, n, n_c, n_s, neg, use_corr)
         if spec.loss_code == 0 and n - n_x == ns:
-            _extras_logits(W, B, w_off, b_off, H[s], out, b_col[s], n, n_s, ranges[5],
+            _extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s, ranges[5],
                            d_store[s])
             losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c,
                                      d_store[s, :n_x], labels, scale, zbuf[t])
@@ -230,22 +230,20 @@ def _loss_by_positions(W, B, w_off, b_off, h, zs, bS, out, col, labels, loss_cod
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _extras_logits(W, B, w_off, b_off, h, out, col, n, n_s, log_w2, d):
-    """d[e] = the corrected logit of the sample's e-th extra (an active id outside S, in
-    position order): a C id (offset 0) or, from position n_s on, the fill (offset log_w2)."""
+def _extras_logits(W, B, w_off, b_off, h, extra, n_fill, log_w2, d):
+    """d[e] = the corrected logit of the sample's e-th extra (``extra``: its active ids outside
+    S, in position order): the C ids first (offset 0), then its ``n_fill`` fill ids (offset
+    log_w2). A walk over the extras only, not over the active set."""
     n_h = h.shape[0]
-    n_x = 0
-    for k in range(n):
-        if k + PREFETCH_AHEAD < n and col[k + PREFETCH_AHEAD] < 0:
-            prefetch_row(W, w_off + np.int64(out[k + PREFETCH_AHEAD]) * n_h, n_h)
-        if col[k] >= 0:
-            continue
-        o = w_off + np.int64(out[k]) * n_h
-        acc = B[b_off + out[k]]
+    n_x = extra.shape[0]
+    for e in range(n_x):
+        if e + PREFETCH_AHEAD < n_x:
+            prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
+        o = w_off + np.int64(extra[e]) * n_h
+        acc = B[b_off + extra[e]]
         for i in range(n_h):
             acc += W[o + i] * h[i]
-        d[n_x] = acc + log_w2 if k >= n_s else acc
-        n_x += 1
+        d[e] = acc + log_w2 if e >= n_x - n_fill else acc
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
@@ -286,10 +284,10 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
         if is_label(labels, out[k]):
             lz += v
             n_found += 1
-    zmax, bad = max_or_nan(zs)
+    zmax, finite = max_and_finite(zs)
     xmax, xbad = max_or_nan(dx)
     zmax = max(zmax, xmax)
-    if bad or xbad or not math.isfinite(zmax):
+    if not finite or xbad or not math.isfinite(zmax):
         # overflowed logits (a diverging run): report NaN, the engine stops before updating
         zs[:] = 0.0
         dx[:] = 0.0
