@@ -9,7 +9,8 @@ alternately (A B A B ...), each in a fresh process with the commit's tree first 
 ``sys.path``: a throw-away fit on a small slice compiles (or loads) the kernels first, then one
 timed ``fit`` of ``--n-train`` points with engine defaults (learning rate 1e-3, 2 threads).
 Reported: the fastest and the median training seconds per commit and the ratio head / base
-(< 1: head is faster). Results go to ``bench/results/speed_ab.md`` and ``.json``.
+(< 1: head is faster). ``--mode network``: today's defaults, the network alone (the engine as
+``compare.py`` runs it against TF sampled) instead of the LSH path with every stage. Results go to ``bench/results/speed_ab.md`` and ``.json``.
 """
 import argparse
 import json
@@ -35,8 +36,13 @@ def csr(n):
     return sp.csr_matrix((z[n + "_data"], z[n + "_indices"], z[n + "_indptr"]),
                          shape=tuple(z[n + "_shape"]))
 X, Y = csr("X"), csr("Y")
-kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=1, n_threads=2,
-          random_state=0)           # the engine path both commits share (LSH + shared negatives)
+if sys.argv[3] == "network":
+    # today's default engine, the network alone (as compare.py runs it against TF sampled)
+    kw = dict(learning_rate=1e-3, lr_schedule="constant", epochs=1, n_threads=2,
+              random_state=0, neighbours=0, rerank=False)
+else:
+    kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=1, n_threads=2,
+              random_state=0)       # the engine path both commits share (LSH + shared negatives)
 warm = slide.SlideClassifier(**kw)
 warm.fit(X[:2048], Y[:2048])                   # compile / load the kernels: not timed
 m = slide.SlideClassifier(**kw)
@@ -46,6 +52,10 @@ wall = time.perf_counter() - t0
 print(json.dumps({"file": slide.__file__, "train_seconds": m.train_seconds_,
                   "fit_wall_seconds": wall}))
 """
+
+
+MODES = {"vanilla": "sampler vanilla, every stage of SlideClassifier",
+         "network": "today's defaults, the network alone: neighbours=0, rerank=False"}
 
 
 def _save(path, X, Y):
@@ -69,6 +79,9 @@ def main():
     ap.add_argument("--shapes", default="xc200k,amazon670k")
     ap.add_argument("--n-train", type=int, default=25_600)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mode", choices=("vanilla", "network"), default="vanilla",
+                    help="vanilla: the LSH engine path with every stage of SlideClassifier; "
+                    "network: today's defaults, the network alone (no vote, no re-ranker)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "speed_ab"))
     args = ap.parse_args()
     import slide
@@ -83,7 +96,7 @@ def main():
             times = {sha: [] for sha, _ in trees}
             for r in range(args.repeat):
                 for sha, path in (trees if r % 2 == 0 else trees[::-1]):
-                    out = subprocess.run([sys.executable, "-c", CHILD, path, data],
+                    out = subprocess.run([sys.executable, "-c", CHILD, path, data, args.mode],
                                          capture_output=True, text=True, check=True)
                     rec = json.loads(out.stdout.strip().splitlines()[-1])
                     assert rec["file"].startswith(path), rec["file"]
@@ -103,9 +116,10 @@ def main():
         json.dump(rows, f, indent=1)
     lines = [f"# Engine speed, {trees[0][0]} (base) against {trees[1][0]} (head)", "",
              f"`python bench/speed_ab.py --base {args.base} --head {args.head} --shapes "
-             f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat}`; one epoch of "
-             f"engine defaults (lr 1e-3, batch 128, 2 threads), kernels compiled before the "
-             f"clock, runs alternated A/B in fresh processes on one machine.", "",
+             f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat} --mode "
+             f"{args.mode}`; one epoch ({MODES[args.mode]}; lr 1e-3, batch 128, 2 threads), "
+             f"kernels compiled before the clock, runs alternated A/B in fresh processes on "
+             f"one machine.", "",
              "| shape | labels | points | base s (all runs) | head s (all runs) | head / base "
              "(fastest) | head / base (median) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
