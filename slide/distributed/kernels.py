@@ -12,9 +12,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, normal_pair,
+from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense,
                                   rows_backward, rows_forward)
 from slide.kernels.negatives import corrected_logit, correction, is_label
+from slide.kernels.normal import normal_pair
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import select_active
 

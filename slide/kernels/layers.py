@@ -19,7 +19,8 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.prefetch import prefetch_row
-from slide.kernels.rng import init_stream, splitmix64, stream_seed
+from slide.kernels.normal import normal_pair
+from slide.kernels.rng import init_stream
 
 
 # fastmath without "nnan"/"ninf": reassociation lets the row loops vectorise, while NaN/Inf
@@ -97,30 +98,34 @@ class Layout:
         return 4 * n_param_copies * (self.n_weights + self.n_biases)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def normal_pair(seed, stream, i, std):
-    """The Box-Muller pair (float32) of flat positions i, i + 1 from the counter RNG:
-    identical for a seed on any machine (``slide.distributed`` draws single rows with it)."""
-    s = stream_seed(seed, stream, i)
-    s, a = splitmix64(s)
-    s, b = splitmix64(s)
-    u1 = (np.float64(a >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
-    u2 = np.float64(b >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-    r = np.sqrt(-2.0 * np.log(u1)) * std
-    return np.float32(r * np.cos(2.0 * np.pi * u2)), np.float32(r * np.sin(2.0 * np.pi * u2))
+# pairs of weights a task of the init's parallel loop draws (its inner loop vectorises)
+INIT_CHUNK = 4096
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, error_model="numpy")
+def _normal_pairs(W, i0, n_pairs, std, seed, stream):
+    """W[i0:i0 + 2 n_pairs] = the Box-Muller pairs of those positions. The stores go through a
+    view indexed from 0 by the loop counter: Numba then knows the index is not negative and
+    emits no wraparound test, which (with ``W[i0 + 2 p]``) kept the loop scalar (5 vs 18 ns
+    a pair, measured)."""
+    V = W[i0:i0 + 2 * n_pairs]
+    for p in range(n_pairs):
+        a, b = normal_pair(seed, stream, i0 + 2 * p, std)
+        V[2 * p] = a
+        V[2 * p + 1] = b
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _init_normal(W, start, stop, std, seed, stream):
-    """Gaussian init by Box-Muller from the counter RNG, pairs from ``start``; in parallel
-    (a pair depends only on its position: the same weights on any thread count; 0.64 s
-    serial at 200k labels, inside ``fit``'s clock)."""
-    for p in prange((stop - start + 1) // 2):
-        i = start + 2 * p
-        c, s = normal_pair(seed, stream, i, std)
-        W[i] = c
-        if i + 1 < stop:
-            W[i + 1] = s
+    """W[start:stop] = Gaussian draws of std ``std`` (``normal.normal_pair``: Box-Muller pairs
+    from ``start``), in parallel over chunks of pairs: a pair depends only on its position,
+    so the weights are the same on any thread count."""
+    n_pairs = (stop - start) // 2
+    for c in prange((n_pairs + INIT_CHUNK - 1) // INIT_CHUNK):
+        lo = c * INIT_CHUNK
+        _normal_pairs(W, start + 2 * lo, min(n_pairs - lo, INIT_CHUNK), std, seed, stream)
+    if (stop - start) % 2:
+        W[stop - 1] = normal_pair(seed, stream, stop - 1, std)[0]
 
 
 @njit(cache=True, nogil=True, parallel=True)
