@@ -40,6 +40,9 @@ if sys.argv[3] == "network":
     # today's default engine, the network alone (as compare.py runs it against TF sampled)
     kw = dict(learning_rate=1e-3, lr_schedule="constant", epochs=1, n_threads=2,
               random_state=0, neighbours=0, rerank=False)
+elif sys.argv[3] == "defaults":
+    # SlideClassifier() as a user runs it: every stage, every default
+    kw = dict(n_threads=2, random_state=0)
 else:
     kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=1, n_threads=2,
               random_state=0)       # the engine path both commits share (LSH + shared negatives)
@@ -54,8 +57,11 @@ print(json.dumps({"file": slide.__file__, "train_seconds": m.train_seconds_,
 """
 
 
-MODES = {"vanilla": "sampler vanilla, every stage of SlideClassifier",
-         "network": "today's defaults, the network alone: neighbours=0, rerank=False"}
+MODES = {"vanilla": "one epoch of sampler vanilla, every stage of SlideClassifier (lr 1e-3, "
+                    "batch 128)",
+         "network": "one epoch of today's defaults, the network alone (neighbours=0, "
+                    "rerank=False; lr 1e-3 constant)",
+         "defaults": "SlideClassifier() with every stage and today's defaults"}
 
 
 CLOCKS = {"train": "the training seconds (train_seconds_)",
@@ -80,12 +86,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True)
     ap.add_argument("--head", default="HEAD")
-    ap.add_argument("--shapes", default="xc200k,amazon670k")
+    ap.add_argument("--shapes", default="xc200k,amazon670k",
+                    help="comma list of synthetic presets (--n-train rows) or data set "
+                    "folders (datasets/NAME: all of its train.txt)")
     ap.add_argument("--n-train", type=int, default=25_600)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--mode", choices=("vanilla", "network"), default="vanilla",
+    ap.add_argument("--mode", choices=tuple(MODES), default="vanilla",
                     help="vanilla: the LSH engine path with every stage of SlideClassifier; "
-                    "network: today's defaults, the network alone (no vote, no re-ranker)")
+                    "network: today's defaults, the network alone (no vote, no re-ranker); "
+                    "defaults: SlideClassifier() with every stage")
     ap.add_argument("--clock", choices=("train", "fit"), default="train",
                     help="train: the model's train_seconds_ (the batches); fit: the whole "
                     "fit() call's wall time (building the model -- weight init, optimizer "
@@ -98,8 +107,12 @@ def main():
     rows = []
     try:
         for shape in args.shapes.split(","):
-            X, Y, _, _ = slide.generate(shape, seed=0, n_train=args.n_train, n_test=10)
-            data = os.path.join(tmp, f"{shape}.npz")
+            if os.path.isdir(shape):
+                # a data set folder (datasets/NAME: its train.txt, every row)
+                X, Y = slide.read_xc(os.path.join(shape, "train.txt"))
+            else:
+                X, Y, _, _ = slide.generate(shape, seed=0, n_train=args.n_train, n_test=10)
+            data = os.path.join(tmp, f"{os.path.basename(shape.rstrip('/'))}.npz")
             _save(data, X, Y)
             times = {sha: [] for sha, _ in trees}
             for r in range(args.repeat):
@@ -126,8 +139,8 @@ def main():
     lines = [f"# Engine speed, {trees[0][0]} (base) against {trees[1][0]} (head)", "",
              f"`python bench/speed_ab.py --base {args.base} --head {args.head} --shapes "
              f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat} --mode "
-             f"{args.mode} --clock {args.clock}`; {CLOCKS[args.clock]} of one epoch "
-             f"({MODES[args.mode]}; lr 1e-3, batch 128, 2 threads), "
+             f"{args.mode} --clock {args.clock}`; {CLOCKS[args.clock]}: {MODES[args.mode]}, "
+             f"2 threads; "
              f"kernels compiled before the clock, runs alternated A/B in fresh processes on "
              f"one machine.", "",
              "| shape | labels | points | base s (all runs) | head s (all runs) | head / base "
