@@ -127,3 +127,23 @@ def test_oracle_ids_join_every_samples_exact_set():
         assert set(exact) <= set(c_ids)          # exact for every sample, not estimated
         assert set(shared) <= set(net.sc.ids[s, net.sc.s_off[last]:
                                              net.sc.s_off[last] + net.sc.n_act[s, last]])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
+    """``sample._append_shared``: after C (any order), the ids of S not in C, in S's order,
+    cut at the buffer's capacity -- what stamping each id of S in a mark array gave."""
+    from slide.kernels.sample import _append_shared
+    rng = np.random.default_rng(seed)
+    shared = np.sort(rng.choice(500, 60, replace=False)).astype(np.int32)
+    C = rng.permutation(np.concatenate([rng.choice(shared, rng.integers(0, 12), replace=False),
+                                        rng.choice(np.setdiff1d(np.arange(500), shared), 5,
+                                                   replace=False)])).astype(np.int32)
+    cap = [C.shape[0] + 60, C.shape[0] + 20, C.shape[0]][seed % 3]
+    out = np.full(cap, -1, np.int32)
+    out[:C.shape[0]] = C
+    n = _append_shared(out, C.shape[0], shared, np.zeros(60, np.int32))
+    want = [j for j in shared if j not in set(C)][:cap - C.shape[0]]
+    assert n == C.shape[0] + len(want)
+    np.testing.assert_array_equal(out[C.shape[0]:n], want)
+    np.testing.assert_array_equal(out[:C.shape[0]], C)

@@ -105,7 +105,8 @@ def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, 
     (count, rng, n_c, n_s) with the layout ``out[:count]`` =
 
         [0, n_c)      C: the ``labels`` (forced), then the LSH candidates (LSH samplers)
-        [n_c, n_s)    the ``shared`` negatives not in C
+        [n_c, n_s)    the ``shared`` negatives not in C (``shared``: sorted, distinct ids,
+                      as every draw gives them; in their order)
         [n_s, count)  uniform random fill up to min_active (none of them in C or shared)
 
     The LSH sampler is queried with only the labels forced, so C never depends on the shared
