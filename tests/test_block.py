@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from slide.network import Network
-from slide.network import block as BK
 from slide.network.optim import SparseOptimizer
 from test_network import _data
 
@@ -148,31 +147,3 @@ def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
     assert n == C.shape[0] + len(want)
     np.testing.assert_array_equal(out[C.shape[0]:n], want)
     np.testing.assert_array_equal(out[:C.shape[0]], C)
-
-
-def test_draw_ahead_gives_the_inline_draw():
-    """The next batch's draw computed on the helper thread is the draw computed inline (ids and
-    the weights it leaves in corr / corr_mix); a request it was not computed for -- another
-    serial, or a new distribution -- is computed inline."""
-    from slide.kernels.negatives import SharedNegatives
-    counts = np.random.default_rng(2).zipf(1.5, 300).clip(max=500)
-
-    def fresh():
-        neg = SharedNegatives(40, 1.0, 300, n_head=10)
-        neg.set_label_counts(counts)
-        return neg
-    ref, neg = fresh(), fresh()
-    ahead = BK.DrawAhead()
-    for serial in range(1, 6):
-        ahead.start(neg, 7, serial)
-        got = ahead.take(neg, 7, serial)
-        want = ref.draw(7, serial)
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(neg.corr[want], ref.corr[want])
-        np.testing.assert_array_equal(neg.corr_mix[want], ref.corr_mix[want])
-    ahead.start(neg, 7, 9)
-    np.testing.assert_array_equal(ahead.take(neg, 7, 8), ref.draw(7, 8))    # not the one ahead
-    ahead.start(neg, 7, 10)
-    neg.set_label_counts(counts[::-1].copy())                                # a new distribution
-    ref.set_label_counts(counts[::-1].copy())
-    np.testing.assert_array_equal(ahead.take(neg, 7, 10), ref.draw(7, 10))

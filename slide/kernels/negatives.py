@@ -175,8 +175,6 @@ class SharedNegatives:
         self.n_head = min(int(n_head), self.n_shared, self.n_out) if self.power > 0 else 0
         self.q = None
         self.cdf = None
-        # bumped by every new distribution: a draw computed ahead under an older one is stale
-        self.version = 0
         self.head = np.zeros(0, np.int32)
         self.corr = np.zeros(self.n_out if self.power > 0 else 0, np.float32)
         self.corr_mix = np.zeros_like(self.corr)
@@ -205,34 +203,21 @@ class SharedNegatives:
         self.tail_q = tail / tail.sum() if self.n_head > 0 and tail.sum() > 0 else tail
         self.cdf = np.cumsum(self.tail_q)
         self.cdf[-1] = 1.0
-        self.version = getattr(self, "version", 0) + 1
 
     def draw(self, seed, serial):
         """The batch's shared negative output neurons (sorted, deduplicated, int32), from
         (seed, serial); updates ``corr`` at the drawn ids."""
-        self.ready()
-        return self.apply(self.compute(seed, serial))
-
-    def ready(self):
-        """Give the draw its distribution (uniform counts) if none was set."""
-        if self.power > 0 and self.n_shared > 0 and self.cdf is None:
-            self.set_label_counts(np.zeros(self.n_out))
-
-    def compute(self, seed, serial):
-        """The draw of (seed, serial) without changing anything: (ids, the drawn tail ids, their
-        ``corr``, their ``corr_mix``; None for both when nothing is weighted). Pure, so a helper
-        thread may compute the next batch's draw while this batch trains
-        (``slide.network.block``); ``apply`` makes it the latest. Call ``ready`` first."""
         if self.n_shared == 0:
-            return np.zeros(0, np.int32), None, None, None
+            return np.zeros(0, np.int32)
         g = np.random.default_rng([int(seed), int(serial), SHARED_NEGATIVES_KEY])
         n_o = self.n_out
         if self.power <= 0:
-            return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32), None, None, \
-                None
+            return np.unique(g.integers(0, n_o, self.n_shared)).astype(np.int32)
+        if self.cdf is None:
+            self.set_label_counts(np.zeros(n_o))
         n_draws = self.n_shared - self.n_head
         if n_draws == 0 or self.head.shape[0] == n_o:
-            return self.head.copy(), None, None, None
+            return self.head.copy()
         # the draws in sorted order: searchsorted walks the cdf once instead of jumping
         # about in it, and the distinct ids fall out without a sort (609 -> 241 us a batch
         # at 200k labels; the same ids)
@@ -244,24 +229,16 @@ class SharedNegatives:
         ids = draws[keep].astype(np.int32)
         q = self.tail_q[ids]
         p_in = -np.expm1(n_draws * np.log1p(-np.minimum(q, 1.0 - 1e-12)))
-        corr, corr_mix = inclusion_weights(p_in)
+        self.corr[ids], self.corr_mix[ids] = inclusion_weights(p_in)
         if self.n_head == 0:
-            return ids, ids, corr, corr_mix
+            return ids
         # the draws come from outside the head (q 0 there): a sort of both is their union
         # (np.union1d's hashing took 80 of the draw's 190 us at 200k labels)
         both = np.sort(np.concatenate([ids, self.head]))
         keep = np.empty(both.shape[0], np.bool_)
         keep[0] = True
         np.not_equal(both[1:], both[:-1], out=keep[1:])
-        return both[keep], ids, corr, corr_mix
-
-    def apply(self, computed):
-        """Make a ``compute``d draw the latest (its weights into ``corr`` / ``corr_mix``, which
-        the kernels read by neuron id); returns its ids."""
-        ids, tail, corr, corr_mix = computed
-        if tail is not None:
-            self.corr[tail], self.corr_mix[tail] = corr, corr_mix
-        return ids
+        return both[keep]
 
     def bundle(self, ids):
         """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""

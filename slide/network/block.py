@@ -27,9 +27,7 @@ paths optimise the same objective; they differ only in the order of float32 sums
 few samples at a time), so a core that is busy with another job does not hold the batch.
 """
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -375,52 +373,6 @@ def block_offsets(bS, shared, neg):
     return offs
 
 
-class DrawAhead:
-    """The next batch's shared draw, computed on a helper thread while this batch's products
-    run (``SharedNegatives.compute``: pure numpy, the same ids whoever computes them). The
-    draw is serial work (0.3-0.4 ms a batch at 670k labels, a cache miss per draw in the
-    cdf), and during the single-threaded products the second core waits: there it is free
-    (670k labels: 5.6 -> 5.2 ms a batch, 200k: 5.0 -> 4.8, measured). A request for a draw not
-    computed ahead (another network, a new distribution, an unexpected serial) is computed
-    inline. The helper releases nothing into the model: the caller ``apply``s the result."""
-
-    _pool = None
-    _pool_pid = None
-
-    def __init__(self):
-        self._key = None
-        self._future = None
-
-    @staticmethod
-    def _key_of(neg, seed, serial):
-        # the object itself, not its id: a new network could reuse a freed one's id
-        return (neg, neg.version, int(seed), int(serial))
-
-    def start(self, neg, seed, serial):
-        """Begin computing the draw of (seed, serial) on the helper thread."""
-        if DrawAhead._pool is None or DrawAhead._pool_pid != os.getpid():
-            # a forked child inherits the executor but not its thread: a new one there
-            DrawAhead._pool = ThreadPoolExecutor(max_workers=1,
-                                                 thread_name_prefix="slide-draw-ahead")
-            DrawAhead._pool_pid = os.getpid()
-            self._future = None
-        self._key = self._key_of(neg, seed, serial)
-        self._future = DrawAhead._pool.submit(neg.compute, seed, serial)
-
-    def take(self, neg, seed, serial):
-        """The draw of (seed, serial), made the latest (``SharedNegatives.apply``)."""
-        neg.ready()
-        future, key = self._future, self._key
-        self._future = self._key = None
-        if (future is not None and key[0] is neg and key[1:] == self._key_of(neg, seed, serial)[1:]
-                and DrawAhead._pool_pid == os.getpid()):
-            return neg.apply(future.result())
-        return neg.apply(neg.compute(seed, serial))
-
-
-_DRAW_AHEAD = DrawAhead()
-
-
 def _parallel_chunks():
     """Dynamic scheduling for the per-sample loops (a busy core takes fewer chunks)."""
     return numba.parallel_chunksize(CHUNK)
@@ -437,7 +389,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
         batch_size, _, max_labels = net._scratch_key
         net.prepare(batch_size, n_threads, max_labels)
     sc, blk = net.sc, net.block
-    drawn = _DRAW_AHEAD.take(net.negatives, seed, serial)
+    drawn = net.negatives.draw(seed, serial)
     neg = net.negatives.bundle(drawn)
     exact = drawn[:0]
     shared = drawn
@@ -462,9 +414,6 @@ def forward_backward(net, X, Y, rows, seed, serial):
     # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
     # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
-    # the next batch's draw (the trainer numbers batches 1, 2, ...) on the helper thread,
-    # while the products below keep one core
-    _DRAW_AHEAD.start(net.negatives, seed, serial + 1)
     with np.errstate(over="ignore", invalid="ignore"):
         # a diverging run overflows here; the loss below reports it (DivergenceError)
         np.matmul(H, WS.T, out=Z)
