@@ -66,9 +66,10 @@ def _add_labels(labels, out, mark, serial):
 def _append_shared(out, n_c, shared, pos):
     """out[n_c:n] = the ids of ``shared`` (sorted, distinct) not among out[:n_c], in shared's
     order, up to out's capacity; returns n. C's ids are looked up in S (binary search, their
-    positions into the scratch ``pos``), so the walk over S is a plain copy: stamping every id
-    of S in the per-neuron ``mark`` array, a cache miss each at hundreds of thousands of
-    neurons, cost a third of the batched engine's per-sample forward (measured)."""
+    positions into the scratch ``pos``), so the walk over S is a plain copy, where stamping
+    every id of S in the per-neuron ``mark`` array costs a cache miss per id at hundreds of
+    thousands of neurons (S's share of the batched engine's per-sample forward at 670k
+    labels: 0.22 -> 0.19 of 0.66 ms a batch, measured; the rest is the copy itself)."""
     n_in = 0
     for k in range(n_c):
         p = find_sorted(shared, out[k])
