@@ -89,8 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--init", default="glorot_normal+log_prior",
                    help="dense baselines' initialisation; glorot_normal is slide's "
-                   "(slide.kernels.layers); +log_prior starts the output biases at slide's log label "
-                   "prior (slide's default output_bias_init), as slide does")
+                   "(slide.kernels.layers); +log_prior starts the output biases at slide's log "
+                   "label prior (slide's default output_bias_init), as slide does")
     p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
                    "'auto' = slide's mean active-set size in this comparison (else 1024)")
     p.add_argument("--candidate-sampler", default="unigram",

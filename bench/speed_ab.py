@@ -10,7 +10,8 @@ alternately (A B A B ...), each in a fresh process with the commit's tree first 
 timed ``fit`` of ``--n-train`` points with engine defaults (learning rate 1e-3, 2 threads).
 Reported: the fastest and the median training seconds per commit and the ratio head / base
 (< 1: head is faster). ``--mode network``: today's defaults, the network alone (the engine as
-``compare.py`` runs it against TF sampled) instead of the LSH path with every stage. Results go to ``bench/results/speed_ab.md`` and ``.json``.
+``compare.py`` runs it against TF sampled) instead of the LSH path with every stage. Results
+go to ``bench/results/speed_ab.md`` and ``.json``.
 """
 import argparse
 import json

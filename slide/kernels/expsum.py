@@ -5,8 +5,9 @@ build has no SVML), and the batched engine's corrected softmax spent most of its
 (2.2 of 7.9 ms a batch at 200k labels, ``bench/results/block_phases_*.log``). Here exp is
 plain arithmetic that LLVM turns into SIMD code: e^x = (e^(x/128))^128, e^(x/128) from its
 Taylor series to degree 11 and seven squarings (relative error ~3e-9 in float64; a table of
-2^k after an integer range reduction is an indexed load, which kept the loop scalar). Inputs are shifted logits (x <= 0); below -87 (where float32 stops
-being normal) the result is that of -87, ~1.6e-38: no softmax term there matters.
+2^k after an integer range reduction is an indexed load, which kept the loop scalar). Inputs
+are shifted logits (x <= 0); below -87 (where float32 stops being normal) the result is that
+of -87, ~1.6e-38: no softmax term there matters.
 """
 import math
 

@@ -197,25 +197,28 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
                                            d_store[s])
 
 
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _row_logit(W, B, w_off, b_off, j, h):
+    """B[j] + (the output layer's row j) . h: an extra's exact logit, summed in index order."""
+    n_h = h.shape[0]
+    o = w_off + np.int64(j) * n_h
+    acc = B[b_off + j]
+    for i in range(n_h):
+        acc += W[o + i] * h[i]
+    return acc
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _loss_by_positions(W, B, w_off, b_off, h, zs, bS, out, col, labels, loss_code, scale,
                        corrections, z, d):
     """One sample's loss in the per-sample path's order (``sample.output_loss`` over its
     active positions ``out``): the sigmoid loss, and a softmax whose active set lost part of
     S to its capacity (S's other columns get a zero delta)."""
-    n_h = h.shape[0]
     n = out.shape[0]
     ranges, corr = corrections
     for k in range(n):
         c = col[k]
-        if c >= 0:
-            z[k] = zs[c] + bS[c]
-        else:
-            o = w_off + np.int64(out[k]) * n_h
-            acc = B[b_off + out[k]]
-            for i in range(n_h):
-                acc += W[o + i] * h[i]
-            z[k] = acc
+        z[k] = zs[c] + bS[c] if c >= 0 else _row_logit(W, B, w_off, b_off, out[k], h)
     loss = output_loss(z, n, False, out, labels, loss_code, scale, z, ranges, corr)
     zs[:] = 0.0
     n_x = 0
@@ -239,10 +242,7 @@ def _extras_logits(W, B, w_off, b_off, h, extra, n_fill, log_w2, d):
     for e in range(n_x):
         if e + PREFETCH_AHEAD < n_x:
             prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
-        o = w_off + np.int64(extra[e]) * n_h
-        acc = B[b_off + extra[e]]
-        for i in range(n_h):
-            acc += W[o + i] * h[i]
+        acc = _row_logit(W, B, w_off, b_off, extra[e], h)
         d[e] = acc + log_w2 if e >= n_x - n_fill else acc
 
 

@@ -233,8 +233,8 @@ class SparseOptimizer:
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self):
         """{"meta": JSON-able settings and step count, "arrays": the moments, step records and
-        step rates (copies)}. ``SparseOptimizer.from_state(layout, state)`` rebuilds an optimizer that
-        continues exactly."""
+        step rates (copies)}. ``SparseOptimizer.from_state(layout, state)`` rebuilds an
+        optimizer that continues exactly."""
         meta = {"kind": self.kind, "learning_rate": self.learning_rate, "beta1": self.beta1,
                 "beta2": self.beta2, "epsilon": self.epsilon, "t": int(self.t)}
         arrays = {k: v.copy() for k, v in self.state_arrays().items()}

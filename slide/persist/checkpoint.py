@@ -25,7 +25,8 @@ to date; every hyperparameter a version-1 file does not record (it was written b
 parameter existed) is pinned to the behaviour of the code that wrote it
 (``UNRECORDED_PARAMS``), never to today's default. Version 3 adds ``engine`` (files
 before it were trained by the per-sample engine, and resume on it); version 4 adds
-``exact_head`` (files before it drew every shared negative). Version 4 records them all. A file of another version is refused with its version number.
+``exact_head`` (files before it drew every shared negative). Version 4 records them all. A
+file of another version is refused with its version number.
 """
 import json
 import os
