@@ -9,6 +9,7 @@ behind. The file gets the mode a plain ``open(path, "w")`` would give it (0666 l
 umask), not ``mkstemp``'s 0600.
 """
 import contextlib
+import errno
 import os
 import tempfile
 
@@ -54,6 +55,13 @@ def atomic_write(path, mode="wb", encoding=None):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
+    # the errors name the caller's path, not the temporary file's
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, cannot be written as a file",
+                                path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, f"cannot write it: no directory {directory}",
+                                path)
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
     try:
         if mode == "w":

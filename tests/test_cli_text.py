@@ -74,6 +74,24 @@ def test_predict_writes_label_names(text_run, capsys):
     assert all(len(r["scores"]) == 2 for r in lines)
 
 
+def test_predict_on_an_xc_file_answers_a_named_model_in_names(text_run):
+    """Rows already vectorised (an XC file): a model that knows its labels' names still
+    answers in names, the same JSON lines as for text."""
+    import scipy.sparse as sp
+    tmp, run, te_docs, _ = text_run
+    pipe = slide.load(f"{run}/model.slide")
+    X = pipe[0].transform(te_docs[:5])
+    xc = tmp / "new.txt"
+    slide.data.write_xc(xc, X, sp.csr_matrix((5, pipe[-1].n_labels_), dtype=np.float32))
+    out = tmp / "pred_xc.jsonl"
+    assert main(["predict", "--model", run, "--data", str(xc), "-k", "3", "--out",
+                 str(out)]) == 0
+    lines = [json.loads(line) for line in open(out)]
+    expect = pipe[-1].predict_topk(X, k=3, return_names=True)
+    assert [r["labels"] for r in lines] == expect.tolist()
+    assert all(r["labels"][0].startswith("topic/") for r in lines)
+
+
 def test_evaluate_takes_the_text_file_and_notes_unseen_names(text_run, capsys):
     tmp, run, te_docs, te_Y = text_run
     capsys.readouterr()

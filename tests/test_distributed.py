@@ -232,6 +232,32 @@ def test_save_load_resume_continues_exactly(tiny, tmp_path):
     np.testing.assert_allclose(np.concatenate([first, rest]), ref, rtol=0, atol=1e-6)
 
 
+def test_a_sharded_model_pickles_and_resumes_exactly(tiny):
+    """pickle / joblib / deepcopy of a sharded model: its checkpoint directory's files travel,
+    its shards start again on unpickling, and it predicts and trains on as the original.
+    (Pickling syncs the optimizer's pending steps, as saving and predicting do: the original
+    and its copies go on from the same synced state.)"""
+    import copy
+    import pickle
+    Xtr, Ytr, Xte, Yte = tiny
+    kw = dict(n_shards=2, backend="local", epochs=2, random_state=5, **SMALL)
+    m = ShardedSlideClassifier(**kw)
+    m.fit(Xtr, Ytr, callback=lambda mm, i: i["batch"] >= 23)
+    m.compile_note_ = "kept"                     # a plain fitted attribute travels as is
+    copied = pickle.loads(pickle.dumps(m))
+    assert isinstance(copied, ShardedSlideClassifier) and copied.batches_ == 23
+    assert copied.compile_note_ == "kept" and copied.backend_ is not m.backend_
+    np.testing.assert_array_equal(copied.predict_topk(Xte, 5), m.predict_topk(Xte, 5))
+    twice = copy.deepcopy(copied)
+    del copied                                   # its shards are its own, not the copy's
+    rest = _losses(twice, Xtr, Ytr, resume=True)
+    assert rest.shape[0] > 10
+    np.testing.assert_array_equal(rest, _losses(m, Xtr, Ytr, resume=True))
+    np.testing.assert_array_equal(twice.predict_topk(Xte, 5), m.predict_topk(Xte, 5))
+    # an unfitted one pickles as its keywords
+    assert pickle.loads(pickle.dumps(ShardedSlideClassifier(**kw))).n_shards == 2
+
+
 def test_single_process_and_sharded_models_convert_both_ways(tiny, three_shards):
     _, _, Xte, Yte = tiny
     single = to_single(three_shards)
@@ -259,6 +285,9 @@ def test_bad_input_gives_clear_errors(tiny, tmp_path, three_shards):
         slide.load(tmp_path / "ck")
     with pytest.raises(CheckpointError, match="manifest"):
         slide.load(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="saves into a directory.*a-file"):
+        three_shards.save(tmp_path / "a-file")
 
 
 # ----------------------------------------------------------------------------------------------

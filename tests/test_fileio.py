@@ -48,3 +48,14 @@ def test_written_files_get_the_mode_the_umask_allows(tmp_path, umask):
         os.umask(old)
     for name in ("a.txt", "b.bin"):
         assert os.stat(tmp_path / name).st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def test_a_directory_or_a_missing_folder_is_named_in_the_error(tmp_path):
+    """The error names the caller's path (not the temporary file's) and leaves nothing."""
+    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a directory.*'.*d'"):
+        write_text(tmp_path / "d", "x")
+    with pytest.raises(FileNotFoundError, match="no directory .*nowhere"):
+        write_text(tmp_path / "nowhere" / "f.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert list((tmp_path / "d").iterdir()) == []

@@ -205,10 +205,15 @@ def _write_predictions(out, model, args, n_features):
     if getattr(args, "text_input", False):
         return _write_text_predictions(out, model, args)
     written = 0
+    # a model that knows its labels' names answers in names, whatever its input's format
+    named = bool(getattr(model, "named_labels_", False))
     with tempfile.TemporaryDirectory(prefix="slide-predict-") as tmpdir:
         for _, X in _iter_xc_chunks(args.data, args.chunk_size, tmpdir):
             X = _conform(X, n_features, args.data)
             labels, scores = _topk_with_scores(model, X, args.k, not args.sparse)
+            if named:
+                written += _write_named(out, model, labels, scores)
+                continue
             lines = []
             for lab, sc in zip(labels, scores):
                 lines.append(" ".join(f"{int(a)}:{float(b):.6g}" for a, b in zip(lab, sc)
@@ -218,16 +223,25 @@ def _write_predictions(out, model, args, n_features):
     return written
 
 
+def _write_named(out, model, ids, scores):
+    """One JSON line per row: the label names of ``ids`` (best first) and their scores."""
+    import numpy as np
+    names = np.asarray(model.classes_)
+    for lab, sc in zip(ids, scores):
+        keep = lab >= 0
+        out.write(json.dumps({"labels": names[lab[keep]].tolist(),
+                              "scores": [round(float(v), 6) for v in sc[keep]]}) + "\n")
+    return len(ids)
+
+
 def _write_text_predictions(out, model, args):
     """``slide predict`` on a JSONL / TSV file: one JSON line per document, the label names
     and their scores, streamed in chunks of ``--chunk-size`` documents."""
-    import numpy as np
     from slide.cli.textdata import _transform
     from slide.data.textfile import iter_text_file
     if args.text_steps is None:
         raise CliError(f"{args.data} is raw text, but the model carries no vectorizer (it was "
                        f"not trained on a .jsonl / .tsv file)", EXIT_DATA)
-    names = np.asarray(model.classes_)
     written = 0
     chunk = []
 
@@ -236,11 +250,7 @@ def _write_text_predictions(out, model, args):
                      args.data)
         ids, scores = _topk_with_scores(model, X, min(args.k, model.n_labels_),
                                         not args.sparse)
-        for lab, sc in zip(ids, scores):
-            keep = lab >= 0
-            out.write(json.dumps({"labels": names[lab[keep]].tolist(),
-                                  "scores": [round(float(v), 6) for v in sc[keep]]}) + "\n")
-        return len(chunk)
+        return _write_named(out, model, ids, scores)
 
     for _, text, _ in iter_text_file(args.data):
         chunk.append(text)

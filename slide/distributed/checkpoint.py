@@ -4,10 +4,11 @@ written LAST. File names carry the batch serial, so a save that fails half-way l
 previous manifest and every file it lists intact; files no manifest lists are removed after a
 successful save.
 
-``slide.persist.models.load_sharded(path)`` (``slide.load`` of a directory) reassembles a
-``ShardedSlideClassifier`` from them; ``slide.distributed.convert`` turns one into a
+``load_directory`` (``slide.load`` of a directory, ``slide.persist.models.load_sharded``)
+reassembles a ``ShardedSlideClassifier`` from them; ``slide.distributed.convert`` turns one into a
 ``SlideClassifier`` and back.
 """
+import errno
 import json
 import os
 
@@ -15,7 +16,8 @@ import numpy as np
 
 from slide.fileio import atomic_write, write_text
 from slide.labels import names_for_saving, set_classes
-from slide.persist.checkpoint import VOTE_SETTINGS, CheckpointError, memory_from_arrays
+from slide.persist.checkpoint import (VOTE_SETTINGS, CheckpointError, memory_from_arrays,
+                                      pin_unrecorded_params)
 
 
 MANIFEST = "manifest.json"
@@ -72,6 +74,9 @@ def save(model, path, extra=None):
     if extra is not None:
         json.dumps(extra)
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "a sharded model saves into a directory; this "
+                                 "is a file", path)
     os.makedirs(path, exist_ok=True)
     tag = f"b{model.batches_:09d}"
     S = model.backend_.n_shards
@@ -109,6 +114,31 @@ def read_manifest(path):
             raise CheckpointError(os.path.join(path, name),
                                   "no such file (a part of this sharded checkpoint is missing)")
     return man
+
+
+def load_directory(path, cls, backend=None, ray_address=None):
+    """A ``cls`` (``ShardedSlideClassifier``) model from the checkpoint directory ``path``,
+    every shard read back by its own process; ``backend`` / ``ray_address`` override the
+    saved ones. (The class is an argument: its module imports this one.)"""
+    path = os.fspath(path)
+    man = read_manifest(path)
+    dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
+    # the sharded format has not changed since before the vote and its re-ranker existed: a
+    # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
+    # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
+    params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
+    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if backend is not None:
+        params["backend"] = backend
+    if ray_address is not None:
+        params["ray_address"] = ray_address
+    model = cls(**params)
+    hs, sparse = model._checked_params()
+    model._build(dmeta["n_features"], dmeta["n_labels"], hs, sparse, seed=dmeta["seed"],
+                 shard_files=[os.path.join(path, n) for n in man["shards"]])
+    restore_driver(model, path, man)
+    model.last_checkpoint_ = path
+    return model
 
 
 def restore_driver(model, path, man):

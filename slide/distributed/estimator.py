@@ -17,7 +17,7 @@ import numpy as np
 from sklearn.exceptions import NotFittedError
 
 from slide.distributed.backend import LocalBackend
-from slide.distributed.checkpoint import read_manifest, restore_driver, save
+from slide.distributed.checkpoint import load_directory, read_manifest, restore_driver, save
 from slide.distributed.driver import HiddenLayer, train_batch
 from slide.distributed.ray_backend import RayBackend, ShardFailure
 from slide.distributed.shard import shard_ranges
@@ -195,6 +195,17 @@ class ShardedSlideClassifier(SlideClassifier):
         manifest (written last: a directory without it is not a checkpoint)."""
         self._check_fitted()
         save(self, path, extra)
+
+    @classmethod
+    def _load_directory(cls, path):
+        """The model of the checkpoint directory ``path`` (unpickling: ``slide.persist.
+        pickling``), its shards on the saved backend."""
+        return load_directory(path, cls)
+
+    def _adopt_state(self):
+        # the query view holds a weak reference to its model: unpickling copied it from the
+        # loaded one, which is gone
+        self.network_ = ShardedNetwork(self)
 
     def sample_loss_and_grads(self, *args, **kwargs):
         raise NotImplementedError("sample_loss_and_grads is not available on a sharded model")

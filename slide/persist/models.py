@@ -6,7 +6,7 @@ module or class names (JSON metadata and plain arrays, no pickles), so files wri
 the package's modules moved load unchanged."""
 import os
 
-from slide.distributed.checkpoint import read_manifest, read_part, restore_driver
+from slide.distributed.checkpoint import load_directory
 from slide.distributed.estimator import ShardedSlideClassifier
 from slide.ensemble import SlideEnsemble
 from slide.estimator import SlideClassifier
@@ -81,22 +81,4 @@ def _unfitted(params):
 def load_sharded(path, backend=None, ray_address=None):
     """A ``ShardedSlideClassifier`` from the checkpoint directory ``path`` (every shard read
     back by its own process). ``backend``: override the saved backend ("local" / "ray")."""
-    path = os.fspath(path)
-    man = read_manifest(path)
-    dmeta = read_part(os.path.join(path, man["driver"]))["meta"]
-    # the sharded format has not changed since before the vote and its re-ranker existed: a
-    # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
-    # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
-    params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
-    params["hidden_sizes"] = tuple(params["hidden_sizes"])
-    if backend is not None:
-        params["backend"] = backend
-    if ray_address is not None:
-        params["ray_address"] = ray_address
-    model = ShardedSlideClassifier(**params)
-    hs, sparse = model._checked_params()
-    model._build(dmeta["n_features"], dmeta["n_labels"], hs, sparse, seed=dmeta["seed"],
-                 shard_files=[os.path.join(path, n) for n in man["shards"]])
-    restore_driver(model, path, man)
-    model.last_checkpoint_ = path
-    return model
+    return load_directory(path, ShardedSlideClassifier, backend, ray_address)
