@@ -86,3 +86,26 @@ def test_head_size_and_estimator_parameter():
 def test_uniform_draws_have_no_head():
     neg = SharedNegatives(N_SHARED, 0.0, N_OUT, N_HEAD)
     assert neg.n_head == 0 and neg.head.shape[0] == 0
+
+
+@pytest.mark.parametrize("n_out", [1, 7, 3000, 200_003])
+def test_bucketed_draw_search_gives_numpys_ids(n_out):
+    """``distinct_draws`` (a binary search inside the draw's bucket of the cdf) returns exactly
+    the distinct ids of numpy's ``searchsorted(cdf, u, "right")``: skewed and uniform q, zero
+    q (a head), draws on bucket edges, below the first and at the last cdf entry."""
+    from slide.kernels.negatives import CDF_BUCKETS, cdf_buckets, distinct_draws
+    rng = np.random.default_rng(n_out)
+    for q in (rng.zipf(1.2, n_out).astype(np.float64) % 10_000 + 1.0, np.ones(n_out)):
+        q[rng.random(n_out) < 0.2] = 0.0            # labels that cannot be drawn
+        if q.sum() == 0:
+            q[0] = 1.0
+        cdf = np.cumsum(q / q.sum())
+        cdf[-1] = 1.0
+        lo = cdf_buckets(cdf)
+        edges = np.arange(0, CDF_BUCKETS, 997) / CDF_BUCKETS
+        u = np.sort(np.concatenate([rng.random(5000), edges, cdf[:50], [0.0, 1.0 - 1e-17]]))
+        u = u[u < 1.0]
+        expect = np.unique(np.minimum(np.searchsorted(cdf, u, side="right"), n_out - 1))
+        out = np.empty(u.shape[0], np.int32)
+        got = out[:distinct_draws(cdf, lo, u, n_out - 1, out)]
+        np.testing.assert_array_equal(got, expect)

@@ -171,7 +171,7 @@ class OutputShard:
         for name in ("sc", "store", "out_rows"):
             arrays += [a for a in getattr(net, name, ()) if isinstance(a, np.ndarray)]
         if net.negatives.q is not None:
-            arrays += [net.negatives.q, net.negatives.cdf]
+            arrays += [net.negatives.q, net.negatives.cdf, net.negatives.cdf_lo]
         arrays += [net.negatives.corr, net.negatives.corr_mix, getattr(self, "_z", net.B[:0])]
         n = sum(int(a.nbytes) for a in arrays)
         for idx in net.indices.values():
