@@ -51,7 +51,7 @@ if __package__ in (None, ""):                      # run as a script: make 'benc
 
 from bench.build_debdeps import (APT_HELPER, _sha256, dependency_names, feature_tokens,  # noqa: E402
                                  label_statistics, long_descriptions, read_index, stanzas,
-                                 vectorise_split)
+                                 vectorise_split, write_split)
 
 REPO = Path(__file__).resolve().parents[1]
 LISTS = Path("/var/lib/apt/lists")
@@ -217,7 +217,6 @@ def main(argv=None):
     p.add_argument("--max-label-share", type=float, default=0.05)
     a = p.parse_args(argv)
     from bench.common import git_commit
-    from slide import write_xc
     t0 = time.perf_counter()
     packages = a.packages or find_list(a.lists, PACKAGES)
     translations = a.translations or find_list(a.lists, TRANSLATIONS)
@@ -227,13 +226,8 @@ def main(argv=None):
                          f"apt-get update)")
     X, Y, labels, vocab, perm, n_train, stats = build(
         packages, translations, contents, a.seed, a.min_label_count, a.max_label_share)
-    tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_xc(out / "train.txt", X[tr], Y[tr])
-    write_xc(out / "test.txt", X[te], Y[te])
-    (out / "labels.txt").write_text("\n".join(labels) + "\n")
-    (out / "features.txt").write_text("\n".join(vocab) + "\n")
+    tr, te = write_split(out, X, Y, perm, n_train, labels, vocab)
     for name, idx in (("train_points.txt", tr), ("test_points.txt", te)):   # package per row
         (out / name).write_text("".join(stats["point_names"][i] + "\n" for i in idx))
     Ytr = Y[tr]

@@ -185,6 +185,19 @@ def vectorise_split(pkgs, rows, longs, featurize, seed):
     return X, vocab, perm, n_train, n_long
 
 
+def write_split(out, X, Y, perm, n_train, labels, vocab):
+    """train.txt / test.txt (rows perm[:n_train] / the rest, each in their original order),
+    labels.txt and features.txt in the folder ``out``; returns the two row lists."""
+    from slide import write_xc
+    tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
+    out.mkdir(parents=True, exist_ok=True)
+    write_xc(out / "train.txt", X[tr], Y[tr])
+    write_xc(out / "test.txt", X[te], Y[te])
+    (out / "labels.txt").write_text("\n".join(labels) + "\n")
+    (out / "features.txt").write_text("\n".join(vocab) + "\n")
+    return tr, te
+
+
 def build(packages_path, translations_path, seed, min_label_count):
     """(X, Y, label names, feature names, split permutation, stats) of the whole set."""
     pkgs = list(stanzas(read_index(packages_path)))
@@ -220,17 +233,11 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the 80/20 split")
     p.add_argument("--min-label-count", type=int, default=2)
     a = p.parse_args(argv)
-    from slide import write_xc
     t0 = time.perf_counter()
     X, Y, labels, vocab, perm, n_train, stats = build(a.packages, a.translations, a.seed,
                                                       a.min_label_count)
-    tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_xc(out / "train.txt", X[tr], Y[tr])
-    write_xc(out / "test.txt", X[te], Y[te])
-    (out / "labels.txt").write_text("\n".join(labels) + "\n")
-    (out / "features.txt").write_text("\n".join(vocab) + "\n")
+    tr, te = write_split(out, X, Y, perm, n_train, labels, vocab)
     Ytr = Y[tr]
     inputs = {str(a.packages): _sha256(a.packages)}
     if Path(a.translations).exists():

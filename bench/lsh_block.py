@@ -33,7 +33,6 @@ Writes ``OUT.json`` and ``OUT.md``; also reports the recall of the oracle's ids 
 on the run's batches (``--recall-batches``).
 """
 import argparse
-import json
 import math
 import os
 import statistics
@@ -46,8 +45,8 @@ from numba import njit
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench.common import git_commit  # noqa: E402
-from bench.engine_ab import _machine, load  # noqa: E402
+from bench.oracle_bound import (run_study, study_arguments, study_head, summary,  # noqa: E402
+                                write_study)
 from slide.kernels.lsh.serving import build_tables_kernel  # noqa: E402
 
 
@@ -220,35 +219,19 @@ def _recall(net, chooser, X, args):
 
 
 def _summary(runs, variants):
-    rows = []
-    keys = ("active_mean", "train_seconds", "lsh_seconds", "P@1", "P@5", "PSP@5")
-    for size in sorted({r["size"] for r in runs}):
-        for variant in variants:
-            rs = [r for r in runs if r["size"] == size and r["variant"] == variant]
-            if not rs:
-                continue
-            row = {"size": size, "variant": variant, "n": len(rs)}
-            for k in keys:
-                v = [r[k] for r in rs]
-                row[k] = (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
-            rec = [r["oracle_recall"] for r in rs if r["oracle_recall"] is not None]
-            row["oracle_recall"] = statistics.mean(rec) if rec else None
-            rows.append(row)
+    rows = summary(runs, variants, ("active_mean", "train_seconds", "lsh_seconds", "P@1", "P@5",
+                                    "PSP@5"))
+    for row in rows:
+        rec = [r["oracle_recall"] for r in runs if r["size"] == row["size"] and
+               r["variant"] == row["variant"] and r["oracle_recall"] is not None]
+        row["oracle_recall"] = statistics.mean(rec) if rec else None
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--n-train", type=int, default=None)
-    ap.add_argument("--n-test", type=int, default=5000)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--sizes", default="1024,2048")
+    study_arguments(ap, "1024,2048")
     ap.add_argument("--variants", default="frequency,oracle,lsh")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--K", type=int, default=10)
     ap.add_argument("--L", type=int, default=16)
     ap.add_argument("--bucket-cap", type=int, default=128)
@@ -256,41 +239,17 @@ def main():
     ap.add_argument("--head", type=int, default=256,
                     help="variant 'head' without a number: this many head labels")
     ap.add_argument("--recall-batches", type=int, default=20)
-    ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    import slide
-    commit = git_commit()
-    X, Y, Xt, Yt = load(args.data, args.n_train, args.n_test)
-    print(f"data {args.data}: {X.shape[0]} train, {Y.shape[1]} labels; commit {commit}",
-          flush=True)
-    slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
-                          random_state=0).fit(X[:2048], Y[:2048])       # compile
     variants = args.variants.split(",")
-    runs = []
-    t0 = time.perf_counter()
-    for size in [int(s) for s in args.sizes.split(",")]:
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            for variant in variants:
-                r = run(X, Y, Xt, Yt, variant, size, seed, args)
-                runs.append(r)
-                print(json.dumps(r), flush=True)
+    commit, data, runs, seconds = run_study(args, run, variants)
     rows = _summary(runs, variants)
-    out = {"data": args.data, "commit": commit, "machine": _machine(), "settings": vars(args),
-           "n_train": X.shape[0], "n_labels": Y.shape[1], "runs": runs, "summary": rows,
-           "seconds": time.perf_counter() - t0}
-    with open(args.out + ".json", "w") as f:
-        json.dump(out, f, indent=1)
-    lines = [f"# The LSH choosing half of the batched engine's block: {args.data}", "",
-             f"- {X.shape[0]:,} train points, {Y.shape[1]:,} labels, {args.epochs} epoch(s), "
-             f"Adam lr {args.lr} constant, batch {args.batch_size}, {args.threads} threads, "
-             f"network alone; test: {Xt.shape[0]:,} rows; seeds {args.seeds}",
-             f"- commit {commit}; {_machine()}",
-             f"- command: `python bench/lsh_block.py {' '.join(sys.argv[1:])}`",
-             f"- lsh: SimHash over the output rows less their mean, K={args.K}, L={args.L}, "
-             f"<= {args.bucket_cap} ids per bucket, rebuilt every {args.rebuild} batches; its "
-             "seconds (tables, hidden pass, queries) count as training; the oracle's do not",
-             "", "| block | variant | active ids / sample | train s | of which LSH s | "
-             "oracle ids found | P@1 | P@5 | PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = study_head(args, commit, data, "The LSH choosing half of the batched engine's block",
+                       "lsh_block.py")
+    lines += [f"- lsh: SimHash over the output rows less their mean, K={args.K}, L={args.L}, "
+              f"<= {args.bucket_cap} ids per bucket, rebuilt every {args.rebuild} batches; its "
+              "seconds (tables, hidden pass, queries) count as training; the oracle's do not",
+              "", "| block | variant | active ids / sample | train s | of which LSH s | "
+              "oracle ids found | P@1 | P@5 | PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         rec = "" if row["oracle_recall"] is None else f"{row['oracle_recall']:.2f}"
         lines.append(f"| {row['size']} | {row['variant']} | {row['active_mean'][0]:.0f} | "
@@ -299,9 +258,7 @@ def main():
                                   for k in ("P@1", "P@5", "PSP@5")) + " |")
     lines += ["", "± is the standard deviation over seeds; \"oracle ids found\": the share of "
               "the oracle's ids (trained weights, 20 random batches) among the LSH's."]
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args, commit, data, runs, rows, seconds, lines)
 
 
 if __name__ == "__main__":

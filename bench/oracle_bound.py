@@ -72,19 +72,23 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
             "PSP@5": res["PSP@5"]}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def study_arguments(ap, sizes):
+    """The arguments every block study takes (this one and ``bench/lsh_block.py``)."""
     ap.add_argument("--data", required=True)
     ap.add_argument("--n-train", type=int, default=None)
     ap.add_argument("--n-test", type=int, default=5000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--sizes", default="256,512,1024,2048")
+    ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+
+
+def run_study(args, run, variants):
+    """Load the data, compile, and ``run`` every (size, seed, variant), printing each result as
+    a JSON line: (commit, (X, Y, Xt, Yt), runs, seconds)."""
     import slide
     commit = git_commit()
     X, Y, Xt, Yt = load(args.data, args.n_train, args.n_test)
@@ -96,44 +100,74 @@ def main():
     t0 = time.perf_counter()
     for size in [int(s) for s in args.sizes.split(",")]:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            for variant in ("frequency", "oracle"):
+            for variant in variants:
                 r = run(X, Y, Xt, Yt, variant, size, seed, args)
                 runs.append(r)
                 print(json.dumps(r), flush=True)
+    return commit, (X, Y, Xt, Yt), runs, time.perf_counter() - t0
+
+
+def summary(runs, variants, keys):
+    """Per (size, variant): the mean and standard deviation over seeds of each of ``keys``."""
     rows = []
-    keys = ("active_mean", "train_seconds", "P@1", "P@5", "PSP@5")
     for size in sorted({r["size"] for r in runs}):
-        for variant in ("frequency", "oracle"):
+        for variant in variants:
             rs = [r for r in runs if r["size"] == size and r["variant"] == variant]
+            if not rs:
+                continue
             row = {"size": size, "variant": variant, "n": len(rs)}
             for k in keys:
                 v = [r[k] for r in rs]
                 row[k] = (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
             rows.append(row)
+    return rows
+
+
+def study_head(args, commit, data, title, script):
+    """The JSON-less part every study's report opens with: title, data and settings, commit
+    and machine, the command."""
+    X, Y, Xt, _ = data
+    return [f"# {title}: {args.data}", "",
+            f"- {X.shape[0]:,} train points, {Y.shape[1]:,} labels, {args.epochs} epoch(s), "
+            f"Adam lr {args.lr} constant, batch {args.batch_size}, {args.threads} threads, "
+            f"network alone; test: {Xt.shape[0]:,} rows; seeds {args.seeds}",
+            f"- commit {commit}; {_machine()}",
+            f"- command: `python bench/{script} {' '.join(sys.argv[1:])}`"]
+
+
+def write_study(args, commit, data, runs, rows, seconds, lines):
+    """``args.out``.json (every run, the summary) and ``args.out``.md (``lines``), printed."""
+    X, Y, _, _ = data
     out = {"data": args.data, "commit": commit, "machine": _machine(), "settings": vars(args),
            "n_train": X.shape[0], "n_labels": Y.shape[1], "runs": runs, "summary": rows,
-           "seconds": time.perf_counter() - t0}
+           "seconds": seconds}
     with open(args.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
-    lines = [f"# Oracle bound of the batched engine's block: {args.data}", "",
-             f"- {X.shape[0]:,} train points, {Y.shape[1]:,} labels, {args.epochs} epoch(s), "
-             f"Adam lr {args.lr} constant, batch {args.batch_size}, {args.threads} threads, "
-             f"network alone; test: {Xt.shape[0]:,} rows; seeds {args.seeds}",
-             f"- commit {commit}; {_machine()}",
-             f"- command: `python bench/oracle_bound.py {' '.join(sys.argv[1:])}`",
-             "- frequency: |S| frequency draws; oracle: |S|/2 draws + the union of every "
-             "sample's top logits over all labels (<= |S|/2 ids, exact, its time excluded)",
-             "", "| block | variant | active ids / sample | train s | P@1 | P@5 | PSP@5 |",
-             "|---|---|---|---|---|---|---|"]
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    study_arguments(ap, "256,512,1024,2048")
+    args = ap.parse_args()
+    variants = ("frequency", "oracle")
+    commit, data, runs, seconds = run_study(args, run, variants)
+    rows = summary(runs, variants, ("active_mean", "train_seconds", "P@1", "P@5", "PSP@5"))
+    lines = study_head(args, commit, data, "Oracle bound of the batched engine's block",
+                       "oracle_bound.py")
+    lines += ["- frequency: |S| frequency draws; oracle: |S|/2 draws + the union of every "
+              "sample's top logits over all labels (<= |S|/2 ids, exact, its time excluded)",
+              "", "| block | variant | active ids / sample | train s | P@1 | P@5 | PSP@5 |",
+              "|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['size']} | {row['variant']} | {row['active_mean'][0]:.0f} | "
                      f"{row['train_seconds'][0]:.2f} | "
                      + " | ".join(f"{row[k][0]:.4f} ± {row[k][1]:.4f}"
                                   for k in ("P@1", "P@5", "PSP@5")) + " |")
     lines += ["", "± is the standard deviation over seeds."]
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_study(args, commit, data, runs, rows, seconds, lines)
 
 
 if __name__ == "__main__":

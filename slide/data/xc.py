@@ -40,7 +40,8 @@ from slide.kernels.parse import (_E_DUPLICATE, _E_EXTRA_LINE, _E_INDEX_RANGE, _E
                                  _E_LABEL_RANGE, _E_MALFORMED, _E_NEG_INDEX, _E_NEG_LABEL,
                                  _E_NONNUMERIC, _MODE_FEATURES, _MODE_LABELS, _MODE_XC, _POW10,
                                  _S_DONE, _S_ERROR, _ST_LINES, _ST_NHARD, _ST_NNZX, _ST_NNZY,
-                                 _ST_ROW, _count_bytes, _last_newline, _parse_chunk)
+                                 _ST_ROW, _count_bytes, _last_newline, _parse_chunk,
+                                 exact_decimal)
 
 
 _CHUNK = 1 << 25  # 32 MiB of text per parser call
@@ -402,14 +403,8 @@ def _shortest_digits(a, pow10):
         if p == 9:
             break
         # does m * 10**(e - p + 1) read back (float32(float64(text))) as the same float32?
-        x = e - p + 1
-        if x == 0:
-            back = np.float64(m)
-        elif 0 < x <= 22:
-            back = np.float64(m) * pow10[x]
-        elif -22 <= x < 0:
-            back = np.float64(m) / pow10[-x]
-        else:
+        exact, back = exact_decimal(m, e - p + 1, pow10)
+        if not exact:
             continue
         if np.float32(back) == np.float32(a):
             break

@@ -69,6 +69,20 @@ def _parse_uint(buf, a, b):
     return v
 
 
+@njit(cache=True, nogil=True, inline="always")
+def exact_decimal(m, x, pow10):
+    """(True, m * 10^x) in float64, correctly rounded when m < 2^53 and |x| <= 22 (one
+    rounding: 10^|x| is exact in float64); (False, 0.0) for a larger |x|, which needs a
+    slower path. Reading a number and writing its shortest form both use it."""
+    if x == 0:
+        return True, np.float64(m)
+    if 0 < x <= 22:
+        return True, np.float64(m) * pow10[x]
+    if -22 <= x < 0:
+        return True, np.float64(m) / pow10[-x]
+    return False, 0.0
+
+
 @njit(cache=True, nogil=True)
 def _parse_float(buf, a, b, pow10):
     """Parse buf[a:b] as a decimal number.
@@ -135,13 +149,8 @@ def _parse_float(buf, a, b, pow10):
         return 0, (-0.0 if neg else 0.0)
     if inexact or mant > 9007199254740992:
         return 1, 0.0
-    if exp10 == 0:
-        v = np.float64(mant)
-    elif 0 < exp10 <= 22:
-        v = np.float64(mant) * pow10[exp10]
-    elif -22 <= exp10 < 0:
-        v = np.float64(mant) / pow10[-exp10]
-    else:
+    exact, v = exact_decimal(mant, exp10, pow10)
+    if not exact:
         return 1, 0.0
     if neg:
         v = -v
