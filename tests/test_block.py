@@ -147,3 +147,24 @@ def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
     assert n == C.shape[0] + len(want)
     np.testing.assert_array_equal(out[C.shape[0]:n], want)
     np.testing.assert_array_equal(out[:C.shape[0]], C)
+
+
+@pytest.mark.parametrize("ns", [1, 3, 64, 1030])
+@pytest.mark.parametrize("n_parts", [1, 2, 5])
+def test_split_products_are_the_batch_products(ns, n_parts):
+    """Steps 3 and 5 split into blocks over Numba's threads give numpy's products: every entry
+    is one dot product over the whole inner dimension, whatever the split."""
+    from slide.network.block import split_backward_products, split_forward_product
+    rng = np.random.default_rng(ns * 10 + n_parts)
+    H = rng.standard_normal((37, 16)).astype(np.float32)
+    WS = rng.standard_normal((ns, 16)).astype(np.float32)
+    n_parts = min(n_parts, ns)
+    Z = np.full((37, ns), np.nan, np.float32)
+    split_forward_product(H, WS, Z, n_parts)
+    np.testing.assert_allclose(Z, H @ WS.T, rtol=1e-5, atol=1e-5)
+    dZ = rng.standard_normal((37, ns)).astype(np.float32)
+    dH = np.full((37, 16), np.nan, np.float32)
+    dWS = np.full((ns, 16), np.nan, np.float32)
+    split_backward_products(dZ, WS, H, dH, dWS, n_parts)
+    np.testing.assert_allclose(dH, dZ @ WS, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dWS, dZ.T @ H, rtol=1e-4, atol=1e-4)

@@ -87,7 +87,7 @@ def main():
                            int(lay.n_in[last]), shared, WS, bS)
             t = tick("gather W_S", t)
             Z = blk.Z.reshape(-1)[:128 * ns].reshape(128, ns)
-            np.matmul(H, WS.T, out=Z)
+            BK.split_forward_product(H, WS, Z, BK.product_parts(ns))
             t = tick("Z = H W_S^T", t)
             d_store = net.store.d_store[:128]
             with BK._parallel_chunks():
@@ -96,8 +96,7 @@ def main():
                               np.float32(1 / 128), net.correct)
             t = tick("corrected softmax", t)
             dH = blk.dH[:128]
-            np.matmul(Z, WS, out=dH)
-            np.matmul(Z.T, H, out=blk.dWS[:ns])
+            BK.split_backward_products(Z, WS, H, dH, blk.dWS[:ns], BK.product_parts(ns))
             np.sum(Z, axis=0, out=blk.dbS[:ns])
             t = tick("dH, dW_S products", t)
             with BK._parallel_chunks():

@@ -31,6 +31,9 @@ import time
 
 import numba
 import numpy as np
+# np.dot's BLAS inside Numba kernels: loaded now, so that the trainer's limit of BLAS threads
+# (threadpoolctl acts on loaded libraries) covers it
+import scipy.linalg.cython_blas  # noqa: F401
 from numba import njit, prange
 
 from slide.data.inputs import take_rows
@@ -373,6 +376,48 @@ def block_offsets(bS, shared, neg):
     return offs
 
 
+# columns (rows of W_S) a BLAS call of the split products takes at least
+MIN_PART_COLUMNS = 64
+
+
+def product_parts(n_columns):
+    """How many BLAS calls the batch's products are split into: one per Numba thread, each of
+    at least MIN_PART_COLUMNS columns of S."""
+    return max(1, min(numba.get_num_threads(), n_columns // MIN_PART_COLUMNS))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def split_forward_product(H, WS, Z, n_parts):
+    """Step 3, Z = H @ WS.T, as ``n_parts`` column blocks over Numba's threads, one
+    single-threaded BLAS call each (``np.dot``: scipy's OpenBLAS, pinned to one thread by the
+    trainer's ``blas_single_thread``). A multi-threaded BLAS beside Numba's spinning workers
+    was 7x slower (``block_phases_blas_threads.log``); one single-threaded call left the other
+    cores idle for ~15 % of a batch at 670k labels."""
+    ns = WS.shape[0]
+    for c in prange(n_parts):
+        a = ns * c // n_parts
+        b = ns * (c + 1) // n_parts
+        Z[:, a:b] = np.dot(H, WS[a:b].T)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def split_backward_products(Z, WS, H, dH, dWS, n_parts):
+    """Step 5, dH = dZ @ WS and dWS = dZ.T @ H, as ``n_parts`` row blocks of each over Numba's
+    threads (as ``split_forward_product``). Each entry is one BLAS dot product over the
+    whole inner dimension, as in one unsplit call."""
+    nb = Z.shape[0]
+    ns = WS.shape[0]
+    for c in prange(2 * n_parts):
+        if c < n_parts:
+            a = nb * c // n_parts
+            b = nb * (c + 1) // n_parts
+            dH[a:b] = np.dot(Z[a:b], WS)
+        else:
+            a = ns * (c - n_parts) // n_parts
+            b = ns * (c - n_parts + 1) // n_parts
+            dWS[a:b] = np.dot(np.ascontiguousarray(Z[:, a:b].T), H)
+
+
 def _parallel_chunks():
     """Dynamic scheduling for the per-sample loops (a busy core takes fewer chunks)."""
     return numba.parallel_chunksize(CHUNK)
@@ -414,9 +459,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
     # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
     # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
-    with np.errstate(over="ignore", invalid="ignore"):
-        # a diverging run overflows here; the loss below reports it (DivergenceError)
-        np.matmul(H, WS.T, out=Z)
+    # a diverging run overflows here; the loss below reports it (DivergenceError)
+    split_forward_product(H, WS, Z, product_parts(ns))
     d_store = net.store.d_store[:nb]
     offs = block_offsets(bS, shared, neg)
     with _parallel_chunks():
@@ -425,8 +469,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     if not np.isfinite(losses).all():
         return losses
     dH = blk.dH[:nb]
-    np.matmul(Z, WS, out=dH)
-    np.matmul(Z.T, H, out=blk.dWS[:ns])
+    split_backward_products(Z, WS, H, dH, blk.dWS[:ns], product_parts(ns))
     np.sum(Z, axis=0, out=blk.dbS[:ns])
     with _parallel_chunks():
         block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store,
