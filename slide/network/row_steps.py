@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
-from slide.kernels.prefetch import prefetch_row
+from slide.kernels.prefetch import _prefetch, prefetch_row
 from slide.network.adam import KIND_ADAM, _adam_row, _catch_up, _consts
 
 
@@ -20,6 +20,21 @@ def _prefetch_adam_row(W, MW, VW, start, n):
     prefetch_row(W, start, n)
     prefetch_row(MW, start, n)
     prefetch_row(VW, start, n)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, start, n, e, j):
+    """Prefetch an output row's weights and moments and its scalars: its bias and the bias's
+    moments (``B[e]``...) and both step records (``TW[j]``, ``TB[j]``), each a cache miss of
+    its own in per-neuron arrays of MBs."""
+    _prefetch_adam_row(W, MW, VW, start, n)
+    _prefetch(B, e)
+    if MB.shape[0] > 0:
+        _prefetch(MB, e)
+        _prefetch(VB, e)
+    if TW.shape[0] > 0:
+        _prefetch(TW, j)
+        _prefetch(TB, j)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
@@ -65,7 +80,9 @@ def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
         g = g_out[c]
         for u in range(c, n_uniq, n_chunks):
             if u + n_chunks < n_uniq:
-                _prefetch_adam_row(W, MW, VW, w_off + np.int64(uniq[u + n_chunks]) * n_in, n_in)
+                jn = uniq[u + n_chunks]
+                _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(jn) * n_in,
+                                     n_in, b_off + jn, jn)
             j = uniq[u]
             g[n_in] = _row_gradient(u, out_rows, store, g)
             _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
@@ -110,7 +127,9 @@ def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial
     n_r = rows.shape[0]
     for i in prange(n_r):
         if i + 1 < n_r:
-            _prefetch_adam_row(W, MW, VW, w_off + np.int64(rows[i + 1]) * n_in, n_in)
+            jn = rows[i + 1]
+            _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(jn) * n_in, n_in,
+                                 b_off + jn, jn)
         j = rows[i]
         stamp[j] = serial
         _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
