@@ -442,13 +442,11 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         return hasattr(self, self._BUILT_ATTR)
 
     @classmethod
-    def _load_directory(cls, path):
-        """The model of a checkpoint directory: a ``SlideClassifier`` saves one file."""
+    def _load_directory(cls, path):      # unpickling (persist.pickling): a sharded model's
         raise ValueError(f"{path}: a {cls.__name__} checkpoint is one file, not a directory")
 
     def _adopt_state(self):
-        """After unpickling copied a loaded model's attributes into this one: nothing points
-        back at the loaded model in a single-process model."""
+        """Unpickling copied a loaded model's attributes here: nothing of ours points back."""
 
     def _train(self, X, Y, end_epoch, eval_set, callback, rows=None):
         trainer.train(self, X, Y, end_epoch, eval_set, callback, rows=rows)
