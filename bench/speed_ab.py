@@ -12,8 +12,17 @@ Reported: the fastest and the median training seconds per commit and the ratio h
 (< 1: head is faster). ``--mode network``: today's defaults, the network alone (the engine as
 ``compare.py`` runs it against TF sampled) instead of the LSH path with every stage. Results
 go to ``bench/results/speed_ab.md`` and ``.json``.
+
+``--env-base`` / ``--env-head`` (``KEY=VALUE,...``) set environment variables of one side's
+children (the same commit on both sides then compares settings, e.g. Numba's threading layer);
+``--busy N`` runs N single-threaded busy loops beside every timed child, as another user's
+job on a shared machine would:
+
+    python bench/speed_ab.py --base HEAD --head HEAD --env-base NUMBA_THREADING_LAYER=omp \
+        --env-head NUMBA_THREADING_LAYER=tbb --busy 1 --mode network
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -22,7 +31,6 @@ import sys
 import tempfile
 
 import numpy as np
-import scipy.sparse as sp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -75,10 +83,27 @@ def _save(path, X, Y):
              X_shape=np.array(X.shape), Y_shape=np.array(Y.shape))
 
 
-def _worktree(ref, tmp):
+def _env(spec):
+    """``KEY=VALUE,...`` as a dict."""
+    return dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+
+
+@contextlib.contextmanager
+def _busy_loops(n):
+    """``n`` processes spinning on a core each while the body runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _worktree(ref, tmp, side):
     sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "--short", ref],
                                   text=True).strip()
-    path = os.path.join(tmp, sha)
+    path = os.path.join(tmp, f"{side}-{sha}")       # base and head may be one commit
     subprocess.check_call(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", path, sha])
     return sha, path
 
@@ -100,11 +125,16 @@ def main():
                     help="train: the model's train_seconds_ (the batches); fit: the whole "
                     "fit() call's wall time (building the model -- weight init, optimizer "
                     "buffers -- included)")
+    ap.add_argument("--env-base", default="", help="KEY=VALUE,... for the base's children")
+    ap.add_argument("--env-head", default="", help="KEY=VALUE,... for the head's children")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="single-threaded busy loops running beside every timed child")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "speed_ab"))
     args = ap.parse_args()
+    envs = [_env(args.env_base), _env(args.env_head)]
     import slide
     tmp = tempfile.mkdtemp(prefix="slide-ab-")
-    trees = [_worktree(args.base, tmp), _worktree(args.head, tmp)]
+    trees = [_worktree(args.base, tmp, "base"), _worktree(args.head, tmp, "head")]
     rows = []
     try:
         for shape in args.shapes.split(","):
@@ -115,33 +145,45 @@ def main():
                 X, Y, _, _ = slide.generate(shape, seed=0, n_train=args.n_train, n_test=10)
             data = os.path.join(tmp, f"{os.path.basename(shape.rstrip('/'))}.npz")
             _save(data, X, Y)
-            times = {sha: [] for sha, _ in trees}
+            times = [[], []]
             for r in range(args.repeat):
-                for sha, path in (trees if r % 2 == 0 else trees[::-1]):
-                    out = subprocess.run([sys.executable, "-c", CHILD, path, data, args.mode],
-                                         capture_output=True, text=True, check=True)
+                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    sha, path = trees[side]
+                    with _busy_loops(args.busy):
+                        out = subprocess.run([sys.executable, "-c", CHILD, path, data,
+                                              args.mode], capture_output=True, text=True,
+                                             check=True, env={**os.environ, **envs[side]})
                     rec = json.loads(out.stdout.strip().splitlines()[-1])
                     assert rec["file"].startswith(path), rec["file"]
                     sec = rec["train_seconds" if args.clock == "train" else "fit_wall_seconds"]
-                    times[sha].append(sec)
-                    print(shape, sha, f"{sec:.2f} s", flush=True)
+                    times[side].append(sec)
+                    print(shape, sha, envs[side], f"{sec:.2f} s", flush=True)
             (a, _), (b, _) = trees
             rows.append({"shape": shape, "labels": Y.shape[1], "n_train": X.shape[0],
-                         "base": a, "head": b, "base_seconds": times[a],
-                         "head_seconds": times[b],
-                         "ratio_min": min(times[b]) / min(times[a]),
-                         "ratio_median": statistics.median(times[b])
-                         / statistics.median(times[a])})
+                         "base": a, "head": b, "base_env": envs[0], "head_env": envs[1],
+                         "busy": args.busy, "base_seconds": times[0],
+                         "head_seconds": times[1],
+                         "ratio_min": min(times[1]) / min(times[0]),
+                         "ratio_median": statistics.median(times[1])
+                         / statistics.median(times[0])})
     finally:
         for _, path in trees:
             subprocess.call(["git", "-C", ROOT, "worktree", "remove", "--force", path])
     with open(args.out + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    lines = [f"# Engine speed, {trees[0][0]} (base) against {trees[1][0]} (head)", "",
+    sides = [f"{sha}{' ' + args.env_base if args.env_base else ''}",
+             f"{trees[1][0]}{' ' + args.env_head if args.env_head else ''}"]
+    sha = trees[0][0]
+    extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
+                    (("env_base", args.env_base), ("env_head", args.env_head),
+                     ("busy", args.busy)) if v)
+    busy = (f"; {args.busy} single-threaded busy loop(s) beside every timed run"
+            if args.busy else "")
+    lines = [f"# Engine speed, {sides[0]} (base) against {sides[1]} (head)", "",
              f"`python bench/speed_ab.py --base {args.base} --head {args.head} --shapes "
              f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat} --mode "
-             f"{args.mode} --clock {args.clock}`; {CLOCKS[args.clock]}: {MODES[args.mode]}, "
-             f"2 threads; "
+             f"{args.mode} --clock {args.clock}{extra}`; {CLOCKS[args.clock]}: "
+             f"{MODES[args.mode]}, 2 threads{busy}; "
              f"kernels compiled before the clock, runs alternated A/B in fresh processes on "
              f"one machine.", "",
              "| shape | labels | points | base s (all runs) | head s (all runs) | head / base "

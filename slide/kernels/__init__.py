@@ -4,3 +4,5 @@ numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``,
 (the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
 ``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
 """
+# before any kernel runs: Numba's threads are started by the first parallel one
+from slide.kernels import threads  # noqa: F401,E402

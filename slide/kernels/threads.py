@@ -1,0 +1,54 @@
+"""Which threads run slide's parallel kernels: Numba's TBB layer where TBB is installed.
+
+Numba's OpenMP layer ends every parallel loop at a barrier that waits for every one of its
+threads. When another job holds one of the cores, the thread parked there joins each barrier
+a scheduler time slice late, and a batch has a dozen parallel loops: with one single-threaded
+job beside it on 2 cores, a batch at 670k labels took 40 ms instead of 5.1 (8x). TBB steals:
+the chunks a parked thread has not started run on the threads that are awake, and nothing
+waits for it. The same batch took 8.6 ms beside that job, 5.2 ms alone
+(``bench/probes/probe_block_phases.py``; ``docs/design.md``).
+
+Numba prefers TBB when it can load ``libtbb.so.12`` (its default layer order is TBB, OpenMP,
+workqueue), but the ``tbb`` wheel puts the library in ``<prefix>/lib``, where the dynamic
+loader does not look. Loading it here by its full path, before the first parallel kernel
+starts Numba's threads, lets Numba find it already loaded. ``NUMBA_THREADING_LAYER`` set to
+anything else keeps the user's choice; without the ``tbb`` package nothing changes (OpenMP).
+"""
+import ctypes
+import os
+import site
+import sys
+
+TBB_LIBRARY = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib"}
+
+
+def _candidates(name):
+    """Where a pip-installed ``tbb`` puts its library: the environment's ``lib``, the base
+    installation's, the user site's."""
+    prefixes = [sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None) or ""]
+    seen = []
+    for p in prefixes:
+        path = os.path.join(p, "lib", name)
+        if p and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def preload_tbb():
+    """Load TBB's library globally if a ``tbb`` package installed one and the user did not
+    pick another threading layer; returns its path, or None."""
+    layer = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
+    name = next((v for k, v in TBB_LIBRARY.items() if sys.platform.startswith(k)), None)
+    if name is None or layer not in ("default", "tbb", "safe"):
+        return None
+    for path in _candidates(name):
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            return path
+    return None
+
+
+TBB_PATH = preload_tbb()
