@@ -61,8 +61,9 @@ m = slide.SlideClassifier(**kw)
 t0 = time.perf_counter()
 m.fit(X, Y)
 wall = time.perf_counter() - t0
+import numba
 print(json.dumps({"file": slide.__file__, "train_seconds": m.train_seconds_,
-                  "fit_wall_seconds": wall}))
+                  "fit_wall_seconds": wall, "layer": numba.threading_layer()}))
 """
 
 
@@ -146,6 +147,7 @@ def main():
             data = os.path.join(tmp, f"{os.path.basename(shape.rstrip('/'))}.npz")
             _save(data, X, Y)
             times = [[], []]
+            layers = [set(), set()]
             for r in range(args.repeat):
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     sha, path = trees[side]
@@ -157,11 +159,13 @@ def main():
                     assert rec["file"].startswith(path), rec["file"]
                     sec = rec["train_seconds" if args.clock == "train" else "fit_wall_seconds"]
                     times[side].append(sec)
-                    print(shape, sha, envs[side], f"{sec:.2f} s", flush=True)
+                    layers[side].add(rec["layer"])
+                    print(shape, sha, envs[side], rec["layer"], f"{sec:.2f} s", flush=True)
             (a, _), (b, _) = trees
             rows.append({"shape": shape, "labels": Y.shape[1], "n_train": X.shape[0],
                          "base": a, "head": b, "base_env": envs[0], "head_env": envs[1],
-                         "busy": args.busy, "base_seconds": times[0],
+                         "busy": args.busy, "threading_layers": [sorted(x) for x in layers],
+                         "base_seconds": times[0],
                          "head_seconds": times[1],
                          "ratio_min": min(times[1]) / min(times[0]),
                          "ratio_median": statistics.median(times[1])
