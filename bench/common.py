@@ -540,3 +540,14 @@ def fmt_ratio(r):
     return "—" if r is None else f"{r:.1f}x"
 
 
+@contextlib.contextmanager
+def busy_loops(n):
+    """``n`` processes spinning on a core each while the body runs: another user's
+    single-threaded jobs on a shared machine."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

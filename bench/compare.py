@@ -23,6 +23,7 @@ import argparse
 import ast
 import hashlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -70,6 +71,8 @@ def parse_args(argv=None):
                    help="first shuffled test points evaluated during training (the curves)")
     p.add_argument("--seed", type=int, default=0, help="data, shuffle and model seed")
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--busy", type=int, default=0, help="single-threaded busy loops running "
+                   "beside every system's run (another user's jobs on a shared machine)")
     p.add_argument("--threads", type=int, default=None, help="threads of every system "
                    "(default: all cores)")
     p.add_argument("--out", required=True, help="output directory")
@@ -172,6 +175,11 @@ def cache_path(a, spec):
     """Result cache file of one system: keyed by data, every shared setting, the system's own
     settings and a digest of its source (the baseline's file, or the whole engine)."""
     keep = {k: v for k, v in spec.items() if k not in ("meta", "warmup")}
+    # a run beside busy loops, or on another threading layer, is another measurement
+    if a.busy:
+        keep["busy"] = a.busy
+    if os.environ.get("NUMBA_THREADING_LAYER"):
+        keep["numba_threading_layer"] = os.environ["NUMBA_THREADING_LAYER"]
     if spec["system"].startswith("slide"):
         # not keyed by engine source (it changes with every edit while it is being tuned);
         # the result records the commit and the engine digest, shown in the table's run column
@@ -304,15 +312,8 @@ def plot(results, order, target, path, title):
     return True
 
 
-def main(argv=None):
-    a = parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.cache_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    command = "python bench/compare.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
-    meta = common.prepare_data(a.data, a.scale, a.n_train, a.n_test, a.seed, a.cache_dir)
-    # slide first: tf_sampled's default number of negatives is slide's mean active-set size
-    order = sorted(a.systems, key=ORDER.index)
+def _run_systems(a, meta, order, work):
+    """Every system of ``order`` in its own process (or reused from the cache), in order."""
     results = {}
     for s in order:
         spec = base_spec(a, meta, s)
@@ -342,6 +343,22 @@ def main(argv=None):
             cp.parent.mkdir(parents=True, exist_ok=True)
             cp.write_text(json.dumps(r))
         results[s] = r
+    return results
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.cache_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    layer = os.environ.get("NUMBA_THREADING_LAYER")
+    command = (f"NUMBA_THREADING_LAYER={layer} " if layer else "") + "python bench/compare.py " \
+        + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    meta = common.prepare_data(a.data, a.scale, a.n_train, a.n_test, a.seed, a.cache_dir)
+    # slide first: tf_sampled's default number of negatives is slide's mean active-set size
+    order = sorted(a.systems, key=ORDER.index)
+    with common.busy_loops(a.busy):
+        results = _run_systems(a, meta, order, work)
     target, target_how = default_target(results, a)
     prior = label_prior_p1(meta, a.n_eval)
     if target is not None and target <= prior["eval_P@1"]:

@@ -22,7 +22,6 @@ job on a shared machine would:
         --env-head NUMBA_THREADING_LAYER=tbb --busy 1 --mode network
 """
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -34,6 +33,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from bench.common import busy_loops  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -89,18 +91,6 @@ def _env(spec):
     return dict(kv.split("=", 1) for kv in spec.split(",") if kv)
 
 
-@contextlib.contextmanager
-def _busy_loops(n):
-    """``n`` processes spinning on a core each while the body runs."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 def _worktree(ref, tmp, side):
     sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "--short", ref],
                                   text=True).strip()
@@ -151,7 +141,7 @@ def main():
             for r in range(args.repeat):
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     sha, path = trees[side]
-                    with _busy_loops(args.busy):
+                    with busy_loops(args.busy):
                         out = subprocess.run([sys.executable, "-c", CHILD, path, data,
                                               args.mode], capture_output=True, text=True,
                                              check=True, env={**os.environ, **envs[side]})
