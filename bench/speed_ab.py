@@ -165,9 +165,8 @@ def main():
             subprocess.call(["git", "-C", ROOT, "worktree", "remove", "--force", path])
     with open(args.out + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    sides = [f"{sha}{' ' + args.env_base if args.env_base else ''}",
+    sides = [f"{trees[0][0]}{' ' + args.env_base if args.env_base else ''}",
              f"{trees[1][0]}{' ' + args.env_head if args.env_head else ''}"]
-    sha = trees[0][0]
     extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
                     (("env_base", args.env_base), ("env_head", args.env_head),
                      ("busy", args.busy)) if v)
