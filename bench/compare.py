@@ -73,6 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--busy", type=int, default=0, help="single-threaded busy loops running "
                    "beside every system's run (another user's jobs on a shared machine)")
+    p.add_argument("--prefault-gib", type=float, default=0.0, help="GiB every system's "
+                   "process touches and frees before its clock starts, so that no system's "
+                   "clock times a virtual machine's host backing fresh memory "
+                   "(bench.common.prefault); about the largest system's peak memory")
     p.add_argument("--threads", type=int, default=None, help="threads of every system "
                    "(default: all cores)")
     p.add_argument("--out", required=True, help="output directory")
@@ -158,6 +162,7 @@ def base_spec(a, meta, system):
             "epochs": a.epochs, "n_eval": a.n_eval, "eval_every_batches": a.eval_every_batches,
             "eval_every_seconds": a.eval_every_seconds, "evals_per_epoch": a.evals_per_epoch,
             "max_batches": a.max_batches, "warmup": not a.no_warmup,
+            "prefault_gib": a.prefault_gib,
             "slide_params": a.slide_params if system.startswith("slide") else None}
 
 
@@ -175,6 +180,8 @@ def cache_path(a, spec):
     """Result cache file of one system: keyed by data, every shared setting, the system's own
     settings and a digest of its source (the baseline's file, or the whole engine)."""
     keep = {k: v for k, v in spec.items() if k not in ("meta", "warmup")}
+    if not keep.get("prefault_gib"):
+        keep.pop("prefault_gib", None)      # the keys of results cached before the option
     # a run beside busy loops, or on another threading layer, is another measurement
     if a.busy:
         keep["busy"] = a.busy
@@ -398,6 +405,10 @@ def main(argv=None):
              f"({results['tf_sampled'].get('candidate_sampler')}), target "
              f"{results['tf_sampled'].get('tf_target', 'all')}" if "tf_sampled" in results
              else ""),
+          *([f"- each system's process touched and freed {a.prefault_gib:g} GiB of memory "
+             "before its clock started (`--prefault-gib`: this virtual machine's host backs "
+             "memory it took back at 1-2.4 s per GiB on its first touch; bench.common.prefault)"]
+            if a.prefault_gib else []),
           f"- target P@1: {target:.4f} ({target_how})" if target is not None else
           "- target P@1: none",
           f"- label prior (the 5 most frequent training labels for every point): P@1 "

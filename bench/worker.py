@@ -126,13 +126,14 @@ def worker_main(spec_path):
     X_ev, Y_ev = X_te[:n_eval], Y_te[:n_eval]
     rss_data = common.current_rss_bytes()
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    prefault_s = common.prefault(float(spec.get("prefault_gib") or 0))
     rec, final, extra = run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, T)
     res = summarise(spec, rec, meta, extra)
     res.update({
         "final_test": final, "n_eval": n_eval, "threads": T,
         "peak_rss_bytes": common.peak_rss_bytes(), "rss_after_data_bytes": rss_data,
         "process_seconds": time.perf_counter() - t_start,
-        "loadavg_start": load_start,
+        "loadavg_start": load_start, "prefault_seconds": prefault_s,
         "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "spec": {k: v for k, v in spec.items() if k != "meta"},
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,8 +1,11 @@
-"""Write the golden fixture of the training engine: tests/data/golden.json + golden_ckpt.npz.
+"""Write the golden fixture of the training engine: tests/data/golden.json + golden_ckpt.npz
+(code compiled with 256-bit vectors) or golden_w512.json + golden_ckpt_w512.npz (512-bit: the
+default on AVX-512 CPUs, ``slide.kernels.codegen``; float sums round differently).
 
-Run from the repository root with the code whose behaviour is to be pinned:
+Run from the repository root with the code whose behaviour is to be pinned, once per width:
 
     PYTHONPATH=$PWD python tests/make_golden.py [CASE ...]    (no case named: all of them)
+    SLIDE_VECTOR_WIDTH=256 PYTHONPATH=$PWD python tests/make_golden.py [CASE ...]
 
 Each case trains a small model through ``SlideClassifier`` (one thread, fixed seed, short
 rehash/rebuild periods so both happen during the run) and records sha256 + float sums of the
@@ -20,8 +23,24 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
-GOLDEN_JSON = os.path.join(DATA, "golden.json")
-GOLDEN_CKPT = os.path.join(DATA, "golden_ckpt.npz")
+
+
+def fixture_paths(width):
+    """The fixture of code compiled with ``width``-bit vectors: (json, checkpoint)."""
+    suffix = "" if width <= 256 else f"_w{width}"
+    return (os.path.join(DATA, f"golden{suffix}.json"),
+            os.path.join(DATA, f"golden_ckpt{suffix}.npz"))
+
+
+def current_width():
+    """The vectors' width of this process's compiled code (importing slide decides it)."""
+    import slide  # noqa: F401
+    from slide.kernels.codegen import vector_width
+    return vector_width()
+
+
+WIDTH = current_width()
+GOLDEN_JSON, GOLDEN_CKPT = fixture_paths(WIDTH)
 
 # a small shape: 400 features, 200 labels, 600 training points -> 10 batches of 64 per epoch
 SHAPE = dict(n_features=400, n_train=600, n_test=40)
@@ -120,7 +139,7 @@ def main(only=()):
     checkpoint unless "default" is named, are kept from the current fixture)."""
     os.makedirs(DATA, exist_ok=True)
     X, Y, X_test, _ = data()
-    out = {"shape": SHAPE, "base": {k: list(v) if isinstance(v, tuple) else v
+    out = {"vector_width": WIDTH, "shape": SHAPE, "base": {k: list(v) if isinstance(v, tuple) else v
                                     for k, v in BASE.items()}, "cases": {}}
     unknown = [name for name in only if name not in CASES]
     if unknown:

@@ -81,6 +81,25 @@ def _tiny_args(tmp_path, systems, extra=()):
             "--systems", ",".join(systems), "--no-warmup", *extra]
 
 
+def test_prefault_touches_memory_and_keys_the_cache(tmp_path):
+    import resource
+    assert common.prefault(0) == 0.0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    assert common.prefault(0.05) > 0.0
+    # the pages were touched (at least one fault per 2 MiB huge page of 50 MiB)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults >= 25
+    meta = {"key": "k"}
+    keys = {}
+    for gib in (None, 0.0, 0.5):
+        a = compare.parse_args(_tiny_args(tmp_path, ["tf"]) + (
+            ["--prefault-gib", str(gib)] if gib is not None else []))
+        spec = compare.base_spec(a, meta, "tf")
+        assert spec["prefault_gib"] == (gib or 0.0)
+        keys[gib] = compare.cache_path(a, spec)
+    # no prefault keeps the keys of results cached before the option; one is another run
+    assert keys[None] == keys[0.0] != keys[0.5]
+
+
 def test_compare_end_to_end(tmp_path, capsys, monkeypatch):
     iterative = ["slide"] + (["tf", "tf_sampled"] if HAS_TF else []) + (["torch"] if HAS_TORCH
                                                                         else [])

@@ -4,5 +4,7 @@ numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``,
 (the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
 ``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
 """
-# before any kernel runs: Numba's threads are started by the first parallel one
+# before any kernel runs: Numba's threads are started by the first parallel one, and its
+# code generator (whose CPU features set the vectors' width) by the first compilation
+from slide.kernels import codegen  # noqa: F401,E402
 from slide.kernels import threads  # noqa: F401,E402
