@@ -64,8 +64,14 @@ t0 = time.perf_counter()
 m.fit(X, Y)
 wall = time.perf_counter() - t0
 import numba
+try:
+    from slide.kernels.codegen import vector_width
+    width = vector_width()
+except ImportError:         # a commit before slide chose the vectors' width: LLVM's (256)
+    width = None
 print(json.dumps({"file": slide.__file__, "train_seconds": m.train_seconds_,
-                  "fit_wall_seconds": wall, "layer": numba.threading_layer()}))
+                  "fit_wall_seconds": wall, "layer": numba.threading_layer(),
+                  "vector_width": width}))
 """
 
 
@@ -138,6 +144,7 @@ def main():
             _save(data, X, Y)
             times = [[], []]
             layers = [set(), set()]
+            widths = [set(), set()]
             for r in range(args.repeat):
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     sha, path = trees[side]
@@ -150,11 +157,14 @@ def main():
                     sec = rec["train_seconds" if args.clock == "train" else "fit_wall_seconds"]
                     times[side].append(sec)
                     layers[side].add(rec["layer"])
-                    print(shape, sha, envs[side], rec["layer"], f"{sec:.2f} s", flush=True)
+                    widths[side].add(rec.get("vector_width"))
+                    print(shape, sha, envs[side], rec["layer"], rec.get("vector_width"),
+                          f"{sec:.2f} s", flush=True)
             (a, _), (b, _) = trees
             rows.append({"shape": shape, "labels": Y.shape[1], "n_train": X.shape[0],
                          "base": a, "head": b, "base_env": envs[0], "head_env": envs[1],
                          "busy": args.busy, "threading_layers": [sorted(x) for x in layers],
+                         "vector_widths": [sorted(x, key=str) for x in widths],
                          "base_seconds": times[0],
                          "head_seconds": times[1],
                          "ratio_min": min(times[1]) / min(times[0]),
