@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from slide.kernels.codegen import WIDE_TUNING_OFF, vector_width, wide_vector_features
+from slide.kernels.codegen import (SLIDE_FEATURES, WIDE_TUNING_OFF, vector_width,
+                                   wide_vector_features)
 
 AVX512 = "+64bit,+avx,+avx2,+avx512f,+fma,+sse"
 AVX2 = "+64bit,+avx,+avx2,-avx512f,+fma,+sse"
@@ -24,6 +25,9 @@ def test_left_alone_without_avx512_or_off_x86():
 
 def test_user_choices_are_kept():
     assert wide_vector_features({"NUMBA_CPU_FEATURES": "+sse"}, "x86_64", AVX512) is None
+    # slide's own value, inherited from a parent process, is not a user's choice
+    assert wide_vector_features({"NUMBA_CPU_FEATURES": "+sse", SLIDE_FEATURES: "+sse"},
+                                "x86_64", AVX512) is not None
     assert wide_vector_features({"SLIDE_VECTOR_WIDTH": "256"}, "x86_64", AVX512) is None
     assert wide_vector_features({"SLIDE_VECTOR_WIDTH": "512"}, "x86_64", AVX512) is not None
     with pytest.raises(ValueError, match="SLIDE_VECTOR_WIDTH='128'"):
@@ -37,13 +41,22 @@ def test_a_process_compiles_with_the_width_it_reports():
             "from slide.kernels.codegen import vector_width\n"
             "tm = cpu_target.target_context.codegen()._tm_features\n"
             "print(vector_width(), tm.endswith('-prefer-256-bit'))\n")
-    for env, wide in (({}, None), ({"SLIDE_VECTOR_WIDTH": "256"}, False)):
-        e = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    host_wide = wide_vector_features({}) is not None       # this host: AVX-512 x86-64?
+    mine = wide_vector_features({}) or "+sse"
+    cases = [({}, host_wide),
+             ({"SLIDE_VECTOR_WIDTH": "256"}, False),
+             # the environment a parent process's slide left: its own choice, revisable
+             ({"NUMBA_CPU_FEATURES": mine, SLIDE_FEATURES: mine, "SLIDE_VECTOR_WIDTH": "256"},
+              False),
+             ({"NUMBA_CPU_FEATURES": mine, SLIDE_FEATURES: mine}, host_wide),
+             # the user's own features stay whatever slide would pick
+             ({"NUMBA_CPU_FEATURES": mine, "SLIDE_VECTOR_WIDTH": "256"}, host_wide)]
+    for env, wide in cases:
+        e = {k: v for k, v in os.environ.items()
+             if k not in ("NUMBA_CPU_FEATURES", SLIDE_FEATURES, "SLIDE_VECTOR_WIDTH")}
         e.update(env)
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
                              text=True, check=True).stdout.split()
         width, tuned = int(out[0]), out[1] == "True"
-        assert tuned == (width == 512)
-        if wide is False:
-            assert width <= 256
+        assert tuned == (width == 512) == wide, env
     assert vector_width() in (128, 256, 512)

@@ -30,6 +30,10 @@ from numba.core import config
 from numba.core.registry import cpu_target
 
 WIDE_TUNING_OFF = "-prefer-256-bit"
+# where slide records the features it set itself: a subprocess inherits NUMBA_CPU_FEATURES,
+# and this tells slide's choice (which the child's SLIDE_VECTOR_WIDTH may revise) from the
+# user's (which stays)
+SLIDE_FEATURES = "SLIDE_NUMBA_CPU_FEATURES"
 
 
 def _codegen_started():
@@ -42,7 +46,7 @@ def wide_vector_features(environ=None, machine=None, host_features=None):
     leaves the compilation as it is (the module docstring's cases). The arguments stand in
     for the process's environment, ``platform.machine()`` and LLVM's host features (tests)."""
     environ = os.environ if environ is None else environ
-    if environ.get("NUMBA_CPU_FEATURES") is not None:
+    if not _slides_own(environ) and environ.get("NUMBA_CPU_FEATURES") is not None:
         return None
     width = environ.get("SLIDE_VECTOR_WIDTH", "").strip()
     if width not in ("", "256", "512"):
@@ -61,14 +65,29 @@ def wide_vector_features(environ=None, machine=None, host_features=None):
                     [WIDE_TUNING_OFF])
 
 
-def choose_vector_width():
-    """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors where the docstring's rules allow."""
-    features = wide_vector_features()
-    if features is not None and not _codegen_started():
-        os.environ["NUMBA_CPU_FEATURES"] = features
-        # Numba read its environment when it was imported; the code generator takes the
-        # features from that reading (a cache load builds it without a re-read)
-        config.reload_config()
+def _slides_own(environ):
+    """Whether ``NUMBA_CPU_FEATURES`` is the value slide set (here or in a parent process)."""
+    return (environ.get("NUMBA_CPU_FEATURES") is not None and
+            environ.get("NUMBA_CPU_FEATURES") == environ.get(SLIDE_FEATURES))
+
+
+def choose_vector_width(environ=None):
+    """Set ``NUMBA_CPU_FEATURES`` for 512-bit vectors where the docstring's rules allow (or
+    take back the value a parent process's slide set, where ``SLIDE_VECTOR_WIDTH=256`` asks
+    for LLVM's own choice)."""
+    environ = os.environ if environ is None else environ
+    if _codegen_started():
+        return
+    features = wide_vector_features(environ)
+    if features is not None:
+        environ["NUMBA_CPU_FEATURES"] = environ[SLIDE_FEATURES] = features
+    elif _slides_own(environ):
+        del environ["NUMBA_CPU_FEATURES"], environ[SLIDE_FEATURES]
+    else:
+        return
+    # Numba read its environment when it was imported; the code generator takes the features
+    # from that reading (a cache load builds it without a re-read)
+    config.reload_config()
 
 
 def vector_width():
