@@ -2,11 +2,13 @@
 
 LLVM tunes code for Intel's AVX-512 CPUs to prefer 256-bit vectors (its ``prefer-256-bit``
 tuning: early AVX-512 parts lowered their clock under heavy 512-bit code), so Numba's loops
-use half the registers' width. slide's row steps are bound by Adam's square root and division
-per weight, which the divider unit runs at about the same rate per instruction for 256- and
-512-bit vectors: full-width vectors halve that work. On this project's machine (2 cores,
-AVX-512) the first layer's step at 670k labels went from 1.53 to 1.20 ms a batch and the
-whole epoch from 5.0 to 4.6-4.9 s (``bench/results/vector_width_*.md``).
+use half the registers' width. slide's hot loops run over rows of 128 floats (the first
+layer's gather-sums and row steps, the output rows' steps): full-width vectors issue half
+as many loads, stores and multiply-adds for them (Adam's square roots and divisions cost the
+same per float at either width). On this project's machine (2 cores, AVX-512) a batch at 670k
+labels went from 4.75 to 4.57 ms (``bench/results/block_phases_amazon670k_width_ce14f79.log``)
+and the network's training time by 0.90x-1.00x over four data sets
+(``bench/results/vector_width_da9a682.md``).
 
 The choice is made once, before Numba builds its code generator (at the first compilation or
 cache load in the process), by setting ``NUMBA_CPU_FEATURES`` to the host's features with the
