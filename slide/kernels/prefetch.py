@@ -16,7 +16,7 @@ LINE = 16
 
 
 @intrinsic
-def _prefetch(typingctx, arr, idx):
+def prefetch_line(typingctx, arr, idx):
     """llvm.prefetch of the cache line holding arr[idx] (a write is coming, keep it in all
     cache levels); no effect on the program's results, never faults."""
     sig = types.void(arr, idx)
@@ -42,4 +42,4 @@ def prefetch_row(arr, start, length):
     if arr.shape[0] == 0:
         return
     for c in range(0, length, LINE):
-        _prefetch(arr, start + c)
+        prefetch_line(arr, start + c)

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
-from slide.kernels.prefetch import _prefetch, prefetch_row
+from slide.kernels.prefetch import prefetch_line, prefetch_row
 from slide.network.adam import KIND_ADAM, _adam_row, _catch_up, _consts
 
 
@@ -28,13 +28,13 @@ def _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, start, n, e, j):
     moments (``B[e]``...) and both step records (``TW[j]``, ``TB[j]``), each a cache miss of
     its own in per-neuron arrays of MBs."""
     _prefetch_adam_row(W, MW, VW, start, n)
-    _prefetch(B, e)
+    prefetch_line(B, e)
     if MB.shape[0] > 0:
-        _prefetch(MB, e)
-        _prefetch(VB, e)
+        prefetch_line(MB, e)
+        prefetch_line(VB, e)
     if TW.shape[0] > 0:
-        _prefetch(TW, j)
-        _prefetch(TB, j)
+        prefetch_line(TW, j)
+        prefetch_line(TB, j)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
