@@ -139,8 +139,8 @@ def main(only=()):
     checkpoint unless "default" is named, are kept from the current fixture)."""
     os.makedirs(DATA, exist_ok=True)
     X, Y, X_test, _ = data()
-    out = {"vector_width": WIDTH, "shape": SHAPE, "base": {k: list(v) if isinstance(v, tuple) else v
-                                    for k, v in BASE.items()}, "cases": {}}
+    base = {k: list(v) if isinstance(v, tuple) else v for k, v in BASE.items()}
+    out = {"vector_width": WIDTH, "shape": SHAPE, "base": base, "cases": {}}
     unknown = [name for name in only if name not in CASES]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; cases: {list(CASES)}")
