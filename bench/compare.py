@@ -176,17 +176,27 @@ def _engine_digest():
     return h.hexdigest()[:12]
 
 
+# settings of slide's engine the environment makes: its threading layer
+# (slide.kernels.threads) and the width of its vectors (slide.kernels.codegen)
+MEASUREMENT_ENV = ("NUMBA_THREADING_LAYER", "SLIDE_VECTOR_WIDTH")
+
+
+def measurement_env():
+    """The variables of MEASUREMENT_ENV this run sets: part of its command and cache keys."""
+    return {k: os.environ[k] for k in MEASUREMENT_ENV if os.environ.get(k)}
+
+
 def cache_path(a, spec):
     """Result cache file of one system: keyed by data, every shared setting, the system's own
     settings and a digest of its source (the baseline's file, or the whole engine)."""
     keep = {k: v for k, v in spec.items() if k not in ("meta", "warmup")}
     if not keep.get("prefault_gib"):
         keep.pop("prefault_gib", None)      # the keys of results cached before the option
-    # a run beside busy loops, or on another threading layer, is another measurement
+    # a run beside busy loops, or with another threading layer or vectors' width, is another
+    # measurement
     if a.busy:
         keep["busy"] = a.busy
-    if os.environ.get("NUMBA_THREADING_LAYER"):
-        keep["numba_threading_layer"] = os.environ["NUMBA_THREADING_LAYER"]
+    keep.update({k.lower(): v for k, v in measurement_env().items()})
     if spec["system"].startswith("slide"):
         # not keyed by engine source (it changes with every edit while it is being tuned);
         # the result records the commit and the engine digest, shown in the table's run column
@@ -358,9 +368,8 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(a.cache_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    layer = os.environ.get("NUMBA_THREADING_LAYER")
-    command = (f"NUMBA_THREADING_LAYER={layer} " if layer else "") + "python bench/compare.py " \
-        + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    command = "".join(f"{k}={v} " for k, v in measurement_env().items()) + \
+        "python bench/compare.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     meta = common.prepare_data(a.data, a.scale, a.n_train, a.n_test, a.seed, a.cache_dir)
     # slide first: tf_sampled's default number of negatives is slide's mean active-set size
     order = sorted(a.systems, key=ORDER.index)

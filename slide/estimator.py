@@ -437,12 +437,12 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self._train(X, Y, self.epoch_ + 1, None, None)
         return self
 
-    def _built(self):
-        """Whether the model holds trained state (``_build`` ran)."""
+    def _built(self):  # whether the model holds trained state (``_build`` ran)
         return hasattr(self, self._BUILT_ATTR)
 
     @classmethod
-    def _load_directory(cls, path):      # unpickling (persist.pickling): a sharded model's
+    def _load_directory(cls, path):
+        """Unpickling's hook for directory checkpoints, which only sharded models write."""
         raise ValueError(f"{path}: a {cls.__name__} checkpoint is one file, not a directory")
 
     def _adopt_state(self):

@@ -102,6 +102,17 @@ def test_prefault_touches_memory_and_keys_the_cache(tmp_path):
     assert keys[None] == keys[0.0] != keys[0.5]
 
 
+def test_engine_settings_from_the_environment_key_the_cache(tmp_path, monkeypatch):
+    a = compare.parse_args(_tiny_args(tmp_path, ["slide"]))
+    spec = compare.base_spec(a, {"key": "k"}, "slide")
+    for k in compare.MEASUREMENT_ENV:
+        monkeypatch.delenv(k, raising=False)
+    plain = compare.cache_path(a, spec)
+    monkeypatch.setenv("SLIDE_VECTOR_WIDTH", "256")
+    assert compare.measurement_env() == {"SLIDE_VECTOR_WIDTH": "256"}
+    assert compare.cache_path(a, spec) != plain
+
+
 def test_compare_end_to_end(tmp_path, capsys, monkeypatch):
     iterative = ["slide"] + (["tf", "tf_sampled"] if HAS_TF else []) + (["torch"] if HAS_TORCH
                                                                         else [])
