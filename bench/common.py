@@ -544,13 +544,13 @@ def prefault(gib):
     """Touch ``gib`` GiB of fresh memory and free it; returns the seconds it took.
 
     On a virtual machine whose host backs guest memory lazily, the first touch of a page the
-    host has taken back costs far more than the kernel's own page fault (this project's
-    machine: 1-2.4 s per GiB, against 0.18 s for a page touched moments before, by any
-    process). A system that allocates its model inside its clock then times the host. Freed
-    pages go back to the kernel's free lists and are handed out first to the next allocation,
-    so a process that touches and frees about its peak memory right before its clock starts
-    gets pages the host already backs (TensorFlow's variables and Adam slots are built and
-    touched before its clock in any case).
+    host has taken back costs far more than the kernel's own page fault (this project's machine:
+    2.3 s per GiB after 25 s of idle, 0.25-0.35 s for memory another process freed moments
+    before; bench/probes/probe_first_touch.py). A system that allocates its model inside its
+    clock then times the host. Freed pages go back to the kernel's free lists and are handed out
+    first to the next allocation, so a process that touches and frees about its peak memory
+    right before its clock starts gets pages the host already backs (TensorFlow builds its
+    variables before its clock, but its allocator still grows inside it: both systems gain).
 
     The process's peak resident memory is then reset to what it holds (Linux's
     ``/proc/self/clear_refs``), so the peak it reports is the system's own."""

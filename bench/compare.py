@@ -416,7 +416,7 @@ def main(argv=None):
              else ""),
           *([f"- each system's process touched and freed {a.prefault_gib:g} GiB of memory "
              "before its clock started (`--prefault-gib`: this virtual machine's host backs "
-             "memory it took back at 1-2.4 s per GiB on its first touch; bench.common.prefault)"]
+             "memory it took back at ~2.3 s per GiB on its first touch; bench.common.prefault)"]
             if a.prefault_gib else []),
           f"- target P@1: {target:.4f} ({target_how})" if target is not None else
           "- target P@1: none",
