@@ -10,7 +10,7 @@ from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
-from slide.network.adam import KIND_ADAM, _adam_row, _catch_up, _consts
+from slide.network.adam import KIND_ADAM, _adam_row, _adam_row_scaled, _catch_up, _consts
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -154,20 +154,27 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
     for u in prange(n_uniq):
         if u + 1 < n_uniq:
             _prefetch_adam_row(W, MW, VW, w_off + np.int64(uniq[u + 1]) * n_h, n_h)
+        f = uniq[u]
+        base = w_off + np.int64(f) * n_h
+        w = W[base:base + n_h]
+        e0, e1 = row_ptr[u], row_ptr[u + 1]
+        if kind == KIND_ADAM:
+            mw, vw = MW[base:base + n_h], VW[base:base + n_h]
+            if TW.shape[0] > 0:
+                _catch_up(w, mw, vw, TW[f], t, hyper)
+                TW[f] = t
+            if e1 - e0 == 1:
+                # one entry (most rows): the gradient is x_value * delta, formed as read
+                _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)
+                continue
         g = g_buf[numba.get_thread_id()]
         g[:] = 0.0
-        for e in range(row_ptr[u], row_ptr[u + 1]):
+        for e in range(e0, e1):
             xv = x_val[ent_p[e]]
             d = dels[ent_s[e]]
             for i in range(n_h):
                 g[i] += xv * d[i]
-        f = uniq[u]
-        base = w_off + np.int64(f) * n_h
-        w = W[base:base + n_h]
         if kind == KIND_ADAM:
-            if TW.shape[0] > 0:
-                _catch_up(w, MW[base:base + n_h], VW[base:base + n_h], TW[f], t, hyper)
-                TW[f] = t
             _adam_row(w, MW[base:base + n_h], VW[base:base + n_h], g, k, False)
         else:
             for i in range(n_h):
