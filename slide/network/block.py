@@ -44,7 +44,7 @@ from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array
                                      correction_kind, find_sorted, is_label)
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.sample import backward_from, forward_into, output_loss
+from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
 
 
@@ -91,6 +91,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
                                                          blk.counts, sc.ids, sc.n_act)
     b_forced = blk.forced
+    sc_forced = sc.forced_buf
     for s in prange(nb):
         t = numba.get_thread_id()
         r = rows[s]
@@ -128,22 +129,34 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
         col = b_col[s]
         extra = b_extra[s]
         n_x = 0
-        p = 0
-        for k in range(n_act[last]):
-            j = out[k]
-            if n_c <= k < n_s:
-                # S minus C comes in S's (sorted) order: walk S instead of searching it
-                while shared[p] != j:
-                    p += 1
-                c = p
-            elif k < n_c:
-                c = find_sorted(shared, j)
-            else:
-                c = -1
+        pos = sc_forced[t]
+        n_in = 0
+        for k in range(n_c):
+            c = find_sorted(shared, out[k])
             col[k] = c
             if c < 0:
-                extra[n_x] = j
+                extra[n_x] = out[k]
                 n_x += 1
+            else:
+                pos[n_in] = c
+                n_in += 1
+        # S minus C comes in S's order: its columns are S's positions without C's, filled
+        # run by run between C's sorted positions (no search, no per-id test)
+        sort_small(pos, n_in)
+        k = n_c
+        lo = 0
+        for q in range(n_in + 1):
+            hi = pos[q] if q < n_in else shared.shape[0]
+            m = min(hi - lo, n_s - k)
+            for i in range(m):
+                col[k + i] = lo + i
+            k += m
+            lo = hi + 1
+        # the random fill: outside S
+        for k in range(n_s, n_act[last]):
+            col[k] = -1
+            extra[n_x] = out[k]
+            n_x += 1
         counts[s, 0] = n_c
         counts[s, 1] = n_s
         counts[s, 2] = n_x
