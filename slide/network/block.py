@@ -125,41 +125,47 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
         else:
             for i in range(n_h):
                 h[i] = a_h[i]
-        out = ids[s_off[last]:s_off[last + 1]]
-        col = b_col[s]
-        extra = b_extra[s]
-        n_x = 0
-        pos = sc_forced[t]
-        n_in = 0
-        for k in range(n_c):
-            c = find_sorted(shared, out[k])
-            col[k] = c
-            if c < 0:
-                extra[n_x] = out[k]
-                n_x += 1
-            else:
-                pos[n_in] = c
-                n_in += 1
-        # S minus C comes in S's order: its columns are S's positions without C's, filled
-        # run by run between C's sorted positions (no search, no per-id test)
-        sort_small(pos, n_in)
-        k = n_c
-        lo = 0
-        for q in range(n_in + 1):
-            hi = pos[q] if q < n_in else shared.shape[0]
-            m = min(hi - lo, n_s - k)
-            for i in range(m):
-                col[k + i] = lo + i
-            k += m
-            lo = hi + 1
-        # the random fill: outside S
-        for k in range(n_s, n_act[last]):
-            col[k] = -1
-            extra[n_x] = out[k]
-            n_x += 1
+        n_x = _active_columns(ids[s_off[last]:s_off[last] + n_act[last]], n_c, n_s, shared,
+                              b_col[s], b_extra[s], sc_forced[t])
         counts[s, 0] = n_c
         counts[s, 1] = n_s
         counts[s, 2] = n_x
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _active_columns(out, n_c, n_s, shared, col, extra, pos):
+    """col[k] = the column in ``shared`` of the active id out[k] (-1: none), and the extras
+    (the ids outside S, in position order) into ``extra``; returns their number. ``out``: a
+    sample's output active set [C | S minus C | fill]; ``pos``: scratch for C's positions."""
+    n_x = 0
+    n_in = 0
+    for k in range(n_c):
+        c = find_sorted(shared, out[k])
+        col[k] = c
+        if c < 0:
+            extra[n_x] = out[k]
+            n_x += 1
+        else:
+            pos[n_in] = c
+            n_in += 1
+    # S minus C comes in S's order: its columns are S's positions without C's, filled run by
+    # run between C's sorted positions (no search, no per-id test)
+    sort_small(pos, n_in)
+    k = n_c
+    lo = 0
+    for q in range(n_in + 1):
+        hi = pos[q] if q < n_in else shared.shape[0]
+        m = min(hi - lo, n_s - k)
+        for i in range(m):
+            col[k + i] = lo + i
+        k += m
+        lo = hi + 1
+    # the random fill: outside S
+    for k in range(n_s, out.shape[0]):
+        col[k] = -1
+        extra[n_x] = out[k]
+        n_x += 1
+    return n_x
 
 
 @njit(cache=True, nogil=True, parallel=True)
