@@ -138,8 +138,9 @@ def _consts(hyper):
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _adam_row(w, mm, vv, gg, k, fused_output):
-    """THE Adam update (every path uses it), in place on a row: w, its moments mm, vv, its
-    gradient gg; ``k`` = ``_consts(hyper)``. A single parameter is a row of length 1.
+    """THE Adam update (every path uses it; ``_adam_row_scaled`` is its spelling for a
+    gradient formed as it is read), in place on a row: w, its moments mm, vv, its gradient gg;
+    ``k`` = ``_consts(hyper)``. A single parameter is a row of length 1.
 
     ``fused_output`` (a constant at each call site) only selects between two spellings of the
     same formula that the engine has always used: the output layer's fused step reads g[i]
@@ -166,7 +167,9 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
     """``_adam_row`` of a row whose gradient is ``xv * d`` (a scalar times a vector: a feature
     row with one entry in the batch, most of them), formed as it is read: no gradient buffer
     to zero, fill and read back (the batched engine's first layer at the Amazon-670K shape:
-    85 % of a batch's rows, 1.08 -> 0.72 ms a step in a synthetic harness)."""
+    85 % of a batch's rows; its step 0.82-1.17 -> 0.72-0.84 ms in a harness, docs/design.md).
+    The same operations in the same order as ``_adam_row`` on a buffer holding xv * d: the
+    golden fixture's bits did not move."""
     b1, b2, c1, c2, lr, ep = k
     for i in range(w.shape[0]):
         g = xv * d[i]
