@@ -129,6 +129,29 @@ def discounted_rate_sum(sums, s, e, r):
     return total
 
 
+# A first moment below this is stored as 0. Adam's first moment of a weight whose gradient
+# stays zero (a column of a hidden unit that died, a row idle for hundreds of steps) decays by
+# beta1 each step, down into float32's subnormal range (below 1.2e-38), where every multiply
+# that reads or produces one takes a microcode assist of ~100 cycles on x86. At the
+# Amazon-670K shape ~1M moments were subnormal after 700 batches and batches 550-860 of an
+# epoch ran 1.6-1.9x slower (bench/results/subnormal_moments_*.log). The floor sits far enough
+# above that range that neither beta1 * m (beta1 >= 1e-7) nor the catch-up's m * beta1^n
+# (``SMALL_DECAY``) produces a subnormal, so not even the crossing pays the assist. What is
+# flushed moves a weight by less than lr * 1e-30 / eps: nothing in float32. (TensorFlow's
+# worker threads flush subnormals to zero for the same reason.)
+MOMENT_FLOOR = np.float32(2.0 ** -100)
+# beta1^n below this (n > 153 steps at beta1 = 0.9): the catch-up decays the first moment in
+# float64 (``_catch_up``), where m * beta1^n cannot be subnormal; above it, m * beta1^n >=
+# MOMENT_FLOOR * SMALL_DECAY = 7.9e-38 is a normal float32
+SMALL_DECAY = 1e-7
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flush(m):
+    """``m``, or 0 where its magnitude is below ``MOMENT_FLOOR``."""
+    return m if abs(m) >= MOMENT_FLOOR else np.float32(0.0)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _consts(hyper):
     """The float32 constants of the Adam update: (b1, b2, 1 - b1, 1 - b2, lr_t, eps)."""
@@ -151,11 +174,11 @@ def _adam_row(w, mm, vv, gg, k, fused_output):
     b1, b2, c1, c2, lr, ep = k
     for i in range(w.shape[0]):
         if fused_output:
-            m = b1 * mm[i] + c1 * gg[i]
+            m = _flush(b1 * mm[i] + c1 * gg[i])
             v = b2 * vv[i] + c2 * gg[i] * gg[i]
         else:
             g = gg[i]
-            m = b1 * mm[i] + c1 * g
+            m = _flush(b1 * mm[i] + c1 * g)
             v = b2 * vv[i] + c2 * g * g
         mm[i] = m
         vv[i] = v
@@ -173,7 +196,7 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
     b1, b2, c1, c2, lr, ep = k
     for i in range(w.shape[0]):
         g = xv * d[i]
-        m = b1 * mm[i] + c1 * g
+        m = _flush(b1 * mm[i] + c1 * g)
         v = b2 * vv[i] + c2 * g * g
         mm[i] = m
         vv[i] = v
@@ -203,12 +226,24 @@ def _catch_up(w, mm, vv, last, t, hyper):
     f1 = np.float32(d1)
     f2 = np.float32(d2)
     ep = np.float32(hyper.eps)
-    for i in range(w.shape[0]):
-        m = mm[i]
-        v = vv[i]
-        w[i] -= lrs * m / (np.sqrt(v) + ep)
-        mm[i] = m * f1
-        vv[i] = v * f2
+    if d1 >= SMALL_DECAY:
+        for i in range(w.shape[0]):
+            m = mm[i]
+            v = vv[i]
+            w[i] -= lrs * m / (np.sqrt(v) + ep)
+            mm[i] = _flush(m * f1)
+            vv[i] = v * f2
+    else:
+        # a long idle gap: m * beta1^n may fall below float32's normal range, and producing
+        # a subnormal float32 costs the assist the floor avoids; in float64 it is normal, so
+        # it is compared there and only what is stored as float32 is rounded
+        for i in range(w.shape[0]):
+            m = mm[i]
+            v = vv[i]
+            w[i] -= lrs * m / (np.sqrt(v) + ep)
+            md = np.float64(m) * d1
+            mm[i] = np.float32(md) if abs(md) >= MOMENT_FLOOR else np.float32(0.0)
+            vv[i] = v * f2
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
