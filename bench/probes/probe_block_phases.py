@@ -78,9 +78,12 @@ def main():
             ns = shared.shape[0]
             H, losses = net.store.h_store[:128], net.losses[:128]
             t = tick("draw", t)
+            frows = BK._feature_rows(net, X, rows) if net.fused_first else \
+                BK._NO_FEATURE_ROWS
             with BK._parallel_chunks():
                 BK.block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows,
-                                 np.uint64(0), np.int64(serial), shared, shared[:0], H, losses)
+                                 np.uint64(0), np.int64(serial), shared, shared[:0], H, losses,
+                                 frows)
             t = tick("forward (per sample)", t)
             WS, bS = blk.WS[:ns], blk.bS[:ns]
             BK.gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]),
@@ -107,8 +110,7 @@ def main():
             t = tick("touched rows", t)
             opt.step(net.params, net.touched_rows, nr, nbias)
             if net.fused_first:
-                frows = BK._feature_rows(net, X, rows)
-                nf = BK.feature_entries(Xc, rows, frows)
+                nf = int(frows.count[0])        # listed inside block_forward
                 a0, a1 = int(sc.a_off[0]), int(sc.a_off[1])
                 opt.step_first(net.W, frows, nf, X.data, blk.dels[:128, a0:a1])
             t = tick("hidden Adam", t)

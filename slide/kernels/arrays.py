@@ -130,6 +130,7 @@ class FeatureRows(NamedTuple):
     ent_p: np.ndarray        # position of the entry's value in X's data
     ent_s: np.ndarray        # the entry's sample (position in the batch)
     g: np.ndarray            # [threads, n_hidden] float32 gradient scratch
+    count: np.ndarray        # [1] int64: how many of uniq the latest listing filled
 
 
 class SharedDraw(NamedTuple):
@@ -270,7 +271,8 @@ def make_feature_rows(n_features, n_hidden, n_entries, n_threads):
     return FeatureRows(mark=np.zeros(n_f, np.uint8), slot=np.zeros(n_f, np.int32),
                        uniq=np.zeros(n_u, np.int32), row_ptr=np.zeros(n_u + 1, np.int64),
                        ent_p=np.zeros(n_e, np.int64), ent_s=np.zeros(n_e, np.int32),
-                       g=np.zeros((int(n_threads), int(n_hidden)), np.float32))
+                       g=np.zeros((int(n_threads), int(n_hidden)), np.float32),
+                       count=np.zeros(1, np.int64))
 
 
 def make_touched(layout):

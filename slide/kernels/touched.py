@@ -132,9 +132,10 @@ def feature_entries(X, rows, frows):
     ent_p[row_ptr[u]:row_ptr[u+1]] are the positions of its values in ``X``'s data and ent_s
     the samples (batch positions) they belong to, in sample order (so each feature's gradient
     sum is deterministic). ``mark``/``slot`` are per-feature scratch; ``mark`` is all-zero
-    again on return. Returns n_uniq."""
+    again on return. Returns n_uniq, also left in ``frows.count[0]``."""
     mark, slot, uniq, row_ptr, ent_p, ent_s = (frows.mark, frows.slot, frows.uniq,
                                                frows.row_ptr, frows.ent_p, frows.ent_s)
+    count = frows.count
     nu = 0
     for s in range(rows.shape[0]):
         r = rows[s]
@@ -159,4 +160,5 @@ def feature_entries(X, rows, frows):
     _cursors_to_starts(row_ptr, nu)
     for u in range(nu):
         mark[uniq[u]] = 0
+    count[0] = nu
     return nu
