@@ -5,10 +5,11 @@ every kernel), BLAS single-threaded as in training (``--blas-threads`` to compar
     python bench/probes/probe_block_phases.py [--data datasets/debcontents] [--batches 150]
 
 Without ``--data``: the ``--preset`` (xc200k: 200k labels; 30,000 points). Prints milliseconds per
-batch for: the shared draw, the per-sample forward (hidden layers, active sets), the gather of
-the block's rows, the first product, the corrected softmax, the two backward products, the
-per-sample backward, the touched-row listing, the hidden layers' Adam step, the extras' row
-step and the block's row step; then the total and samples/s.
+batch for: the shared draw (beside the first layer's listing), the per-sample forward (hidden
+layers, active sets), the gather of the block's rows, the first product, the corrected
+softmax, the two backward products, the per-sample backward, the touched-row listing, the
+hidden layers' Adam step, the extras' row step and the block's row step; then the total and
+samples/s.
 """
 import argparse
 import os
@@ -73,17 +74,18 @@ def main():
             serial = 1000 + b
             sc, blk = net.sc, net.block
             t = time.perf_counter()
-            shared = net.negatives.draw(0, serial)
+            frows = BK._feature_rows(net, X, rows) if net.fused_first else \
+                BK._NO_FEATURE_ROWS
+            # the draw, beside the first layer's listing when there is one to make
+            shared, frows_left = BK._draw(net, 0, serial, Xc, rows, frows)
             neg = net.negatives.bundle(shared)
             ns = shared.shape[0]
             H, losses = net.store.h_store[:128], net.losses[:128]
-            t = tick("draw", t)
-            frows = BK._feature_rows(net, X, rows) if net.fused_first else \
-                BK._NO_FEATURE_ROWS
+            t = tick("draw (and listing)", t)
             with BK._parallel_chunks():
                 BK.block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows,
                                  np.uint64(0), np.int64(serial), shared, shared[:0], H, losses,
-                                 frows)
+                                 frows_left)
             t = tick("forward (per sample)", t)
             WS, bS = blk.WS[:ns], blk.bS[:ns]
             BK.gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]),
@@ -110,7 +112,7 @@ def main():
             t = tick("touched rows", t)
             opt.step(net.params, net.touched_rows, nr, nbias)
             if net.fused_first:
-                nf = int(frows.count[0])        # listed inside block_forward
+                nf = int(frows.count[0])        # listed by _draw or block_forward
                 a0, a1 = int(sc.a_off[0]), int(sc.a_off[1])
                 opt.step_first(net.W, frows, nf, X.data, blk.dels[:128, a0:a1])
             t = tick("hidden Adam", t)

@@ -133,6 +133,16 @@ class FeatureRows(NamedTuple):
     count: np.ndarray        # [1] int64: how many of uniq the latest listing filled
 
 
+class DrawTables(NamedTuple):
+    """A frequency draw's per-label arrays (``negatives.finish_draw``)."""
+    cdf: np.ndarray          # [n_out] float64: cumulative tail distribution, last entry 1
+    cdf_lo: np.ndarray       # [CDF_BUCKETS + 1] int64: the cdf's bucket index
+    tail_q: np.ndarray       # [n_out] float64: the tail's draw probabilities (0 in the head)
+    corr: np.ndarray         # [n_out] float32: -log P(drawn), written for the drawn ids
+    corr_mix: np.ndarray     # [n_out] float32
+    head: np.ndarray         # sorted int32 ids of the exact head
+
+
 class SharedDraw(NamedTuple):
     ids: np.ndarray          # the batch's shared negatives, sorted, distinct, int32
     corr: np.ndarray         # per neuron: -log pi_j (pi_j = P(j in the draw)); empty: uniform

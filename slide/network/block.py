@@ -41,7 +41,8 @@ from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
-                                     correction_kind, find_sorted, is_label)
+                                     correction_kind, finish_draw, find_sorted, is_label,
+                                     sorted_union)
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
@@ -50,26 +51,6 @@ from slide.kernels.touched import feature_entries, output_entries
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
 CHUNK = 4
-
-
-@njit(cache=True, nogil=True)
-def _sorted_union(a, b, buf):
-    """buf[:n] = the sorted union of the sorted distinct ids ``a`` and ``b``; returns it."""
-    i = j = n = 0
-    while i < a.shape[0] or j < b.shape[0]:
-        if j >= b.shape[0] or (i < a.shape[0] and a[i] < b[j]):
-            v = a[i]
-            i += 1
-        elif i >= a.shape[0] or b[j] < a[i]:
-            v = b[j]
-            j += 1
-        else:
-            v = a[i]
-            i += 1
-            j += 1
-        buf[n] = v
-        n += 1
-    return buf[:n]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
@@ -107,7 +88,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
         x_val = X.dat[X.ptr[r]:X.ptr[r + 1]]
         labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
         if exact.shape[0] > 0:
-            labels = _sorted_union(labels, exact, b_forced[t])
+            labels = sorted_union(labels, exact, b_forced[t])
         rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
         ids = sc_ids[s]
         n_act = sc_n_act[s]
@@ -445,6 +426,35 @@ def split_backward_products(Z, WS, H, dH, dWS, n_parts):
             dWS[a:b] = np.dot(np.ascontiguousarray(Z[:, a:b].T), H)
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
+    """Two tasks on two threads: the batch's shared negatives from their sorted uniforms
+    (``negatives.finish_draw``; the union's size into ``n_out[0]``) and the first layer's
+    per-feature listing (``touched.feature_entries``). Both are serial, neither reads the
+    weights, and each would leave the other core idle (~0.2 ms each a batch at 670k labels,
+    mostly cache misses)."""
+    for task in prange(2):
+        if task == 0:
+            n_out[0] = finish_draw(tables, u, u.shape[0], ids, out)
+        else:
+            feature_entries(X, rows, frows)
+
+
+def _draw(net, seed, serial, Xc, rows, frows):
+    """The batch's shared negatives, and the ``FeatureRows`` block_forward still has to fill:
+    a frequency draw runs beside the listing (``draw_and_list``), any other draw alone."""
+    neg = net.negatives
+    u = neg.uniforms(seed, serial) if neg.power > 0 and neg.n_shared > 0 else None
+    if u is None or frows.mark.shape[0] == 0:
+        return neg.draw(seed, serial), frows
+    out = np.empty(u.shape[0] + neg.head.shape[0], np.int32)
+    n_out = np.zeros(1, np.int64)
+    with numba.parallel_chunksize(1):       # one task a chunk: the two go to two threads
+        draw_and_list(neg.tables(), u, np.empty(u.shape[0], np.int32), out, n_out, Xc, rows,
+                      frows)
+    return out[:int(n_out[0])], _NO_FEATURE_ROWS
+
+
 def _parallel_chunks():
     """Dynamic scheduling for the per-sample loops (a busy core takes fewer chunks)."""
     return numba.parallel_chunksize(CHUNK)
@@ -461,7 +471,9 @@ def forward_backward(net, X, Y, rows, seed, serial):
         batch_size, _, max_labels = net._scratch_key
         net.prepare(batch_size, n_threads, max_labels)
     sc, blk = net.sc, net.block
-    drawn = net.negatives.draw(seed, serial)
+    Xc, Yc = csr(X), csr(Y)
+    frows = _feature_rows(net, X, rows) if net.fused_first else _NO_FEATURE_ROWS
+    drawn, frows = _draw(net, seed, serial, Xc, rows, frows)
     neg = net.negatives.bundle(drawn)
     exact = drawn[:0]
     shared = drawn
@@ -474,8 +486,6 @@ def forward_backward(net, X, Y, rows, seed, serial):
     last = lay.n_layers - 1
     H = net.store.h_store[:nb]
     losses = net.losses[:nb]
-    Xc, Yc = csr(X), csr(Y)
-    frows = _feature_rows(net, X, rows) if net.fused_first else _NO_FEATURE_ROWS
     with _parallel_chunks():
         block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows, np.uint64(seed),
                       np.int64(serial), shared, exact, H, losses, frows)
@@ -532,7 +542,7 @@ def update(net, X, rows, serial, optimizer):
     nr, nbias = net.touched(X, rows, serial)
     optimizer.step(net.params, net.touched_rows, nr, nbias)
     if net.fused_first:
-        frows = net.feature_rows            # listed by block_forward
+        frows = net.feature_rows            # listed by draw_and_list or block_forward
         nf = int(frows.count[0])
         a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
         optimizer.step_first(net.W, frows, nf, X.data, blk.dels[:nb, a0:a1])
