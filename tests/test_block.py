@@ -129,6 +129,49 @@ def test_oracle_ids_join_every_samples_exact_set():
                                              net.sc.s_off[last] + net.sc.n_act[s, last]])
 
 
+@pytest.mark.parametrize("head", [0, 10])
+def test_draw_beside_the_listing_is_the_draw_and_the_listing(head):
+    """``block._draw``: the frequency draw run beside the first layer's listing
+    (``draw_and_list``, two threads) gives the ids and inclusion weights of
+    ``SharedNegatives.draw`` and the entry lists of ``touched.feature_entries``; block_forward
+    is then left nothing to list."""
+    from slide.kernels.arrays import csr
+    from slide.kernels.negatives import inclusion_weights
+    from slide.kernels.touched import feature_entries
+    from slide.network import block as BK
+    rng = np.random.default_rng(4)
+    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
+    rows = rng.permutation(96)[:32].astype(np.int64)
+    net = _net("batched", "random", "softmax", False, 0, head=head)
+    net.prepare(32, 2, 8)
+    ref = _net("batched", "random", "softmax", False, 0, head=head)
+    for serial in (1, 2, 7):
+        frows = BK._feature_rows(net, X, rows)
+        ids, left = BK._draw(net, 5, serial, csr(X), rows, frows)
+        # the reference in numpy: searchsorted over the cdf, the inclusion weights'
+        # arithmetic on arrays, the union with the head
+        neg = ref.negatives
+        u = neg.uniforms(5, serial)
+        tail = np.unique(np.minimum(np.searchsorted(neg.cdf, u, "right"), C - 1))
+        p_in = -np.expm1(u.shape[0] * np.log1p(-np.minimum(neg.tail_q[tail], 1.0 - 1e-12)))
+        corr, corr_mix = inclusion_weights(p_in)
+        want = np.union1d(tail, neg.head)
+        assert ids.dtype == np.int32 and np.array_equal(ids, want)
+        assert np.array_equal(net.negatives.corr[tail], corr)
+        assert np.array_equal(net.negatives.corr_mix[tail], corr_mix)
+        assert head == 0 or not net.negatives.corr[neg.head].any()
+        assert left.mark.shape[0] == 0                    # nothing left for block_forward
+        got = [a.copy() for a in (frows.uniq, frows.row_ptr, frows.ent_p, frows.ent_s)]
+        n = int(frows.count[0])
+        assert n == feature_entries(csr(X), rows, frows) > 0
+        assert np.array_equal(got[0][:n], frows.uniq[:n])
+        m = int(frows.row_ptr[n])
+        assert np.array_equal(got[1][:n + 1], frows.row_ptr[:n + 1])
+        assert np.array_equal(got[2][:m], frows.ent_p[:m])
+        assert np.array_equal(got[3][:m], frows.ent_s[:m])
+        assert not frows.mark.any()                       # the scratch is clean again
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
     """``sample._append_shared``: after C (any order), the ids of S not in C, in S's order,

@@ -204,6 +204,12 @@ def test_layout_offsets_and_views():
     lay = Layout((10, 4, 3, 7))
     assert lay.n_weights == 10 * 4 + 4 * 3 + 3 * 7
     assert lay.n_biases == 4 + 3 + 7
+    assert list(lay.w_off) == [0, 40, 52, 73] and list(lay.b_off) == [0, 4, 7, 14]
+    assert list(lay.row_off) == [0, 10, 13, 20]
+    # the offsets are computed once; what a caller gets is a copy it cannot spoil them with
+    lay.w_off[1] = -1
+    lay.row_off[:] = 0
+    assert lay.w_off[1] == 40 and lay.row_off[1] == 10
     W = np.arange(lay.n_weights, dtype=np.float32)
     assert lay.weight_view(W, 0).shape == (10, 4)     # transposed first layer
     assert lay.weight_view(W, 2).shape == (7, 3)      # row per neuron
