@@ -140,9 +140,9 @@ def discounted_rate_sum(sums, s, e, r):
 # flushed moves a weight by less than lr * 1e-30 / eps: nothing in float32. (TensorFlow's
 # worker threads flush subnormals to zero for the same reason.)
 MOMENT_FLOOR = np.float32(2.0 ** -100)
-# beta1^n below this (n > 153 steps at beta1 = 0.9): the catch-up decays the first moment in
-# float64 (``_catch_up``), where m * beta1^n cannot be subnormal; above it, m * beta1^n >=
-# MOMENT_FLOOR * SMALL_DECAY = 7.9e-38 is a normal float32
+# beta1^n below this (n > 153 steps at beta1 = 0.9): the catch-up drops the first moment
+# (``_catch_up``); above it, m * beta1^n >= MOMENT_FLOOR * SMALL_DECAY = 7.9e-38 is a normal
+# float32
 SMALL_DECAY = 1e-7
 
 
@@ -223,27 +223,21 @@ def _catch_up(w, mm, vv, last, t, hyper):
     if n == 0:
         return
     lrs = np.float32(srt)
-    f1 = np.float32(d1)
+    # beta1^n below SMALL_DECAY (an idle gap of over 153 steps at beta1 = 0.9): the first
+    # moment is dropped, not decayed. m * beta1^n could otherwise fall below float32's normal
+    # range, and producing a subnormal costs the assist the floor avoids; above it,
+    # m * beta1^n >= MOMENT_FLOOR * SMALL_DECAY is a normal float32. What is dropped is under
+    # 1e-7 of the momentum the row last had: it would move the weight by under 1e-7 of that
+    # step's size (the missed steps themselves are applied in full, through lrs)
+    f1 = np.float32(d1) if d1 >= SMALL_DECAY else np.float32(0.0)
     f2 = np.float32(d2)
     ep = np.float32(hyper.eps)
-    if d1 >= SMALL_DECAY:
-        for i in range(w.shape[0]):
-            m = mm[i]
-            v = vv[i]
-            w[i] -= lrs * m / (np.sqrt(v) + ep)
-            mm[i] = _flush(m * f1)
-            vv[i] = v * f2
-    else:
-        # a long idle gap: m * beta1^n may fall below float32's normal range, and producing
-        # a subnormal float32 costs the assist the floor avoids; in float64 it is normal, so
-        # it is compared there and only what is stored as float32 is rounded
-        for i in range(w.shape[0]):
-            m = mm[i]
-            v = vv[i]
-            w[i] -= lrs * m / (np.sqrt(v) + ep)
-            md = np.float64(m) * d1
-            mm[i] = np.float32(md) if abs(md) >= MOMENT_FLOOR else np.float32(0.0)
-            vv[i] = v * f2
+    for i in range(w.shape[0]):
+        m = mm[i]
+        v = vv[i]
+        w[i] -= lrs * m / (np.sqrt(v) + ep)
+        mm[i] = _flush(m * f1)
+        vv[i] = v * f2
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
