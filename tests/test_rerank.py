@@ -553,3 +553,18 @@ def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only(
                                rtol=1e-12)
     np.testing.assert_allclose(first["b"], np.log((counts + 1.0) / (len(fit_rows) + 12)),
                                rtol=0, atol=1e-5)
+
+
+def test_kth_smallest_is_numpys_partition():
+    """The centroids' term cut (``rerank.kth_smallest``, a quickselect) picks the value
+    np.partition picks, with ties, one element, and every rank."""
+    from slide.rank.rerank import kth_smallest
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(1, 200))
+        if trial % 2:
+            a = rng.integers(0, int(rng.integers(1, 6)), n).astype(np.float64)   # many ties
+        else:
+            a = rng.standard_normal(n)
+        for k in (0, n - 1, int(rng.integers(0, n))):
+            assert kth_smallest(a.copy(), k) == np.partition(a, k)[k]

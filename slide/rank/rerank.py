@@ -114,6 +114,34 @@ def centroid_terms(n_labels):
 # ------------------------------------------------------------------------------------------------
 # label centroids
 
+@njit(cache=True, nogil=True)
+def kth_smallest(a, kth):
+    """The value at index ``kth`` of ``a`` sorted ascending -- ``np.partition(a, kth)[kth]``
+    -- by quickselect, reordering ``a`` in place. Numba's np.partition took ~6 s of a cold
+    compile (two specialisations); this loop well under one."""
+    lo, hi = 0, a.shape[0] - 1
+    while lo < hi:
+        pivot = a[(lo + hi) >> 1]
+        i, j = lo, hi
+        while i <= j:
+            while a[i] < pivot:
+                i += 1
+            while a[j] > pivot:
+                j -= 1
+            if i <= j:
+                a[i], a[j] = a[j], a[i]
+                i += 1
+                j -= 1
+        # now a[lo..j] <= pivot, a[i..hi] >= pivot, and a[j+1..i-1] == pivot
+        if kth <= j:
+            hi = j
+        elif kth >= i:
+            lo = i
+        else:
+            break
+    return a[kth]
+
+
 @njit(cache=True, parallel=True)
 def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
                      out_ids, out_vals, out_n):
@@ -152,7 +180,7 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
                 # the m-th largest value by partition (O(nt); a full sort of a frequent
                 # label's thousands of features was most of the time), then the larger ones
                 # and as many of the equal ones as fit, lower feature ids first
-                thr = np.partition(vals, nt - m)[nt - m]
+                thr = kth_smallest(vals[:nt].copy(), nt - m)
                 sel = np.empty(m, np.int64)
                 ns = 0
                 for t in range(nt):
