@@ -556,9 +556,9 @@ def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only(
 
 
 def test_kth_smallest_is_numpys_partition():
-    """The centroids' term cut (``rerank.kth_smallest``, a quickselect) picks the value
+    """The centroids' term cut (``topk.kth_smallest``, a quickselect) picks the value
     np.partition picks, with ties, one element, and every rank."""
-    from slide.rank.rerank import kth_smallest
+    from slide.kernels.topk import kth_smallest
     rng = np.random.default_rng(3)
     for trial in range(400):
         n = int(rng.integers(1, 200))

@@ -45,7 +45,7 @@ from numba import njit, prange
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import Csr
-from slide.kernels.topk import segment_topk, topk_lse_of_logits
+from slide.kernels.topk import kth_smallest, segment_topk, topk_lse_of_logits
 from slide.rank.linear import classifiers_from_state, fit_classifiers
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.rank.vote import POWER, NeighbourMemory
@@ -113,34 +113,6 @@ def centroid_terms(n_labels):
 
 # ------------------------------------------------------------------------------------------------
 # label centroids
-
-@njit(cache=True, nogil=True)
-def kth_smallest(a, kth):
-    """The value at index ``kth`` of ``a`` sorted ascending -- ``np.partition(a, kth)[kth]``
-    -- by quickselect, reordering ``a`` in place. Numba's np.partition took ~6 s of a cold
-    compile (two specialisations); this loop well under one."""
-    lo, hi = 0, a.shape[0] - 1
-    while lo < hi:
-        pivot = a[(lo + hi) >> 1]
-        i, j = lo, hi
-        while i <= j:
-            while a[i] < pivot:
-                i += 1
-            while a[j] > pivot:
-                j -= 1
-            if i <= j:
-                a[i], a[j] = a[j], a[i]
-                i += 1
-                j -= 1
-        # now a[lo..j] <= pivot, a[i..hi] >= pivot, and a[j+1..i-1] == pivot
-        if kth <= j:
-            hi = j
-        elif kth >= i:
-            lo = i
-        else:
-            break
-    return a[kth]
-
 
 @njit(cache=True, parallel=True)
 def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
