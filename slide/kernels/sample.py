@@ -85,7 +85,10 @@ def _append_shared(out, n_c, shared, pos):
     for q in range(n_in + 1):
         hi = pos[q] if q < n_in else shared.shape[0]
         m = min(hi - lo, cap - n)
-        out[n:n + m] = shared[lo:lo + m]
+        # an element loop, not a slice assignment: the slice's shape check compiles an error
+        # path of its own (~1.5 s of a cold compile each, measured with numba's event log)
+        for e in range(m):
+            out[n + e] = shared[lo + e]
         n += m
         lo = hi + 1
     return n

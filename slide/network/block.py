@@ -165,7 +165,9 @@ def gather_rows(W, B, w_off, b_off, n_in, shared, WS, bS):
         if i + PREFETCH_AHEAD < n_s:
             prefetch_row(W, w_off + np.int64(shared[i + PREFETCH_AHEAD]) * n_in, n_in)
         o = w_off + np.int64(shared[i]) * n_in
-        WS[i, :] = W[o:o + n_in]
+        row = WS[i]
+        for q in range(n_in):           # not WS[i, :] = ...: see sample._append_shared
+            row[q] = W[o + q]
         bS[i] = B[b_off + shared[i]]
 
 
@@ -405,7 +407,17 @@ def split_forward_product(H, WS, Z, n_parts):
     for c in prange(n_parts):
         a = ns * c // n_parts
         b = ns * (c + 1) // n_parts
-        Z[:, a:b] = np.dot(H, WS[a:b].T)
+        _copy_block(np.dot(H, WS[a:b].T), Z, 0, a)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy_block(P, out, r0, c0):
+    """out[r0:r0 + P.shape[0], c0:c0 + P.shape[1]] = P, element by element: a slice
+    assignment compiles a shape-check error path of its own (~2 s of a cold compile, Numba's
+    event log)."""
+    for i in range(P.shape[0]):
+        for j in range(P.shape[1]):
+            out[r0 + i, c0 + j] = P[i, j]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -419,11 +431,11 @@ def split_backward_products(Z, WS, H, dH, dWS, n_parts):
         if c < n_parts:
             a = nb * c // n_parts
             b = nb * (c + 1) // n_parts
-            dH[a:b] = np.dot(Z[a:b], WS)
+            _copy_block(np.dot(Z[a:b], WS), dH, a, 0)
         else:
             a = ns * (c - n_parts) // n_parts
             b = ns * (c - n_parts + 1) // n_parts
-            dWS[a:b] = np.dot(np.ascontiguousarray(Z[:, a:b].T), H)
+            _copy_block(np.dot(np.ascontiguousarray(Z[:, a:b].T), H), dWS, a, 0)
 
 
 @njit(cache=True, nogil=True, parallel=True)
