@@ -555,10 +555,10 @@ def test_the_network_of_a_reranked_fit_learns_the_label_counts_of_its_rows_only(
                                rtol=0, atol=1e-5)
 
 
-def test_kth_smallest_is_numpys_partition():
-    """The centroids' term cut (``topk.kth_smallest``, a quickselect) picks the value
+def test_select_inplace_is_numpys_partition():
+    """The centroids' term cut (``topk.select_inplace``, a quickselect) picks the value
     np.partition picks, with ties, one element, and every rank."""
-    from slide.kernels.topk import kth_smallest
+    from slide.kernels.topk import select_inplace
     rng = np.random.default_rng(3)
     for trial in range(400):
         n = int(rng.integers(1, 200))
@@ -567,4 +567,4 @@ def test_kth_smallest_is_numpys_partition():
         else:
             a = rng.standard_normal(n)
         for k in (0, n - 1, int(rng.integers(0, n))):
-            assert kth_smallest(a.copy(), k) == np.partition(a, k)[k]
+            assert select_inplace(a.copy(), n, k) == np.partition(a, k)[k]

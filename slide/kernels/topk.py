@@ -122,28 +122,32 @@ def probabilities(z, sigmoid):
 
 
 @njit(cache=True, nogil=True)
-def kth_smallest(a, kth):
-    """The value at index ``kth`` of ``a`` sorted ascending -- ``np.partition(a, kth)[kth]``
-    -- by quickselect, reordering ``a`` in place. Numba's np.partition took ~6 s of a cold
-    compile (two specialisations); this loop well under one."""
-    lo, hi = 0, a.shape[0] - 1
+def select_inplace(a, n, kth):
+    """The kth smallest of a[:n] (0-based; ``np.partition(a[:n], kth)[kth]``), by in-place
+    quickselect (a[:n] is reordered). DOPH's top set and the re-ranker's centroid terms use
+    it: Numba's own np.partition took ~6 s of a cold compile (two specialisations)."""
+    lo = 0
+    hi = n - 1
     while lo < hi:
         pivot = a[(lo + hi) >> 1]
-        i, j = lo, hi
+        i = lo
+        j = hi
         while i <= j:
             while a[i] < pivot:
                 i += 1
             while a[j] > pivot:
                 j -= 1
             if i <= j:
-                a[i], a[j] = a[j], a[i]
+                tmp = a[i]
+                a[i] = a[j]
+                a[j] = tmp
                 i += 1
                 j -= 1
-        # now a[lo..j] <= pivot, a[i..hi] >= pivot, and a[j+1..i-1] == pivot
+        # a[lo..j] <= pivot, a[i..hi] >= pivot, a[j+1..i-1] == pivot
         if kth <= j:
             hi = j
         elif kth >= i:
             lo = i
         else:
-            break
+            return a[kth]
     return a[kth]

@@ -45,7 +45,7 @@ from numba import njit, prange
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import Csr
-from slide.kernels.topk import kth_smallest, segment_topk, topk_lse_of_logits
+from slide.kernels.topk import segment_topk, select_inplace, topk_lse_of_logits
 from slide.rank.linear import classifiers_from_state, fit_classifiers
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.rank.vote import POWER, NeighbourMemory
@@ -152,7 +152,7 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
                 # the m-th largest value by partition (O(nt); a full sort of a frequent
                 # label's thousands of features was most of the time), then the larger ones
                 # and as many of the equal ones as fit, lower feature ids first
-                thr = kth_smallest(vals[:nt].copy(), nt - m)
+                thr = select_inplace(vals.copy(), nt, nt - m)
                 sel = np.empty(m, np.int64)
                 ns = 0
                 for t in range(nt):

@@ -40,6 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from slide.kernels.topk import select_inplace
 from slide.kernels.rng import STREAM_DOPH, STREAM_DWTA, STREAM_SIMHASH, splitmix64, stream_seed
 
 
@@ -258,35 +259,6 @@ def _doph_finish(key, K, bits, mins):
 
 
 @njit(cache=True, nogil=True)
-def _select_inplace(a, n, kth):
-    """The kth smallest of a[:n] (0-based), by in-place quickselect (a[:n] is reordered)."""
-    lo = 0
-    hi = n - 1
-    while lo < hi:
-        pivot = a[(lo + hi) >> 1]
-        i = lo
-        j = hi
-        while i <= j:
-            while a[i] < pivot:
-                i += 1
-            while a[j] > pivot:
-                j -= 1
-            if i <= j:
-                tmp = a[i]
-                a[i] = a[j]
-                a[j] = tmp
-                i += 1
-                j -= 1
-        if kth <= j:
-            hi = j
-        elif kth >= i:
-            lo = i
-        else:
-            return a[kth]
-    return a[kth]
-
-
-@njit(cache=True, nogil=True)
 def _doph_tables(K, L, bits, int_params, ids, vals, dense, out):
     """DOPH bucket ids of the vector with entries ``vals`` at coordinates ``ids[i]`` (or ``i``
     when ``dense``).
@@ -308,7 +280,7 @@ def _doph_tables(K, L, bits, int_params, ids, vals, dense, out):
     if cnt <= t:
         thr = pos[:cnt].min()
     else:
-        thr = _select_inplace(pos, cnt, cnt - t)  # the t-th largest, with multiplicity
+        thr = select_inplace(pos, cnt, cnt - t)  # the t-th largest, with multiplicity
     S = np.empty(cnt, dtype=np.int64)
     m = 0
     for i in range(n):
