@@ -41,12 +41,8 @@ class Layout:
         # the flat offsets, computed once: the training loop reads them several times a
         # batch (a cumsum each, ~0.1 ms a batch in all, measured at Amazon-670K's shape);
         # the properties hand out copies, so no caller can change them
-        n_in = np.asarray(self.sizes[:-1], dtype=np.int64)
-        n_out = np.asarray(self.sizes[1:], dtype=np.int64)
-        n_rows = n_out.copy()
-        if n_rows.shape[0]:
-            n_rows[0] = self.sizes[0]
-        for name, per_layer in (("_w_off", n_in * n_out), ("_b_off", n_out),
+        n_rows = self.n_rows if len(self.sizes) > 1 else self.n_out
+        for name, per_layer in (("_w_off", self.n_in * self.n_out), ("_b_off", self.n_out),
                                 ("_row_off", n_rows)):
             object.__setattr__(self, name, np.concatenate(
                 [[0], np.cumsum(per_layer)]).astype(np.int64))

@@ -297,8 +297,11 @@ class SharedNegatives:
             g = np.random.default_rng([int(seed), int(serial), SHARED_NEGATIVES_KEY])
             return np.unique(g.integers(0, self.n_out, self.n_shared)).astype(np.int32)
         u = self.uniforms(seed, serial)
-        if u is None:
-            return self.head.copy()
+        return self.head.copy() if u is None else self.finish(u)
+
+    def finish(self, u):
+        """The draw of the sorted uniforms ``u`` (``uniforms``): its ids, and their weights
+        in ``corr`` / ``corr_mix`` (``finish_draw``)."""
         out = np.empty(u.shape[0] + self.head.shape[0], np.int32)
         n = finish_draw(self.tables(), u, u.shape[0], np.empty(u.shape[0], np.int32), out)
         return out[:n]

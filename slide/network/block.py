@@ -457,8 +457,10 @@ def _draw(net, seed, serial, Xc, rows, frows):
     a frequency draw runs beside the listing (``draw_and_list``), any other draw alone."""
     neg = net.negatives
     u = neg.uniforms(seed, serial) if neg.power > 0 and neg.n_shared > 0 else None
-    if u is None or frows.mark.shape[0] == 0:
+    if u is None:
         return neg.draw(seed, serial), frows
+    if frows.mark.shape[0] == 0:
+        return neg.finish(u), frows         # nothing to list: the uniforms drawn once
     out = np.empty(u.shape[0] + neg.head.shape[0], np.int32)
     n_out = np.zeros(1, np.int64)
     with numba.parallel_chunksize(1):       # one task a chunk: the two go to two threads
