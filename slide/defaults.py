@@ -44,6 +44,14 @@ RERANK_LARGE_HOLDOUT_ROWS = 1000
 # all (at least 4 a label: at Amazon-670K's 670k labels 6, 32 MB a build; 128 up to 32k labels)
 RERANK_CENTROID_TERMS = 128
 RERANK_CENTROID_ENTRIES = 4 << 20
+# the centroids' retrieval index (slide.rank.centroids): each row's this many best labels by
+# its QUERY_TERMS heaviest words, each word listing the LABELS_PER_FEATURE labels whose
+# centroids weigh it most, join its candidates. Off (0): on debcontents 50 of them raised the
+# share of test rows with a true candidate from 85.9 to 88.4 % but not P@1 or P@5
+# (bench/probes/probe_retrieval.py, bench/results/retrieval_debcontents_*.log)
+RERANK_CENTROID_CANDIDATES = 0
+RERANK_CENTROID_QUERY_TERMS = 30
+RERANK_CENTROID_LABELS_PER_FEATURE = 100
 RERANK_C = 1.0                  # the logistic regression's inverse L2 strength (the probe's)
 RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fitted on, at most
 

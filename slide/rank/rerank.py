@@ -37,15 +37,15 @@ re-ranker's weights and the centroids as arrays (``rr_*`` in checkpoints).
 """
 from typing import NamedTuple
 
-import numba
 import numpy as np
-import scipy.sparse as sp
 from numba import njit, prange
 
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.arrays import Csr
-from slide.kernels.topk import segment_topk, select_inplace, topk_lse_of_logits
+from slide.kernels.topk import segment_topk, topk_lse_of_logits
+from slide.rank.centroids import (N_CANDIDATES, build_index, centroid_terms,  # noqa: F401
+                                  label_centroids, row_mask, top_labels)
 from slide.rank.linear import classifiers_from_state, fit_classifiers
 from slide.rank.logistic import expand, n_terms, newton_logistic  # noqa: F401 (rerank.expand)
 from slide.rank.vote import POWER, NeighbourMemory
@@ -80,8 +80,6 @@ MAX_HOLDOUT_ROWS = defaults.RERANK_MAX_HOLDOUT_ROWS
 MIN_HOLDOUT_ROWS = defaults.RERANK_MIN_HOLDOUT_ROWS
 MAX_HOLDOUT_WORK = defaults.RERANK_MAX_HOLDOUT_WORK
 LARGE_HOLDOUT_ROWS = defaults.RERANK_LARGE_HOLDOUT_ROWS
-CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
-_CENTROID_ENTRIES = defaults.RERANK_CENTROID_ENTRIES
 _C = defaults.RERANK_C
 _MAX_FIT_CANDIDATES = defaults.RERANK_MAX_FIT_CANDIDATES
 
@@ -104,130 +102,6 @@ def holdout_rows(n_rows, seed, min_rows=MIN_HOLDOUT_ROWS, n_labels=0):
         return None
     perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5E5E]).permutation(n_rows)
     return np.sort(perm[n_held:]).astype(np.int64), np.sort(perm[:n_held]).astype(np.int64)
-
-
-def centroid_terms(n_labels):
-    """Entries kept per label centroid: ``CENTROID_TERMS``, fewer at many labels."""
-    return int(max(4, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
-
-
-# ------------------------------------------------------------------------------------------------
-# label centroids
-
-@njit(cache=True, parallel=True)
-def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
-                     out_ids, out_vals, out_n):
-    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` that
-    ``use_row`` marks, in a dense per-thread accumulator, its m largest entries (ties: the
-    lower feature id) written to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole
-    sum's L2 norm; ``out_n[j]``: how many."""
-    n_labels = l_ptr.shape[0] - 1
-    for c in prange(n_chunks):
-        acc = np.zeros(n_features, np.float64)
-        seen = np.zeros(n_features, np.bool_)
-        touched = np.empty(n_features, np.int64)
-        for j in range((c * n_labels) // n_chunks, ((c + 1) * n_labels) // n_chunks):
-            nt = 0
-            for q in range(l_ptr[j], l_ptr[j + 1]):
-                r = l_rows[q]
-                if not use_row[r]:
-                    continue
-                for p in range(x_ptr[r], x_ptr[r + 1]):
-                    f = x_ind[p]
-                    if not seen[f]:
-                        seen[f] = True
-                        touched[nt] = f
-                        nt += 1
-                    acc[f] += x_dat[p]
-            vals = np.empty(nt, np.float64)
-            norm = 0.0
-            for t in range(nt):
-                vals[t] = acc[touched[t]]
-                norm += vals[t] * vals[t]
-            norm = np.sqrt(norm)
-            if norm == 0.0:
-                norm = 1.0
-            keep = min(m, nt)
-            if nt > m:
-                # the m-th largest value by partition (O(nt); a full sort of a frequent
-                # label's thousands of features was most of the time), then the larger ones
-                # and as many of the equal ones as fit, lower feature ids first
-                thr = select_inplace(vals.copy(), nt, nt - m)
-                sel = np.empty(m, np.int64)
-                ns = 0
-                for t in range(nt):
-                    if vals[t] > thr:
-                        sel[ns] = touched[t]
-                        ns += 1
-                if ns < m:
-                    ties = np.empty(nt, np.int64)
-                    n_ties = 0
-                    for t in range(nt):
-                        if vals[t] == thr:
-                            ties[n_ties] = touched[t]
-                            n_ties += 1
-                    ties = np.sort(ties[:n_ties])
-                    for t in range(m - ns):
-                        sel[ns + t] = ties[t]
-                feats = np.sort(sel)
-            else:
-                feats = np.sort(touched[:nt])
-            for t in range(keep):
-                out_ids[j, t] = feats[t]
-                out_vals[j, t] = acc[feats[t]] / norm
-            for t in range(nt):                 # the accumulator back to zero for the next
-                acc[touched[t]] = 0.0
-                seen[touched[t]] = False
-            out_n[j] = keep
-
-
-@njit(cache=True)
-def _compact_rows(ids, vals, counts):
-    """Row j's first counts[j] entries of the [n, m] arrays moved to the front of their flat
-    buffers, in place (an entry only ever moves to a lower position); returns how many."""
-    flat_ids = ids.ravel()
-    flat_vals = vals.ravel()
-    m = ids.shape[1]
-    pos = 0
-    for j in range(ids.shape[0]):
-        for t in range(counts[j]):
-            flat_ids[pos] = flat_ids[j * m + t]
-            flat_vals[pos] = flat_vals[j * m + t]
-            pos += 1
-    return pos
-
-
-def label_centroids(X, Y, max_terms, rows=None):
-    """Each label's input centroid: the sum of the inputs of its rows (of the rows ``rows``
-    only, when given), its ``max_terms`` largest entries kept, divided by the whole sum's L2
-    norm (so the cosine to it is the full centroid's, less the dropped entries). CSR parts
-    (indptr int64 [n_labels + 1], ids int32 sorted, values float32), labels without rows
-    empty. One parallel pass over the labels (scipy's Y.T @ X took 17 s on wiki10-31k's 675
-    words and 19 labels a row)."""
-    X = sp.csr_matrix(X)
-    Yc = sp.csc_matrix(Y)
-    n_labels, m = Y.shape[1], int(max_terms)
-    ids = np.zeros((n_labels, m), np.int32)
-    vals = np.zeros((n_labels, m), np.float32)
-    counts = np.zeros(n_labels, np.int64)
-    # a dense accumulator per chunk (17 bytes a feature): few chunks, two per thread
-    n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
-    # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
-    # float64 copies of them were 0.6 GB of the fit's peak)
-    use_row = np.ones(X.shape[0], np.bool_) if rows is None else _row_mask(X.shape[0], rows)
-    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int32, copy=False),
-                     use_row,
-                     X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
-                     X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
-                     vals, counts)
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    # compacted in place (a boolean-mask copy beside the [n_labels, m] arrays was twice their
-    # 134 MB at Amazon-670K); copied out only when the slack is large
-    total = _compact_rows(ids, vals, counts)
-    ids, vals = ids.reshape(-1)[:total], vals.reshape(-1)[:total]
-    if total < 0.75 * n_labels * m:
-        ids, vals = ids.copy(), vals.copy()
-    return indptr, ids, vals
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,6 +194,25 @@ def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat):
 
 
 @njit(cache=True, nogil=True)
+def _add_retrieved(labels, a, m, out_ids, out_feat):
+    """The labels the centroid index retrieved for one row (-1 padded) into its candidates
+    after the m it has, those not among them yet. Returns the row's candidate count."""
+    for t in range(labels.shape[0]):
+        j = labels[t]
+        if j < 0:
+            continue
+        known = False
+        for v in range(a, a + m):
+            if out_ids[v] == j:
+                known = True
+                break
+        if not known:
+            _new_candidate(out_ids, out_feat, a + m, j, 1.0)
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
 def _centroid_dot(x_ind, x_dat, x0, x1, c_ids, c_val, c0, c1):
     """The dot product of an input row and a centroid: a merge of two sorted id lists."""
     dot = 0.0
@@ -367,11 +260,12 @@ def _finish_candidates(r, a, m, n_top, lse, sigmoid, nearest, H, Wo, bo, log_cou
 
 
 @njit(cache=True, parallel=True)
-def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo, log_count, cen, X,
-                       out):
+def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, retrieved, H, Wo, bo, log_count,
+                       cen, X, out):
     """Per row r: its candidates -- the network's top labels (``top``, a ``NetworkTop``) then
     every label of its nearest memory rows ``near[r]`` (similarities ``sims``, best first;
-    the memory's labels CSR ``m_ptr``/``m_ids``) -- written from ``out.ptr[r]`` into ``out.ids``
+    the memory's labels CSR ``m_ptr``/``m_ids``), then the labels the centroid index
+    retrieved (``retrieved[r]``, -1 padded) -- written from ``out.ptr[r]`` into ``out.ids``
     with their features in ``out.feat`` (the columns of ``FEATURES`` but ``linear_score``);
     ``out.n[r]``: how many. ``H``/``Wo``/``bo``: the hidden rows and output layer (the logits
     of voted labels outside the top); ``cen``: the label centroids (CSR, ids sorted); ``X``:
@@ -385,6 +279,7 @@ def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo, log_co
         a = cand_ptr[r]
         n_top = _add_top(top_ids[r], top_z[r], a, out_ids, out_feat)
         m = _add_votes(near[r], sims[r], m_ptr, m_ids, a, n_top, out_ids, out_feat)
+        m = _add_retrieved(retrieved[r], a, m, out_ids, out_feat)
         out_n[r] = m
         nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
         _finish_candidates(r, a, m, n_top, lse[r], sigmoid, nearest, H, Wo, bo, log_count, cen,
@@ -392,12 +287,13 @@ def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, H, Wo, bo, log_co
 
 
 def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
-             linear=None):
+             linear=None, retrieved=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
     [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
-    memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without)."""
+    memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without);
+    ``retrieved``: [n, r] int64 labels of the centroid index (-1 padded; None: none)."""
     Wo, bo = output.W, output.b
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
@@ -405,14 +301,16 @@ def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_cou
     lse = np.zeros(n) if sigmoid else run_max + np.log(run_sum)
     near, sims = memory.nearest(H, k_nn, exclude)
     per_row = np.diff(memory.label_indptr)
-    bound = top_ids.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
+    if retrieved is None:
+        retrieved = np.full((n, 0), -1, np.int64)
+    bound = top_ids.shape[1] + retrieved.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
     cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
     ids = np.full(cand_ptr[-1], -1, np.int64)
     F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
     counts = np.zeros(n, np.int64)
     c_ptr, c_ids, c_val = centroids
     candidate_features(NetworkTop(top_ids, top_z, lse), sigmoid, near, sims,
-                       memory.label_indptr, memory.label_ids,
+                       memory.label_indptr, memory.label_ids, retrieved,
                        np.ascontiguousarray(H, np.float32), Wo, bo,
                        memory.log_counts() if log_count is None else log_count,
                        Csr(c_ptr, c_ids, c_val),
@@ -434,10 +332,13 @@ def _used(cand_ptr, counts):
 class ReRanker:
     """The fitted re-ranker: feature means and scales [N_BASE], coefficients [N_TERMS] and
     intercept of the logistic regression, the vote's neighbour count ``k_nn`` it was fitted
-    with, the label centroids (CSR parts) and the ``LabelLinear`` classifiers. A re-ranker of
-    a format-1 checkpoint has no classifiers and uses the first N_BASE - 1 features."""
+    with, the label centroids (CSR parts), the ``LabelLinear`` classifiers and how many labels
+    the centroid index adds to a row's candidates (``n_retrieved``: as fitted; 0 in a
+    checkpoint written before the index). A re-ranker of a format-1 checkpoint has no
+    classifiers and uses the first N_BASE - 1 features."""
 
-    def __init__(self, mean, scale, coef, intercept, k_nn, centroids, linear=None):
+    def __init__(self, mean, scale, coef, intercept, k_nn, centroids, linear=None,
+                 n_retrieved=0):
         self.mean = np.asarray(mean, np.float64)
         self.scale = np.asarray(scale, np.float64)
         self.coef = np.asarray(coef, np.float64)
@@ -446,6 +347,16 @@ class ReRanker:
         self.centroids = centroids
         self.linear = linear
         self.n_features = self.mean.shape[0]
+        self.n_retrieved = int(n_retrieved)
+        self._index = None          # the centroids' retrieval index, built on first use
+
+    def retrieve(self, X):
+        """[n, n_retrieved] int64: the labels the centroid index retrieves for the rows X."""
+        if self.n_retrieved == 0:
+            return None
+        if self._index is None:
+            self._index = build_index(self.centroids, X.shape[1])
+        return top_labels(self._index, X, self.n_retrieved)
 
     # -- fitting -------------------------------------------------------------------------------
     @staticmethod
@@ -476,7 +387,8 @@ class ReRanker:
         unless the output layer has fewer labels)."""
         n_top = max(int(k), N_TOP)
         cand_ptr, counts, ids, F = features(output, X, H, memory, self.k_nn, self.centroids,
-                                            n_top, linear=self.linear)
+                                            n_top, linear=self.linear,
+                                            retrieved=self.retrieve(X))
         s = np.full(ids.shape[0], -np.inf)
         used, _ = _used(cand_ptr, counts)
         s[used] = self.score(F[used])
@@ -489,7 +401,8 @@ class ReRanker:
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self):
         c_ptr, c_ids, c_val = self.centroids
-        d = {"format": 1, "k_nn": self.k_nn, "intercept": self.intercept, "mean": self.mean,
+        d = {"format": 1, "k_nn": self.k_nn, "n_retrieved": self.n_retrieved,
+             "intercept": self.intercept, "mean": self.mean,
              "scale": self.scale, "coef": self.coef, "cen_indptr": c_ptr, "cen_ids": c_ids,
              "cen_values": c_val}
         if self.linear is not None:
@@ -512,6 +425,9 @@ class ReRanker:
             raise ValueError("scale must be positive")
         if not np.isfinite(float(d["intercept"])) or int(d["k_nn"]) < 1:
             raise ValueError("bad intercept or neighbour count")
+        n_retrieved = d.get("n_retrieved", 0)
+        if not isinstance(n_retrieved, (int, np.integer)) or n_retrieved < 0:
+            raise ValueError(f"n_retrieved must be a non-negative integer, got {n_retrieved!r}")
         ptr, ids, val = d["cen_indptr"], d["cen_ids"], d["cen_values"]
         if (ptr.dtype != np.int64 or ptr.shape != (n_labels + 1,) or ptr[0] != 0
                 or (np.diff(ptr) < 0).any() or ptr[-1] != ids.shape[0]
@@ -527,19 +443,13 @@ class ReRanker:
                 raise ValueError(f"format {fmt} does not match the classifiers saved")
             linear = classifiers_from_state(d, n_labels, n_features)
         return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
-                   (ptr, ids, val), linear)
-
-
-def _row_mask(n_rows, rows):
-    mask = np.zeros(n_rows, np.bool_)
-    mask[rows] = True
-    return mask
+                   (ptr, ids, val), linear, n_retrieved)
 
 
 def label_counts(Y, rows):
     """How many of the rows ``rows`` of Y (CSR) carry each label: int64 [n_labels] (no copy of
     Y: a copy of Amazon-670K's labels was 63 MB of the fit's peak)."""
-    use = _row_mask(Y.shape[0], rows)
+    use = row_mask(Y.shape[0], rows)
     per_row = np.diff(Y.indptr)
     keep = np.repeat(use, per_row)
     return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
@@ -560,6 +470,7 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     del H_all
     terms = centroid_terms(Y.shape[1])
     cen = label_centroids(X, Y, terms, rows=fit_rows)
+    index = build_index(cen, X.shape[1]) if N_CANDIDATES > 0 else None
     log_count = np.log1p(label_counts(Y, fit_rows).astype(np.float64))
     Xh, Yh = take_rows(X, held_rows), take_rows(Y, held_rows)
     Xh.sort_indices()
@@ -569,9 +480,10 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     # at Amazon-670K, 256 rows 32 MB of what stayed above rerank=False)
     for a in range(0, Xh.shape[0], block):
         b = min(Xh.shape[0], a + block)
+        retrieved = None if index is None else top_labels(index, Xh[a:b], N_CANDIDATES)
         cand_ptr, counts, ids, F = features(output, Xh[a:b], H_held[a:b], memory, k_nn, cen,
                                             N_TOP, exclude=held_rows, log_count=log_count,
-                                            linear=linear)
+                                            linear=linear, retrieved=retrieved)
         used, slot_row = _used(cand_ptr, counts)
         Yb = Yh[a:b]
         true_keys = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(Yb.indptr)) \
@@ -579,10 +491,10 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
         parts_truth.append(np.isin(slot_row[used].astype(np.int64) * n_labels + ids[used],
                                    true_keys))
         parts_F.append(F[used])
-    del cen
+    del cen, index
     F, truth = np.concatenate(parts_F), np.concatenate(parts_truth)
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:
         return None, memory
     return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms),
-                    linear=linear), memory
+                    linear=linear, n_retrieved=N_CANDIDATES), memory

@@ -1,0 +1,302 @@
+"""The label centroids as a retrieval index: a third source of the re-ranker's candidates.
+
+The re-ranker's candidates were the network's top labels and the labels of a row's nearest
+rows in the hidden layer. On debcontents (133k labels) that list held a true label for 85.9 %
+of the test rows where Omikuji's first 100 held one for 89.2 %, and the re-ranker put a true
+label first in the same share of the rows whose list held one as the tree did: the gap in P@1
+was one of recall (``bench/results/hit_at_k_debcontents_f868c9b.log``). The labels' input
+centroids (``rerank.label_centroids``, already in the model for the ``centroid_cosine``
+feature) find labels by the input words, the trees' kind of evidence: the 50 labels whose
+centroids score highest against a row's 30 heaviest words raised that share to 88.5 %.
+
+Scoring every centroid is a sparse product that common words make nearly dense (19 s for the
+test rows of debcontents), so both sides are pruned: a row queries with its ``n_terms``
+largest entries, and each word's list keeps the ``per_feature`` labels whose centroids weigh
+it most (0.3 s). The index is derived from the centroids, so checkpoints store nothing new.
+"""
+from typing import NamedTuple
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, prange
+
+from slide import defaults
+from slide.kernels.topk import insert_best_first, select_inplace
+
+CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
+_CENTROID_ENTRIES = defaults.RERANK_CENTROID_ENTRIES
+
+N_CANDIDATES = defaults.RERANK_CENTROID_CANDIDATES
+QUERY_TERMS = defaults.RERANK_CENTROID_QUERY_TERMS
+LABELS_PER_FEATURE = defaults.RERANK_CENTROID_LABELS_PER_FEATURE
+
+
+# ------------------------------------------------------------------------------------------------
+# label centroids
+
+def row_mask(n_rows, rows):
+    mask = np.zeros(n_rows, np.bool_)
+    mask[rows] = True
+    return mask
+
+
+def centroid_terms(n_labels):
+    """Entries kept per label centroid: ``CENTROID_TERMS``, fewer at many labels."""
+    return int(max(4, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
+
+
+@njit(cache=True, parallel=True)
+def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
+                     out_ids, out_vals, out_n):
+    """Label j's centroid: the sum of the input rows ``l_rows[l_ptr[j]:l_ptr[j + 1]]`` that
+    ``use_row`` marks, in a dense per-thread accumulator, its m largest entries (ties: the
+    lower feature id) written to ``out_ids[j]`` (sorted) / ``out_vals[j]`` divided by the whole
+    sum's L2 norm; ``out_n[j]``: how many."""
+    n_labels = l_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        acc = np.zeros(n_features, np.float64)
+        seen = np.zeros(n_features, np.bool_)
+        touched = np.empty(n_features, np.int64)
+        for j in range((c * n_labels) // n_chunks, ((c + 1) * n_labels) // n_chunks):
+            nt = 0
+            for q in range(l_ptr[j], l_ptr[j + 1]):
+                r = l_rows[q]
+                if not use_row[r]:
+                    continue
+                for p in range(x_ptr[r], x_ptr[r + 1]):
+                    f = x_ind[p]
+                    if not seen[f]:
+                        seen[f] = True
+                        touched[nt] = f
+                        nt += 1
+                    acc[f] += x_dat[p]
+            vals = np.empty(nt, np.float64)
+            norm = 0.0
+            for t in range(nt):
+                vals[t] = acc[touched[t]]
+                norm += vals[t] * vals[t]
+            norm = np.sqrt(norm)
+            if norm == 0.0:
+                norm = 1.0
+            keep = min(m, nt)
+            if nt > m:
+                # the m-th largest value by partition (O(nt); a full sort of a frequent
+                # label's thousands of features was most of the time), then the larger ones
+                # and as many of the equal ones as fit, lower feature ids first
+                thr = select_inplace(vals.copy(), nt, nt - m)
+                sel = np.empty(m, np.int64)
+                ns = 0
+                for t in range(nt):
+                    if vals[t] > thr:
+                        sel[ns] = touched[t]
+                        ns += 1
+                if ns < m:
+                    ties = np.empty(nt, np.int64)
+                    n_ties = 0
+                    for t in range(nt):
+                        if vals[t] == thr:
+                            ties[n_ties] = touched[t]
+                            n_ties += 1
+                    ties = np.sort(ties[:n_ties])
+                    for t in range(m - ns):
+                        sel[ns + t] = ties[t]
+                feats = np.sort(sel)
+            else:
+                feats = np.sort(touched[:nt])
+            for t in range(keep):
+                out_ids[j, t] = feats[t]
+                out_vals[j, t] = acc[feats[t]] / norm
+            for t in range(nt):                 # the accumulator back to zero for the next
+                acc[touched[t]] = 0.0
+                seen[touched[t]] = False
+            out_n[j] = keep
+
+
+@njit(cache=True)
+def _compact_rows(ids, vals, counts):
+    """Row j's first counts[j] entries of the [n, m] arrays moved to the front of their flat
+    buffers, in place (an entry only ever moves to a lower position); returns how many."""
+    flat_ids = ids.ravel()
+    flat_vals = vals.ravel()
+    m = ids.shape[1]
+    pos = 0
+    for j in range(ids.shape[0]):
+        for t in range(counts[j]):
+            flat_ids[pos] = flat_ids[j * m + t]
+            flat_vals[pos] = flat_vals[j * m + t]
+            pos += 1
+    return pos
+
+
+def label_centroids(X, Y, max_terms, rows=None):
+    """Each label's input centroid: the sum of the inputs of its rows (of the rows ``rows``
+    only, when given), its ``max_terms`` largest entries kept, divided by the whole sum's L2
+    norm (so the cosine to it is the full centroid's, less the dropped entries). CSR parts
+    (indptr int64 [n_labels + 1], ids int32 sorted, values float32), labels without rows
+    empty. One parallel pass over the labels (scipy's Y.T @ X took 17 s on wiki10-31k's 675
+    words and 19 labels a row)."""
+    X = sp.csr_matrix(X)
+    Yc = sp.csc_matrix(Y)
+    n_labels, m = Y.shape[1], int(max_terms)
+    ids = np.zeros((n_labels, m), np.int32)
+    vals = np.zeros((n_labels, m), np.float32)
+    counts = np.zeros(n_labels, np.int64)
+    # a dense accumulator per chunk (17 bytes a feature): few chunks, two per thread
+    n_chunks = max(1, min(n_labels, 2 * numba.get_num_threads()))
+    # X's own int32 ids and float32 values (no copy: at Amazon-670K's 37M entries, int64 and
+    # float64 copies of them were 0.6 GB of the fit's peak)
+    use_row = np.ones(X.shape[0], np.bool_) if rows is None else row_mask(X.shape[0], rows)
+    _centroid_kernel(Yc.indptr.astype(np.int64), Yc.indices.astype(np.int32, copy=False),
+                     use_row,
+                     X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                     X.data.astype(np.float32, copy=False), X.shape[1], m, n_chunks, ids,
+                     vals, counts)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    # compacted in place (a boolean-mask copy beside the [n_labels, m] arrays was twice their
+    # 134 MB at Amazon-670K); copied out only when the slack is large
+    total = _compact_rows(ids, vals, counts)
+    ids, vals = ids.reshape(-1)[:total], vals.reshape(-1)[:total]
+    if total < 0.75 * n_labels * m:
+        ids, vals = ids.copy(), vals.copy()
+    return indptr, ids, vals
+
+
+# ------------------------------------------------------------------------------------------------
+# the retrieval index
+
+class CentroidIndex(NamedTuple):
+    """Per input feature f, the labels ``labels[ptr[f]:ptr[f + 1]]`` (ascending) whose
+    centroids weigh f most, with those weights ``weights``; ``n_labels``: the label count."""
+    ptr: np.ndarray
+    labels: np.ndarray
+    weights: np.ndarray
+    n_labels: int
+
+
+@njit(cache=True)
+def _invert(c_ptr, c_ids, c_val, n_features, per_feature):
+    """The centroids (CSR over labels) transposed to lists per feature, each cut to its
+    ``per_feature`` largest weights (ties: the lower label). Returns (ptr, labels, weights)."""
+    n_labels = c_ptr.shape[0] - 1
+    ptr = np.zeros(n_features + 1, np.int64)
+    for p in range(c_ids.shape[0]):
+        ptr[c_ids[p] + 1] += 1
+    for f in range(n_features):
+        ptr[f + 1] += ptr[f]
+    labels = np.empty(c_ids.shape[0], np.int32)
+    weights = np.empty(c_ids.shape[0], np.float32)
+    fill = ptr[:-1].copy()
+    for j in range(n_labels):               # labels in ascending order within each list
+        for p in range(c_ptr[j], c_ptr[j + 1]):
+            f = c_ids[p]
+            labels[fill[f]] = j
+            weights[fill[f]] = c_val[p]
+            fill[f] += 1
+    out_ptr = np.zeros(n_features + 1, np.int64)
+    pos = 0
+    for f in range(n_features):
+        a, b = ptr[f], ptr[f + 1]
+        n = b - a
+        thr = -np.inf
+        if n > per_feature:
+            thr = select_inplace(weights[a:b].copy(), n, n - per_feature)
+        n_above = 0
+        for p in range(a, b):
+            if weights[p] > thr:
+                n_above += 1
+        ties = per_feature - n_above          # room left for weights equal to the threshold
+        for p in range(a, b):                 # in place: pos never passes p
+            w = weights[p]
+            if w > thr or (w == thr and ties > 0):
+                if w == thr and n > per_feature:
+                    ties -= 1
+                labels[pos] = labels[p]
+                weights[pos] = w
+                pos += 1
+        out_ptr[f + 1] = pos
+    return out_ptr, labels[:pos].copy(), weights[:pos].copy()
+
+
+def build_index(centroids, n_features, per_feature=LABELS_PER_FEATURE):
+    """The ``CentroidIndex`` of the centroids (CSR parts: indptr, feature ids, values)."""
+    c_ptr, c_ids, c_val = centroids
+    ptr, labels, weights = _invert(np.asarray(c_ptr, np.int64), np.asarray(c_ids, np.int32),
+                                   np.asarray(c_val, np.float32), int(n_features),
+                                   int(per_feature))
+    return CentroidIndex(ptr, labels, weights, int(c_ptr.shape[0] - 1))
+
+
+@njit(cache=True, nogil=True)
+def _query_terms(x_ind, x_dat, x0, x1, n_terms, terms):
+    """The row's ``n_terms`` largest entries (ties: the lower feature) into ``terms`` as
+    positions into x_ind / x_dat, in feature order. Returns how many."""
+    n = x1 - x0
+    if n <= n_terms:
+        for t in range(n):
+            terms[t] = x0 + t
+        return n
+    thr = select_inplace(x_dat[x0:x1].copy(), n, n - n_terms)
+    n_above = 0
+    for p in range(x0, x1):
+        if x_dat[p] > thr:
+            n_above += 1
+    ties = n_terms - n_above
+    m = 0
+    for p in range(x0, x1):
+        if x_dat[p] > thr or (x_dat[p] == thr and ties > 0):
+            if x_dat[p] == thr:
+                ties -= 1
+            terms[m] = p
+            m += 1
+    return m
+
+
+@njit(cache=True, parallel=True)
+def _top_labels(x_ptr, x_ind, x_dat, i_ptr, i_lab, i_wt, n_labels, n_terms, k, n_chunks,
+                out):
+    """Per row: the k labels of highest positive pruned centroid score, best first (ties:
+    the label reached first), -1 padded, into ``out`` [n, k]. A dense accumulator per chunk
+    of rows."""
+    n = x_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        acc = np.zeros(n_labels, np.float32)
+        seen = np.zeros(n_labels, np.bool_)
+        touched = np.empty(n_labels, np.int32)
+        terms = np.empty(n_terms, np.int64)
+        scores = np.empty(k, np.float32)
+        for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            m = _query_terms(x_ind, x_dat, x_ptr[r], x_ptr[r + 1], n_terms, terms)
+            nt = 0
+            for t in range(m):
+                p = terms[t]
+                f = x_ind[p]
+                w = x_dat[p]
+                for q in range(i_ptr[f], i_ptr[f + 1]):
+                    j = i_lab[q]
+                    if not seen[j]:
+                        seen[j] = True
+                        touched[nt] = j
+                        nt += 1
+                    acc[j] += w * i_wt[q]
+            out[r, :] = -1
+            scores[:] = -np.inf
+            for t in range(nt):
+                j = touched[t]
+                if acc[j] > 0.0:
+                    insert_best_first(acc[j], j, k, out[r], scores)
+                acc[j] = 0.0
+                seen[j] = False
+
+
+def top_labels(index, X, k=N_CANDIDATES, n_terms=QUERY_TERMS):
+    """[n, k] int64: each row of X's (CSR) k best labels by the index, -1 padded."""
+    n = X.shape[0]
+    out = np.full((n, max(int(k), 0)), -1, np.int64)
+    if n == 0 or k <= 0 or index.n_labels == 0:
+        return out
+    n_chunks = max(1, min(n, 2 * numba.get_num_threads()))
+    _top_labels(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+                X.data.astype(np.float32, copy=False), index.ptr, index.labels, index.weights,
+                index.n_labels, int(n_terms), int(k), n_chunks, out)
+    return out
