@@ -188,6 +188,18 @@ def test_expand_is_the_features_then_their_pairwise_products():
     assert rerank.expand(np.zeros((1, rerank.N_BASE))).shape[1] == rerank.N_TERMS
 
 
+@pytest.mark.parametrize("d", [rerank.N_BASE - 1, rerank.N_BASE])
+def test_the_fused_scores_are_the_expanded_terms_times_the_weights(d):
+    rng = np.random.default_rng(d)
+    F = rng.normal(size=(301, rerank.N_BASE))               # a format-1 re-ranker reads 10
+    mean, scale = rng.normal(size=d), rng.random(d) + 0.5
+    coef = rng.normal(size=rerank.n_terms(d))
+    expect = rerank.expand((F[:, :d] - mean) / scale) @ coef - 0.7
+    np.testing.assert_allclose(rerank.expanded_scores(F[:, :d], mean, scale, coef, -0.7),
+                               expect, rtol=1e-12, atol=1e-12)
+    assert rerank.expanded_scores(F[:0, :d], mean, scale, coef, 1.0).shape == (0,)
+
+
 def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, model):
     Xtr, Ytr, Xte, Yte = data
     fit_rows, held = rerank.holdout_rows(Xtr.shape[0], model.seed_, n_labels=Ytr.shape[1])
@@ -377,7 +389,8 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     before = warmup.kernel_signatures()
     for kernel in ("rank.rerank.candidate_features", "rank.linear.ovr_epoch",
                    "rank.linear.score_ovr", "rank.linear.train_epoch",
-                   "rank.linear.score_candidates", "rank.linear._strongest_entries"):
+                   "rank.linear.score_candidates", "rank.linear._strongest_entries",
+                   "rank.logistic._expanded_scores"):
         assert before.get("slide." + kernel, 0) > 0
     if not ovr:
         monkeypatch.setattr(label_linear, "MAX_OVR_WORK", 0)

@@ -11,6 +11,7 @@ Protocol of one training batch (``slide.distributed.driver``):
       updating its touched rows (and rehashing on its own schedule).
 """
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from slide.distributed.checkpoint import read_part, write_part
 from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
@@ -192,7 +193,8 @@ class OutputShard:
     def topk_exact(self, H, k, chunk=32768):
         """(scores, global label ids), each [n, min(k, n_local)], best first."""
         W, b = self.net.output_view()
-        best_s, best_i = topk_of_logits(np.asarray(H, np.float32), W, b, int(k), chunk)
+        with threadpool_limits(1, user_api="blas"):    # a product per Numba thread
+            best_s, best_i = topk_of_logits(np.asarray(H, np.float32), W, b, int(k), chunk)
         return best_s, best_i + self.lo
 
     def topk_lse(self, H, k, chunk=32768):
@@ -201,8 +203,9 @@ class OutputShard:
         shard's labels as (max, sum of exp(z - max)), which the driver combines across
         shards."""
         W, b = self.net.output_view()
-        top_z, top_ids, run_max, run_sum = topk_lse_of_logits(np.asarray(H, np.float32), W, b,
-                                                              int(k), chunk)
+        with threadpool_limits(1, user_api="blas"):    # a product per Numba thread
+            top_z, top_ids, run_max, run_sum = topk_lse_of_logits(np.asarray(H, np.float32), W,
+                                                                  b, int(k), chunk)
         return top_z, np.where(top_ids >= 0, top_ids + self.lo, -1), run_max, run_sum
 
     def logits_at(self, H, rows, labels):

@@ -30,7 +30,6 @@ rare feature with a rarely wrong label; unclipped, two of three fits on 2 thread
 ``bench/probes/probe_ovr_alone.py``). A per-weight sum was twice the memory and 2.5 times
 the time, for a lower P@1 and P@5 (round 9).
 """
-import numba
 import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
@@ -94,9 +93,9 @@ def hard_negatives(output, H, rows, k):
     top = np.empty((rows.shape[0], min(k, n_labels)), np.int64)
     floor = _MIN_BLOCK_ROWS if n_labels <= _CHUNK else 64
     step = max(floor, _BLOCK_ENTRIES // min(_CHUNK, n_labels))
-    # BLAS on every thread here (fit holds it to one beside Numba's kernels): the top-k fold
-    # between its products is short, and the products are most of the classifiers' fit
-    with threadpool_limits(numba.get_num_threads(), user_api="blas"):
+    # one BLAS thread: ``topk_ids_of_logits`` runs a product per Numba thread over its rows
+    # (OpenBLAS's threads inside each would oversubscribe the cores)
+    with threadpool_limits(1, user_api="blas"):
         for a in range(0, rows.shape[0], step):
             block = rows[a:a + step]
             top[a:a + block.shape[0]] = topk_ids_of_logits(H[block], Wo, bo, top.shape[1],

@@ -1,7 +1,9 @@
 """The re-ranker's logistic regression: over standardised features and their pairwise products
 (``expand``), fitted by Newton steps whose gradient and Hessian are summed block by block
 (``newton_logistic``), so its memory does not grow with the number of candidates."""
+import numba
 import numpy as np
+from numba import njit, prange
 
 
 def n_terms(n_features):
@@ -12,11 +14,61 @@ def n_terms(n_features):
 def expand(F):
     """The terms of standardised features F [n, d]: the features, then the product of every
     pair (i <= j, squares included) in row-major order: [n, n_terms(d)]."""
+    F = np.ascontiguousarray(F, np.float64)
+    out = np.empty((F.shape[0], n_terms(F.shape[1])), np.float64)
+    if F.shape[0]:
+        _expand_into(F, out, max(1, min(F.shape[0], 4 * numba.get_num_threads())))
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _expand_into(F, out, n_chunks):
+    """out[:, :n_terms(d)] = expand(F), row by row (numpy's pair products through two fancy-
+    indexed [n, pairs] copies were most of the re-ranker's Newton passes)."""
     n, d = F.shape
-    ii, jj = np.triu_indices(d)
-    out = np.empty((n, d + ii.shape[0]), np.float64)
-    out[:, :d] = F
-    out[:, d:] = F[:, ii] * F[:, jj]
+    for c in prange(n_chunks):
+        for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            for i in range(d):
+                out[r, i] = F[r, i]
+            t = d
+            for i in range(d):
+                for j in range(i, d):
+                    out[r, t] = F[r, i] * F[r, j]
+                    t += 1
+
+
+@njit(cache=True, parallel=True)
+def _expanded_scores(F, mean, scale, coef, intercept, n_chunks, out):
+    """out[r] = expand((F[r] - mean) / scale) @ coef + intercept, the terms formed one at a
+    time (no [n, n_terms] matrix); a chunk of rows per task."""
+    n, d = F.shape
+    for c in prange(n_chunks):
+        z = np.empty(d)
+        for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            s = 0.0
+            for i in range(d):
+                z[i] = (F[r, i] - mean[i]) / scale[i]
+                s += coef[i] * z[i]
+            t = d
+            for i in range(d):
+                for j in range(i, d):
+                    s += coef[t] * (z[i] * z[j])
+                    t += 1
+            out[r] = s + intercept
+
+
+def expanded_scores(F, mean, scale, coef, intercept):
+    """The decision values ``expand((F - mean) / scale) @ coef + intercept`` of the rows of F
+    [n, d] (float64 [n]) in one parallel pass: materialising the expanded terms (n x 77
+    float64 for 11 features) cost 7 of the 19 s of predicting debcontents' test rows."""
+    F = np.ascontiguousarray(F, np.float64)
+    out = np.empty(F.shape[0], np.float64)
+    if F.shape[0]:
+        n_chunks = max(1, min(F.shape[0], 4 * numba.get_num_threads()))
+        _expanded_scores(F, np.ascontiguousarray(mean, np.float64),
+                         np.ascontiguousarray(scale, np.float64),
+                         np.ascontiguousarray(coef, np.float64), float(intercept), n_chunks,
+                         out)
     return out
 
 
@@ -27,7 +79,7 @@ def _logistic_pass(Z, truth, w, C, block, with_derivatives):
     loss, grad, hess = 0.0, np.zeros(d), np.zeros((d, d))
     for a in range(0, Z.shape[0], block):
         E = np.empty((min(block, Z.shape[0] - a), d))
-        E[:, :-1] = expand(Z[a:a + block])
+        _expand_into(Z[a:a + block], E, max(1, min(E.shape[0], 4 * numba.get_num_threads())))
         E[:, -1] = 1.0
         z = E @ w
         y = truth[a:a + block]

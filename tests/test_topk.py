@@ -1,0 +1,54 @@
+"""The chunked exact top-k of a dense output layer (slide.kernels.topk): the products split
+over threads by rows equal numpy's, and the vectorised log-sum-exp fold equals the scalar
+one (the same top-k, the same log-sum-exp to float32 rounding of its terms)."""
+import numpy as np
+import pytest
+
+from slide.kernels import topk
+
+
+def _layer(n_rows, n_labels, seed=0):
+    rng = np.random.default_rng(seed)
+    H = rng.random((n_rows, 24), dtype=np.float32)
+    W = (3 * rng.normal(size=(n_labels, 24))).astype(np.float32)
+    return H, W, rng.normal(size=n_labels).astype(np.float32)
+
+
+@pytest.mark.parametrize("n_rows", [7, 200])        # one product; a product per thread
+def test_logit_chunks_equal_numpys_product_bit_for_bit(n_rows):
+    H, W, b = _layer(n_rows, 1000)
+    n_parts = topk._split_rows(H, W, b)
+    assert (n_parts > 1) == (n_rows >= 2 * topk.MIN_PART_ROWS)
+    got = np.concatenate([S for _, S in topk.logit_chunks(H, W, b, 300)], axis=1)
+    np.testing.assert_array_equal(got, H @ W.T + b)
+    # float64 inputs take numpy's product
+    assert topk._split_rows(H.astype(np.float64), W, b) == 1
+
+
+def _fold(fold, S, chunk, k=6):
+    n = S.shape[0]
+    ids, z = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
+    run_max, run_sum = np.full(n, -np.inf), np.zeros(n)
+    for c0 in range(0, S.shape[1], chunk):
+        fold(np.ascontiguousarray(S[:, c0:c0 + chunk]), c0, k, ids, z, run_max, run_sum)
+    return ids, z, run_max + np.log(run_sum)
+
+
+def test_the_vectorised_fold_matches_the_scalar_fold_also_on_rows_with_inf_or_nan():
+    rng = np.random.default_rng(1)
+    S = (8 * rng.normal(size=(40, 3000))).astype(np.float32)
+    S[5, 17] = np.inf
+    S[9, 2500] = np.nan
+    S[11, :] = -40.0                                    # a row of ties: the lower ids first
+    ids0, z0, lse0 = _fold(topk.fold_logits, S.astype(np.float64), 700)
+    ids1, z1, lse1 = _fold(topk.fold_logits_f32, S, 700)
+    np.testing.assert_array_equal(ids1, ids0)
+    np.testing.assert_array_equal(z1, z0)
+    assert list(ids1[11]) == list(range(6))
+    finite = np.isfinite(lse0)
+    # the rows with an inf or NaN took the scalar loop: the same result (not finite) both ways
+    assert finite.sum() == 38 and not finite[5] and not finite[9]
+    np.testing.assert_array_equal(lse1[~finite], lse0[~finite])
+    np.testing.assert_allclose(lse1[finite], lse0[finite], rtol=1e-8)
+    ref = np.log(np.exp(S[0].astype(np.float64) - S[0].max()).sum()) + S[0].max()
+    assert abs(lse1[0] - ref) < 1e-6
