@@ -1,13 +1,20 @@
-"""``SlideEnsemble``: K independently seeded ``SlideClassifier`` members whose predicted label
-probabilities are averaged (the label trees do the same: Omikuji averages 3 trees by default).
+"""``SlideEnsemble``: K independently seeded ``SlideClassifier`` members whose predictions are
+combined (the label trees do the same: Omikuji averages 3 trees by default).
 
 Each member is a clone of ``estimator`` with its own seed, so it differs in its initial
 weights, batch order, hash functions and sampled negatives; the members' errors are partly
-independent and their averaged probabilities rank better than any one of them
-(``bench/results/accuracy.md``). Members train one after another, each on all the cores.
-Inference scores every label (the exact path): per block of rows, each member's probabilities
-(``SlideClassifier.predict_proba``: softmax, or sigmoid for ``loss="sigmoid"``, blended with the
-member's own neighbour vote) are averaged.
+independent and their combination ranks better than any one of them. Members train one after
+another, each on all the cores, each with its own re-ranker when the estimator has one.
+
+``predict_topk``: members with a re-ranker (the default) each rank their ``FUSE_DEPTH`` best
+labels (``SlideClassifier.predict_topk_scored``), and a label's score is the sum over the
+members of its log-probability, ``FUSE_FLOOR`` where a member did not list it. On debcontents
+(``bench/results/accuracy_debcontents_ensemble_*.md``) this is what the members' re-rankers
+are worth: until round 3 the members trained without them and their blends were averaged,
+below one re-ranked model. Members without a re-ranker: the mean of their probabilities.
+``predict_proba``: always the mean of the members' probabilities (``SlideClassifier.
+predict_proba``: softmax, or sigmoid for ``loss="sigmoid"``, blended with the member's own
+neighbour vote), every label scored.
 
 One file holds the whole ensemble (``save`` / ``slide.load``): the members' checkpoints side
 by side in one archive (``slide.persist.checkpoint``, format tag ``slide-ensemble``).
@@ -32,6 +39,38 @@ from slide.persist.checkpoint import save_ensemble
 
 # rows scored at once: the block's dense probabilities stay near 64 MB at any label count
 _BLOCK_ENTRIES = 1 << 24
+# the re-ranked members' fusion: each member's labels read a row, the probability of a label a
+# member did not list, and rows fused at once
+FUSE_DEPTH = 50
+FUSE_FLOOR = 1e-6
+_FUSE_ROWS = 16384
+
+
+def fuse_ranked(lists, k, n_labels):
+    """(n, k) int64: the k best labels of each row by the sum over the members' ranked lists
+    ``lists`` ([(ids [n, d], probabilities [n, d])], -1 for no label) of log(max(p,
+    FUSE_FLOOR)), log(FUSE_FLOOR) for a member that did not list the label; ties to the lower
+    label. A row with fewer than k labels listed is padded with -1."""
+    n = lists[0][0].shape[0]
+    ids = np.concatenate([np.asarray(i, np.int64) for i, _ in lists], axis=1)
+    # each listing's gain over the floor (>= 0): the absent members' floors are then a
+    # constant of the row, which the ranking ignores
+    gain = np.concatenate([np.log(np.maximum(np.asarray(p, np.float64), FUSE_FLOOR))
+                           for _, p in lists], axis=1) - np.log(FUSE_FLOOR)
+    valid = ids.ravel() >= 0
+    keys = (np.repeat(np.arange(n, dtype=np.int64), ids.shape[1]) * int(n_labels)
+            + ids.ravel())[valid]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    score = np.bincount(inverse, weights=gain.ravel()[valid], minlength=uniq.shape[0])
+    row, label = uniq // int(n_labels), uniq % int(n_labels)
+    order = np.lexsort((label, -score, row))
+    row, label = row[order], label[order]
+    first = np.searchsorted(row, np.arange(n))
+    rank = np.arange(row.shape[0]) - first[row]
+    out = np.full((n, k), -1, np.int64)
+    keep = rank < k
+    out[row[keep], rank[keep]] = label[keep]
+    return out
 
 
 def member_seed(seed, k):
@@ -41,7 +80,7 @@ def member_seed(seed, k):
 
 
 class SlideEnsemble(ClassifierMixin, BaseEstimator):
-    """Average of ``n_models`` ``SlideClassifier`` members.
+    """``n_models`` ``SlideClassifier`` members, their rankings fused (module docstring).
 
     Parameters
     ----------
@@ -91,11 +130,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         self.seed_ = int(seed)
         budget = template.time_budget
         share = None if budget is None else float(budget) / int(self.n_models)
-        # the members' probabilities are averaged (predict_proba, the fixed blend): a member's
-        # re-ranker would go unused and cost it a tenth of its training rows
-        extra = {"rerank": False} if "rerank" in template.get_params(deep=False) else {}
-        return [clone(template).set_params(random_state=member_seed(seed, k),
-                                           time_budget=share, **extra)
+        return [clone(template).set_params(random_state=member_seed(seed, k), time_budget=share)
                 for k in range(int(self.n_models))]
 
     def fit(self, X, Y, eval_set=None, callback=None, classes=None):
@@ -157,16 +192,25 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         """The ensemble's scores: its mean probabilities (``predict_proba``)."""
         return self.predict_proba(X)
 
+    def _reranked(self):
+        """Whether every member ranks by its re-ranker (then ``predict_topk`` fuses them)."""
+        return all(m.rerank_ and m.rank_.reranker is not None
+                   and m._neighbour_vote() is not None for m in self.members_)
+
     def predict_topk(self, X, k=5, exact=True, prior_candidates=256, *, return_names=False):
-        """(n, k) int64 label ids by mean member probability, best first (``return_names``:
-        their ``classes_`` names). Every label is
-        scored (``exact=False``, the members' LSH serving, is not offered for an ensemble);
-        ``prior_candidates`` is accepted for ``SlideClassifier``'s signature and unused."""
+        """(n, k) int64 label ids, best first (``return_names``: their ``classes_`` names):
+        the members' re-ranked lists fused (``fuse_ranked``) when every member has a
+        re-ranker, else by mean member probability over every label. ``exact=False``, the
+        members' LSH serving, is not offered for an ensemble; ``prior_candidates`` is
+        accepted for ``SlideClassifier``'s signature and unused."""
         self._check_fitted()
         k = check_k(k, self.n_labels_)
         if not exact:
             raise ValueError("SlideEnsemble scores every label: exact=False is not supported "
                              "(serve a member with exact=False instead)")
+        if self._reranked():
+            ids = self._fused_topk(X, k)
+            return np.asarray(self.classes_)[ids] if return_names else ids
         out = []
         for p in self._blocks(X):
             if k < p.shape[1]:
@@ -177,6 +221,18 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             out.append(np.take_along_axis(idx, order, axis=1).astype(np.int64))
         ids = np.vstack(out)
         return np.asarray(self.classes_)[ids] if return_names else ids
+
+    def _fused_topk(self, X, k):
+        X = as_feature_matrix(X, n_features=self.n_features_in_, name="X")
+        if X.shape[0] == 0:
+            raise ValueError("X has no rows")
+        depth = min(max(k, FUSE_DEPTH), self.n_labels_)
+        out = []
+        for a in range(0, X.shape[0], _FUSE_ROWS):
+            block = X[a:a + _FUSE_ROWS]
+            out.append(fuse_ranked([m.predict_topk_scored(block, k=depth)
+                                    for m in self.members_], k, self.n_labels_))
+        return np.vstack(out)
 
     def predict(self, X):
         """Top-1 label per row, as ``classes_`` names it."""

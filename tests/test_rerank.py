@@ -258,10 +258,43 @@ def test_small_sets_partial_fit_and_fit_neighbours(data, tiny):
     assert m.rank_.reranker is None and m.rank_.memory is None
 
 
-def test_ensemble_members_do_not_rerank(data):
-    Xtr, Ytr, _, _ = data
+def test_ensemble_members_rerank_and_their_ranked_lists_are_fused(data, tmp_path, monkeypatch):
+    Xtr, Ytr, Xte, _ = data
     ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
-    assert all(not m.rerank and m.rank_.reranker is None for m in ens.members_)
+    assert all(m.rerank_ and m.rank_.reranker is not None for m in ens.members_)
+    monkeypatch.setattr(slide.ensemble, "_FUSE_ROWS", 150)          # three blocks of rows
+    top = ens.predict_topk(Xte, k=5)
+    depth = slide.ensemble.FUSE_DEPTH
+    lists = [m.predict_topk_scored(Xte, k=depth) for m in ens.members_]
+    np.testing.assert_array_equal(top, slide.ensemble.fuse_ranked(lists, 5, Ytr.shape[1]))
+    assert not np.array_equal(top, ens.members_[0].predict_topk(Xte, k=5))
+    ens.save(tmp_path / "e.slide")
+    np.testing.assert_array_equal(slide.load(tmp_path / "e.slide").predict_topk(Xte, k=5), top)
+    # members without a re-ranker: the mean of their probabilities, as before
+    for m in ens.members_:
+        m.rerank_ = False
+    p = ens.predict_proba(Xte)
+    mean_top = ens.predict_topk(Xte, k=1)[:, 0]
+    np.testing.assert_array_equal(p[np.arange(Xte.shape[0]), mean_top], p.max(axis=1))
+
+
+def test_fused_ranking_sums_log_probabilities_with_a_floor_for_unlisted_labels():
+    floor = slide.ensemble.FUSE_FLOOR
+    a = (np.array([[3, 1, 2], [0, 4, -1]]), np.array([[0.5, 0.3, 0.1], [0.6, 0.2, 0.0]]))
+    b = (np.array([[1, 3, 0], [4, 2, 0]]), np.array([[0.4, 0.2, 1e-9], [0.5, 0.3, 0.1]]))
+    got = slide.ensemble.fuse_ranked([a, b], 4, 5)
+    for r in range(2):
+        score = {}
+        for ids, p in (a, b):
+            listed = {int(j): np.log(max(v, floor)) for j, v in zip(ids[r], p[r]) if j >= 0}
+            for j in range(5):
+                score[j] = score.get(j, 0.0) + listed.get(j, np.log(floor))
+        listed_any = {int(j) for ids, _ in (a, b) for j in ids[r] if j >= 0}
+        expect = sorted(listed_any, key=lambda j: (-score[j], j))[:4]
+        expect += [-1] * (4 - len(expect))
+        assert got[r].tolist() == expect, (r, got[r], expect)
+    # by hand: 0.3 x 0.4 > 0.5 x 0.2 > 0.1 x floor > 1e-9 (floored) x floor; row 1 lists 3
+    assert got.tolist() == [[1, 3, 2, 0], [4, 0, 2, -1]]
 
 
 def test_checkpoint_keeps_the_reranker(data, model, tmp_path):
