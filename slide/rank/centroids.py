@@ -46,6 +46,18 @@ def centroid_terms(n_labels):
     return int(max(4, min(CENTROID_TERMS, _CENTROID_ENTRIES // max(1, int(n_labels)))))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, seen, touched, nt, i, v):
+    """acc[i] += v in a dense accumulator whose touched entries are listed in touched[:nt]
+    (``seen`` marks them); returns the new count."""
+    if not seen[i]:
+        seen[i] = True
+        touched[nt] = i
+        nt += 1
+    acc[i] += v
+    return nt
+
+
 @njit(cache=True, parallel=True)
 def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m, n_chunks,
                      out_ids, out_vals, out_n):
@@ -65,12 +77,7 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
                 if not use_row[r]:
                     continue
                 for p in range(x_ptr[r], x_ptr[r + 1]):
-                    f = x_ind[p]
-                    if not seen[f]:
-                        seen[f] = True
-                        touched[nt] = f
-                        nt += 1
-                    acc[f] += x_dat[p]
+                    nt = _accumulate(acc, seen, touched, nt, x_ind[p], x_dat[p])
             vals = np.empty(nt, np.float64)
             norm = 0.0
             for t in range(nt):
@@ -194,26 +201,13 @@ def _invert(c_ptr, c_ids, c_val, n_features, per_feature):
             weights[fill[f]] = c_val[p]
             fill[f] += 1
     out_ptr = np.zeros(n_features + 1, np.int64)
+    keep = np.empty(per_feature, np.int64)
     pos = 0
     for f in range(n_features):
-        a, b = ptr[f], ptr[f + 1]
-        n = b - a
-        thr = -np.inf
-        if n > per_feature:
-            thr = select_inplace(weights[a:b].copy(), n, n - per_feature)
-        n_above = 0
-        for p in range(a, b):
-            if weights[p] > thr:
-                n_above += 1
-        ties = per_feature - n_above          # room left for weights equal to the threshold
-        for p in range(a, b):                 # in place: pos never passes p
-            w = weights[p]
-            if w > thr or (w == thr and ties > 0):
-                if w == thr and n > per_feature:
-                    ties -= 1
-                labels[pos] = labels[p]
-                weights[pos] = w
-                pos += 1
+        for t in range(_largest(weights, ptr[f], ptr[f + 1], per_feature, keep)):
+            labels[pos] = labels[keep[t]]           # in place: pos never passes keep[t]
+            weights[pos] = weights[keep[t]]
+            pos += 1
         out_ptr[f + 1] = pos
     return out_ptr, labels[:pos].copy(), weights[:pos].copy()
 
@@ -228,28 +222,30 @@ def build_index(centroids, n_features, per_feature=LABELS_PER_FEATURE):
 
 
 @njit(cache=True, nogil=True)
-def _query_terms(x_ind, x_dat, x0, x1, n_terms, terms):
-    """The row's ``n_terms`` largest entries (ties: the lower feature) into ``terms`` as
-    positions into x_ind / x_dat, in feature order. Returns how many."""
-    n = x1 - x0
-    if n <= n_terms:
+def _largest(values, a, b, m, out):
+    """The positions (ascending) of the m largest of values[a:b] into ``out``, ties to the
+    earlier position (the lower id in a sorted list); all of them when there are at most m.
+    Returns how many."""
+    n = b - a
+    if m <= 0:
+        return 0
+    if n <= m:
         for t in range(n):
-            terms[t] = x0 + t
+            out[t] = a + t
         return n
-    thr = select_inplace(x_dat[x0:x1].copy(), n, n - n_terms)
-    n_above = 0
-    for p in range(x0, x1):
-        if x_dat[p] > thr:
-            n_above += 1
-    ties = n_terms - n_above
-    m = 0
-    for p in range(x0, x1):
-        if x_dat[p] > thr or (x_dat[p] == thr and ties > 0):
-            if x_dat[p] == thr:
+    thr = select_inplace(values[a:b].copy(), n, n - m)
+    ties = m
+    for p in range(a, b):
+        if values[p] > thr:
+            ties -= 1
+    kept = 0
+    for p in range(a, b):
+        if values[p] > thr or (values[p] == thr and ties > 0):
+            if values[p] == thr:
                 ties -= 1
-            terms[m] = p
-            m += 1
-    return m
+            out[kept] = p
+            kept += 1
+    return kept
 
 
 @njit(cache=True, parallel=True)
@@ -266,19 +262,14 @@ def _top_labels(x_ptr, x_ind, x_dat, i_ptr, i_lab, i_wt, n_labels, n_terms, k, n
         terms = np.empty(n_terms, np.int64)
         scores = np.empty(k, np.float32)
         for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
-            m = _query_terms(x_ind, x_dat, x_ptr[r], x_ptr[r + 1], n_terms, terms)
+            m = _largest(x_dat, x_ptr[r], x_ptr[r + 1], n_terms, terms)     # query words
             nt = 0
             for t in range(m):
                 p = terms[t]
                 f = x_ind[p]
                 w = x_dat[p]
                 for q in range(i_ptr[f], i_ptr[f + 1]):
-                    j = i_lab[q]
-                    if not seen[j]:
-                        seen[j] = True
-                        touched[nt] = j
-                        nt += 1
-                    acc[j] += w * i_wt[q]
+                    nt = _accumulate(acc, seen, touched, nt, i_lab[q], w * i_wt[q])
             out[r, :] = -1
             scores[:] = -np.inf
             for t in range(nt):
