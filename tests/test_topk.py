@@ -23,14 +23,14 @@ def test_logit_chunks_equal_numpys_product_bit_for_bit(n_rows):
     threads = min(2, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(threads)
     try:
-        n_parts = topk._split_rows(H, W, b)
+        n_parts = topk.split_rows(H, W, b)
         got = np.concatenate([S for _, S in topk.logit_chunks(H, W, b, 300)], axis=1)
     finally:
         numba.set_num_threads(before)
     assert (n_parts > 1) == (threads > 1 and n_rows >= 2 * topk.MIN_PART_ROWS)
     np.testing.assert_array_equal(got, H @ W.T + b)
     # float64 inputs take numpy's product
-    assert topk._split_rows(H.astype(np.float64), W, b) == 1
+    assert topk.split_rows(H.astype(np.float64), W, b) == 1
 
 
 def _fold(fold, S, chunk, k=6):
@@ -60,3 +60,33 @@ def test_the_vectorised_fold_matches_the_scalar_fold_also_on_rows_with_inf_or_na
     np.testing.assert_allclose(lse1[finite], lse0[finite], rtol=1e-8)
     ref = np.log(np.exp(S[0].astype(np.float64) - S[0].max()).sum()) + S[0].max()
     assert abs(lse1[0] - ref) < 1e-6
+
+
+def test_the_parallel_softmax_matches_numpys_and_leaves_bad_rows_to_it():
+    rng = np.random.default_rng(2)
+    z = (6 * rng.normal(size=(50, 777))).astype(np.float32)
+    z[4, 3] = np.inf
+    z[7, 9] = np.nan
+    z[8, :] = -200.0                                    # far below exp's floor: uniform
+    with np.errstate(invalid="ignore"):
+        ref = topk._numpy_softmax(z.astype(np.float64))
+        got = topk.probabilities(z.copy(), False)
+        bad = topk._numpy_softmax(z[[4, 7]].copy())
+    assert got.dtype == np.float32
+    ok = np.ones(50, bool)
+    ok[[4, 7]] = False
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-6, atol=1e-12)
+    np.testing.assert_allclose(got[ok].sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(got[[4, 7]], bad)     # numpy's own result, NaN included
+
+
+def test_the_output_layers_dense_logits_equal_numpys_product():
+    from slide.kernels.output import OutputLayer
+    H, W, b = _layer(300, 2000, seed=3)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        got = OutputLayer(W, b, False).logits(H)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(got, H @ W.T + b)
