@@ -32,6 +32,7 @@ from sklearn.exceptions import NotFittedError
 
 from slide.data import as_feature_matrix
 from slide.estimator import SlideClassifier
+from slide.kernels.topk import fold_topk
 from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
 from slide.persist.checkpoint import save_ensemble
@@ -200,7 +201,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     def predict_topk(self, X, k=5, exact=True, prior_candidates=256, *, return_names=False):
         """(n, k) int64 label ids, best first (``return_names``: their ``classes_`` names):
         the members' re-ranked lists fused (``fuse_ranked``) when every member has a
-        re-ranker, else by mean member probability over every label. ``exact=False``, the
+        re-ranker, else by mean member probability over every label (ties: the lower label). ``exact=False``, the
         members' LSH serving, is not offered for an ensemble; ``prior_candidates`` is
         accepted for ``SlideClassifier``'s signature and unused."""
         self._check_fitted()
@@ -213,12 +214,13 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             return np.asarray(self.classes_)[ids] if return_names else ids
         out = []
         for p in self._blocks(X):
-            if k < p.shape[1]:
-                idx = np.argpartition(-p, k - 1, axis=1)[:, :k]
-            else:
-                idx = np.tile(np.arange(p.shape[1]), (p.shape[0], 1))
-            order = np.argsort(-np.take_along_axis(p, idx, axis=1), axis=1, kind="stable")
-            out.append(np.take_along_axis(idx, order, axis=1).astype(np.int64))
+            # one parallel pass (ties: the lower label), not numpy's partition and sort
+            ids = np.full((p.shape[0], k), -1, np.int64)
+            fold_topk(p, 0, k, ids, np.full((p.shape[0], k), -np.inf, np.float32))
+            short = (ids < 0).any(axis=1)        # NaN or -inf entries: numpy's order there
+            if short.any():
+                ids[short] = np.argsort(-p[short], axis=1, kind="stable")[:, :k]
+            out.append(ids)
         ids = np.vstack(out)
         return np.asarray(self.classes_)[ids] if return_names else ids
 

@@ -150,3 +150,19 @@ def test_bad_ids_and_k_beyond_the_labels_are_refused(fitted, data):
                  lambda: fitted.score(Xb, data[1])):
         with pytest.raises(ValueError, match=f"X row {row} has feature id {X.shape[1] + 3}"):
             call()
+
+
+def test_topk_of_the_mean_breaks_ties_to_the_lower_label_and_survives_nan(fitted, data,
+                                                                          monkeypatch):
+    X, _ = data
+    n_labels = fitted.n_labels_
+    p = np.full((X.shape[0], n_labels), 0.5, np.float32)     # every label tied
+    p[:, 3] = 0.9
+    p[1] = np.nan                                             # a diverged member's row
+    p[2, :] = -np.inf
+    p[2, 5] = 0.1
+    monkeypatch.setattr(SlideEnsemble, "_block_proba", lambda self, Xb: p[:Xb.shape[0]])
+    top = fitted.predict_topk(X[:4], k=3)
+    assert top[0].tolist() == [3, 0, 1] and top[3].tolist() == [3, 0, 1]
+    assert top[2, 0] == 5 and (top >= 0).all()
+    assert top[1].tolist() == np.argsort(-p[1], kind="stable")[:3].tolist()
