@@ -242,3 +242,28 @@ def test_warm_up_with_the_data_compiles_only_the_linear_kind_it_selects(fresh_pr
     assert label_linear.MAX_OVR_WORK == 0                           # restored after the fit
     m.fit(X, Y)
     assert isinstance(m.rank_.reranker.linear, label_linear.LabelLinear)
+
+
+def test_the_warm_up_compiles_the_exact_top_ks_row_split_products(monkeypatch):
+    # a fit's held-out rows and hard negatives split their products over the threads; the
+    # tiny set's blocks never do, so the warm-up compiles that kernel itself
+    import numba
+
+    from slide.kernels import topk
+    monkeypatch.setattr(warmup, "_WARMED", {})
+    m = slide.SlideClassifier(**dict(SMALL, neighbours=20, n_threads=2))
+    m._checked_params()
+    m._warm_up()
+    before = warmup.kernel_signatures()
+    assert before.get("slide.kernels.topk.logits_into", 0) > 0
+    rng = np.random.default_rng(0)
+    H = rng.random((2 * topk.MIN_PART_ROWS, 24), dtype=np.float32)
+    W = rng.random((300, 24), dtype=np.float32)
+    b = np.zeros(300, np.float32)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        topk.topk_lse_of_logits(H, W, b, 5)
+    finally:
+        numba.set_num_threads(threads)
+    assert warmup.kernel_signatures() == before
