@@ -1,18 +1,21 @@
-"""The label centroids as a retrieval index: a third source of the re-ranker's candidates.
+"""The labels' input centroids (the re-ranker's ``centroid_cosine`` feature) and a retrieval
+index over them: a third source of the re-ranker's candidates, measured and left off.
 
-The re-ranker's candidates were the network's top labels and the labels of a row's nearest
-rows in the hidden layer. On debcontents (133k labels) that list held a true label for 85.9 %
-of the test rows where Omikuji's first 100 held one for 89.2 %, and the re-ranker put a true
-label first in the same share of the rows whose list held one as the tree did: the gap in P@1
-was one of recall (``bench/results/hit_at_k_debcontents_f868c9b.log``). The labels' input
-centroids (``rerank.label_centroids``, already in the model for the ``centroid_cosine``
-feature) find labels by the input words, the trees' kind of evidence: the 50 labels whose
-centroids score highest against a row's 30 heaviest words raised that share to 88.5 %.
+The re-ranker's candidates are the network's top labels and the labels of a row's nearest rows
+in the hidden layer. On debcontents (133k labels) they hold a true label for 85.9 % of the test
+rows where Omikuji's first 100 labels hold one for 89.2 % (``hit_at_k_debcontents_f868c9b.log``),
+so the gap in P@1 looked partly one of recall. The centroids find labels by the input words, the
+trees' kind of evidence: each row's ``N_CANDIDATES`` best labels by the index raised that share
+to 88.4-88.6 %, but with the re-ranker fitted on them P@1 and P@5 stayed where they were (the
+rows only the index finds are hard rows whose retrieved labels score low on every feature;
+``bench/probes/probe_retrieval.py``, ``retrieval_debcontents_501f85e.log``). So
+``RERANK_CENTROID_CANDIDATES`` is 0; a re-ranker fitted with them records how many
+(``ReRanker.n_retrieved``) and checkpoints keep that count.
 
 Scoring every centroid is a sparse product that common words make nearly dense (19 s for the
 test rows of debcontents), so both sides are pruned: a row queries with its ``n_terms``
 largest entries, and each word's list keeps the ``per_feature`` labels whose centroids weigh
-it most (0.3 s). The index is derived from the centroids, so checkpoints store nothing new.
+it most (0.3 s). The index is derived from the centroids, so checkpoints store nothing more.
 """
 from typing import NamedTuple
 
