@@ -175,10 +175,15 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         total /= len(self.members_)
         return total
 
-    def _blocks(self, X):
+    def _rows(self, X):
+        """X as a feature matrix of the fitted width, with at least one row (ValueError)."""
         X = as_feature_matrix(X, n_features=self.n_features_in_, name="X")
         if X.shape[0] == 0:
             raise ValueError("X has no rows")
+        return X
+
+    def _blocks(self, X):
+        X = self._rows(X)
         rows = max(1, _BLOCK_ENTRIES // max(int(self.n_labels_), 1))
         for a in range(0, X.shape[0], rows):
             yield self._block_proba(X[a:a + rows])
@@ -195,15 +200,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     def _reranked(self):
         """Whether every member ranks by its re-ranker (then ``predict_topk`` fuses them)."""
-        return all(m.rerank_ and m.rank_.reranker is not None
-                   and m._neighbour_vote() is not None for m in self.members_)
+        return all(m._reranks() for m in self.members_)
 
     def predict_topk(self, X, k=5, exact=True, prior_candidates=256, *, return_names=False):
         """(n, k) int64 label ids, best first (``return_names``: their ``classes_`` names):
         the members' re-ranked lists fused (``fuse_ranked``) when every member has a
-        re-ranker, else by mean member probability over every label (ties: the lower label). ``exact=False``, the
-        members' LSH serving, is not offered for an ensemble; ``prior_candidates`` is
-        accepted for ``SlideClassifier``'s signature and unused."""
+        re-ranker, else by mean member probability over every label (ties: the lower label).
+        ``exact=False``, the members' LSH serving, is not offered for an ensemble;
+        ``prior_candidates`` is accepted for ``SlideClassifier``'s signature and unused."""
         self._check_fitted()
         k = check_k(k, self.n_labels_)
         if not exact:
@@ -225,9 +229,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return np.asarray(self.classes_)[ids] if return_names else ids
 
     def _fused_topk(self, X, k):
-        X = as_feature_matrix(X, n_features=self.n_features_in_, name="X")
-        if X.shape[0] == 0:
-            raise ValueError("X has no rows")
+        X = self._rows(X)
         depth = min(max(k, FUSE_DEPTH), self.n_labels_)
         out = []
         for a in range(0, X.shape[0], _FUSE_ROWS):

@@ -256,8 +256,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self._fix_vote_settings()
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None):
-        """Fresh network, optimizer and schedule; ``seed`` (a checkpoint's) overrides
-        ``random_state``."""
+        """Fresh network, optimizer and schedule; a checkpoint's ``seed`` overrides random_state."""
         self._set_identity(n_features, n_labels, seed)
         sizes = (n_features,) + tuple(int(h) for h in hs) + (n_labels,)
         n_layers = len(sizes) - 1
@@ -395,22 +394,25 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         return self.network_.output_layer()
 
     def _exact_topk(self, X, k, with_scores, neighbours=None, rerank=None):
-        """Exact top-k of checked rows X (BLAS held to one thread by the caller): ranked by
-        the re-ranker when the model has one and ``rerank`` is on, else the network's
-        probabilities blended with the neighbour vote when it has its memory, else the logits.
-        ``with_scores``: (ids, the re-ranker's or blend's probabilities, or the logits).
-        ``neighbours`` / ``rerank``: this call's (None: the fitted ``neighbours_`` /
-        ``rerank_``)."""
+        """Exact top-k of checked rows X (BLAS held to one thread by the caller): by the
+        re-ranker (``_reranks``), else the network blended with the neighbour vote when the
+        model has its memory, else the logits. ``with_scores``: (ids, those probabilities or
+        the logits). ``neighbours`` / ``rerank``: this call's (None: as fitted)."""
         vote = self._neighbour_vote(neighbours)
-        rerank = self.rerank_ if rerank is None else rerank
         if vote is None:
             return self.network_.predict_topk_exact(X, k, with_scores=with_scores)
         H = self.network_.hidden(X)
-        if rerank and self.rank_.reranker is not None:
+        if self._reranks(neighbours, rerank):
             out = self.rank_.topk_reranked(H, self._output(), X, k)
         else:
             out = self.rank_.topk_blended(H, self._output(), k, *vote)
         return out if with_scores else out[0]
+
+    def _reranks(self, neighbours=None, rerank=None):
+        """Whether exact top-k ranks by the re-ranker: it is on, fitted, and has the vote's
+        memory (``neighbours`` / ``rerank``: this call's switches; None: as fitted)."""
+        on = self.rerank_ if rerank is None else rerank
+        return bool(on and self.rank_.reranker is not None and self._neighbour_vote(neighbours))
 
     def _neighbour_vote(self, neighbours=None):
         """Whether exact predictions blend in the neighbour vote: (k, weight) or None
@@ -482,20 +484,19 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
 
     def predict_topk(self, X, k=5, exact=True, prior_candidates=None, *, neighbours=None,
                      rerank=None, return_names=False):
-        """(n, k) int64 label ids (column ids of ``classes_``), best first;
-        ``return_names=True``: the labels' names, ``classes_[ids]``. ``neighbours`` /
-        ``rerank``: this call's vote size and re-ranker switch (None: as fitted,
-        ``neighbours_`` / ``rerank_``; ``set_params`` after ``fit`` does not change them). exact=True scores every output neuron, blended
-        with the neighbour vote of the training rows when the model has its memory
-        (``neighbours``, ``slide.rank.vote``); exact=False is sparse serving, by the network
-        alone: the output layer's serving index (``slide.kernels.lsh.serving``: LSH tables
-        over [w ; b], built from the weights on first use, kept until training changes them,
-        saved with the model) picks each row's
-        most-colliding labels, and those plus the ``prior_candidates`` labels with the
-        highest bias (the same for every row; 0 for none; None: 2 % of the labels, at least
-        256) are scored exactly. It works the same whichever sampler trained the model.
-        Measured (``bench/results/serving.md``): the prior list, not the LSH, carries the
-        recall of the exact top-k."""
+        """(n, k) int64 label ids (column ids of ``classes_``), best first; ``return_names=True``:
+        the labels' names, ``classes_[ids]``. ``neighbours`` / ``rerank``: this call's vote size
+        and re-ranker switch (None: as fitted, ``neighbours_`` / ``rerank_``; ``set_params``
+        after ``fit`` does not change them). exact=True scores every output neuron, blended with
+        the neighbour vote of the training rows when the model has its memory (``neighbours``,
+        ``slide.rank.vote``); exact=False is sparse serving, by the network alone: the output
+        layer's serving index (``slide.kernels.lsh.serving``: LSH tables over [w ; b], built
+        from the weights on first use, kept until training changes them, saved with the model)
+        picks each row's most-colliding labels, and those plus the ``prior_candidates`` labels
+        with the highest bias (the same for every row; 0 for none; None: 2 % of the labels, at
+        least 256) are scored exactly. It works the same whichever sampler trained the model.
+        Measured (``bench/results/serving.md``): the prior list, not the LSH, carries the recall
+        of the exact top-k."""
         self._check_fitted()
         if prior_candidates is not None and (not is_int(prior_candidates)
                                              or prior_candidates < 0):
@@ -532,8 +533,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         return X
 
     def _check_predict_args(self, X, k):
-        """``_prepare_inference`` after checking that k is a positive integer, at most
-        ``n_labels_``."""
+        """``_prepare_inference`` after checking that k is an integer in [1, n_labels_]."""
         self._check_fitted()
         params_mod.check_k(k, self.n_labels_)
         return self._prepare_inference(X)

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slide.kernels.topk import logits_into, split_rows, topk_lse_of_logits
+from slide.kernels.topk import dense_logits, topk_lse_of_logits
 
 
 class OutputLayer(NamedTuple):
@@ -38,12 +38,6 @@ class OutputLayer(NamedTuple):
         return out
 
     def logits(self, H):
-        """Dense logits [n, n_labels] of the hidden rows H (numpy's product, bit for bit; a
-        product per Numba thread over the rows where ``split_rows`` says so, BLAS held to
-        one thread by the caller)."""
-        n_parts = split_rows(H, self.W, self.b)
-        if n_parts == 1:
-            return H @ self.W.T + self.b
-        S = np.empty((H.shape[0], self.W.shape[0]), np.float32)
-        logits_into(H, self.W.T, self.b, S, n_parts)
-        return S
+        """Dense logits [n, n_labels] of the hidden rows H (``topk.dense_logits``: a product
+        per thread over the rows where it pays, BLAS held to one thread by the caller)."""
+        return dense_logits(H, self.W, self.b)

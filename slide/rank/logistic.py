@@ -11,13 +11,18 @@ def n_terms(n_features):
     return n_features + n_features * (n_features + 1) // 2
 
 
+def _n_chunks(n_rows):
+    """Tasks for a parallel pass over n_rows rows: four per thread, at least one."""
+    return max(1, min(n_rows, 4 * numba.get_num_threads()))
+
+
 def expand(F):
     """The terms of standardised features F [n, d]: the features, then the product of every
     pair (i <= j, squares included) in row-major order: [n, n_terms(d)]."""
     F = np.ascontiguousarray(F, np.float64)
     out = np.empty((F.shape[0], n_terms(F.shape[1])), np.float64)
     if F.shape[0]:
-        _expand_into(F, out, max(1, min(F.shape[0], 4 * numba.get_num_threads())))
+        _expand_into(F, out, _n_chunks(F.shape[0]))
     return out
 
 
@@ -64,11 +69,10 @@ def expanded_scores(F, mean, scale, coef, intercept):
     F = np.ascontiguousarray(F, np.float64)
     out = np.empty(F.shape[0], np.float64)
     if F.shape[0]:
-        n_chunks = max(1, min(F.shape[0], 4 * numba.get_num_threads()))
         _expanded_scores(F, np.ascontiguousarray(mean, np.float64),
                          np.ascontiguousarray(scale, np.float64),
-                         np.ascontiguousarray(coef, np.float64), float(intercept), n_chunks,
-                         out)
+                         np.ascontiguousarray(coef, np.float64), float(intercept),
+                         _n_chunks(F.shape[0]), out)
     return out
 
 
@@ -79,7 +83,7 @@ def _logistic_pass(Z, truth, w, C, block, with_derivatives):
     loss, grad, hess = 0.0, np.zeros(d), np.zeros((d, d))
     for a in range(0, Z.shape[0], block):
         E = np.empty((min(block, Z.shape[0] - a), d))
-        _expand_into(Z[a:a + block], E, max(1, min(E.shape[0], 4 * numba.get_num_threads())))
+        _expand_into(Z[a:a + block], E, _n_chunks(E.shape[0]))
         E[:, -1] = 1.0
         z = E @ w
         y = truth[a:a + block]

@@ -324,7 +324,8 @@ def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_cou
     per_row = np.diff(memory.label_indptr)
     if retrieved is None:
         retrieved = np.full((n, 0), -1, np.int64)
-    bound = top_ids.shape[1] + retrieved.shape[1] + np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
+    voted = np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1)
+    bound = top_ids.shape[1] + retrieved.shape[1] + voted
     cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
     ids = np.full(cand_ptr[-1], -1, np.int64)
     F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
