@@ -97,7 +97,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     sparse_layers : None or sequence of int
         Which layers (0 = first hidden layer, len(hidden_sizes) = output layer) use LSH; None =
         the output layer only. Ignored (no sparse layer) when sampler="dense".
-    loss : "softmax" | "sigmoid"
+    loss : "softmax" | "sigmoid" | "softmax_each" (see docs/parameters.md)
     optimizer : "adam" | "lazy_adam" | "sgd"
         "adam": bias-corrected Adam with dense Adam's trajectory at sparse cost (rows a batch
         does not touch still receive their decaying momentum, applied in closed form at their

@@ -31,7 +31,7 @@ HASH_FAMILIES = ("simhash", "wta", "dwta", "doph")           # slide.kernels.lsh
 BUCKET_POLICIES = ("fifo", "reservoir")                       # slide.kernels.lsh.index.POLICIES
 LSH_SAMPLERS = ("vanilla", "topk", "threshold")               # slide.kernels.lsh.samplers.SAMPLERS
 SAMPLERS = LSH_SAMPLERS + ("random", "dense")
-LOSSES = ("softmax", "sigmoid")                               # slide.network.LOSSES
+LOSSES = ("softmax", "sigmoid", "softmax_each")                               # slide.network.LOSSES
 OPTIMIZERS = ("adam", "lazy_adam", "sgd")                     # slide.network.optim.OPTIMIZERS
 BIAS_INITS = ("log_prior", "zero")
 LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.network.trainer.LR_SCHEDULES
@@ -112,8 +112,10 @@ TABLE = (
        ge=1),
     _p("hidden_sizes", "model.hidden_sizes", "int_list", (128,),
        "widths of the hidden ReLU layers (at least one)", ge=1),
-    _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons",
-       choices=LOSSES),
+    _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons: softmax "
+       "(target 1/|y| on each label), sigmoid (binary cross-entropy), softmax_each (one "
+       "softmax per label over it and the non-labels: the network alone ranks better on rows "
+       "with many labels)", choices=LOSSES),
     _p("output_bias_init", "model.output_bias_init", "str", "log_prior",
        "log_prior: output biases start at log((label count + 1) / (points + labels)) of the "
        "training labels; zero: the dense baselines' initialisation", choices=BIAS_INITS),

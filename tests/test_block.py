@@ -48,7 +48,7 @@ def _train(engine, sampler, loss, sparse_hidden, min_active, optimizer, n_batche
 
 
 @pytest.mark.parametrize("sampler", ["random", "vanilla", "topk", "threshold"])
-@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid", "softmax_each"])
 @pytest.mark.parametrize("sparse_hidden,min_active", [(False, 0), (False, 50), (True, 0)])
 def test_batched_step_equals_per_sample_step(sampler, loss, sparse_hidden, min_active):
     """One SGD step at learning rate 1: the weights move by exactly minus the gradient, so

@@ -44,6 +44,20 @@ def _reference(layout, W, B, x_idx, x_val, labels, loss, active=None, offset=Non
         on = m & (t > 0)        # only the targets contribute (a left-out neuron has p = 0)
         L = -(t[on] * np.log(p[on])).sum()
         d = np.where(m, p - t, 0.0)
+    elif loss == "softmax_each":
+        # one softmax per label over it and the active non-labels, summed as vectors
+        L = 0.0
+        d = np.zeros_like(z)
+        neg = m & (y == 0)
+        for j in np.flatnonzero(m & (y > 0)):
+            on = neg.copy()
+            on[j] = True
+            zj = np.where(on, z, -np.inf)
+            q = np.exp(zj - zj.max())
+            q /= q.sum()
+            L -= np.log(q[j]) / len(labels)
+            q[j] -= 1.0
+            d += q / len(labels)
     else:
         p = 1 / (1 + np.exp(-z))
         L = (np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z))))[m].sum()
@@ -81,7 +95,7 @@ def _net(sizes, sparse=(), min_active=0, loss="softmax", lsh=None, seed=3, corre
     return net
 
 
-@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid", "softmax_each"])
 @pytest.mark.parametrize("hidden", [(7,), (9, 5)])
 def test_dense_matches_numpy_reference(loss, hidden):
     sizes = (40,) + hidden + (13,)
@@ -117,14 +131,15 @@ def test_sparse_layers_all_active_match_dense(sparse):
     np.testing.assert_allclose(gB, gBr, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("loss", ["softmax", "softmax_each"])
 @pytest.mark.parametrize("sampler", ["vanilla", "topk", "random"])
-def test_sampled_softmax_matches_reference_on_its_active_set(sampler):
+def test_sampled_softmax_matches_reference_on_its_active_set(sampler, loss):
     """LSH-selected (or random) active sets: loss/gradients equal the dense reference restricted
     to the active neurons, labels are always active, nothing outside gets a gradient."""
     sizes = (50, 16, 300)
     lsh = dict(sampler=sampler, family="dwta", K=2, L=4, range_pow=6, bucket_size=8,
                policy="fifo", budget=20, threshold=1)
-    net = _net(sizes, sparse=(1,), min_active=25, lsh=lsh)
+    net = _net(sizes, sparse=(1,), min_active=25, lsh=lsh, loss=loss)
     rng = np.random.default_rng(2)
     for serial in (1, 2):
         idx, val, lab = _sample(rng, 50, 300, ny=3)
@@ -133,7 +148,7 @@ def test_sampled_softmax_matches_reference_on_its_active_set(sampler):
         a = act[1]
         assert set(lab.tolist()) <= set(a.tolist())
         assert len(set(a.tolist())) == len(a) and 25 <= len(a) < 300
-        Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax",
+        Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, loss,
                                   active=[None, a])
         assert L == pytest.approx(Lr, rel=1e-5)
         np.testing.assert_allclose(gW, gWr, rtol=1e-4, atol=1e-6)
@@ -143,13 +158,14 @@ def test_sampled_softmax_matches_reference_on_its_active_set(sampler):
         assert not G1[inactive].any()
 
 
+@pytest.mark.parametrize("loss", ["softmax", "softmax_each"])
 @pytest.mark.parametrize("shared", [0, 40])
-def test_sampling_correction_offsets_random_negatives(shared):
+def test_sampling_correction_offsets_random_negatives(shared, loss):
     """With the correction, every uniform random negative's logit gets + log(U / |R|): U =
     neurons not computed exactly (here: all but the labels), |R| = random negatives."""
     sizes = (50, 16, 300)
     net = _net(sizes, sparse=(1,), min_active=60, lsh=dict(sampler="random"), correct=True,
-               shared=shared)
+               shared=shared, loss=loss)
     rng = np.random.default_rng(7)
     idx, val, lab = _sample(rng, 50, 300, ny=3)
     L, gW, gB, act = net.sample_loss_and_grads(idx, val, lab, return_active=True)
@@ -157,12 +173,12 @@ def test_sampling_correction_offsets_random_negatives(shared):
     assert len(a) >= 60 and list(a[:3]) == list(lab)
     offset = np.zeros(300)
     offset[a[3:]] = np.log((300 - 3) / (len(a) - 3))
-    Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax",
+    Lr, gWr, gBr = _reference(net.layout, net.W, net.B, idx, val, lab, loss,
                               active=[None, a], offset=offset)
     assert L == pytest.approx(Lr, rel=1e-5)
     np.testing.assert_allclose(gW, gWr, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(gB, gBr, rtol=1e-4, atol=1e-6)
-    L0 = _reference(net.layout, net.W, net.B, idx, val, lab, "softmax", active=[None, a])[0]
+    L0 = _reference(net.layout, net.W, net.B, idx, val, lab, loss, active=[None, a])[0]
     assert abs(L - L0) > 0.1          # the correction does change the loss
 
 

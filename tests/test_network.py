@@ -286,7 +286,7 @@ def test_sparse_predict_prior_candidates_join_every_row():
     assert (net.predict_topk_sparse(X, 3, prior_candidates=1)[:, 0] == star).all()
 
 
-@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid", "softmax_each"])
 def test_dense_blas_path_equals_per_sample_path(loss):
     """sampler='dense' trains through BLAS matrix products over the batch; with one thread it
     must follow the per-sample kernel (every neuron active) step for step."""

@@ -40,6 +40,7 @@ from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
+from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX_EACH, each_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, finish_draw, find_sorted, is_label,
                                      sorted_union)
@@ -176,15 +177,15 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
     """Step 4: per sample, the extras' logits, the corrected softmax over S and the extras,
     its deltas back into Z (dZ) and the extras' into ``d_store[s, :n_extra]``. ``offs[kind]``
     = S's biases plus each column's offset of that ``correction_kind``. A softmax sample
-    whose active set holds all of S (always, unless its capacity cut S short) takes the
-    vectorised row pass (``_softmax_row``); any other sample the per-sample path's
-    ``sample.output_loss`` in that path's order."""
+    whose active set holds all of S (always, unless its capacity cut S short) takes a
+    vectorised row pass (``_softmax_row``, ``losses.each_row``); any other sample the
+    per-sample path's ``sample.output_loss`` in that path's order."""
     nb = rows.shape[0]
     last = spec.n_layers - 1
     W, B = params.W, params.B
     w_off, b_off = spec.w_off[last], spec.b_off[last]
     s_lo = sc.s_off[last]
-    use_corr = correct and spec.loss_code == 0
+    use_corr = correct and spec.loss_code != LOSS_SIGMOID
     counts, b_col, b_extra, sc_ids, sc_n_act = blk.counts, blk.col, blk.extra, sc.ids, sc.n_act
     zbuf = blk.zbuf
     Yp, Yi = Y.ptr, Y.ind
@@ -198,11 +199,13 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
         out = sc_ids[s, s_lo:s_lo + n]
         labels = Yi[Yp[rows[s]]:Yp[rows[s] + 1]]
         ranges, kind = correction_kind(spec, n, n_c, n_s, neg, use_corr)
-        if spec.loss_code == 0 and n - n_x == ns:
+        if spec.loss_code != LOSS_SIGMOID and n - n_x == ns:
             _extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s, ranges[5],
                            d_store[s])
-            losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c,
-                                     d_store[s, :n_x], labels, scale, zbuf[t])
+            args = (Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c, d_store[s, :n_x],
+                    labels, scale, zbuf[t])
+            losses[s] = each_row(*args) if spec.loss_code == LOSS_SOFTMAX_EACH else \
+                _softmax_row(*args)
         else:
             losses[s] = _loss_by_positions(W, B, w_off, b_off, H[s], Z[s], offs[0], out,
                                            b_col[s], labels, spec.loss_code, scale,

@@ -12,6 +12,7 @@ from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Param
                                   make_block, make_output_rows, make_scratch, make_store,
                                   make_touched, pack_tables)
 from slide.kernels.layers import Layout, init_params
+from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX, LOSS_SOFTMAX_EACH
 from slide.kernels.lsh.hashes import FAMILIES, bits_per_hash
 from slide.kernels.lsh.index import LSHIndex
 from slide.kernels.lsh.samplers import SAMPLERS
@@ -24,7 +25,7 @@ from slide.network.dense import train_batch_dense
 from slide.network.state import network_from_state
 
 
-LOSSES = {"softmax": 0, "sigmoid": 1}
+LOSSES = {"softmax": LOSS_SOFTMAX, "sigmoid": LOSS_SIGMOID, "softmax_each": LOSS_SOFTMAX_EACH}
 STATE_FORMAT = 1
 _SCRATCH_ATTRS = ("GW", "GB", "sc", "store", "out_rows", "losses", "block", "_scratch_key")
 ENGINES = ("batched", "per_sample")
