@@ -147,9 +147,10 @@ def each_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _exact_logits(zs, off, bS, log_w1, col, n_c, dx, saved):
-    """S's columns get ``off`` and ``log_w1``, C's entries their exact logit (also in
-    ``saved[k]``, the extras' too); returns whether every logit is finite."""
+def offset_row(zs, off, bS, log_w1, col, n_c, saved):
+    """A batched row's logits before its loss: S's columns get ``off`` (bias + the column's
+    offset) and ``log_w1``; the exact logits (logit + bias) of C's entries in S are kept in
+    ``saved[k]`` for the caller to put back (both softmax losses' row passes)."""
     for k in range(n_c):
         c = col[k]
         if c >= 0:
@@ -157,6 +158,13 @@ def _exact_logits(zs, off, bS, log_w1, col, n_c, dx, saved):
     w1 = np.float32(log_w1)
     for c in range(zs.shape[0]):
         zs[c] += off[c] + w1
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _exact_logits(zs, off, bS, log_w1, col, n_c, dx, saved):
+    """``offset_row``, then C's entries back at their exact logit (also in ``saved[k]``, the
+    extras' too); returns whether every logit is finite."""
+    offset_row(zs, off, bS, log_w1, col, n_c, saved)
     e = 0
     for k in range(n_c):
         c = col[k]

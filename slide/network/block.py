@@ -40,7 +40,7 @@ from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
-from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX_EACH, each_row
+from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX_EACH, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, finish_draw, find_sorted, is_label,
                                      sorted_union)
@@ -278,13 +278,7 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
         zs[:] = 0.0
         dx[:] = 0.0
         return 0.0
-    for k in range(n_c):
-        c = col[k]
-        if c >= 0:
-            saved[k] = zs[c] + bS[c]
-    w1 = np.float32(log_w1)
-    for c in range(zs.shape[0]):
-        zs[c] += off[c] + w1
+    offset_row(zs, off, bS, log_w1, col, n_c, saved)
     # the labels are in C: their corrected logit is the exact one
     lz = 0.0
     n_found = 0
