@@ -2,13 +2,15 @@
 against the per-sample path's loss over active positions (``block._loss_by_positions``, i.e.
 ``sample.output_loss``): the same loss and deltas for every kind of correction, labels in and
 outside the shared block, LSH-like ids in C, a random fill (weighted or dropped), no labels,
-and an overflowed logit."""
+and an overflowed logit; the same for loss="softmax_each" (``losses.each_row``)."""
 import math
 
 import numpy as np
 import pytest
 
+from slide.kernels.arrays import Params
 from slide.kernels.expsum import EXP_FLOOR, exp_shifted_inplace, max_and_finite, max_or_nan
+from slide.kernels.losses import EACH, each_row
 from slide.kernels.negatives import CORR_MIX, CORR_NONE, CORR_PLAIN
 from slide.network import block as BK
 
@@ -47,20 +49,24 @@ def _case(seed, kind, n_fill, drop_fill, n_labels, n_lsh):
                 n_s=n_s, labels=labels, ranges=ranges, arr=arr, kind=kind)
 
 
-def _both(c, scale=0.25):
+def _both(c, scale=0.25, each=None):
+    """(loss, S's deltas, the extras' deltas) by positions and by the row pass; ``each``:
+    ``EACH`` for loss="softmax_each" (``losses.each_row``), None for the softmax."""
     n_x = int((c["col"] < 0).sum())
     z_ref, d_ref = c["zs"].copy(), np.zeros(64, np.float32)
-    loss_ref = BK._loss_by_positions(c["W"], c["B"], 0, 0, c["h"], z_ref, c["offs"][0],
-                                     c["out"], c["col"], c["labels"], 0,
+    empty = np.zeros(0, np.float32)
+    loss_ref = BK._loss_by_positions(Params(c["W"], c["B"], empty, empty), 0, 0, c["h"], z_ref,
+                                     c["offs"][0], c["out"], c["col"], c["labels"], 0,
                                      np.float32(scale), (c["ranges"], c["arr"]),
-                                     np.zeros(64, np.float32), d_ref)
+                                     np.zeros(64, np.float32), d_ref, each)
     z_got, d_got = c["zs"].copy(), np.zeros(64, np.float32)
     extra = c["out"][c["col"] < 0]          # in position order, as block_forward lists them
     BK._extras_logits(c["W"], c["B"], 0, 0, c["h"], extra, c["n"] - c["n_s"], c["ranges"][5],
                       d_got)
-    loss_got = BK._softmax_row(z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4],
-                               c["col"], c["out"], c["n_c"], d_got[:n_x], c["labels"],
-                               np.float32(scale), np.zeros(64, np.float32))
+    row = BK._softmax_row if each is None else each_row
+    loss_got = row(z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4], c["col"],
+                   c["out"], c["n_c"], d_got[:n_x], c["labels"], np.float32(scale),
+                   np.zeros(64, np.float32))
     return (loss_ref, z_ref, d_ref[:n_x]), (loss_got, z_got, d_got[:n_x])
 
 
@@ -76,6 +82,24 @@ def test_row_softmax_equals_positions_softmax(kind, n_fill, drop_fill, n_labels,
         np.testing.assert_allclose(z_got, z_ref, rtol=0, atol=2e-7)
         np.testing.assert_allclose(d_got, d_ref, rtol=0, atol=2e-7)
         # the deltas of a softmax sum to zero (p sums to 1, so does y); a dropped fill: 0
+        assert abs(z_got.sum() + d_got.sum()) < 1e-6
+        if drop_fill and n_fill:
+            assert (d_got[-n_fill:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", [CORR_NONE, CORR_PLAIN, CORR_MIX])
+@pytest.mark.parametrize("n_fill,drop_fill", [(0, False), (5, False), (5, True)])
+@pytest.mark.parametrize("n_labels,n_lsh", [(1, 0), (4, 0), (3, 6)])
+def test_row_softmax_each_equals_positions(kind, n_fill, drop_fill, n_labels, n_lsh):
+    """loss="softmax_each": the row pass (the labels out of the exp at -inf) against the
+    per-sample loss over the same positions."""
+    for seed in range(4):
+        c = _case(seed, kind, n_fill, drop_fill, n_labels, n_lsh)
+        (l_ref, z_ref, d_ref), (l_got, z_got, d_got) = _both(c, each=EACH)
+        assert np.isfinite(l_ref) and l_ref > 0
+        np.testing.assert_allclose(l_got, l_ref, rtol=2e-6)
+        np.testing.assert_allclose(z_got, z_ref, rtol=0, atol=2e-7)
+        np.testing.assert_allclose(d_got, d_ref, rtol=0, atol=2e-7)
         assert abs(z_got.sum() + d_got.sum()) < 1e-6
         if drop_fill and n_fill:
             assert (d_got[-n_fill:] == 0).all()

@@ -1,6 +1,10 @@
 """The ``softmax_each`` loss's kernels at their edges: both forms (per sample over an active
 set, batched over a row of S and its extras) agree, stay finite where logits span hundreds of
 nats, and give nothing to learn where there is no non-label."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -106,3 +110,28 @@ def test_each_row_equals_each_loss():
     got.update({7: dx[0], 9: dx[1]})
     for j, k in pos.items():
         assert got[j] == pytest.approx(d[k], rel=1e-5, abs=1e-9)
+
+
+def test_a_softmax_network_never_compiles_these_kernels(tmp_path):
+    """The loss is a type in the kernels (``losses.EACH`` or None), so Numba prunes the call:
+    with an empty cache, the dense loss kernel of a softmax network compiles no ``each_loss``,
+    that of a softmax_each network does. (A whole fit in a fresh process, measured once with an
+    empty cache: softmax compiled neither ``each_loss`` nor ``each_row``, softmax_each both.)"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import numpy as np, scipy.sparse as sp\n"
+        "from slide.kernels import losses\n"
+        "from slide.kernels.arrays import csr\n"
+        "from slide.network.dense import dense_loss_kernel\n"
+        "Y = csr(sp.csr_matrix(np.eye(4, 6, dtype=np.float32)))\n"
+        "rows = np.arange(4, dtype=np.int64)\n"
+        "for each in (None, losses.EACH):\n"
+        "    Z = np.ones((4, 6), np.float32)\n"
+        "    dense_loss_kernel(Z, Y, rows, 0, 0.25, np.zeros(4), each)\n"
+        "    print(len(losses.each_loss.signatures))\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=root, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "1"]

@@ -81,6 +81,8 @@ def test_tiny_copy_keeps_the_code_paths():
 
 
 @pytest.mark.parametrize("change", [{}, dict(sampler="dense"),
+                                    dict(loss="softmax_each", sampler="random"),
+                                    dict(loss="softmax_each", sampler="dense"),
                                     dict(sampler="topk", hash_family="dwta", K=2, L=4,
                                          loss="sigmoid", optimizer="lazy_adam",
                                          hidden_sizes=(16, 16))])

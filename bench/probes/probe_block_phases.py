@@ -98,7 +98,7 @@ def main():
             with BK._parallel_chunks():
                 BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z,
                               BK.block_offsets(bS, shared, neg), H, d_store, losses,
-                              np.float32(1 / 128), net.correct)
+                              np.float32(1 / 128), net.correct, net.loss_marker)
             t = tick("corrected softmax", t)
             dH = blk.dH[:128]
             BK.split_backward_products(Z, WS, H, dH, blk.dWS[:ns], BK.product_parts(ns))

@@ -28,6 +28,16 @@ from slide.kernels.negatives import corrected_logit, is_label
 
 # the output losses' codes (``slide.network.network.LOSSES``)
 LOSS_SOFTMAX, LOSS_SIGMOID, LOSS_SOFTMAX_EACH = 0, 1, 2
+# the kernels' ``each`` argument: this array for softmax_each, None otherwise. The choice is a
+# type, not a value, so Numba prunes the branch that calls this module's kernels from the
+# default network's code: it compiles them only for a softmax_each network (cold, they cost
+# the quickstart's compilation ~6 s as a runtime branch)
+EACH = np.zeros(1, np.uint8)
+
+
+def loss_marker(loss_code):
+    """The kernels' ``each`` argument of a network with this loss code."""
+    return EACH if loss_code == LOSS_SOFTMAX_EACH else None
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")

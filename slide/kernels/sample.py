@@ -28,7 +28,7 @@ from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.kernels.lsh.samplers import sample_into
 from slide.kernels.negatives import (corrected_logit, corrected_max, correction, find_sorted,
                                      is_label)
-from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX_EACH, each_loss
+from slide.kernels.losses import LOSS_SIGMOID, each_loss
 from slide.kernels.rng import randint
 
 
@@ -266,13 +266,14 @@ def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, la
 # ----------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_ranges, corr):
+def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_ranges, corr,
+                each):
     """Loss of one sample over its active logits z[:n_act]; writes scale * dLoss/dz to delta.
 
     softmax: cross-entropy against the target distribution 1/|y| on each true label (the SLIDE
     paper / TF baseline); sigmoid: binary cross-entropy summed over the active outputs;
-    softmax_each: one softmax per true label over it and the active non-labels, averaged over
-    the labels (``slide.kernels.losses.each_loss``).
+    softmax_each (``each`` not None, ``slide.kernels.losses.loss_marker``): one softmax per true
+    label over it and the active non-labels, averaged over the labels (``losses.each_loss``).
     ``corr_ranges`` = (lo1, hi1, lo2, hi2, log_w1, log_w2): logits at positions [lo1, hi1)
     are offset by log_w1 (+ corr[neuron] when ``corr`` is not empty), those at [lo2, hi2) by
     log_w2 (softmax only; see ``slide.kernels.negatives.correction``).
@@ -280,7 +281,7 @@ def output_loss(z, n_act, dense, ids, labels, loss_code, scale, delta, corr_rang
     ny = labels.shape[0]
     if loss_code == LOSS_SIGMOID:
         return _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta)
-    if loss_code == LOSS_SOFTMAX_EACH:
+    if each is not None:
         return each_loss(z, n_act, dense, ids, labels, scale, delta, corr_ranges, corr)
     if ny == 0:
         # no target distribution: the sample contributes nothing
@@ -339,18 +340,18 @@ def _sigmoid_loss(z, n_act, dense, ids, labels, scale, delta):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale, correct):
+def sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale, correct, each):
     """Training loss of one forwarded sample; writes its output deltas to ``sc.dels[c]``.
     ``neg``: the batch's shared draw and its log importance weights (``arrays.SharedDraw``,
     see ``slide.kernels.negatives``); n_c, n_s: the output layer's layout (``forward``);
-    ``correct``: apply the sampling correction."""
+    ``correct``: apply the sampling correction; ``each``: ``output_loss``'s."""
     last = spec.n_layers - 1
     a0, a1 = sc.a_off[last], sc.a_off[last + 1]
     ranges, corr = correction(spec, n_act[last], n_c, n_s, neg,
                               correct and spec.sparse[last] and spec.loss_code != LOSS_SIGMOID)
     return output_loss(sc.acts[c, a0:a1], n_act[last], not spec.sparse[last],
                        ids[sc.s_off[last]:sc.s_off[last + 1]], labels, spec.loss_code, scale,
-                       sc.dels[c, a0:a1], ranges, corr)
+                       sc.dels[c, a0:a1], ranges, corr, each)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from slide.kernels.touched import collect_touched, output_entries
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial, neg, row_path,
-                       correct, losses):
+                       correct, losses, each):
     """Forward + backward of every sample of the batch ``rows``, HOGWILD over samples.
 
     Thread-chunk scratch: the first axis of sc.acts, dels, codes, ... ; per sample: sc.ids,
@@ -22,7 +22,7 @@ def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial
     batch MEAN loss are added into GW/GB without locks. Random draws come from
     stream_seed(seed, serial, sample position): independent of threads. ``neg``: the batch's
     shared negatives (``SharedDraw``). A sample whose hidden layers are non-finite gets loss
-    NaN and no gradient."""
+    NaN and no gradient. ``each``: ``sample.output_loss``'s."""
     nb = rows.shape[0]
     n_chunks = sc.acts.shape[0]
     scale = 1.0 / nb
@@ -43,7 +43,7 @@ def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial
                 losses[s] = np.nan
                 continue
             losses[s] = sample_loss(spec, sc, c, ids, n_act, labels, neg, n_c, n_s, scale,
-                                    correct)
+                                    correct, each)
             backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path,
                      store.h_store[s], store.d_store[s])
 
@@ -57,7 +57,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     sc_b = sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb])
     train_batch_kernel(net.params, net.spec, net.tables, sc_b, net.store, csr(X), csr(Y), rows,
                        np.uint64(seed), np.int64(serial), net.negatives.bundle(shared),
-                       net.row_path, net.correct, net.losses[:nb])
+                       net.row_path, net.correct, net.losses[:nb], net.loss_marker)
     return net.losses[:nb]
 
 

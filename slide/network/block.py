@@ -40,7 +40,7 @@ from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
-from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX_EACH, each_row, offset_row
+from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, finish_draw, find_sorted, is_label,
                                      sorted_union)
@@ -173,7 +173,8 @@ def gather_rows(W, B, w_off, b_off, n_in, shared, WS, bS):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses, scale, correct):
+def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses, scale, correct,
+               each):
     """Step 4: per sample, the extras' logits, the corrected softmax over S and the extras,
     its deltas back into Z (dZ) and the extras' into ``d_store[s, :n_extra]``. ``offs[kind]``
     = S's biases plus each column's offset of that ``correction_kind``. A softmax sample
@@ -204,13 +205,15 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
                            d_store[s])
             args = (Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c, d_store[s, :n_x],
                     labels, scale, zbuf[t])
-            losses[s] = each_row(*args) if spec.loss_code == LOSS_SOFTMAX_EACH else \
-                _softmax_row(*args)
+            if each is not None:
+                losses[s] = each_row(*args)
+            else:
+                losses[s] = _softmax_row(*args)
         else:
-            losses[s] = _loss_by_positions(W, B, w_off, b_off, H[s], Z[s], offs[0], out,
+            losses[s] = _loss_by_positions(params, w_off, b_off, H[s], Z[s], offs[0], out,
                                            b_col[s], labels, spec.loss_code, scale,
                                            (ranges, corr_array(neg, kind)), zbuf[t],
-                                           d_store[s])
+                                           d_store[s], each)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
@@ -225,17 +228,18 @@ def _row_logit(W, B, w_off, b_off, j, h):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _loss_by_positions(W, B, w_off, b_off, h, zs, bS, out, col, labels, loss_code, scale,
-                       corrections, z, d):
+def _loss_by_positions(params, w_off, b_off, h, zs, bS, out, col, labels, loss_code, scale,
+                       corrections, z, d, each):
     """One sample's loss in the per-sample path's order (``sample.output_loss`` over its
-    active positions ``out``): the sigmoid loss, and a softmax whose active set lost part of
-    S to its capacity (S's other columns get a zero delta)."""
+    active positions ``out``; ``each``: its argument): the sigmoid loss, and a softmax whose
+    active set lost part of S to its capacity (S's other columns get a zero delta)."""
+    W, B = params.W, params.B
     n = out.shape[0]
     ranges, corr = corrections
     for k in range(n):
         c = col[k]
         z[k] = zs[c] + bS[c] if c >= 0 else _row_logit(W, B, w_off, b_off, out[k], h)
-    loss = output_loss(z, n, False, out, labels, loss_code, scale, z, ranges, corr)
+    loss = output_loss(z, n, False, out, labels, loss_code, scale, z, ranges, corr, each)
     zs[:] = 0.0
     n_x = 0
     for k in range(n):
@@ -514,7 +518,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     offs = block_offsets(bS, shared, neg)
     with _parallel_chunks():
         block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, H, d_store, losses,
-                   np.float32(1.0 / nb), net.correct)
+                   np.float32(1.0 / nb), net.correct, net.loss_marker)
     if not np.isfinite(losses).all():
         return losses
     dH = blk.dH[:nb]

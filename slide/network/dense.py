@@ -69,16 +69,17 @@ def dense_backward_kernel(params, spec, h_off, X, rows, acts, d_hidden, dels):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def dense_loss_kernel(Z, Y, rows, loss_code, scale, losses):
+def dense_loss_kernel(Z, Y, rows, loss_code, scale, losses, each):
     """In place: Z[s] (logits of the whole output layer) becomes scale * dLoss/dZ; losses[s]
-    gets the sample's loss. Same loss as the sampled path, fused into one pass per row."""
+    gets the sample's loss. Same loss as the sampled path, fused into one pass per row
+    (``each``: ``sample.output_loss``'s)."""
     n = Z.shape[1]
     empty = np.zeros(0, np.float32)
     for s in prange(rows.shape[0]):
         r = rows[s]
         labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
         losses[s] = output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s],
-                                NO_CORRECTION, empty)
+                                NO_CORRECTION, empty, each)
 
 
 def train_batch_dense(net, X, Y, rows, serial, optimizer):
@@ -102,7 +103,7 @@ def train_batch_dense(net, X, Y, rows, serial, optimizer):
     Z = H @ Wo.T
     Z += bo
     losses = np.zeros(nb, np.float64)
-    dense_loss_kernel(Z, csr(Y), rows, net.loss_code, 1.0 / nb, losses)
+    dense_loss_kernel(Z, csr(Y), rows, net.loss_code, 1.0 / nb, losses, net.loss_marker)
     loss = float(np.mean(losses))
     if not math.isfinite(loss):
         return loss, float(lay.sizes[-1])

@@ -12,7 +12,7 @@ from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Param
                                   make_block, make_output_rows, make_scratch, make_store,
                                   make_touched, pack_tables)
 from slide.kernels.layers import Layout, init_params
-from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX, LOSS_SOFTMAX_EACH
+from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX, LOSS_SOFTMAX_EACH, loss_marker
 from slide.kernels.lsh.hashes import FAMILIES, bits_per_hash
 from slide.kernels.lsh.index import LSHIndex
 from slide.kernels.lsh.samplers import SAMPLERS
@@ -49,6 +49,7 @@ class Network:
         self.min_active = i64(min_active).reshape(L)
         self.loss = loss
         self.loss_code = LOSSES[loss]
+        self.loss_marker = loss_marker(self.loss_code)
         self.seed = int(seed)
         if init:
             self.W, self.B = init_params(lay, self.seed)
