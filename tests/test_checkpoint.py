@@ -47,16 +47,19 @@ def test_a_checkpoint_written_before_the_split_loads_and_resumes_exactly(tiny):
     assert np.isfinite(m.network_.W).all() and np.isfinite(m.network_.B).all()
 
 
-def test_a_checkpoint_of_todays_code_resumes_exactly(tiny, tmp_path):
+@pytest.mark.parametrize("loss", ["softmax", "softmax_each"])
+def test_a_checkpoint_of_todays_code_resumes_exactly(tiny, tmp_path, loss):
     Xtr, Ytr, Xte, _ = tiny
-    part = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=lambda m, info: info["batch"] >= 30)
+    params = dict(V1_PARAMS, loss=loss)
+    part = SlideClassifier(**params).fit(Xtr, Ytr, callback=lambda m, info: info["batch"] >= 30)
     assert part.batches_ == 30
     part.predict_topk(Xte[:20], k=3)           # syncs the optimizer, as the v1 writer did
     path = str(tmp_path / "at30.slide")
     part.save(path)
     m = load(path)
+    assert m.network_.loss == loss
     m.fit(Xtr, Ytr, resume=True)
-    full = SlideClassifier(**V1_PARAMS).fit(Xtr, Ytr, callback=_sync_at_30)
+    full = SlideClassifier(**params).fit(Xtr, Ytr, callback=_sync_at_30)
     assert m.batches_ == full.batches_ > 30
     np.testing.assert_array_equal(m.network_.W, full.network_.W)
     np.testing.assert_array_equal(m.network_.B, full.network_.B)
