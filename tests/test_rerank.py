@@ -233,6 +233,32 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
         model.set_params(rerank=True)
 
 
+def test_a_rows_first_labels_do_not_depend_on_k(data, model):
+    """The re-ranker ranks the candidates it was fitted on whatever k (a deeper network list
+    added candidates it never saw, and they displaced better ones); a row short of k
+    candidates continues with the network's next labels at probability 0."""
+    _, Ytr, Xte, _ = data
+    top5 = model.predict_topk(Xte, k=5)
+    n_labels = Ytr.shape[1]
+    for k in (30, n_labels):
+        ids, prob = model.predict_topk_scored(Xte, k=k)
+        np.testing.assert_array_equal(ids[:, :5], top5)
+        assert np.all(np.diff(prob, axis=1) <= 0)
+    # k = every label: each row lists each label once, the unranked ones at 0, in the
+    # network's order (its logits, best first)
+    assert (np.sort(ids, axis=1) == np.arange(n_labels)).all()
+    net, rank = model.network_, model.rank_
+    ptr, counts, cid, _ = rerank.features(net.output_layer(), Xte, net.hidden(Xte), rank.memory,
+                                          rank.reranker.k_nn, rank.reranker.centroids, 10,
+                                          linear=rank.reranker.linear)
+    assert np.array_equal((prob > 0).sum(axis=1), counts)
+    Z = net.output_layer().logits(net.hidden(Xte))
+    for r in range(0, Xte.shape[0], 53):
+        rest = ids[r, counts[r]:]
+        assert set(rest.tolist()).isdisjoint(cid[ptr[r]:ptr[r] + counts[r]].tolist())
+        assert np.all(np.diff(Z[r, rest]) <= 0) and not prob[r, counts[r]:].any()
+
+
 def test_the_reranker_uses_the_words_the_network_has_not_learned(data):
     # one epoch of 5 batches: the network and its hidden-layer vote know little yet, the
     # rows' words name their labels; the re-ranker learns to use the centroid cosine
