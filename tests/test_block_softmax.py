@@ -70,36 +70,22 @@ def _both(c, scale=0.25, each=None):
     return (loss_ref, z_ref, d_ref[:n_x]), (loss_got, z_got, d_got[:n_x])
 
 
+@pytest.mark.parametrize("each", [None, EACH], ids=["softmax", "softmax_each"])
 @pytest.mark.parametrize("kind", [CORR_NONE, CORR_PLAIN, CORR_MIX])
 @pytest.mark.parametrize("n_fill,drop_fill", [(0, False), (5, False), (5, True)])
 @pytest.mark.parametrize("n_labels,n_lsh", [(1, 0), (4, 0), (3, 6)])
-def test_row_softmax_equals_positions_softmax(kind, n_fill, drop_fill, n_labels, n_lsh):
-    for seed in range(4):
-        c = _case(seed, kind, n_fill, drop_fill, n_labels, n_lsh)
-        (l_ref, z_ref, d_ref), (l_got, z_got, d_got) = _both(c)
-        assert np.isfinite(l_ref) and l_ref > 0
-        np.testing.assert_allclose(l_got, l_ref, rtol=2e-6)
-        np.testing.assert_allclose(z_got, z_ref, rtol=0, atol=2e-7)
-        np.testing.assert_allclose(d_got, d_ref, rtol=0, atol=2e-7)
-        # the deltas of a softmax sum to zero (p sums to 1, so does y); a dropped fill: 0
-        assert abs(z_got.sum() + d_got.sum()) < 1e-6
-        if drop_fill and n_fill:
-            assert (d_got[-n_fill:] == 0).all()
-
-
-@pytest.mark.parametrize("kind", [CORR_NONE, CORR_PLAIN, CORR_MIX])
-@pytest.mark.parametrize("n_fill,drop_fill", [(0, False), (5, False), (5, True)])
-@pytest.mark.parametrize("n_labels,n_lsh", [(1, 0), (4, 0), (3, 6)])
-def test_row_softmax_each_equals_positions(kind, n_fill, drop_fill, n_labels, n_lsh):
-    """loss="softmax_each": the row pass (the labels out of the exp at -inf) against the
+def test_row_softmax_equals_positions_softmax(kind, n_fill, drop_fill, n_labels, n_lsh, each):
+    """Both losses' row passes (softmax_each's: the labels out of the exp at -inf) against the
     per-sample loss over the same positions."""
     for seed in range(4):
         c = _case(seed, kind, n_fill, drop_fill, n_labels, n_lsh)
-        (l_ref, z_ref, d_ref), (l_got, z_got, d_got) = _both(c, each=EACH)
+        (l_ref, z_ref, d_ref), (l_got, z_got, d_got) = _both(c, each=each)
         assert np.isfinite(l_ref) and l_ref > 0
         np.testing.assert_allclose(l_got, l_ref, rtol=2e-6)
         np.testing.assert_allclose(z_got, z_ref, rtol=0, atol=2e-7)
         np.testing.assert_allclose(d_got, d_ref, rtol=0, atol=2e-7)
+        # the deltas of either loss sum to zero (softmax: p and y both sum to 1; softmax_each:
+        # each label's softmax moves as much up as down); a dropped fill: 0
         assert abs(z_got.sum() + d_got.sum()) < 1e-6
         if drop_fill and n_fill:
             assert (d_got[-n_fill:] == 0).all()
