@@ -8,7 +8,7 @@ down towards 1/|y|, in favour of its other labels. Here each label competes with
 non-labels only: label p's term is -log(e^z_p / (e^z_p + sum over the active non-labels n of
 e^z_n)), the non-labels' logits carrying the same sampling correction as in ``softmax`` (their
 corrected sum estimates the sum over every non-label). Measured: the network's own P@1 2.7
-and 4.1 points higher on debdeps and debcontents, 3.8 on xc200k, at the same speed; the whole
+and 4.1 points higher on debdeps and debcontents, 3.8 on xc200k, for 1-8 % more time; the whole
 ``SlideClassifier()`` level (``bench/results/losses_{network,pipeline}_*_7b78566.md``).
 
 With the non-labels' largest logit M, N = sum_n e^(z_n - M) (>= 1) and x_p = z_p - M - log N:
