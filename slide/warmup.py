@@ -8,7 +8,20 @@ synthetic batch set, with a rehash and a rebuild of its tables, an epoch-end syn
 evaluation, so that every kernel the real run will call is compiled before its clock starts.
 It runs once per process and configuration; the seconds it took are what ``SlideClassifier``
 reports as ``compile_seconds_``, never as training time.
+
+A cold cache (the first fit after installing or changing slide) compiles for over a minute, one
+kernel after another on one core. The stages after the network (the vote, the linear
+classifiers, the re-ranker, the exact top-k: ~30 s of 85 s on 2 cores) do not need a trained
+network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
+Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained) while this
+process compiles the network's; this process then loads them from the cache. Only where their
+cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper that
+fails costs nothing but its gain (this process compiles what it needs itself).
 """
+import contextlib
+import os
+import pickle
+import subprocess
 import sys
 import time
 
@@ -131,29 +144,136 @@ def warm_up(model, X=None, Y=None):
         return 0.0
     t0 = time.perf_counter()
     copy = tiny_copy(model)
-    if X is not None and not kinds:
-        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
-    copy._rerank_min_holdout = 1        # the tiny set's held-out rows fit the re-ranker too
-    X, Y = tiny_data()
-    saved = label_linear.MAX_OVR_WORK
-    if "ovr" not in kinds:
-        label_linear.MAX_OVR_WORK = -1  # the tiny set affords one-vs-rest: let it choose hashed
+    helper = start_helper(copy, kinds) if X is None or kinds else None
     try:
-        copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
-    finally:
-        label_linear.MAX_OVR_WORK = saved
-    if copy.rank_.reranker is not None:
-        _warm_linear(copy, X, Y, kinds)
+        _warm_in_process(copy, kinds, X is not None)
+    except BaseException:
+        finish_helper(helper, 0.0)
+        raise
+    finish_helper(helper)
     if done is not None:
         kinds = kinds | done[1]
+    seconds = time.perf_counter() - t0
+    _WARMED[key] = (seconds, kinds)
+    return seconds
+
+
+def _warm_in_process(copy, kinds, with_data):
+    """The tiny copy's fit, linear classifiers, split products and evaluation, here."""
+    if with_data and not kinds:
+        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
+    X, Y = tiny_data()
+    with _tiny_rules(copy, kinds):
+        copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    _warm_after_network(copy, X, Y, kinds)
+
+
+@contextlib.contextmanager
+def _tiny_rules(copy, kinds):
+    """The tiny set's held-out rows fit a re-ranker, and its linear classifiers are of the
+    kinds ``kinds`` (the tiny set affords one-vs-rest: without "ovr", it must choose hashed)."""
+    copy._rerank_min_holdout = 1
+    saved = label_linear.MAX_OVR_WORK
+    if "ovr" not in kinds:
+        label_linear.MAX_OVR_WORK = -1
+    try:
+        yield
+    finally:
+        label_linear.MAX_OVR_WORK = saved
+
+
+def _warm_after_network(copy, X, Y, kinds):
+    """What runs after the network: the linear classifiers' kinds (the re-ranker's fit built
+    the rest), the exact top-k's split products and the CLI's evaluation."""
+    if copy.rank_.reranker is not None:
+        _warm_linear(copy, X, Y, kinds)
     _warm_split_products(copy)
     # the evaluation the CLI runs during training (exact top-k, then P@k / nDCG@k / PSP@k)
     top = copy.predict_topk(X, k=5)
     metrics.evaluate(Y, top, ks=(1, 3, 5),
                      inv_propensity=metrics.inverse_propensity(Y, 0.55, 1.5))
-    seconds = time.perf_counter() - t0
-    _WARMED[key] = (seconds, kinds)
-    return seconds
+
+
+def warm_ranking(copy, kinds):
+    """Compile the kernels of the stages after the network (``warm_up``'s helper process runs
+    this): ``copy``, a ``tiny_copy``, is built and its stages fitted on the tiny set as its fit
+    would, without training its network (the types, not the weights, decide what compiles)."""
+    X, Y = tiny_data()
+    with _tiny_rules(copy, kinds):
+        copy._threads()
+        hs, sparse = copy._checked_params()
+        X, Y, _ = copy._check_training_data(X, Y, False, None)
+        copy._build(X.shape[1], Y.shape[1], hs, sparse)
+        copy._build_memory(X, Y, copy._rerank_split(X.shape[0], Y.shape[1]))
+    _warm_after_network(copy, X, Y, kinds)
+
+
+# the kernel whose cache tells whether the stages after the network are compiled already
+def _probe_kernel():
+    from slide.rank.rerank import candidate_features
+    return candidate_features
+
+
+def ranking_cached():
+    """Whether Numba's cache holds the re-ranker's features kernel for this source (a stale or
+    missing index is cold); unknown counts as cached (no helper)."""
+    try:
+        return bool(_probe_kernel()._cache._cache_file._load_index())
+    except Exception:   # noqa: BLE001 -- Numba's private cache API: any change means "unknown"
+        return True
+
+
+def start_helper(copy, kinds):
+    """The helper process compiling the stages after the network (``warm_ranking``), or None
+    where it would not pay: no re-ranker, their cache warm, one core, or
+    ``SLIDE_COMPILE_HELPER=0``."""
+    if os.environ.get("SLIDE_COMPILE_HELPER", "1") == "0" or not (
+            copy.rerank and copy.neighbours > 0) or _cores() < 2 or ranking_cached():
+        return None
+    env = dict(os.environ)
+    # the helper imports this very slide (a checkout on sys.path, not another installation)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import slide.warmup as w; w.helper_main()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
+        proc.stdin.write(pickle.dumps((copy.get_params(deep=False), kinds)))
+        proc.stdin.close()
+    except OSError:
+        return None
+    return proc
+
+
+def finish_helper(proc, grace=None):
+    """Reap the helper: by now it has finished (its half is the shorter); one still running
+    after ``grace`` more seconds (default ``HELPER_GRACE_S``) is stopped (Numba writes each
+    cache entry whole, so a stopped helper leaves no broken one)."""
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=HELPER_GRACE_S if grace is None else grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+HELPER_GRACE_S = 60.0
+
+
+def _cores():
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def helper_main():
+    """The helper process: the estimator's parameters and kinds from stdin, then
+    ``warm_ranking``."""
+    from slide.estimator import SlideClassifier
+    params, kinds = pickle.loads(sys.stdin.buffer.read())
+    warm_ranking(SlideClassifier(**params), kinds)
 
 
 def _warm_split_products(model):

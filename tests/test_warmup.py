@@ -4,6 +4,8 @@ once per process and configuration, and the CLI reports it and writes the time-t
 plot."""
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -269,3 +271,83 @@ def test_the_warm_up_compiles_the_exact_top_ks_row_split_products(monkeypatch):
     finally:
         numba.set_num_threads(threads)
     assert warmup.kernel_signatures() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# the helper process that compiles the stages after the network (a cold cache only)
+
+_SIGNATURES = """
+import json, sys
+from numba.core.registry import CPUDispatcher
+import slide
+from slide import warmup
+from slide.rank import linear as label_linear   # noqa: F401 (loads the rank modules)
+
+
+def signatures():
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("slide."):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, CPUDispatcher) and value.__module__ == name:
+                out[name + "." + attr] = sorted(str(s) for s in value.signatures)
+    return out
+
+
+kinds = frozenset(("ovr", "hashed"))
+model = slide.SlideClassifier()
+warmup.warm_ranking(warmup.tiny_copy(model), kinds)
+helper = signatures()
+warmup.warm_up(model)
+print(json.dumps([helper, signatures()]))
+"""
+
+# the stages after the network: what the helper is to compile
+_AFTER_NETWORK = ("slide.rank.", "slide.kernels.topk.", "slide.network.infer.", "slide.metrics.")
+
+
+def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
+    """The helper's kernels, with their argument types, are the ones a fit calls after its
+    network: after them, the whole warm-up adds no signature to any kernel of those stages (the
+    fit loads them from the cache the helper wrote), and the helper compiled nothing the fit
+    does not call."""
+    env = dict(os.environ, SLIDE_COMPILE_HELPER="0")
+    out = subprocess.run([sys.executable, "-c", _SIGNATURES], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    helper, full = json.loads(out.stdout.strip().splitlines()[-1])
+    after = {k: v for k, v in full.items() if k.startswith(_AFTER_NETWORK) and v}
+    assert "slide.rank.rerank.candidate_features" in after
+    assert "slide.network.infer.hidden_batch_kernel" in after
+    for name, sigs in after.items():
+        assert helper.get(name, []) == sigs, name
+    for name, sigs in helper.items():
+        assert set(sigs) <= set(full.get(name, [])), name
+
+
+def test_a_helper_runs_only_where_it_pays(monkeypatch):
+    copy = warmup.tiny_copy(slide.SlideClassifier())
+    kinds = frozenset(("hashed",))
+    monkeypatch.setattr(warmup, "ranking_cached", lambda: True)
+    assert warmup.start_helper(copy, kinds) is None                 # compiled already
+    monkeypatch.setattr(warmup, "ranking_cached", lambda: False)
+    monkeypatch.setenv("SLIDE_COMPILE_HELPER", "0")
+    assert warmup.start_helper(copy, kinds) is None                 # switched off
+    monkeypatch.delenv("SLIDE_COMPILE_HELPER")
+    assert warmup.start_helper(warmup.tiny_copy(slide.SlideClassifier(rerank=False)),
+                               kinds) is None                       # nothing after the network
+    monkeypatch.setattr(warmup, "_cores", lambda: 1)
+    assert warmup.start_helper(copy, kinds) is None                 # no second core
+    monkeypatch.setattr(warmup, "_cores", lambda: 2)
+    proc = warmup.start_helper(copy, kinds)      # a real helper: the cache is warm, it is quick
+    assert proc is not None
+    warmup.finish_helper(proc)
+    assert proc.returncode == 0
+
+
+def test_a_helper_that_does_not_finish_is_stopped():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.perf_counter()
+    warmup.finish_helper(proc, 0.2)
+    assert proc.returncode is not None and time.perf_counter() - t0 < 10
