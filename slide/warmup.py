@@ -13,8 +13,9 @@ A cold cache (the first fit after installing or changing slide) compiles for ove
 kernel after another on one core. The stages after the network (the vote, the linear
 classifiers, the re-ranker, the exact top-k: ~30 s of 85 s on 2 cores) do not need a trained
 network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
-Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained) while this
-process compiles the network's; this process then loads them from the cache. Only where their
+Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained), with the
+output layer's row steps (on no rows), while this process compiles the rest of the network's;
+this process then loads them from the cache. Only where their
 cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper that
 fails costs nothing but its gain (this process compiles what it needs itself).
 """
@@ -204,8 +205,25 @@ def warm_ranking(copy, kinds):
         hs, sparse = copy._checked_params()
         X, Y, _ = copy._check_training_data(X, Y, False, None)
         copy._build(X.shape[1], Y.shape[1], hs, sparse)
+        _warm_output_steps(copy)
         copy._build_memory(X, Y, copy._rerank_split(X.shape[0], Y.shape[1]))
     _warm_after_network(copy, X, Y, kinds)
+
+
+def _warm_output_steps(copy):
+    """The output layer's row steps and the optimizer's flush, on no rows: the last network
+    kernels a fit compiles (~12 s of its ~55 s cold), so the helper takes them first and its
+    share matches this process's."""
+    net, opt = copy.network_, copy.optimizer_
+    if net.row_path:
+        net.prepare(int(copy.batch_size), copy._threads(), 1)
+        opt.next_step()                     # a step to flush: the flush compiles only then
+        opt.step_output(net.W, net.B, net.out_rows, 0, net.store)
+        if net.block is not None:
+            blk = net.block
+            opt.step_block(net.W, net.B, np.empty(0, np.int32), blk.dWS[:0], blk.dbS[:0],
+                           net.out_stamp, 0)
+    opt.flush(net.W, net.B)
 
 
 # the kernel whose cache tells whether the stages after the network are compiled already
