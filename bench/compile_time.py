@@ -7,6 +7,12 @@ configuration -- what ``SlideClassifier.fit`` reports as ``compile_seconds_`` --
 short real fit whose first batch is timed against the later ones and whose kernels must gain
 no new type signature (the warm-up compiled everything the fit uses).
 
+With a cold cache the warm-up starts a helper process that compiles the stages after the
+network (``slide.warmup.start_helper``); its kernels are not in a row's "kernels compiled" (they
+compile in the other process). ``--helper-rounds N`` then times N more cold warm-ups of slide's
+defaults with the helper off and on (``SLIDE_COMPILE_HELPER``), alternating, each in a fresh
+empty cache.
+
     flock /tmp/slide-bench.lock python bench/compile_time.py --out bench/results/compile_time.md
 """
 from __future__ import annotations
@@ -58,8 +64,9 @@ print(json.dumps({"import_s": t_import, "compile_s": compile_s,
 """
 
 
-def measure(params, cache_dir):
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=ROOT)
+def measure(params, cache_dir, helper="1"):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=ROOT,
+               SLIDE_COMPILE_HELPER=helper)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], env=env,
                        capture_output=True, text=True, timeout=600)
@@ -81,6 +88,8 @@ def commit():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compile_time.md"))
+    ap.add_argument("--helper-rounds", type=int, default=0, help="cold warm-ups of slide's "
+                    "defaults with the compile helper off and on, alternating (0: none)")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
@@ -119,10 +128,35 @@ def main(argv=None):
               "those the slide run had already compiled into the cache):", ""]
     for name, m in cold.items():
         lines.append(f"- {name}: " + ", ".join(f"`{k}`" for k in m["compiled_kernels"]))
+    lines += helper_rounds(args.helper_rounds)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
+
+
+def helper_rounds(n):
+    """Report lines of n cold warm-ups of slide's defaults without and with the helper."""
+    if n <= 0:
+        return []
+    params = CONFIGS["slide (defaults: random sampler, vote, re-ranker)"]
+    seconds = {"0": [], "1": []}
+    for r in range(n):
+        for helper in ("0", "1"):
+            with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
+                m = measure(params, cache, helper)
+            seconds[helper].append(m["compile_s"])
+            print(f"round {r + 1} helper {'on ' if helper == '1' else 'off'} compile "
+                  f"{m['compile_s']:6.1f} s ({m['n_compiled']} kernels compiled here)",
+                  flush=True)
+    off, on = (sorted(seconds[h])[n // 2] for h in ("0", "1"))
+    lines = ["", f"The compile helper, cold, slide's defaults ({n} rounds, off then on, each in "
+             "a fresh empty cache; compile = the warm-up's seconds):", "",
+             "| round | helper off (s) | helper on (s) |", "|---|---|---|"]
+    lines += [f"| {r + 1} | {a:.1f} | {b:.1f} |" for r, (a, b) in
+              enumerate(zip(seconds["0"], seconds["1"]))]
+    lines += ["", f"Median: {off:.1f} s off, {on:.1f} s on ({on / off:.2f}x)."]
+    return lines
 
 
 if __name__ == "__main__":
