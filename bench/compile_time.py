@@ -13,7 +13,7 @@ compile in the other process). ``--helper-rounds N`` then times N more cold warm
 defaults with the helper off and on (``SLIDE_COMPILE_HELPER``), alternating, each in a fresh
 empty cache.
 
-    flock /tmp/slide-bench.lock python bench/compile_time.py --out bench/results/compile_time.md
+    flock -x /tmp/slide.lock python bench/compile_time.py --out bench/results/compile_time.md
 """
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def main(argv=None):
     lines = ["# Kernel compilation time", "",
              f"`python bench/compile_time.py` at commit `{commit()}`, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
-             f"({platform.processor() or platform.machine()}), under "
-             f"`flock /tmp/slide-bench.lock`.", "",
+             f"({platform.processor() or platform.machine()}), run alone under an "
+             f"exclusive lock.", "",
              "Each row is a fresh interpreter with `NUMBA_CACHE_DIR` at one temporary directory: "
              "*cold* = empty cache (first run after install: Numba compiles), *warm* = the "
              "machine code loaded from that cache (every later run). *compile* is "

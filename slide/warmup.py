@@ -243,10 +243,11 @@ def ranking_cached():
 
 def start_helper(copy, kinds):
     """The helper process compiling the stages after the network (``warm_ranking``), or None
-    where it would not pay: no re-ranker, their cache warm, one core, or
-    ``SLIDE_COMPILE_HELPER=0``."""
+    where it would not pay or could not run: no re-ranker, their cache warm, one core,
+    ``SLIDE_COMPILE_HELPER=0``, or a frozen application."""
     if os.environ.get("SLIDE_COMPILE_HELPER", "1") == "0" or not (
-            copy.rerank and copy.neighbours > 0) or _cores() < 2 or ranking_cached():
+            copy.rerank and copy.neighbours > 0) or _cores() < 2 or ranking_cached() \
+            or getattr(sys, "frozen", False):   # a frozen app's executable is not Python
         return None
     env = dict(os.environ)
     # the helper imports this very slide (a checkout on sys.path, not another installation)

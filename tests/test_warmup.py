@@ -343,6 +343,9 @@ def test_a_helper_runs_only_where_it_pays(monkeypatch):
     monkeypatch.setattr(warmup, "_cores", lambda: 1)
     assert warmup.start_helper(copy, kinds) is None                 # no second core
     monkeypatch.setattr(warmup, "_cores", lambda: 2)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert warmup.start_helper(copy, kinds) is None                 # a frozen application
+    monkeypatch.delattr(sys, "frozen")
     proc = warmup.start_helper(copy, kinds)      # a real helper: the cache is warm, it is quick
     assert proc is not None
     warmup.finish_helper(proc)
