@@ -35,6 +35,7 @@ from slide import metrics
 from slide.kernels import topk
 from slide.rank import linear as label_linear
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
+from slide.rank.rerank import candidate_features
 
 
 # configurations already warmed in this process: key -> seconds the warm-up took
@@ -226,17 +227,12 @@ def _warm_output_steps(copy):
     opt.flush(net.W, net.B)
 
 
-# the kernel whose cache tells whether the stages after the network are compiled already
-def _probe_kernel():
-    from slide.rank.rerank import candidate_features
-    return candidate_features
-
-
 def ranking_cached():
     """Whether Numba's cache holds the re-ranker's features kernel for this source (a stale or
     missing index is cold); unknown counts as cached (no helper)."""
     try:
-        return bool(_probe_kernel()._cache._cache_file._load_index())
+        # the kernel whose cache tells whether the stages after the network are compiled
+        return bool(candidate_features._cache._cache_file._load_index())
     except Exception:   # noqa: BLE001 -- Numba's private cache API: any change means "unknown"
         return True
 
@@ -257,7 +253,8 @@ def start_helper(copy, kinds):
         proc = subprocess.Popen([sys.executable, "-c", "import slide.warmup as w; w.helper_main()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)
-        proc.stdin.write(pickle.dumps((copy.get_params(deep=False), kinds)))
+        # the class travels by reference: the helper builds the same estimator type
+        proc.stdin.write(pickle.dumps((type(copy), copy.get_params(deep=False), kinds)))
         proc.stdin.close()
     except OSError:
         return None
@@ -288,11 +285,10 @@ def _cores():
 
 
 def helper_main():
-    """The helper process: the estimator's parameters and kinds from stdin, then
+    """The helper process: the estimator's class, parameters and kinds from stdin, then
     ``warm_ranking``."""
-    from slide.estimator import SlideClassifier
-    params, kinds = pickle.loads(sys.stdin.buffer.read())
-    warm_ranking(SlideClassifier(**params), kinds)
+    cls, params, kinds = pickle.loads(sys.stdin.buffer.read())
+    warm_ranking(cls(**params), kinds)
 
 
 def _warm_split_products(model):
