@@ -315,6 +315,8 @@ def _warm_linear(model, X, Y, kinds=frozenset(("ovr", "hashed"))):
     if "hashed" in kinds:
         H = model.network_.hidden(X)
         LabelLinear.fit(model._output(), H, X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
+        # the other source of hard negatives (which one a fit takes depends on its sizes)
+        label_linear.neighbour_negatives(H, Y, rows, label_linear.N_NEGATIVES, 2)
     if "ovr" in kinds:
         OneVsRest.fit(X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
 

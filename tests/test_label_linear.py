@@ -249,3 +249,77 @@ def test_the_classifiers_are_one_vs_rest_only_within_the_work_bound(fitted, monk
     monkeypatch.setattr(label_linear, "MAX_OVR_WORK", work - 1)
     assert isinstance(label_linear.fit_classifiers(net.output_layer(), net.hidden(Xtr), Xtr,
                                                      Ytr, rows), LabelLinear)
+
+
+def _neighbour_negatives_reference(H, Y, rows, k, n_neighbours):
+    """Dense numpy: each row's n_neighbours most similar other rows of ``rows`` (cosine),
+    their labels weighted by max(similarity, 0) ** POWER, the row's own labels left out."""
+    E = H[rows].astype(np.float64)
+    E /= np.linalg.norm(E, axis=1, keepdims=True)
+    S = E @ E.T
+    Yr = Y[rows].toarray() > 0
+    out = np.full((rows.shape[0], k), -1, np.int64)
+    for i in range(rows.shape[0]):
+        order = [r for r in np.argsort(-S[i], kind="stable") if r != i][:n_neighbours]
+        votes = np.zeros(Y.shape[1])
+        for r in order:
+            votes[Yr[r]] += max(S[i, r], 0.0) ** label_linear.POWER
+        votes[Yr[i]] = 0.0
+        best = [j for j in np.argsort(-votes, kind="stable") if votes[j] > 0][:k]
+        out[i, :len(best)] = best
+    return out
+
+
+def test_neighbour_negatives_are_the_labels_the_other_nearest_rows_vote_for():
+    rng = np.random.default_rng(7)
+    n, n_labels = 60, 40
+    H = rng.standard_normal((n, 6)).astype(np.float32)
+    Y = sp.csr_matrix((rng.random((n, n_labels)) < 0.08).astype(np.float32))
+    rows = np.sort(rng.choice(n, 45, replace=False)).astype(np.int64)
+    got = label_linear.neighbour_negatives(H, Y, rows, 5, 4)
+    np.testing.assert_array_equal(got, _neighbour_negatives_reference(H, Y, rows, 5, 4))
+    Yr = Y[rows].toarray() > 0
+    for i in range(rows.shape[0]):
+        ids = got[i][got[i] >= 0]
+        assert not Yr[i, ids].any()                     # never the row's own labels
+
+
+def test_neighbour_negatives_skip_the_row_itself_and_dissimilar_rows():
+    # rows 0 and 1 point the same way, row 2 the opposite way: row 0's only neighbour with a
+    # positive similarity is row 1, whose labels other than row 0's are its negatives; row 1's
+    # is row 0, whose one label is row 1's own; row 2 has none (and never counts itself)
+    H = np.array([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0]], np.float32)
+    Y = sp.csr_matrix(np.array([[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]], np.float32))
+    got = label_linear.neighbour_negatives(H, Y, np.arange(3, dtype=np.int64), 3, 2)
+    np.testing.assert_array_equal(got[0], [1, 2, -1])
+    np.testing.assert_array_equal(got[2], [-1, -1, -1])
+    np.testing.assert_array_equal(got[1], [-1, -1, -1])
+
+
+def test_labels_outnumbering_the_used_rows_take_negatives_from_the_neighbours(fitted,
+                                                                               monkeypatch):
+    net, Xtr, Ytr, _, _ = fitted
+    calls = []
+    real_nb, real_net = label_linear.neighbour_negatives, label_linear.hard_negatives
+
+    def spy_nb(*a):
+        calls.append("neighbours")
+        return real_nb(*a)
+
+    def spy_net(*a):
+        calls.append("network")
+        return real_net(*a)
+    monkeypatch.setattr(label_linear, "neighbour_negatives", spy_nb)
+    monkeypatch.setattr(label_linear, "hard_negatives", spy_net)
+    rows = np.arange(Xtr.shape[0])
+    # fewer used rows than labels: the neighbours (when there is a vote to imitate)
+    monkeypatch.setattr(label_linear, "MAX_WORK", (Ytr.shape[1] // 2) * Ytr.shape[1])
+    LabelLinear.fit(net.output_layer(), net.hidden(Xtr), Xtr, Ytr, rows, 0, 20)
+    LabelLinear.fit(net.output_layer(), net.hidden(Xtr), Xtr, Ytr, rows, 0, 0)
+    # as many used rows as labels or more: the network's logits are the cheaper
+    monkeypatch.setattr(label_linear, "MAX_WORK", 2 * Ytr.shape[1] * Ytr.shape[1])
+    LabelLinear.fit(net.output_layer(), net.hidden(Xtr), Xtr, Ytr, rows, 0, 20)
+    assert calls == ["neighbours", "network", "network"]
+    assert label_linear.negatives_by_neighbours(99, 100, 20)
+    assert not label_linear.negatives_by_neighbours(100, 100, 20)
+    assert not label_linear.negatives_by_neighbours(10, 100, 0)

@@ -8,15 +8,27 @@ label (Slice, Jain et al. 2019, trains such classifiers on a shortlist of negati
 - one float32 weight per hashed (input feature, label) pair, in a table of ``2**bits``
   (``bits`` from the number of updates an epoch, at most ``MAX_BITS``), and a bias per label
   started at the label's log prior;
-- logistic loss on each fitting row's true labels (positives) and the network's top
-  ``N_NEGATIVES`` other labels (hard negatives: those the re-ranker must tell apart), input
-  rows cut to their ``MAX_ROW_TERMS`` largest entries and at unit L2 norm; Adagrad,
-  ``EPOCHS`` passes, HOGWILD over the rows like the network.
+- logistic loss on each fitting row's true labels (positives) and ``N_NEGATIVES`` hard
+  negatives (labels the re-ranker must tell apart from them), input rows cut to their
+  ``MAX_ROW_TERMS`` largest entries and at unit L2 norm; Adagrad, ``EPOCHS`` passes, HOGWILD
+  over the rows like the network.
 
-The network's top labels of every fitting row cost one exact row of logits each (n_labels dot
-products), so at most ``MAX_WORK / n_labels`` rows are used (all of debdeps' 41k; ~3k at
-Amazon-670K's 670k labels, where the feature is weak and the re-ranker learns to weigh it so).
-Measured in ``bench/results/accuracy_summary.md`` (round 7).
+At most ``MAX_WORK / n_labels`` fitting rows are used (all of debdeps' 41k; ~3k at
+Amazon-670K's 670k labels, where the feature is weak and the re-ranker learns to weigh it so;
+``bench/results/accuracy_summary.md``, round 7). A row's hard negatives are whichever of two
+costs fewer dot products a row:
+
+- the network's top labels that are not the row's (``hard_negatives``): one exact row of
+  logits, n_labels dot products;
+- the labels its nearest other used rows in the hidden layer vote for most that are not the
+  row's (``neighbour_negatives``; the vote's k and weights): n_use dot products. These are
+  what most of the re-ranker's candidates are -- ~215 of debcontents' ~225 a row are voted
+  labels, 10 the network's top -- so they train the classifiers where the feature is read.
+  Where labels outnumber the used rows (debcontents, the 200k- and 670k-label shapes) this is
+  the cheaper one: on debcontents the classifiers' fit went from 8-11 s to ~4.5 s with P@1
+  within the seeds' spread (+0.16 points, paired on the same networks, 3 seeds), on xc200k
+  (100k rows) from 8.0 to 1.3 s at -0.1 (one seed;
+  ``bench/results/linear_negatives_*.md``).
 
 Where the labels are few enough that every row can afford a logistic loss on every label
 (rows x row terms x labels x ``OVR_EPOCHS`` at most ``MAX_OVR_WORK``: debtags' 581 labels, not
@@ -37,7 +49,8 @@ from threadpoolctl import threadpool_limits
 
 from slide import defaults
 from slide.data.inputs import take_rows
-from slide.kernels.topk import topk_ids_of_logits
+from slide.kernels.topk import insert_best_first, topk_ids_of_logits
+from slide.rank.vote import POWER, NeighbourMemory
 
 
 # the tuned sizes and rates of the classifiers' training and of its logit blocks (the
@@ -101,6 +114,82 @@ def hard_negatives(output, H, rows, k):
             top[a:a + block.shape[0]] = topk_ids_of_logits(H[block], Wo, bo, top.shape[1],
                                                            _CHUNK)
     return top
+
+
+def neighbour_negatives(H, Y, rows, k, n_neighbours):
+    """The ids [len(rows), k] (best first, -1 where fewer) of the labels that the
+    ``n_neighbours`` nearest other rows of ``rows`` vote for most, each row's own labels left
+    out: cosine similarity of the last hidden layer ``H`` (of every row of Y), each neighbour's
+    labels weighted by its similarity ** ``vote.POWER`` as the neighbour vote weighs them
+    (non-positive similarities count nothing). The neighbours are searched among ``rows``
+    only: n_use dot products a row where ``hard_negatives`` costs n_labels."""
+    rows = np.asarray(rows, np.int64)
+    top = np.full((rows.shape[0], k), -1, np.int64)
+    if rows.shape[0] < 2 or k == 0 or n_neighbours < 1:
+        return top
+    Yr = take_rows(Y, rows)
+    # the memory's own rows as the queries: row i finds itself among its nearest (skipped)
+    memory = NeighbourMemory.build(H[rows], Yr, copy=False)
+    near, sims = memory.nearest(memory.emb, n_neighbours + 1)
+    own_ptr, own_ids = Yr.indptr.astype(np.int64), Yr.indices.astype(np.int64)
+    _vote_negatives(near, sims, memory.label_indptr, memory.label_ids, own_ptr, own_ids,
+                    int(n_neighbours), float(POWER), top)
+    return top
+
+
+@njit(cache=True, parallel=True)
+def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighbours, power,
+                    top):
+    """top[i] = the labels of row i's first ``n_neighbours`` neighbours in ``near[i]`` other
+    than itself (memory rows, best first; similarities ``sims``), summed by weight
+    max(similarity, 0) ** power, without row i's own labels (``own_ids[own_ptr[i]:
+    own_ptr[i + 1]]``), the heaviest first (ties: the label met first). Pairs are sorted by
+    label within a row: no array of n_labels per thread."""
+    k = top.shape[1]
+    for i in prange(near.shape[0]):
+        n_pairs = 0
+        used = 0
+        for q in range(near.shape[1]):
+            r = near[i, q]
+            if r < 0 or r == i or used == n_neighbours:
+                continue
+            used += 1
+            n_pairs += label_ptr[r + 1] - label_ptr[r]
+        labels = np.empty(n_pairs, np.int64)
+        weights = np.empty(n_pairs, np.float64)
+        m = 0
+        used = 0
+        for q in range(near.shape[1]):
+            r = near[i, q]
+            if r < 0 or r == i or used == n_neighbours:
+                continue
+            used += 1
+            w = max(np.float64(sims[i, q]), 0.0) ** power
+            for p in range(label_ptr[r], label_ptr[r + 1]):
+                labels[m] = label_ids[p]
+                weights[m] = w
+                m += 1
+        order = np.argsort(labels, kind="mergesort")
+        own = np.sort(own_ids[own_ptr[i]:own_ptr[i + 1]])
+        best_ids = np.full(k, -1, np.int64)
+        best = np.full(k, -np.inf)
+        a = 0
+        while a < m:
+            j = labels[order[a]]
+            total = 0.0
+            b = a
+            while b < m and labels[order[b]] == j:
+                total += weights[order[b]]
+                b += 1
+            a = b
+            if total <= 0.0:
+                continue
+            pos = np.searchsorted(own, j)
+            if pos < own.shape[0] and own[pos] == j:
+                continue
+            insert_best_first(total, j, k, best_ids, best)
+        for t in range(k):
+            top[i, t] = best_ids[t]
 
 
 @njit(cache=True)
@@ -223,17 +312,22 @@ class LabelLinear:
         self.mask = np.int64(self.weights.shape[0] - 1)
 
     @classmethod
-    def fit(cls, output, H, X, Y, rows, seed=0):
-        """Train on the rows ``rows`` of X, Y (CSR) against the hard negatives of the
-        network's output layer ``output`` (``H``: the last hidden layer of every row of X);
-        at most ``MAX_WORK / n_labels`` of the rows (a seeded subset)."""
+    def fit(cls, output, H, X, Y, rows, seed=0, n_neighbours=0):
+        """Train on the rows ``rows`` of X, Y (CSR) against their hard negatives (``H``: the
+        last hidden layer of every row of X); at most ``MAX_WORK / n_labels`` of the rows (a
+        seeded subset). The negatives are the network's top labels (``output``: its output
+        layer), or, with ``n_neighbours`` > 0 and fewer used rows than labels, the labels the
+        ``n_neighbours`` nearest used rows vote for (``negatives_by_neighbours``)."""
         n_labels = Y.shape[1]
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x11AB])
         rows = np.asarray(rows, np.int64)
         n_use = int(min(rows.shape[0], max(1, MAX_WORK // max(1, n_labels))))
         if n_use < rows.shape[0]:
             rows = np.sort(rng.choice(rows, n_use, replace=False))
-        top = hard_negatives(output, H, rows, N_NEGATIVES)
+        if negatives_by_neighbours(n_use, n_labels, n_neighbours):
+            top = neighbour_negatives(H, Y, rows, N_NEGATIVES, n_neighbours)
+        else:
+            top = hard_negatives(output, H, rows, N_NEGATIVES)
         Yr = take_rows(Y, rows)
         pair_ptr, labels, targets = training_pairs(top, Yr.indptr.astype(np.int64),
                                                    Yr.indices.astype(np.int64))
@@ -398,13 +492,21 @@ class OneVsRest:
         return {"ovr_weights": self.weights, "ovr_slot": self.slot, "lin_bias": self.bias}
 
 
-def fit_classifiers(output, H, X, Y, rows, seed=0):
+def negatives_by_neighbours(n_use, n_labels, n_neighbours):
+    """Whether ``LabelLinear.fit`` takes a row's hard negatives from its neighbours among the
+    ``n_use`` rows it trains on (n_use dot products a row) rather than from the network's
+    logits (``n_labels``): where that is cheaper and there is a vote to imitate."""
+    return n_neighbours > 0 and n_use < n_labels
+
+
+def fit_classifiers(output, H, X, Y, rows, seed=0, n_neighbours=0):
     """The linear_score classifiers of the rows ``rows`` of X, Y: ``OneVsRest`` where it is
-    affordable (``ovr_affordable``), else ``LabelLinear`` against the network's hard
-    negatives."""
+    affordable (``ovr_affordable``), else ``LabelLinear`` against hard negatives (the
+    network's top labels, or the labels of a row's ``n_neighbours`` nearest rows:
+    ``LabelLinear.fit``)."""
     if ovr_affordable(X, np.asarray(rows, np.int64), Y.shape[1]):
         return OneVsRest.fit(X, Y, rows, seed)
-    return LabelLinear.fit(output, H, X, Y, rows, seed)
+    return LabelLinear.fit(output, H, X, Y, rows, seed, n_neighbours)
 
 
 def classifiers_from_state(d, n_labels, n_features):

@@ -504,7 +504,7 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
     a pass of exact logits over the rows); the centroids are."""
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
-    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed)
+    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed, k_nn)
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
     terms = centroid_terms(Y.shape[1])
