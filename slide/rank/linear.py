@@ -28,7 +28,7 @@ costs fewer dot products a row:
   the cheaper one: on debcontents the classifiers' fit went from 8-11 s to ~4.5 s with P@1
   within the seeds' spread (+0.16 points, paired on the same networks, 3 seeds), on xc200k
   (100k rows) from 8.0 to 1.3 s at -0.1 (one seed;
-  ``bench/results/linear_negatives_*.md``).
+  ``bench/results/linear_negatives_{debcontents_255a052,xc200k_fe23776}.md``).
 
 Where the labels are few enough that every row can afford a logistic loss on every label
 (rows x row terms x labels x ``OVR_EPOCHS`` at most ``MAX_OVR_WORK``: debtags' 581 labels, not
