@@ -25,9 +25,9 @@ costs fewer dot products a row:
   what most of the re-ranker's candidates are -- ~215 of debcontents' ~225 a row are voted
   labels, 10 the network's top -- so they train the classifiers where the feature is read.
   Where labels outnumber the used rows (debcontents, the 200k- and 670k-label shapes) this is
-  the cheaper one: on debcontents the classifiers' fit went from 8-11 s to ~4.5 s with P@1
-  within the seeds' spread (+0.16 points, paired on the same networks, 3 seeds), on xc200k
-  (100k rows) from 8.0 to 1.3 s at -0.1 (one seed;
+  the cheaper one: on debcontents the classifiers' fit went from 7.6-8.7 s to 3.3-4.0 s, P@1
+  +0.0011 / -0.0010 / +0.0009 (paired on the same network, seeds 0-2), on xc200k (100k rows)
+  from 7.2 to 1.3-1.6 s at -0.0003 (one seed;
   ``bench/results/linear_negatives_{debcontents_255a052,xc200k_fe23776}.md``).
 
 Where the labels are few enough that every row can afford a logistic loss on every label
