@@ -143,27 +143,25 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
     """top[i] = the labels of row i's first ``n_neighbours`` neighbours in ``near[i]`` other
     than itself (memory rows, best first; similarities ``sims``), summed by weight
     max(similarity, 0) ** power, without row i's own labels (``own_ids[own_ptr[i]:
-    own_ptr[i + 1]]``), the heaviest first (ties: the label met first). Pairs are sorted by
+    own_ptr[i + 1]]``), the heaviest first (ties: the lower label id). Pairs are sorted by
     label within a row: no array of n_labels per thread."""
     k = top.shape[1]
     for i in prange(near.shape[0]):
+        chosen = np.empty(n_neighbours, np.int64)      # positions in near[i]
+        n_chosen = 0
         n_pairs = 0
-        used = 0
         for q in range(near.shape[1]):
             r = near[i, q]
-            if r < 0 or r == i or used == n_neighbours:
-                continue
-            used += 1
-            n_pairs += label_ptr[r + 1] - label_ptr[r]
+            if r >= 0 and r != i and n_chosen < n_neighbours:
+                chosen[n_chosen] = q
+                n_chosen += 1
+                n_pairs += label_ptr[r + 1] - label_ptr[r]
         labels = np.empty(n_pairs, np.int64)
         weights = np.empty(n_pairs, np.float64)
         m = 0
-        used = 0
-        for q in range(near.shape[1]):
+        for c in range(n_chosen):
+            q = chosen[c]
             r = near[i, q]
-            if r < 0 or r == i or used == n_neighbours:
-                continue
-            used += 1
             w = max(np.float64(sims[i, q]), 0.0) ** power
             for p in range(label_ptr[r], label_ptr[r + 1]):
                 labels[m] = label_ids[p]
