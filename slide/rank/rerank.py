@@ -502,7 +502,7 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     the other held-out rows, and the centroids, label counts and linear classifiers of the
     fitting rows only (what a test row sees of rows the network trained on); no copy of X or
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
-    a pass of exact logits over the rows); the centroids are."""
+    a pass of exact logits, or a neighbour search, over the rows); the centroids are."""
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
     linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed, k_nn)
     memory = NeighbourMemory.build(H_all, Y, copy=False)
