@@ -34,9 +34,12 @@ import scipy.sparse as sp
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = REPO / "bench" / "out" / "cache"
-SYSTEMS = ("slide", "slide_lsh", "slide_dense", "tf", "tf_sampled", "torch", "omikuji",
-           "omikuji_bonsai", "napkinxc")
-BASELINES = ("tf", "tf_sampled", "torch", "omikuji", "omikuji_bonsai", "napkinxc")
+SYSTEMS = ("slide", "slide_lsh", "slide_dense", "tf", "tf_sampled", "torch", "torch_sampled",
+           "omikuji", "omikuji_bonsai", "napkinxc")
+BASELINES = ("tf", "tf_sampled", "torch", "torch_sampled", "omikuji", "omikuji_bonsai",
+             "napkinxc")
+# the baselines that draw a batch's shared negatives (--num-sampled, --candidate-sampler, ...)
+SAMPLED = ("tf_sampled", "torch_sampled")
 # label trees fit in one call: no batches, no epochs, no training curve
 ONE_SHOT = ("omikuji", "omikuji_bonsai", "napkinxc")
 LABELS = {
@@ -46,6 +49,7 @@ LABELS = {
     "tf": "TensorFlow-CPU, full softmax",
     "tf_sampled": "TensorFlow-CPU, sampled softmax",
     "torch": "PyTorch-CPU, full softmax",
+    "torch_sampled": "PyTorch-CPU, sampled softmax (TF's recipe)",
     "omikuji": "Omikuji (Parabel-like label tree)",
     "omikuji_bonsai": "Omikuji (Bonsai-like label tree)",
     "napkinxc": "napkinXC PLT (label tree)",

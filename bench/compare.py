@@ -44,8 +44,8 @@ SLIDE_FLAGS = {  # flag -> SlideClassifier keyword (passed only when given)
     "optimizer": str,
 }
 # slide first: tf_sampled's default negatives come from slide's active set
-ORDER = ("slide", "slide_lsh", "slide_dense", "tf", "torch", "tf_sampled", "omikuji",
-         "omikuji_bonsai", "napkinxc")
+ORDER = ("slide", "slide_lsh", "slide_dense", "tf", "torch", "tf_sampled", "torch_sampled",
+         "omikuji", "omikuji_bonsai", "napkinxc")
 
 
 def _tf_head(a, num_sampled):
@@ -82,7 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--systems", default="slide,tf,tf_sampled,torch",
                    help="comma list from slide, slide_lsh, slide_dense, tf, tf_sampled, torch, "
-                        "omikuji, omikuji_bonsai, napkinxc")
+                   "torch_sampled, omikuji, omikuji_bonsai, napkinxc")
     ev = p.add_mutually_exclusive_group()
     ev.add_argument("--eval-every-batches", type=int, default=None)
     ev.add_argument("--eval-every-seconds", type=float, default=None,
@@ -98,7 +98,7 @@ def parse_args(argv=None):
                    help="dense baselines' initialisation; glorot_normal is slide's "
                    "(slide.kernels.layers); +log_prior starts the output biases at slide's log "
                    "label prior (slide's default output_bias_init), as slide does")
-    p.add_argument("--num-sampled", default="auto", help="tf_sampled negatives per batch; "
+    p.add_argument("--num-sampled", default="auto", help="tf_sampled's and torch_sampled's negatives per batch; "
                    "'auto' = slide's mean active-set size in this comparison (else 1024)")
     p.add_argument("--candidate-sampler", default="unigram",
                    choices=["uniform", "log_uniform", "unigram"],
@@ -114,6 +114,9 @@ def parse_args(argv=None):
                    help="tf_sampled's target per point and step: all (one row per true label, "
                    "weighted 1/|y|: estimates slide's loss) or one (one true label drawn "
                    "uniformly per point and step, weight 1: the stock TF recipe, fewer rows)")
+    p.add_argument("--torch-device", default=None,
+                   help="device of the PyTorch baselines (torch, torch_sampled), e.g. cuda; "
+                   "default cpu")
     p.add_argument("--target-p1", type=float, default=None, help="target P@1 (default: the "
                    "dense TF model's P@1 after one epoch on the evaluation sample)")
     p.add_argument("--reuse", action="store_true",
@@ -163,7 +166,9 @@ def base_spec(a, meta, system):
             "eval_every_seconds": a.eval_every_seconds, "evals_per_epoch": a.evals_per_epoch,
             "max_batches": a.max_batches, "warmup": not a.no_warmup,
             "prefault_gib": a.prefault_gib,
-            "slide_params": a.slide_params if system.startswith("slide") else None}
+            "slide_params": a.slide_params if system.startswith("slide") else None,
+            **({"torch_device": a.torch_device}
+               if a.torch_device and system.startswith("torch") else {})}
 
 
 def _engine_digest():
@@ -249,6 +254,13 @@ def label_prior_p1(meta, n_eval):
     return out
 
 
+def system_label(system, result):
+    """The table's name of a system; a PyTorch baseline run on a GPU says so."""
+    label = common.LABELS.get(system, system)
+    dev = str(result.get("torch_device") or "cpu")
+    return label if dev == "cpu" else label.replace("PyTorch-CPU", f"PyTorch on {dev}")
+
+
 def make_table(results, order, target):
     slide = results.get("slide")
     s_epoch = epoch_time(slide)[0] if slide else None
@@ -286,7 +298,7 @@ def make_table(results, order, target):
         if r.get("one_shot"):
             ep_s = "— (one fit)"
         sps = r.get("samples_per_second")
-        rows.append(f"| {common.LABELS.get(s, s)} | {run} | {fmt_seconds(r['train_seconds'])} | "
+        rows.append(f"| {system_label(s, r)} | {run} | {fmt_seconds(r['train_seconds'])} | "
                     f"{ep_s} | {'—' if sps is None else f'{sps:.0f}'} | {ttt_s} | "
                     f"{fin('P@1')} | {fin('P@3')} | {fin('P@5')} | {fin('PSP@1')} | "
                     f"{fin('PSP@3')} | {fin('PSP@5')} | {fmt_bytes(r['peak_rss_bytes'])} | "
@@ -334,7 +346,7 @@ def _run_systems(a, meta, order, work):
     results = {}
     for s in order:
         spec = base_spec(a, meta, s)
-        if s == "tf_sampled":
+        if s in common.SAMPLED:
             act = (results.get("slide") or {}).get("active_mean")
             if a.num_sampled == "auto":
                 spec["num_sampled"] = int(round(act)) if act else 1024
@@ -410,10 +422,10 @@ def main(argv=None):
           f"curves on the first {a.n_eval} shuffled test points, final P@k on all "
           f"{meta['n_test']:,}",
           f"- slide hyperparameters: {a.slide_params or 'engine defaults'}"
-          + (f"; tf_sampled: {results['tf_sampled'].get('num_sampled')} sampled negatives "
-             f"({results['tf_sampled'].get('candidate_sampler')}), target "
-             f"{results['tf_sampled'].get('tf_target', 'all')}" if "tf_sampled" in results
-             else ""),
+          + "".join(f"; {s}: {results[s].get('num_sampled')} sampled negatives "
+                    f"({results[s].get('candidate_sampler')}), target "
+                    f"{results[s].get('tf_target', 'all')}"
+                    for s in common.SAMPLED if s in results),
           *([f"- each system's process touched and freed {a.prefault_gib:g} GiB of memory "
              "before its clock started (`--prefault-gib`: this virtual machine's host backs "
              "memory it took back at ~2.3 s per GiB on its first touch; bench.common.prefault)"]

@@ -49,3 +49,48 @@ def test_only_batch_rows_move_and_reset_restores():
     m.reset()
     np.testing.assert_array_equal(m.emb.weight.detach().numpy(), W0)
     assert not m.sparse_opt.state and not m.opt.state
+
+
+def _sampled_model(target="all"):
+    from bench.baselines import torch_dense, torch_sampled
+    torch = torch_dense._import_torch(1)
+    return torch_sampled._TorchSampledModel(
+        torch, 20, 12, 16, 0.01, "glorot_normal+log_prior", 3,
+        {"num_sampled": 5, "target": target, "head": 1}, np.arange(12), 50)
+
+
+def test_sampled_loss_is_tf_sampled_softmax():
+    """Logits minus log expected counts, own label removed from the negatives, true label first;
+    rows weighted 1/|y|, summed over the batch's rows and divided by the batch size."""
+    from bench.common import label_targets
+    m = _sampled_model()
+    X, Y = _batch()
+    rows, labels, w = label_targets(Y)
+    negatives = np.array([11, 5, 0, 3, 8])        # holds row 0's label 5: an accidental hit
+    neg_log_exp = np.array([0.0, -1.0, -2.0, -0.5, -3.0], np.float32)
+    loss = float(m.batch_loss(X, rows, labels, w, negatives, neg_log_exp).detach())
+    W0, b0 = m.emb.weight.detach().numpy(), m.b0.detach().numpy()
+    W1, b1 = m.out_w.weight.detach().numpy(), m.out_b.weight.detach().numpy()[:, 0]
+    h = np.maximum(X @ W0 + b0, 0)
+    total = 0.0
+    for r, y, wt in zip(rows, labels, w):
+        true = h[r] @ W1[y] + b1[y] - m.candidates.log_expected(np.array([y]))[0]
+        neg = [h[r] @ W1[j] + b1[j] - q for j, q in zip(negatives, neg_log_exp) if j != y]
+        z = np.array([true] + neg, np.float64)
+        total += wt * (np.log(np.exp(z - z.max()).sum()) + z.max() - true)
+    assert loss == pytest.approx(total / X.shape[0], rel=1e-5)
+
+
+def test_sampled_steps_move_only_the_touched_output_rows():
+    m = _sampled_model(target="one")
+    X, Y = _batch()
+    W1 = m.out_w.weight.detach().numpy().copy()
+    m.neg_rng = np.random.default_rng(5)
+    state = m.neg_rng.bit_generator.state
+    negatives, _ = m.candidates.draw(np.random.default_rng(5))
+    m.neg_rng.bit_generator.state = state
+    m.train_batch(X, Y)
+    moved = set(np.flatnonzero(np.any(m.out_w.weight.detach().numpy() != W1, axis=1)))
+    assert moved <= set(negatives) | {2, 5, 9} and set(negatives) <= moved
+    m.reset()
+    np.testing.assert_array_equal(m.out_w.weight.detach().numpy(), W1)
