@@ -28,16 +28,16 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
   git log -1 --format='commit %H' 2>/dev/null
 } 2>&1 | tee "$WORK/machine.txt"
 COMMON=(--data xc200k --n-train "$N_TRAIN" --n-test 5000 --cache-dir "$WORK/cache")
-timeout 420 "$PY" bench/threads.py --data xc200k --n-train "$N_TRAIN" --n-test 5000 \
+timeout 360 "$PY" bench/threads.py --data xc200k --n-train "$N_TRAIN" --n-test 5000 \
   --threads "$THREADS" --systems slide,torch_sampled --out "$WORK/threads_xc200k" \
   -- --cache-dir "$WORK/cache" 2>&1 | tee "$WORK/threads.log" | grep -v "^\s*\[eval\]"
-timeout 240 "$PY" bench/compare.py "${COMMON[@]}" --epochs 1 --threads "$MAX_T" \
+timeout 100 "$PY" bench/compare.py "${COMMON[@]}" --epochs 1 --threads "$MAX_T" \
   --systems slide,torch,torch_sampled --torch-device "${TORCH_DEVICE:-cuda}" \
   --reuse-systems slide \
   --lr 1e-3 --num-sampled 2048 --candidate-sampler unigram --tf-target one \
   --slide-param lr_schedule=constant --slide-param rerank=False --evals-per-epoch 1 \
   --out "$WORK/gpu_xc200k" > "$WORK/gpu.log" 2>&1
-timeout 120 "$PY" bench/compare.py "${COMMON[@]}" --epochs 1 --threads "$MAX_T" \
+timeout 80 "$PY" bench/compare.py "${COMMON[@]}" --epochs 1 --threads "$MAX_T" \
   --systems slide,torch --reuse-systems slide --max-batches 40 \
   --lr 1e-3 --num-sampled 2048 --candidate-sampler unigram --tf-target one \
   --slide-param lr_schedule=constant --slide-param rerank=False --evals-per-epoch 1 \
