@@ -235,8 +235,8 @@ def default_target(results, a):
         bpe = r["batches_per_epoch"]
         pts = [c for c in r["curve"] if c["batch"] == bpe]
         if pts:
-            return pts[0]["P@1"], f"{common.LABELS[s]} after one epoch"
-        return r["curve"][-1]["P@1"], f"{common.LABELS[s]} at its last evaluation " \
+            return pts[0]["P@1"], f"{system_label(s, r)} after one epoch"
+        return r["curve"][-1]["P@1"], f"{system_label(s, r)} at its last evaluation " \
             f"(batch {r['curve'][-1]['batch']}, less than one epoch)"
     if "slide" in results and results["slide"]["curve"]:
         return results["slide"]["curve"][-1]["P@1"], "slide's last evaluation (no dense baseline)"
