@@ -1,0 +1,97 @@
+"""Head labels' one-vs-rest classifiers in the re-ranker's linear_score: paired on one network.
+
+The hashed per-label classifiers (``slide.rank.linear.LabelLinear``) train each label against
+the rows' hard negatives only. Omikuji's first labels with 100+ training rows are right more
+often than slide's on debcontents (``tree_disagreement_debcontents_fe2a1c2.md``), and a tree's
+classifiers see every row that reaches their node. Here the labels with at least ``T`` training
+rows (the head) also get a ``OneVsRest`` classifier trained on every fitting row (each such label
+against every other row); a candidate of the head takes its score from it instead of from the
+hashed table (``replace``), the others keep theirs. ``SlideClassifier()`` is fitted once and its
+ranking stages refitted per setting on the same network and split, as
+``probe_rank_levers.py`` does.
+
+    python bench/probes/probe_head_ovr.py --train datasets/debcontents/train.txt \
+        --test datasets/debcontents/test.txt --thresholds 300,100,50 [--seed 0]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+class HeadAndHashed:
+    """``base``'s scores, but the head labels' from ``ovr`` (fitted on the head's columns)."""
+
+    def __init__(self, base, ovr, head_of):
+        self.base, self.ovr, self.head_of = base, ovr, head_of
+
+    def score_into(self, X, cand_ptr, counts, ids, F, col):
+        self.base.score_into(X, cand_ptr, counts, ids, F, col)
+        safe = np.where(ids >= 0, ids, 0)
+        head_ids = self.head_of[safe]
+        tmp = np.zeros((F.shape[0], 1), np.float32)
+        self.ovr.score_into(X, cand_ptr, counts, np.maximum(head_ids, 0).astype(ids.dtype),
+                            tmp, 0)
+        used = np.zeros(F.shape[0], np.bool_)
+        for r in range(counts.shape[0]):
+            used[cand_ptr[r]:cand_ptr[r] + counts[r]] = True
+        take = used & (ids >= 0) & (head_ids >= 0)
+        F[take, col] = tmp[take, 0]
+
+    def state(self):
+        return self.base.state()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--test", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--thresholds", default="300,100,50")
+    args = ap.parse_args()
+    import slide
+    import slide.rank.rerank as rr
+    from slide.rank.linear import OneVsRest
+    from bench.common import git_commit
+    from bench.probes.probe_rank_levers import refit
+    X, Y = slide.read_xc(args.train)
+    Xt, Yt = slide.read_xc(args.test)
+    Yt = Yt.tocsr()
+    model = slide.SlideClassifier(random_state=args.seed, n_threads=2).fit(X, Y)
+    print(f"commit {git_commit()}; {args.train}: {X.shape[0]} rows, {Y.shape[1]} labels; test "
+          f"{Xt.shape[0]} rows; seed {args.seed}; the fit's train_seconds_ "
+          f"{model.train_seconds_:.1f}", flush=True)
+    Xc, Yc, _ = model._check_training_data(X, Y, True, None)
+    split = model._rerank_split(Xc.shape[0], Yc.shape[1])
+    original = rr.fit_classifiers
+    print("| setting | ranking stages s | P@1 | P@5 |\n|---|---|---|---|")
+    refit(model, Xc, Yc, split, Xt, Yt, "defaults", [])
+    for t in [int(v) for v in args.thresholds.split(",")]:
+        def hybrid(output, H, X_, Y_, rows, seed=0, n_neighbours=0, t=t):
+            base = original(output, H, X_, Y_, rows, seed, n_neighbours)
+            Yr = Y_[np.asarray(rows, np.int64)]
+            counts = np.bincount(Yr.indices, minlength=Y_.shape[1])
+            head = np.flatnonzero(counts >= t)
+            head_of = np.full(Y_.shape[1], -1, np.int64)
+            head_of[head] = np.arange(head.shape[0])
+            Yh = sp.csr_matrix(Y_[:, head])
+            t0 = time.perf_counter()
+            ovr = OneVsRest.fit(X_, Yh, rows, seed)
+            print(f"  [head >= {t}: {head.shape[0]} labels, one-vs-rest fit "
+                  f"{time.perf_counter() - t0:.1f} s]", flush=True)
+            return HeadAndHashed(base, ovr, head_of)
+        rr.fit_classifiers = hybrid
+        try:
+            refit(model, Xc, Yc, split, Xt, Yt, f"head >= {t}: one-vs-rest", [])
+        finally:
+            rr.fit_classifiers = original
+    refit(model, Xc, Yc, split, Xt, Yt, "defaults, again", [])
+
+
+if __name__ == "__main__":
+    main()
