@@ -41,6 +41,25 @@ def csr_tensors(torch, X, device):
             torch.from_numpy(X.data.astype(np.float32)).to(device))
 
 
+def optimiser_step(loss, optimisers):
+    """Zero the optimisers' gradients, backpropagate ``loss`` and step each in turn; returns the
+    loss as a Python float (reading it waits for the device)."""
+    for opt in optimisers:
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for opt in optimisers:
+        opt.step()
+    return float(loss.detach())
+
+
+def topk_of_logits(torch, logits, X, k, n_labels):
+    """The ``k`` best labels of each row of X by ``logits(X block)``, in blocks, no gradients."""
+    def block(Xb):
+        with torch.no_grad():
+            return torch.topk(logits(Xb), k, dim=1).indices.cpu().numpy()
+    return predict_in_blocks(block, X, k, n_labels)
+
+
 class _TorchModel:
     def __init__(self, torch, n_features, n_labels, hidden, lr, init, seed,
                  betas=(0.9, 0.999), eps=1e-8, label_counts=None, n_train=None, device="cpu"):
@@ -106,20 +125,10 @@ class _TorchModel:
         target[t.from_numpy(rows).to(self.device), t.from_numpy(labels).to(self.device)] = \
             t.from_numpy(w).to(self.device)
         loss = t.nn.functional.cross_entropy(logits, target)
-        self.opt.zero_grad(set_to_none=True)
-        self.sparse_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.sparse_opt.step()
-        return float(loss.detach())
+        return optimiser_step(loss, (self.opt, self.sparse_opt))
 
     def predict_topk(self, X, k=5):
-        t = self.torch
-
-        def block(Xb):
-            with t.no_grad():
-                return t.topk(self._logits(Xb), k, dim=1).indices.cpu().numpy()
-        return predict_in_blocks(block, X, k, self.L)
+        return topk_of_logits(self.torch, self._logits, X, k, self.L)
 
 
 def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):

@@ -27,8 +27,9 @@ import numpy as np
 
 from bench import dense_loop
 from bench.baselines.tf_dense import one_label_targets
-from bench.baselines.torch_dense import _import_torch, csr_tensors
-from bench.common import init_dense_weights, label_targets, predict_in_blocks
+from bench.baselines.torch_dense import (_import_torch, csr_tensors, optimiser_step,
+                                         topk_of_logits)
+from bench.common import init_dense_weights, label_targets
 
 
 class UnigramCandidates:
@@ -171,21 +172,14 @@ class _TorchSampledModel:
             rows, labels, w = label_targets(Y)
         negatives, neg_log_exp = self.candidates.draw(self.neg_rng)
         loss = self.batch_loss(X, rows, labels, w, negatives, neg_log_exp)
-        self.opt.zero_grad(set_to_none=True)
-        self.sparse_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.sparse_opt.step()
-        return float(loss.detach())
+        return optimiser_step(loss, (self.opt, self.sparse_opt))
+
+    def _logits(self, X):
+        """Every label's logit (prediction: no sampling)."""
+        return self.torch.addmm(self.out_b.weight[:, 0], self._hidden(X), self.out_w.weight.t())
 
     def predict_topk(self, X, k=5):
-        t = self.torch
-
-        def block(Xb):
-            with t.no_grad():
-                logits = t.addmm(self.out_b.weight[:, 0], self._hidden(Xb), self.out_w.weight.t())
-                return t.topk(logits, k, dim=1).indices.cpu().numpy()
-        return predict_in_blocks(block, X, k, self.L)
+        return topk_of_logits(self.torch, self._logits, X, k, self.L)
 
 
 def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):

@@ -54,22 +54,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--thresholds", default="300,100,50")
     args = ap.parse_args()
-    import slide
     import slide.rank.rerank as rr
     from slide.rank.linear import OneVsRest
-    from bench.common import git_commit
-    from bench.probes.probe_rank_levers import refit
-    X, Y = slide.read_xc(args.train)
-    Xt, Yt = slide.read_xc(args.test)
-    Yt = Yt.tocsr()
-    model = slide.SlideClassifier(random_state=args.seed, n_threads=2).fit(X, Y)
-    print(f"commit {git_commit()}; {args.train}: {X.shape[0]} rows, {Y.shape[1]} labels; test "
-          f"{Xt.shape[0]} rows; seed {args.seed}; the fit's train_seconds_ "
-          f"{model.train_seconds_:.1f}", flush=True)
-    Xc, Yc, _ = model._check_training_data(X, Y, True, None)
-    split = model._rerank_split(Xc.shape[0], Yc.shape[1])
+    from bench.probes.probe_rank_levers import fitted, refit
+    model, Xc, Yc, split, Xt, Yt = fitted(args.train, args.test, args.seed)
     original = rr.fit_classifiers
-    print("| setting | ranking stages s | P@1 | P@5 |\n|---|---|---|---|")
     refit(model, Xc, Yc, split, Xt, Yt, "defaults", [])
     for t in [int(v) for v in args.thresholds.split(",")]:
         def hybrid(output, H, X_, Y_, rows, seed=0, n_neighbours=0, t=t):

@@ -54,6 +54,24 @@ def refit(model, X, Y, split, Xt, Yt, label, setting):
     print(f"| {label} | {stage_s:.1f} | {hit[:, 0].mean():.4f} | {hit.mean():.4f} |", flush=True)
 
 
+def fitted(train, test, seed):
+    """``SlideClassifier()`` fitted on the XC file ``train`` (2 threads, ``seed``): (model, its
+    checked X and Y, its re-ranker's split, the test rows X and Y); prints the header of the
+    refits' table."""
+    import slide
+    from bench.common import git_commit
+    X, Y = slide.read_xc(train)
+    Xt, Yt = slide.read_xc(test)
+    model = slide.SlideClassifier(random_state=seed, n_threads=2).fit(X, Y)
+    print(f"commit {git_commit()}; {train}: {X.shape[0]} rows, {Y.shape[1]} labels; test "
+          f"{Xt.shape[0]} rows; seed {seed}; the fit's train_seconds_ "
+          f"{model.train_seconds_:.1f}", flush=True)
+    Xc, Yc, _ = model._check_training_data(X, Y, True, None)
+    split = model._rerank_split(Xc.shape[0], Yc.shape[1])
+    print("| setting | ranking stages s | P@1 | P@5 |\n|---|---|---|---|", flush=True)
+    return model, Xc, Yc, split, Xt, Yt.tocsr()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", required=True)
@@ -61,18 +79,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], dest="settings")
     args = ap.parse_args()
-    import slide
-    from bench.common import git_commit
-    X, Y = slide.read_xc(args.train)
-    Xt, Yt = slide.read_xc(args.test)
-    Yt = Yt.tocsr()
-    model = slide.SlideClassifier(random_state=args.seed, n_threads=2).fit(X, Y)
-    print(f"commit {git_commit()}; {args.train}: {X.shape[0]} rows, {Y.shape[1]} labels; test "
-          f"{Xt.shape[0]} rows; seed {args.seed}; the fit's train_seconds_ "
-          f"{model.train_seconds_:.1f}")
-    Xc, Yc, _ = model._check_training_data(X, Y, True, None)
-    split = model._rerank_split(Xc.shape[0], Yc.shape[1])
-    print("| setting | ranking stages s | P@1 | P@5 |\n|---|---|---|---|")
+    model, Xc, Yc, split, Xt, Yt = fitted(args.train, args.test, args.seed)
     refit(model, Xc, Yc, split, Xt, Yt, "defaults", [])
     for text in args.settings:
         refit(model, Xc, Yc, split, Xt, Yt, text, parse_setting(text))
