@@ -98,18 +98,19 @@ def parse_args(argv=None):
                    help="dense baselines' initialisation; glorot_normal is slide's "
                    "(slide.kernels.layers); +log_prior starts the output biases at slide's log "
                    "label prior (slide's default output_bias_init), as slide does")
-    p.add_argument("--num-sampled", default="auto", help="tf_sampled's and torch_sampled's negatives per batch; "
-                   "'auto' = slide's mean active-set size in this comparison (else 1024)")
+    p.add_argument("--num-sampled", default="auto", help="tf_sampled's and torch_sampled's "
+                   "negatives per batch; 'auto' = slide's mean active-set size in this "
+                   "comparison (else 1024)")
     p.add_argument("--candidate-sampler", default="unigram",
                    choices=["uniform", "log_uniform", "unigram"],
                    help="tf_sampled candidate sampler (synthetic label ids are in random "
                    "popularity order, so log-uniform's Zipf-by-id prior does not apply; "
                    "unigram draws in proportion to training label count + 1, as slide does)")
     p.add_argument("--tf-head", default="slide",
-                   help="tf_sampled's exact head: the N most frequent labels in every batch's "
-                   "negatives with expected count 1, the rest of --num-sampled drawn from the "
-                   "other labels (slide's exact_head); 'slide' = the head slide's defaults "
-                   "give at this --num-sampled, 0 = none")
+                   help="tf_sampled's and torch_sampled's exact head: the N most frequent "
+                   "labels in every batch's negatives with expected count 1, the rest of "
+                   "--num-sampled drawn from the other labels (slide's exact_head); 'slide' = "
+                   "the head slide's defaults give at this --num-sampled, 0 = none")
     p.add_argument("--tf-target", default="all", choices=["all", "one"],
                    help="tf_sampled's target per point and step: all (one row per true label, "
                    "weighted 1/|y|: estimates slide's loss) or one (one true label drawn "
