@@ -34,6 +34,7 @@ from threadpoolctl import threadpool_limits
 from slide import metrics
 from slide.kernels import topk
 from slide.rank import linear as label_linear
+from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
 from slide.rank.rerank import candidate_features
 
@@ -317,6 +318,11 @@ def _warm_linear(model, X, Y, kinds=frozenset(("ovr", "hashed"))):
         LabelLinear.fit(model._output(), H, X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
         # the other source of hard negatives (which one a fit takes depends on its sizes)
         label_linear.neighbour_negatives(H, Y, rows, label_linear.N_NEGATIVES, 2)
+        # the head's one-vs-rest classifiers beside the hashed ones (every label a head here,
+        # whatever the work bound allows the data)
+        labels = np.arange(Y.shape[1], dtype=np.int64)
+        HeadClassifiers(labels, OneVsRest.fit(X, Y, rows), Y.shape[1]).score_into(
+            X, ptr, counts, ids, F, 0)
     if "ovr" in kinds:
         OneVsRest.fit(X, Y, rows).score_into(X, ptr, counts, ids, F, 0)
 

@@ -1,10 +1,12 @@
 """The per-label linear classifiers of the re-ranker's linear_score (slide.rank.linear)."""
+import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import slide
 from slide.rank import linear as label_linear
+from slide.rank.head import HeadClassifiers, head_labels
 from slide.rank.linear import LabelLinear, OneVsRest
 from slide.kernels.output import OutputLayer
 from test_rerank import SMALL, keyword_data
@@ -323,3 +325,45 @@ def test_labels_outnumbering_the_used_rows_take_negatives_from_the_neighbours(fi
     assert label_linear.negatives_by_neighbours(99, 100, 20)
     assert not label_linear.negatives_by_neighbours(100, 100, 20)
     assert not label_linear.negatives_by_neighbours(10, 100, 0)
+
+
+def test_head_labels_are_the_frequent_ones_the_most_frequent_when_capped():
+    Y = sp.csr_matrix(np.array([[1, 1, 0, 1, 0],
+                                [1, 0, 0, 1, 1],
+                                [1, 1, 0, 0, 1],
+                                [0, 1, 1, 1, 1]], np.float32))
+    rows = np.arange(4)
+    # counts 3, 3, 1, 3, 3
+    assert head_labels(Y, rows, 10, min_rows=3).tolist() == [0, 1, 3, 4]
+    assert head_labels(Y, rows, 2, min_rows=3).tolist() == [0, 1]  # ties: lower
+    assert head_labels(Y, np.array([0, 1]), 10, min_rows=2).tolist() == [0, 3]
+    assert head_labels(Y, rows, 10, min_rows=5).tolist() == []
+
+
+def test_head_classifiers_are_one_vs_rest_on_the_head_and_zero_elsewhere(fitted):
+    _, Xtr, Ytr, Xte, _ = fitted
+    rows = np.arange(0, Xtr.shape[0], 2)
+    counts = np.bincount(Ytr[rows].indices, minlength=Ytr.shape[1])
+    min_rows = int(np.sort(counts)[-4])                   # about the four most frequent
+    n_threads = numba.get_num_threads()
+    numba.set_num_threads(1)        # one thread: the two fits are the same arithmetic
+    try:
+        head = HeadClassifiers.fit(Xtr, Ytr, rows, seed=3, min_rows=min_rows)
+        ovr = OneVsRest.fit(Xtr, sp.csr_matrix(Ytr[:, head.labels]), rows, seed=3)
+    finally:
+        numba.set_num_threads(n_threads)
+    np.testing.assert_array_equal(head.labels, np.flatnonzero(counts >= min_rows))
+    n, h, L = 30, head.labels.shape[0], Ytr.shape[1]
+    X = sp.csr_matrix(Xte[:n])
+    got = np.full((n * L, 2), np.nan)
+    head.score_into(X, np.arange(0, n * L + 1, L, dtype=np.int64), np.full(n, L, np.int64),
+                    np.tile(np.arange(L, dtype=np.int64), n), got, 1)
+    ref = np.zeros((n * h, 1))
+    ovr.score_into(X, np.arange(0, n * h + 1, h, dtype=np.int64), np.full(n, h, np.int64),
+                   np.tile(np.arange(h, dtype=np.int64), n), ref, 0)
+    got = got[:, 1].reshape(n, L)
+    np.testing.assert_array_equal(got[:, head.labels], ref.reshape(n, h))
+    others = np.setdiff1d(np.arange(Ytr.shape[1]), head.labels)
+    assert np.all(got[:, others] == 0.0)
+    # none qualifies: no head
+    assert HeadClassifiers.fit(Xtr, Ytr, rows, min_rows=rows.shape[0] + 1) is None

@@ -10,7 +10,8 @@ import slide
 from slide import warmup
 from slide.persist import checkpoint
 from slide.rank import rerank
-from slide.rank.linear import LabelLinear
+from slide.rank.head import HeadClassifiers
+from slide.rank.linear import LabelLinear, OneVsRest
 from slide.rank.vote import POWER, NeighbourMemory
 
 SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
@@ -117,7 +118,19 @@ def _reference_linear(linear, x, j):
     return linear.bias[j] + (s / norm if norm > 0 else 0.0)
 
 
-def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=None):
+def _reference_head(head, x, j):
+    """The head score of label j for row x: its one-vs-rest classifier's, 0 outside the head."""
+    if j not in set(head.labels.tolist()):
+        return 0.0
+    col = int(np.searchsorted(head.labels, j))
+    xd = x.toarray().ravel()
+    kept = [f for f in np.flatnonzero(xd) if head.ovr.slot[f] >= 0]
+    z = sum(xd[f] * head.ovr.weights[head.ovr.slot[f], col] for f in kept)
+    return head.ovr.bias[col] + z / np.linalg.norm(xd)
+
+
+def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=None,
+                        head=None):
     """One row's candidates and features, written out with dicts (the probe's form)."""
     Wo, bo = net.output_view()
     z = Wo.astype(np.float64) @ h.astype(np.float64) + bo
@@ -150,7 +163,8 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=
                   d.get("first", k) / k, min(d.get("rank", rerank.N_TOP), rerank.N_TOP)
                   / rerank.N_TOP, np.log1p(counts[j]), s[near[0]],
                   xd @ c / np.linalg.norm(xd),
-                  0.0 if linear is None else _reference_linear(linear, x, j)]
+                  0.0 if linear is None else _reference_linear(linear, x, j),
+                  0.0 if head is None else _reference_head(head, x, j)]
     return out
 
 
@@ -167,12 +181,20 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
     rng = np.random.default_rng(1)
     linear = LabelLinear(rng.normal(size=1 << 10).astype(np.float32),
                          rng.normal(size=Ytr.shape[1]).astype(np.float32))
-    for lin in (None, linear):
+    # every other label in the head; a third of the features without a weight row
+    labels = np.arange(0, Ytr.shape[1], 2, dtype=np.int64)
+    kept = np.arange(Xtr.shape[1]) % 3 != 0
+    slot = np.full(Xtr.shape[1], -1, np.int32)
+    slot[kept] = np.arange(kept.sum())
+    weights = rng.normal(size=(int(kept.sum()), labels.shape[0])).astype(np.float32)
+    head = HeadClassifiers(labels, OneVsRest(weights, slot, rng.normal(size=labels.shape[0])),
+                           Ytr.shape[1])
+    for lin, hd in ((None, None), (linear, None), (linear, head)):
         ptr, counts, ids, F = rerank.features(net.output_layer(), X, H, memory, k, cen, n_top,
-                                             linear=lin)
+                                             linear=lin, head=hd)
         for r in range(X.shape[0]):
             ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top,
-                                      loss == "sigmoid", lin)
+                                      loss == "sigmoid", lin, hd)
             got = {int(j): F[ptr[r] + u]
                    for u, j in enumerate(ids[ptr[r]:ptr[r] + counts[r]])}
             assert set(got) == set(ref)
@@ -188,10 +210,10 @@ def test_expand_is_the_features_then_their_pairwise_products():
     assert rerank.expand(np.zeros((1, rerank.N_BASE))).shape[1] == rerank.N_TERMS
 
 
-@pytest.mark.parametrize("d", [rerank.N_BASE - 1, rerank.N_BASE])
+@pytest.mark.parametrize("d", sorted(set(rerank.FORMAT_FEATURES.values())))
 def test_the_fused_scores_are_the_expanded_terms_times_the_weights(d):
     rng = np.random.default_rng(d)
-    F = rng.normal(size=(301, rerank.N_BASE))               # a format-1 re-ranker reads 10
+    F = rng.normal(size=(301, rerank.N_BASE))    # a re-ranker reads the first d (its format's)
     mean, scale = rng.normal(size=d), rng.random(d) + 0.5
     coef = rng.normal(size=rerank.n_terms(d))
     expect = rerank.expand((F[:, :d] - mean) / scale) @ coef - 0.7
@@ -214,7 +236,7 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
     ptr, counts, cid, F = rerank.features(net.output_layer(), Xte, net.hidden(Xte), rank.memory,
                                           rank.reranker.k_nn, rank.reranker.centroids, 10,
                                           linear=rank.reranker.linear)
-    assert rank.reranker.linear is not None and np.any(F[:, -1] != 0)
+    assert rank.reranker.linear is not None and np.any(F[:, rerank.LINEAR_SCORE] != 0)
     s = rank.reranker.score(F)
     for r in range(0, Xte.shape[0], 37):
         c = cid[ptr[r]:ptr[r] + counts[r]]
@@ -408,9 +430,11 @@ def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
     _, _, Xte, _ = data
     model.save(tmp_path / "m.slide")
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
-    ii, jj = np.triu_indices(rerank.N_BASE)
-    pairs = np.flatnonzero((ii < rerank.N_BASE - 1) & (jj < rerank.N_BASE - 1))
-    keep = np.concatenate([np.arange(rerank.N_BASE - 1), rerank.N_BASE + pairs])
+    n = rerank.FORMAT_FEATURES[meta["reranker"]["format"]]    # 11: linear_score last
+    assert n == rerank.LINEAR_SCORE + 1
+    ii, jj = np.triu_indices(n)
+    pairs = np.flatnonzero((ii < n - 1) & (jj < n - 1))
+    keep = np.concatenate([np.arange(n - 1), n + pairs])
     old = {k: v for k, v in arrays.items() if not k.startswith(("rr_lin_", "rr_ovr_"))}
     old.update(rr_mean=arrays["rr_mean"][:-1], rr_scale=arrays["rr_scale"][:-1],
                rr_coef=arrays["rr_coef"][keep])
@@ -640,3 +664,52 @@ def test_select_inplace_is_numpys_partition():
             a = rng.standard_normal(n)
         for k in (0, n - 1, int(rng.integers(0, n))):
             assert select_inplace(a.copy(), n, k) == np.partition(a, k)[k]
+
+
+@pytest.fixture(scope="module")
+def head_model(data):
+    """The defaults' model with the hashed classifiers and the head's one-vs-rest ones (the
+    labels of at least 20 fitting rows; one-vs-rest over every label made unaffordable)."""
+    from slide.rank import head, linear as label_linear
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(label_linear, "ovr_affordable", lambda *a: False)
+        mp.setattr(head, "HEAD_MIN_ROWS", 20)
+        return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
+
+
+def test_the_head_score_is_a_twelfth_feature_and_survives_a_checkpoint(
+        data, head_model, tmp_path, rewrite_checkpoint):
+    Xtr, Ytr, Xte, _ = data
+    rr = head_model.rank_.reranker
+    assert isinstance(rr.linear, LabelLinear) and rr.head is not None
+    assert rr.n_features == rerank.N_BASE and rr.coef.shape == (rerank.N_TERMS,)
+    counts = np.bincount(Ytr.indices, minlength=Ytr.shape[1])
+    assert counts[rr.head.labels].min() >= 20 and rr.head.labels.shape[0] < Ytr.shape[1]
+    rank = head_model.rank_
+    ptr, n, ids, F = rerank.features(head_model.network_.output_layer(), Xte,
+                                     head_model.network_.hidden(Xte), rank.memory, rr.k_nn,
+                                     rr.centroids, 10, linear=rr.linear, head=rr.head)
+    used = np.concatenate([np.arange(ptr[r], ptr[r] + n[r]) for r in range(n.shape[0])])
+    in_head = np.isin(ids[used], rr.head.labels)
+    assert in_head.any() and (~in_head).any()
+    assert np.all(F[used[~in_head], rerank.HEAD_SCORE] == 0)
+    assert np.any(F[used[in_head], rerank.HEAD_SCORE] != 0)
+    head_model.save(tmp_path / "m.slide")
+    loaded = slide.load(tmp_path / "m.slide")
+    np.testing.assert_array_equal(loaded.rank_.reranker.head.labels, rr.head.labels)
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), head_model.predict_topk(Xte, k=5))
+    meta, arrays = checkpoint.read(tmp_path / "m.slide")
+    assert meta["reranker"]["format"] == 4
+    for broken, match in (({"rr_head_labels": arrays["rr_head_labels"][::-1].copy()},
+                           "ascending distinct"),
+                          ({"rr_head_labels": arrays["rr_head_labels"] + Ytr.shape[1]},
+                           "ascending distinct"),
+                          ({"rr_head_weights": arrays["rr_head_weights"][:, :-1]}, "weights")):
+        with pytest.raises(checkpoint.CheckpointError, match=match):
+            slide.load(rewrite_checkpoint("f.slide", meta, dict(arrays, **broken)))
+    with pytest.raises(checkpoint.CheckpointError, match="mean must be 11"):
+        slide.load(rewrite_checkpoint(
+            "g.slide", dict(meta, reranker=dict(meta["reranker"], format=2)), arrays))
+    headless = {k: v for k, v in arrays.items() if not k.startswith("rr_head_")}
+    with pytest.raises(checkpoint.CheckpointError, match="format 4 does not match"):
+        slide.load(rewrite_checkpoint("h.slide", meta, headless))

@@ -413,14 +413,21 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
 
 
 @njit(cache=True, parallel=True)
-def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, out, col):
+def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, out, col,
+              column_of):
     """``out[u, col]``: the one-vs-rest score of row r's candidate ``ids[u]`` for each of its
-    ``counts[r]`` slots from ``cand_ptr[r]``."""
+    ``counts[r]`` slots from ``cand_ptr[r]``. ``column_of`` (int64 [n_labels], or empty for
+    the identity): the classifier of each label, -1 for none (its score 0)."""
     for r in prange(counts.shape[0]):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         inv_norm = _inv_norm(x_dat, p0, p1)
         for u in range(cand_ptr[r], cand_ptr[r] + counts[r]):
             j = ids[u]
+            if column_of.shape[0] > 0:
+                j = column_of[j]
+                if j < 0:
+                    out[u, col] = 0.0
+                    continue
             z = 0.0
             for p in range(p0, p1):
                 k = slot[x_ind[p]]
@@ -481,10 +488,13 @@ class OneVsRest:
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
         """``F[u, col]``: the score of each used candidate slot u (rows of X)."""
+        self._score_into(X, cand_ptr, counts, ids, F, col, np.zeros(0, np.int64))
+
+    def _score_into(self, X, cand_ptr, counts, ids, F, col, column_of):
         X = strongest_terms(X)
         score_ovr(cand_ptr, counts, ids, X.indptr.astype(np.int64),
                   X.indices.astype(np.int32, copy=False), X.data.astype(np.float32, copy=False),
-                  self.slot, self.weights, self.bias, F, int(col))
+                  self.slot, self.weights, self.bias, F, int(col), column_of)
 
     def state(self):
         return {"ovr_weights": self.weights, "ovr_slot": self.slot, "lin_bias": self.bias}

@@ -29,7 +29,10 @@ fitting rows: one-vs-rest where the labels are few, else against the network's h
 The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
 in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
 added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
-(round 9).
+(round 9). Where the hashed classifiers serve (many labels), the frequent labels also get a
+one-vs-rest classifier over every fitting row, its score the twelfth feature ``head_score``
+(0 for the other labels; ``slide.rank.linear.HeadClassifiers``): on debcontents, paired on
+one network, P@1 +0.4 to +1.0 points on two seeds of three, +0.35 on the third.
 
 Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
 matrix over every label; the re-ranker scores only candidates). The model stores the
@@ -46,18 +49,20 @@ from slide.kernels.arrays import Csr
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
 from slide.rank.centroids import (N_CANDIDATES, build_index, centroid_terms,  # noqa: F401
                                   label_centroids, row_mask, top_labels)
-from slide.rank.linear import classifiers_from_state, fit_classifiers
+from slide.rank.head import HeadClassifiers
+from slide.rank.linear import OneVsRest, classifiers_from_state, fit_classifiers
 from slide.rank.logistic import (expand, expanded_scores, n_terms,  # noqa: F401 (rerank.expand)
                                  newton_logistic)
 from slide.rank.vote import POWER, NeighbourMemory
 
 
 # 1: the first ten features only (no linear_score); 2: hashed LabelLinear classifiers; 3:
-# OneVsRest classifiers (slide.rank.linear); all loaded
-STATE_FORMATS = (1, 2, 3)
+# OneVsRest classifiers (slide.rank.linear); 4: hashed classifiers and the head's
+# one-vs-rest ones (head_score: all twelve features); all loaded
+STATE_FORMATS = (1, 2, 3, 4)
 FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
             "network_rank", "log_count", "nearest_similarity", "centroid_cosine",
-            "linear_score")
+            "linear_score", "head_score")
 N_BASE = len(FEATURES)
 # the feature columns by name (Numba reads them as compile-time constants)
 LOG_PROB = FEATURES.index("log_prob")
@@ -71,7 +76,10 @@ LOG_COUNT = FEATURES.index("log_count")
 NEAREST_SIMILARITY = FEATURES.index("nearest_similarity")
 CENTROID_COSINE = FEATURES.index("centroid_cosine")
 LINEAR_SCORE = FEATURES.index("linear_score")
-_LINEAR = LINEAR_SCORE          # the last: a format-1 re-ranker uses the others
+HEAD_SCORE = FEATURES.index("head_score")
+_LINEAR = LINEAR_SCORE          # a format-1 re-ranker uses the features before it
+# the features a re-ranker of each format reads: the first FORMAT_FEATURES[format]
+FORMAT_FEATURES = {1: _LINEAR, 2: HEAD_SCORE, 3: HEAD_SCORE, 4: N_BASE}
 N_TERMS = n_terms(N_BASE)       # the features, their squares and products
 # the tuned sizes of the candidates, the held-out slice, the centroids and the regression
 # (the measurements that chose each: slide.defaults)
@@ -308,13 +316,14 @@ def candidate_features(top, sigmoid, near, sims, m_ptr, m_ids, retrieved, H, Wo,
 
 
 def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,
-             linear=None, retrieved=None):
+             linear=None, retrieved=None, head=None):
     """The candidates of the rows X (their hidden layer H) and their features: (cand_ptr
     [n + 1] int64 of the upper-bound slots, counts [n], ids [slots] int64, features
     [slots, N_BASE] float64); slots beyond a row's count are unused. ``exclude``: memory rows
     that are never neighbours; ``log_count``: the labels' log(1 + count) (default: the
     memory's); ``linear``: the ``LabelLinear`` of the linear_score feature (0 without);
-    ``retrieved``: [n, r] int64 labels of the centroid index (-1 padded; None: none)."""
+    ``retrieved``: [n, r] int64 labels of the centroid index (-1 padded; None: none);
+    ``head``: the ``HeadClassifiers`` of the head_score feature (0 without)."""
     Wo, bo = output.W, output.b
     n = H.shape[0]
     top_z, top_ids, run_max, run_sum = topk_lse_of_logits(H, Wo, bo, min(n_top, Wo.shape[0]))
@@ -341,6 +350,8 @@ def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_cou
                        Candidates(cand_ptr, ids, F, counts))
     if linear is not None:
         linear.score_into(X, cand_ptr, counts, ids, F, _LINEAR)
+    if head is not None:
+        head.score_into(X, cand_ptr, counts, ids, F, HEAD_SCORE)
     return cand_ptr, counts, ids, F
 
 
@@ -364,11 +375,12 @@ class ReRanker:
     intercept of the logistic regression, the vote's neighbour count ``k_nn`` it was fitted
     with, the label centroids (CSR parts), the ``LabelLinear`` classifiers and how many labels
     the centroid index adds to a row's candidates (``n_retrieved``: as fitted; 0 in a
-    checkpoint written before the index). A re-ranker of a format-1 checkpoint has no
-    classifiers and uses the first N_BASE - 1 features."""
+    checkpoint written before the index) and the head's classifiers (``HeadClassifiers``, or
+    None). A re-ranker reads the first ``len(mean)`` features (``FORMAT_FEATURES``): one of a
+    format-1 checkpoint has no classifiers, one without a head no head_score."""
 
     def __init__(self, mean, scale, coef, intercept, k_nn, centroids, linear=None,
-                 n_retrieved=0):
+                 n_retrieved=0, head=None):
         self.mean = np.asarray(mean, np.float64)
         self.scale = np.asarray(scale, np.float64)
         self.coef = np.asarray(coef, np.float64)
@@ -376,6 +388,7 @@ class ReRanker:
         self.k_nn = int(k_nn)
         self.centroids = centroids
         self.linear = linear
+        self.head = head
         self.n_features = self.mean.shape[0]
         self.n_retrieved = int(n_retrieved)
         self._index = None          # the centroids' retrieval index, built on first use
@@ -422,7 +435,7 @@ class ReRanker:
         k = int(k)
         cand_ptr, counts, ids, F = features(output, X, H, memory, self.k_nn, self.centroids,
                                             N_TOP, linear=self.linear,
-                                            retrieved=self.retrieve(X))
+                                            retrieved=self.retrieve(X), head=self.head)
         s = np.full(ids.shape[0], -np.inf)
         used, _ = _used(cand_ptr, counts)
         s[used] = self.score(F[used])
@@ -447,6 +460,9 @@ class ReRanker:
         if self.linear is not None:
             d.update(self.linear.state())
             d["format"] = 3 if "ovr_weights" in d else 2
+        if self.head is not None:
+            d.update(self.head.state())
+            d["format"] = 4
         return d
 
     @classmethod
@@ -455,7 +471,7 @@ class ReRanker:
         fmt = int(d.get("format", -1))
         if fmt not in STATE_FORMATS:
             raise ValueError(f"unsupported re-ranker format {d.get('format')!r}")
-        n_feat = _LINEAR if fmt == 1 else N_BASE
+        n_feat = FORMAT_FEATURES[fmt]
         for name, size in (("mean", n_feat), ("scale", n_feat), ("coef", n_terms(n_feat))):
             a = d[name]
             if a.dtype != np.float64 or a.shape != (size,) or not np.isfinite(a).all():
@@ -476,13 +492,15 @@ class ReRanker:
             raise ValueError("centroid ids must be int32, values finite float32")
         if ids.size and (ids.min() < 0 or ids.max() >= n_features):
             raise ValueError(f"centroid feature ids outside [0, {n_features})")
-        linear = None
+        linear = head = None
         if fmt > 1:
-            if (fmt == 3) != ("ovr_weights" in d):
+            if (fmt == 3) != ("ovr_weights" in d) or (fmt == 4) != ("head_labels" in d):
                 raise ValueError(f"format {fmt} does not match the classifiers saved")
             linear = classifiers_from_state(d, n_labels, n_features)
+        if fmt == 4:
+            head = HeadClassifiers.from_state(d, n_labels, n_features)
         return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
-                   (ptr, ids, val), linear, n_retrieved)
+                   (ptr, ids, val), linear, n_retrieved, head)
 
 
 def label_counts(Y, rows):
@@ -505,6 +523,9 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     a pass of exact logits, or a neighbour search, over the rows); the centroids are."""
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
     linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed, k_nn)
+    # where the labels are few every one has a one-vs-rest classifier already
+    head = None if isinstance(linear, OneVsRest) else HeadClassifiers.fit(X, Y, fit_rows, seed)
+    n_feat = N_BASE if head is not None else HEAD_SCORE
     memory = NeighbourMemory.build(H_all, Y, copy=False)
     del H_all
     terms = centroid_terms(Y.shape[1])
@@ -522,18 +543,18 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
         retrieved = None if index is None else top_labels(index, Xh[a:b], N_CANDIDATES)
         cand_ptr, counts, ids, F = features(output, Xh[a:b], H_held[a:b], memory, k_nn, cen,
                                             N_TOP, exclude=held_rows, log_count=log_count,
-                                            linear=linear, retrieved=retrieved)
+                                            linear=linear, retrieved=retrieved, head=head)
         used, slot_row = _used(cand_ptr, counts)
         Yb = Yh[a:b]
         true_keys = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(Yb.indptr)) \
             * n_labels + Yb.indices
         parts_truth.append(np.isin(slot_row[used].astype(np.int64) * n_labels + ids[used],
                                    true_keys))
-        parts_F.append(F[used])
+        parts_F.append(F[used, :n_feat])
     del cen, index
     F, truth = np.concatenate(parts_F), np.concatenate(parts_truth)
     weights = ReRanker.fit_weights(F, truth, seed)
     if weights is None:
         return None, memory
     return ReRanker(*weights, k_nn=k_nn, centroids=label_centroids(X, Y, terms),
-                    linear=linear, n_retrieved=N_CANDIDATES), memory
+                    linear=linear, n_retrieved=N_CANDIDATES, head=head), memory

@@ -1,0 +1,83 @@
+"""One-vs-rest classifiers of the frequent labels (the head), beside the hashed per-label ones:
+the re-ranker's ``head_score`` feature (``slide.rank.rerank``).
+
+The hashed classifiers (``slide.rank.linear.LabelLinear``) learn each label against a row's hard
+negatives only. Where a label holds many rows -- on debcontents the generic files every package
+ships, ``NEWS.gz`` against ``NEWS.Debian.gz`` -- the trees' classifiers, trained on every row
+that reaches their node, pick the first label better
+(``bench/results/tree_disagreement_debcontents_fe2a1c2.md``). So the labels with at least
+``HEAD_MIN_ROWS`` fitting rows get a ``OneVsRest`` classifier over every fitting row (at most as
+many as ``linear.MAX_OVR_WORK`` allows, the most frequent first), its score a feature of its
+own, 0 for the other labels. On debcontents, paired on one network per seed
+(``bench/probes/probe_head_ovr.py``, ``bench/results/head_ovr_column_debcontents_27d221f.md``):
+P@1 +0.0104 / +0.0069 / +0.0035 with the score in a column of its own, against +0.0047 /
++0.0030 / +0.0045 in place of the hashed score.
+"""
+import numpy as np
+import scipy.sparse as sp
+
+from slide import defaults
+from slide.data.inputs import take_rows
+from slide.rank import linear
+
+HEAD_MIN_ROWS = defaults.LINEAR_HEAD_MIN_ROWS
+
+
+def head_labels(Y, rows, max_labels, min_rows=None):
+    """int64, ascending: the labels of at least ``min_rows`` (``HEAD_MIN_ROWS``) of the rows
+    ``rows`` of Y (CSR), the ``max_labels`` most frequent of them where more qualify (ties:
+    the lower id); empty when none does."""
+    min_rows = HEAD_MIN_ROWS if min_rows is None else int(min_rows)
+    counts = np.bincount(take_rows(Y, np.asarray(rows, np.int64)).indices,
+                         minlength=Y.shape[1])
+    head = np.flatnonzero(counts >= max(1, min_rows))
+    if head.shape[0] > max_labels:
+        head = np.sort(head[np.argsort(-counts[head], kind="stable")[:max(0, max_labels)]])
+    return head.astype(np.int64)
+
+
+class HeadClassifiers:
+    """The head's labels (int64, ascending), their ``OneVsRest`` classifiers (column c: label
+    ``labels[c]``) and each label's column (``column_of``, -1 outside the head)."""
+
+    def __init__(self, labels, ovr, n_labels):
+        self.labels = np.asarray(labels, np.int64)
+        self.ovr = ovr
+        self.column_of = np.full(int(n_labels), -1, np.int64)
+        self.column_of[self.labels] = np.arange(self.labels.shape[0])
+
+    @classmethod
+    def fit(cls, X, Y, rows, seed=0, min_rows=None):
+        """The head's classifiers over the rows ``rows`` of X, Y (CSR), or None without a
+        head."""
+        rows = np.asarray(rows, np.int64)
+        terms = float(np.minimum(np.diff(X.indptr)[rows], linear.MAX_ROW_TERMS).sum())
+        per_label = max(1.0, terms * linear.OVR_EPOCHS)   # one-vs-rest's work per label
+        labels = head_labels(Y, rows, int(linear.MAX_OVR_WORK // per_label), min_rows)
+        if labels.shape[0] == 0:
+            return None
+        Yh = sp.csr_matrix(Y[:, labels])
+        return cls(labels, linear.OneVsRest.fit(X, Yh, rows, seed), Y.shape[1])
+
+    def score_into(self, X, cand_ptr, counts, ids, F, col):
+        """``F[u, col]``: each used candidate slot's head score (0 outside the head)."""
+        self.ovr._score_into(X, cand_ptr, counts, ids, F, col, self.column_of)
+
+    def state(self):
+        return {"head_labels": self.labels, "head_weights": self.ovr.weights,
+                "head_slot": self.ovr.slot, "head_bias": self.ovr.bias}
+
+    @classmethod
+    def from_state(cls, d, n_labels, n_features):
+        """The head's classifiers saved by ``state``; ValueError naming what is wrong."""
+        labels = d.get("head_labels")
+        if labels is None or labels.dtype != np.int64 or labels.ndim != 1 \
+                or labels.shape[0] == 0 or (np.diff(labels) <= 0).any() \
+                or labels[0] < 0 or labels[-1] >= n_labels:
+            raise ValueError(f"the head's labels must be ascending distinct int64 ids in "
+                             f"[0, {n_labels})")
+        ovr = linear.classifiers_from_state({"ovr_weights": d.get("head_weights"),
+                                             "ovr_slot": d.get("head_slot"),
+                                             "lin_bias": d.get("head_bias")},
+                                            labels.shape[0], n_features)
+        return cls(labels, ovr, n_labels)
