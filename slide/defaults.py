@@ -90,3 +90,10 @@ LINEAR_MAX_OVR_WEIGHTS = 1 << 24
 # column of its own; bench/results/head_ovr_column_debcontents_27d221f.md) 100 rows gave P@1
 # +0.0104 / +0.0069 / +0.0035 and 300 rows +0.0112 / +0.0072 / +0.0009
 LINEAR_HEAD_MIN_ROWS = 100
+# at most this many head labels (the most frequent), fitting rows (a seeded draw) and weights
+# (the features in the most rows): the bounds that keep the head out of Amazon-670K's peak
+# memory (its 485k fitting rows copied were 0.8 GB more at 16M weights); debcontents' head was
+# as good at its 139 labels of 300+ rows as at 631 of 100+ (head_ovr_column_debcontents_27d221f)
+LINEAR_HEAD_MAX_LABELS = 128
+LINEAR_HEAD_MAX_ROWS = 40_000
+LINEAR_HEAD_MAX_WEIGHTS = 1 << 22

@@ -21,19 +21,33 @@ from slide.data.inputs import take_rows
 from slide.rank import linear
 
 HEAD_MIN_ROWS = defaults.LINEAR_HEAD_MIN_ROWS
+HEAD_MAX_LABELS = defaults.LINEAR_HEAD_MAX_LABELS
+HEAD_MAX_ROWS = defaults.LINEAR_HEAD_MAX_ROWS
+HEAD_MAX_WEIGHTS = defaults.LINEAR_HEAD_MAX_WEIGHTS
 
 
 def head_labels(Y, rows, max_labels, min_rows=None):
     """int64, ascending: the labels of at least ``min_rows`` (``HEAD_MIN_ROWS``) of the rows
     ``rows`` of Y (CSR), the ``max_labels`` most frequent of them where more qualify (ties:
-    the lower id); empty when none does."""
+    the lower id); empty when none does. Counts without a copy of Y."""
     min_rows = HEAD_MIN_ROWS if min_rows is None else int(min_rows)
-    counts = np.bincount(take_rows(Y, np.asarray(rows, np.int64)).indices,
-                         minlength=Y.shape[1])
+    use = np.zeros(Y.shape[0], np.bool_)
+    use[np.asarray(rows, np.int64)] = True
+    counts = np.bincount(Y.indices[np.repeat(use, np.diff(Y.indptr))], minlength=Y.shape[1])
     head = np.flatnonzero(counts >= max(1, min_rows))
     if head.shape[0] > max_labels:
         head = np.sort(head[np.argsort(-counts[head], kind="stable")[:max(0, max_labels)]])
     return head.astype(np.int64)
+
+
+def head_columns(Y, column_of):
+    """CSR [n_rows, n_head]: Y's labels of the head only, each at its column
+    ``column_of[label]`` (-1: not in the head, dropped); no copy of Y's other entries."""
+    col = column_of[Y.indices]
+    keep = col >= 0
+    indptr = np.concatenate([[0], np.cumsum(keep)])[Y.indptr]
+    return sp.csr_matrix((np.ones(int(keep.sum()), np.float32), col[keep].astype(np.int32),
+                          indptr.astype(np.int64)), shape=(Y.shape[0], int(column_of.max()) + 1))
 
 
 class HeadClassifiers:
@@ -49,15 +63,23 @@ class HeadClassifiers:
     @classmethod
     def fit(cls, X, Y, rows, seed=0, min_rows=None):
         """The head's classifiers over the rows ``rows`` of X, Y (CSR), or None without a
-        head."""
+        head. At most ``HEAD_MAX_ROWS`` of the rows (a seeded draw: at Amazon-670K's 490k
+        rows a copy of them all was 0.8 GB of the peak), ``HEAD_MAX_LABELS`` labels, as many
+        as ``linear.MAX_OVR_WORK`` allows, and ``HEAD_MAX_WEIGHTS`` weights."""
         rows = np.asarray(rows, np.int64)
+        if rows.shape[0] > HEAD_MAX_ROWS:
+            rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x4EAD])
+            rows = np.sort(rng.choice(rows, HEAD_MAX_ROWS, replace=False))
         terms = float(np.minimum(np.diff(X.indptr)[rows], linear.MAX_ROW_TERMS).sum())
         per_label = max(1.0, terms * linear.OVR_EPOCHS)   # one-vs-rest's work per label
-        labels = head_labels(Y, rows, int(linear.MAX_OVR_WORK // per_label), min_rows)
+        max_labels = int(min(HEAD_MAX_LABELS, linear.MAX_OVR_WORK // per_label))
+        labels = head_labels(Y, rows, max_labels, min_rows)
         if labels.shape[0] == 0:
             return None
-        Yh = sp.csr_matrix(Y[:, labels])
-        return cls(labels, linear.OneVsRest.fit(X, Yh, rows, seed), Y.shape[1])
+        column_of = np.full(Y.shape[1], -1, np.int64)
+        column_of[labels] = np.arange(labels.shape[0])
+        ovr = linear.OneVsRest.fit(X, head_columns(Y, column_of), rows, seed, HEAD_MAX_WEIGHTS)
+        return cls(labels, ovr, Y.shape[1])
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
         """``F[u, col]``: each used candidate slot's head score (0 outside the head)."""

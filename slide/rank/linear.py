@@ -442,12 +442,13 @@ def ovr_affordable(X, rows, n_labels):
     return float(terms) * n_labels * OVR_EPOCHS <= MAX_OVR_WORK
 
 
-def kept_features(X, n_labels):
-    """slot int32 [n_features]: the weight row of each of the ``MAX_OVR_WEIGHTS // n_labels``
-    features of X (CSR) in the most rows (ties: the lower id), -1 for the others and for
-    features in no row."""
+def kept_features(X, n_labels, max_weights=None):
+    """slot int32 [n_features]: the weight row of each of the ``max_weights // n_labels``
+    (``MAX_OVR_WEIGHTS``) features of X (CSR) in the most rows (ties: the lower id), -1 for
+    the others and for features in no row."""
+    max_weights = MAX_OVR_WEIGHTS if max_weights is None else int(max_weights)
     df = np.bincount(X.indices, minlength=X.shape[1])
-    n_keep = int(min((df > 0).sum(), max(1, MAX_OVR_WEIGHTS // max(1, n_labels))))
+    n_keep = int(min((df > 0).sum(), max(1, max_weights // max(1, n_labels))))
     keep = np.sort(np.argsort(-df, kind="stable")[:n_keep])
     slot = np.full(X.shape[1], -1, np.int32)
     slot[keep] = np.arange(n_keep, dtype=np.int32)
@@ -465,13 +466,14 @@ class OneVsRest:
         self.bias = np.asarray(bias, np.float32)
 
     @classmethod
-    def fit(cls, X, Y, rows, seed=0):
-        """``OVR_EPOCHS`` passes over the rows ``rows`` of X, Y (CSR), in a seeded order."""
+    def fit(cls, X, Y, rows, seed=0, max_weights=None):
+        """``OVR_EPOCHS`` passes over the rows ``rows`` of X, Y (CSR), in a seeded order; at
+        most ``max_weights`` weights (``kept_features``)."""
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x0F12])
         Xr = strongest_terms(take_rows(X, np.asarray(rows, np.int64)))
         Yr = take_rows(Y, np.asarray(rows, np.int64))
         n_labels = Y.shape[1]
-        slot = kept_features(Xr, n_labels)
+        slot = kept_features(Xr, n_labels, max_weights)
         weights = np.zeros((int(slot.max()) + 1, n_labels), np.float32)
         y_ids = Yr.indices.astype(np.int64)
         counts = np.bincount(y_ids, minlength=n_labels).astype(np.float64)
