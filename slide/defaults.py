@@ -85,7 +85,7 @@ LINEAR_OVR_EPOCHS = 3
 LINEAR_OVR_LEARNING_RATE = 0.2
 LINEAR_MAX_OVR_WORK = 1_000_000_000
 LINEAR_MAX_OVR_WEIGHTS = 1 << 24
-# the head's one-vs-rest classifiers (slide.rank.linear.HeadClassifiers): labels of at least
+# the head's one-vs-rest classifiers (slide.rank.head.HeadClassifiers): labels of at least
 # this many fitting rows. On debcontents (paired refits on one network, 3 seeds, the score in a
 # column of its own; bench/results/head_ovr_column_debcontents_27d221f.md) 100 rows gave P@1
 # +0.0104 / +0.0069 / +0.0035 and 300 rows +0.0112 / +0.0072 / +0.0009

@@ -45,10 +45,8 @@ class HeadAndHashed:
             return
         self.ovr.score_into(X, cand_ptr, counts, np.maximum(head_ids, 0).astype(ids.dtype),
                             tmp, 0)
-        used = np.zeros(F.shape[0], np.bool_)
-        for r in range(counts.shape[0]):
-            used[cand_ptr[r]:cand_ptr[r] + counts[r]] = True
-        take = used & (ids >= 0) & (head_ids >= 0)
+        from slide.rank.rerank import _used
+        take = _used(cand_ptr, counts)[0] & (ids >= 0) & (head_ids >= 0)
         F[take, col] = tmp[take, 0]
 
     def state(self):

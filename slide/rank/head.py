@@ -6,19 +6,21 @@ negatives only. Where a label holds many rows -- on debcontents the generic file
 ships, ``NEWS.gz`` against ``NEWS.Debian.gz`` -- the trees' classifiers, trained on every row
 that reaches their node, pick the first label better
 (``bench/results/tree_disagreement_debcontents_fe2a1c2.md``). So the labels with at least
-``HEAD_MIN_ROWS`` fitting rows get a ``OneVsRest`` classifier over every fitting row (at most as
-many as ``linear.MAX_OVR_WORK`` allows, the most frequent first), its score a feature of its
-own, 0 for the other labels. On debcontents, paired on one network per seed
-(``bench/probes/probe_head_ovr.py``, ``bench/results/head_ovr_column_debcontents_27d221f.md``):
-P@1 +0.0104 / +0.0069 / +0.0035 with the score in a column of its own, against +0.0047 /
-+0.0030 / +0.0045 in place of the hashed score.
+``HEAD_MIN_ROWS`` fitting rows (the ``HEAD_MAX_LABELS`` most frequent, as many as
+``linear.MAX_OVR_WORK`` allows) get a ``OneVsRest`` classifier over (at most ``HEAD_MAX_ROWS``
+of) the fitting rows, its score a feature of its own, 0 for the other labels. On debcontents,
+paired on one network per seed (``bench/probes/probe_head_ovr.py``,
+``bench/results/head_ovr_column_debcontents_27d221f.md``): P@1 +0.0104 / +0.0069 / +0.0035 with
+an unbounded score in a column of its own, against +0.0047 / +0.0030 / +0.0045 in place of the
+hashed score; as built, with its bounds, +0.0014 / +0.0026 / +0.0017
+(``head_score_debcontents_e803ba1.md``), Amazon-670K's peak memory +10-23 MB.
 """
 import numpy as np
 import scipy.sparse as sp
 
 from slide import defaults
-from slide.data.inputs import take_rows
 from slide.rank import linear
+from slide.rank.centroids import label_counts
 
 HEAD_MIN_ROWS = defaults.LINEAR_HEAD_MIN_ROWS
 HEAD_MAX_LABELS = defaults.LINEAR_HEAD_MAX_LABELS
@@ -29,11 +31,9 @@ HEAD_MAX_WEIGHTS = defaults.LINEAR_HEAD_MAX_WEIGHTS
 def head_labels(Y, rows, max_labels, min_rows=None):
     """int64, ascending: the labels of at least ``min_rows`` (``HEAD_MIN_ROWS``) of the rows
     ``rows`` of Y (CSR), the ``max_labels`` most frequent of them where more qualify (ties:
-    the lower id); empty when none does. Counts without a copy of Y."""
+    the lower id); empty when none does."""
     min_rows = HEAD_MIN_ROWS if min_rows is None else int(min_rows)
-    use = np.zeros(Y.shape[0], np.bool_)
-    use[np.asarray(rows, np.int64)] = True
-    counts = np.bincount(Y.indices[np.repeat(use, np.diff(Y.indptr))], minlength=Y.shape[1])
+    counts = label_counts(Y, np.asarray(rows, np.int64))
     head = np.flatnonzero(counts >= max(1, min_rows))
     if head.shape[0] > max_labels:
         head = np.sort(head[np.argsort(-counts[head], kind="stable")[:max(0, max_labels)]])
@@ -60,6 +60,11 @@ class HeadClassifiers:
         self.column_of = np.full(int(n_labels), -1, np.int64)
         self.column_of[self.labels] = np.arange(self.labels.shape[0])
 
+    def _fit_ovr(self, X, Y, rows, seed):
+        self.ovr = linear.OneVsRest.fit(X, head_columns(Y, self.column_of), rows, seed,
+                                        HEAD_MAX_WEIGHTS)
+        return self
+
     @classmethod
     def fit(cls, X, Y, rows, seed=0, min_rows=None):
         """The head's classifiers over the rows ``rows`` of X, Y (CSR), or None without a
@@ -76,10 +81,7 @@ class HeadClassifiers:
         labels = head_labels(Y, rows, max_labels, min_rows)
         if labels.shape[0] == 0:
             return None
-        column_of = np.full(Y.shape[1], -1, np.int64)
-        column_of[labels] = np.arange(labels.shape[0])
-        ovr = linear.OneVsRest.fit(X, head_columns(Y, column_of), rows, seed, HEAD_MAX_WEIGHTS)
-        return cls(labels, ovr, Y.shape[1])
+        return cls(labels, None, Y.shape[1])._fit_ovr(X, Y, rows, seed)
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
         """``F[u, col]``: each used candidate slot's head score (0 outside the head)."""

@@ -30,9 +30,9 @@ The last two are the trees' kind of evidence: without the centroid the re-ranker
 in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
 added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
 (round 9). Where the hashed classifiers serve (many labels), the frequent labels also get a
-one-vs-rest classifier over every fitting row, its score the twelfth feature ``head_score``
-(0 for the other labels; ``slide.rank.linear.HeadClassifiers``): on debcontents, paired on
-one network, P@1 +0.4 to +1.0 points on two seeds of three, +0.35 on the third.
+one-vs-rest classifier over (at most 40,000 of) the fitting rows, its score the twelfth
+feature ``head_score`` (0 for the other labels; ``slide.rank.head``): on debcontents, paired
+on one network, P@1 +0.14 / +0.26 / +0.17 points over three seeds.
 
 Exact ``predict_topk`` ranks by the re-ranker; ``predict_proba`` stays the fixed blend (a dense
 matrix over every label; the re-ranker scores only candidates). The model stores the
@@ -48,7 +48,7 @@ from slide.data.inputs import take_rows
 from slide.kernels.arrays import Csr
 from slide.kernels.topk import segment_topk, topk_lse_of_logits
 from slide.rank.centroids import (N_CANDIDATES, build_index, centroid_terms,  # noqa: F401
-                                  label_centroids, row_mask, top_labels)
+                                  label_centroids, label_counts, row_mask, top_labels)
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import OneVsRest, classifiers_from_state, fit_classifiers
 from slide.rank.logistic import (expand, expanded_scores, n_terms,  # noqa: F401 (rerank.expand)
@@ -501,15 +501,6 @@ class ReRanker:
             head = HeadClassifiers.from_state(d, n_labels, n_features)
         return cls(d["mean"], d["scale"], d["coef"], d["intercept"], d["k_nn"],
                    (ptr, ids, val), linear, n_retrieved, head)
-
-
-def label_counts(Y, rows):
-    """How many of the rows ``rows`` of Y (CSR) carry each label: int64 [n_labels] (no copy of
-    Y: a copy of Amazon-670K's labels was 63 MB of the fit's peak)."""
-    use = row_mask(Y.shape[0], rows)
-    per_row = np.diff(Y.indptr)
-    keep = np.repeat(use, per_row)
-    return np.bincount(Y.indices[keep], minlength=Y.shape[1]).astype(np.int64)
 
 
 def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
