@@ -206,13 +206,13 @@ def run(X, Y, Xt, Yt, variant, size, seed, args):
 
 def _recall(net, chooser, X, args):
     """Mean share of the oracle's ids (trained weights) that the LSH's ids contain."""
-    from slide.network.block import _oracle_ids
+    from slide.network.diagnostics import oracle_ids
     rng = np.random.default_rng(7)
     hits = []
     chooser.batches = 0                  # rebuild from the trained weights first
     for _ in range(args.recall_batches):
         rows = np.sort(rng.choice(X.shape[0], args.batch_size, replace=False)).astype(np.int64)
-        a = _oracle_ids(net, X, rows)
+        a = oracle_ids(net, X, rows)
         b = chooser(net, X, rows)
         hits.append(np.intersect1d(a, b).shape[0] / max(a.shape[0], 1))
     return float(np.mean(hits))

@@ -68,6 +68,45 @@ def test_batched_step_equals_per_sample_step(sampler, loss, sparse_hidden, min_a
 
 
 @pytest.mark.parametrize("sampler", ["random", "vanilla"])
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid", "softmax_each"])
+@pytest.mark.parametrize("min_active", [0, 50])
+def test_extras_cut_into_tasks_give_the_per_sample_step(sampler, loss, min_active,
+                                                        monkeypatch):
+    """Samples with more than ``EXTRAS_TASK`` extras have their extras' logits and dH share
+    computed as tasks beside the products (``extras_tasks``): the step is still the
+    per-sample path's, and tasks really ran."""
+    from slide.network import extras as EX
+    args = (sampler, loss, False, min_active)
+    ref, l_ref = _train("per_sample", *args, "sgd", 1)
+    seen = []
+    real = EX.extras_tasks
+
+    def spy(counts, nb, size):
+        tasks, ptr = real(counts, nb, size)
+        seen.append(tasks.shape[0])
+        return tasks, ptr
+
+    monkeypatch.setattr(EX, "EXTRAS_TASK", 2)
+    monkeypatch.setattr(EX, "extras_tasks", spy)
+    got, l_got = _train("batched", *args, "sgd", 1)
+    assert seen and seen[0] > 10
+    np.testing.assert_allclose(l_got, l_ref, rtol=1e-5)
+    moved = np.abs(ref.W - _net("per_sample", *args).W).max()
+    np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
+    np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=2e-5)
+
+
+def test_extras_tasks_cover_each_heavy_samples_extras_once():
+    from slide.network.extras import extras_tasks
+    counts = np.zeros((6, 3), np.int64)
+    counts[:, 2] = [0, 5, 64, 65, 200, 3]
+    tasks, ptr = extras_tasks(counts, 6, 64)
+    np.testing.assert_array_equal(ptr, [0, 0, 0, 0, 2, 6, 6])
+    np.testing.assert_array_equal(tasks, [[3, 0, 64], [3, 64, 65], [4, 0, 64], [4, 64, 128],
+                                          [4, 128, 192], [4, 192, 200]])
+
+
+@pytest.mark.parametrize("sampler", ["random", "vanilla"])
 @pytest.mark.parametrize("min_active", [0, 50])
 def test_batched_step_with_exact_head_equals_per_sample_step(sampler, min_active):
     """With an exact head (the most frequent labels in every block, weight 1) both engines
@@ -129,12 +168,14 @@ def test_oracle_ids_join_every_samples_exact_set():
                                              net.sc.s_off[last] + net.sc.n_act[s, last]])
 
 
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("head", [0, 10])
-def test_draw_beside_the_listing_is_the_draw_and_the_listing(head):
+def test_draw_beside_the_listing_is_the_draw_and_the_listing(head, ahead, monkeypatch):
     """``block._draw``: the frequency draw run beside the first layer's listing
     (``draw_and_list``, two threads) gives the ids and inclusion weights of
     ``SharedNegatives.draw`` and the entry lists of ``touched.feature_entries``; block_forward
-    is then left nothing to list."""
+    is then left nothing to list. Drawn ahead (``DRAW_AHEAD``), the same ids and weights, and
+    the listing is left to block_forward."""
     from slide.kernels.arrays import csr
     from slide.kernels.negatives import inclusion_weights
     from slide.kernels.touched import feature_entries
@@ -142,12 +183,16 @@ def test_draw_beside_the_listing_is_the_draw_and_the_listing(head):
     rng = np.random.default_rng(4)
     X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
     rows = rng.permutation(96)[:32].astype(np.int64)
+    monkeypatch.setattr(BK, "DRAW_AHEAD", ahead)
     net = _net("batched", "random", "softmax", False, 0, head=head)
     net.prepare(32, 2, 8)
     ref = _net("batched", "random", "softmax", False, 0, head=head)
     for serial in (1, 2, 7):
         frows = BK._feature_rows(net, X, rows)
         ids, left = BK._draw(net, 5, serial, csr(X), rows, frows)
+        if ahead:
+            assert left is frows and not frows.mark.any()     # block_forward lists
+            frows.count[0] = feature_entries(csr(X), rows, frows)
         # the reference in numpy: searchsorted over the cdf, the inclusion weights'
         # arithmetic on arrays, the union with the head
         neg = ref.negatives
@@ -160,7 +205,7 @@ def test_draw_beside_the_listing_is_the_draw_and_the_listing(head):
         assert np.array_equal(net.negatives.corr[tail], corr)
         assert np.array_equal(net.negatives.corr_mix[tail], corr_mix)
         assert head == 0 or not net.negatives.corr[neg.head].any()
-        assert left.mark.shape[0] == 0                    # nothing left for block_forward
+        assert ahead or left.mark.shape[0] == 0           # nothing left for block_forward
         got = [a.copy() for a in (frows.uniq, frows.row_ptr, frows.ent_p, frows.ent_s)]
         n = int(frows.count[0])
         assert n == feature_entries(csr(X), rows, frows) > 0
@@ -198,16 +243,17 @@ def test_split_products_are_the_batch_products(ns, n_parts):
     """Steps 3 and 5 split into blocks over Numba's threads give numpy's products: every entry
     is one dot product over the whole inner dimension, whatever the split."""
     from slide.network.block import split_backward_products, split_forward_product
+    from slide.network.extras import no_extras
     rng = np.random.default_rng(ns * 10 + n_parts)
     H = rng.standard_normal((37, 16)).astype(np.float32)
     WS = rng.standard_normal((ns, 16)).astype(np.float32)
     n_parts = min(n_parts, ns)
     Z = np.full((37, ns), np.nan, np.float32)
-    split_forward_product(H, WS, Z, n_parts)
+    split_forward_product(no_extras(H), WS, Z, n_parts)
     np.testing.assert_allclose(Z, H @ WS.T, rtol=1e-5, atol=1e-5)
     dZ = rng.standard_normal((37, ns)).astype(np.float32)
     dH = np.full((37, 16), np.nan, np.float32)
     dWS = np.full((ns, 16), np.nan, np.float32)
-    split_backward_products(dZ, WS, H, dH, dWS, n_parts)
+    split_backward_products(dZ, WS, no_extras(H), dH, dWS, n_parts)
     np.testing.assert_allclose(dH, dZ @ WS, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dWS, dZ.T @ H, rtol=1e-4, atol=1e-4)

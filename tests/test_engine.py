@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from slide.network import Network
-from slide.network.block import first_layer_gradient
+from slide.network.diagnostics import first_layer_gradient
 from slide.network.optim import SparseOptimizer
 from test_layers import _reference, _sample
 from test_network import _data

@@ -109,3 +109,24 @@ def test_bucketed_draw_search_gives_numpys_ids(n_out):
         out = np.empty(u.shape[0], np.int32)
         got = out[:distinct_draws(cdf, lo, u, n_out - 1, out)]
         np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize("n_head", [0, N_HEAD])
+def test_draws_made_ahead_are_the_batches_own_draws(n_head):
+    """``draw_ahead`` (several batches' draws at once, one a thread) gives each batch exactly
+    ``draw``'s ids and inclusion weights, asked in any order and at any look-ahead; a new
+    label distribution drops the draws made from the old one."""
+    neg, counts = _negatives(n_head)
+    ref, _ = _negatives(n_head)
+    for serial, n_ahead in [(1, 4), (2, 4), (4, 4), (3, 1), (9, 3), (5, 2), (10, 3), (11, 3)]:
+        ids = neg.draw_ahead(7, serial, n_ahead)
+        want = ref.draw(7, serial)
+        np.testing.assert_array_equal(ids, want)
+        np.testing.assert_array_equal(neg.corr[want], ref.corr[want])
+        np.testing.assert_array_equal(neg.corr_mix[want], ref.corr_mix[want])
+    assert not np.array_equal(neg.draw_ahead(8, 10, 3), neg.draw_ahead(7, 10, 3))
+    neg.draw_ahead(7, 20, 5)
+    neg.set_label_counts(counts[::-1])
+    ref.set_label_counts(counts[::-1])
+    for serial in (21, 20):
+        np.testing.assert_array_equal(neg.draw_ahead(7, serial, 5), ref.draw(7, serial))

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from slide.kernels.lsh.hashes import hash_dense_batch
 from slide.network import Network
-from slide.network.block import first_layer_gradient
+from slide.network.diagnostics import first_layer_gradient
 from slide.network.schedule import RehashSchedule
 from slide.network.optim import SparseOptimizer, adam_lr
 

@@ -15,6 +15,7 @@ reading a loose ``acts`` argument did.
 * ``Touched``  -- the touched-row lists of one batch and their never-cleared stamps.
 * ``OutputRows`` -- the batch's output active sets transposed into per-row entry lists.
 * ``SharedDraw`` -- one batch's shared negatives and their log importance weights.
+* ``Extras``   -- the batched engine's per-sample work outside the shared block.
 """
 from typing import NamedTuple
 
@@ -94,6 +95,24 @@ class Block(NamedTuple):
     dWS: np.ndarray          # [n_shared, h] float32
     dbS: np.ndarray          # [n_shared] float32
     forced: np.ndarray       # [threads, most labels + exact ids] int32: a sample's C ids
+
+
+class Extras(NamedTuple):
+    """The output layer's per-sample work outside S in the batched engine
+    (``slide.network.block``): each sample's input ``H`` and its extras' (active ids outside
+    S) logits, then deltas, ``d``; and the extras of the samples with many of them (rows with
+    hundreds of labels) cut into tasks that the products' parallel loops take beside their
+    BLAS calls, so that one such sample does not hold up the threads."""
+    W: np.ndarray            # the flat weights (``Params.W``)
+    B: np.ndarray            # the flat biases
+    w_off: np.int64          # the output layer's offsets into W and B
+    b_off: np.int64
+    extra: np.ndarray        # [batch, output capacity] int32: ``Block.extra``
+    H: np.ndarray            # [batch, h] float32: the output layer's input
+    d: np.ndarray            # [batch, output capacity] float32: the extras' logits, deltas
+    tasks: np.ndarray        # [n_tasks, 3] int64: (sample, first extra, end) of each task
+    ptr: np.ndarray          # [batch + 1] int64: sample s's tasks are tasks[ptr[s]:ptr[s+1]]
+    part: np.ndarray         # [n_tasks, h] float32: each task's share of dH[s]
 
 
 class Csr(NamedTuple):

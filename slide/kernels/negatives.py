@@ -10,7 +10,7 @@ sampled softmax), see :func:`correction`.
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from slide.kernels.arrays import DrawTables, SharedDraw
 from slide.kernels.layers import FASTMATH
@@ -230,6 +230,16 @@ def finish_draw(tables, u, n_draws, ids, out):
     return sorted_union(ids[:n], tables.head, out).shape[0]
 
 
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def finish_draws(tables, U, ids, out, n_out):
+    """``finish_draw`` of several batches at once, one batch a task over Numba's threads:
+    row b of ``U`` holds batch b's sorted uniforms, its ids go to ``out[b, :n_out[b]]``.
+    Batches that share ids write the same weights to ``tables.corr`` / ``corr_mix`` (a
+    weight depends only on the id and the number of draws), so the tasks need no lock."""
+    for b in prange(U.shape[0]):
+        n_out[b] = finish_draw(tables, U[b], U.shape[1], ids[b], out[b])
+
+
 def head_size(n_shared, exact_head):
     """The labels of the exact head: ``exact_head`` (a share in [0, 1)) of ``n_shared``."""
     return int(int(n_shared) * float(exact_head))
@@ -261,6 +271,7 @@ class SharedNegatives:
         self.head = np.zeros(0, np.int32)
         self.corr = np.zeros(self.n_out if self.power > 0 else 0, np.float32)
         self.corr_mix = np.zeros_like(self.corr)
+        self._ahead = None
 
     def set_label_counts(self, counts):
         """Training-label counts (length n_out) for frequency-proportional negatives."""
@@ -273,6 +284,7 @@ class SharedNegatives:
         """The draw's distribution q (length n_out, sums to 1; saved with a model): the head
         (the ``n_head`` largest q, ties by id) and the cumulative q of the rest."""
         self.q = q
+        self._ahead = None          # draws made ahead came from the old distribution
         tail = q
         if self.n_head > 0:
             head = np.sort(np.argsort(-q, kind="stable")[:self.n_head]).astype(np.int32)
@@ -305,6 +317,38 @@ class SharedNegatives:
         out = np.empty(u.shape[0] + self.head.shape[0], np.int32)
         n = finish_draw(self.tables(), u, u.shape[0], np.empty(u.shape[0], np.int32), out)
         return out[:n]
+
+    def draw_ahead(self, seed, serial, n_ahead):
+        """``draw(seed, serial)``, the same ids, from draws made ``n_ahead`` batches at a time
+        (``finish_draws``: one batch a thread) and kept until asked for: with many threads a
+        batch's own draw is a serial step of ~0.2-0.4 ms that leaves the other cores idle
+        (``docs/design.md``, "Many cores"). A draw depends only on (seed, serial) and the
+        distribution, so the batches' results do not change; a new distribution drops the
+        kept draws. For frequency draws only (``power`` > 0, ``n_shared`` > 0)."""
+        seed, serial = int(seed), int(serial)
+        a = self._ahead
+        if a is None or a[0] != seed or not 0 <= serial - a[1] < a[2].shape[0]:
+            a = self._draw_batches(seed, serial, max(1, int(n_ahead)))
+        if a is None:
+            return self.draw(seed, serial)
+        b = serial - a[1]
+        return a[2][b, :a[3][b]]
+
+    def _draw_batches(self, seed, first, n):
+        """Draw batches first .. first + n - 1 into ``self._ahead`` = (seed, first, ids [n, cap],
+        counts [n]); None when there is nothing to draw (the head is everything)."""
+        u0 = self.uniforms(seed, first)
+        if u0 is None:
+            return None
+        U = np.empty((n, u0.shape[0]), np.float64)
+        U[0] = u0
+        for b in range(1, n):
+            U[b] = self.uniforms(seed, first + b)
+        out = np.empty((n, U.shape[1] + self.head.shape[0]), np.int32)
+        counts = np.zeros(n, np.int64)
+        finish_draws(self.tables(), U, np.empty((n, U.shape[1]), np.int32), out, counts)
+        self._ahead = (seed, first, out, counts)
+        return self._ahead
 
     def uniforms(self, seed, serial):
         """The sorted uniforms of batch ``serial``'s frequency draws (``finish_draw`` turns

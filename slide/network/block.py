@@ -11,23 +11,26 @@ its random fill -- goes through per-sample loops:
        mapped to its column in S or to the sample's "extras"; H[s] = last hidden layer
     2. W_S, b_S = the rows of S (a gather)
     3. Z = H @ W_S.T                                                      GEMM  [B, |S|]
-    4. per sample: logits of the extras (dot products), the corrected softmax of
-       ``sample.output_loss`` over S + extras in the per-sample path's order; its deltas
-       go back into Z (dZ, in place) and, for the extras, into the row path's store
+    4. per sample: logits of the extras (dot products; a sample with many has them cut into
+       tasks that step 3's parallel loop takes, ``slide.network.extras``), the corrected
+       softmax of ``sample.output_loss`` over S + extras in the per-sample path's order; its
+       deltas go back into Z (dZ, in place) and, for the extras, into the row path's store
     5. dH = dZ @ W_S                                                       GEMM  [B, h]
        dW_S = dZ.T @ H,  db_S = column sums of dZ                          GEMM  [|S|, h]
-    6. per sample: dH[s] += the extras' rows times their deltas; back-propagate into the
-       hidden layers (``sample.backward_from``, gradients added without locks)
+    6. per sample: dH[s] += the extras' rows times their deltas (such a sample's tasks: beside
+       step 5's products); back-propagate into the hidden layers (``sample.backward_from``,
+       gradients added without locks)
     7. optimizer: hidden layers' touched rows; the extras' rows by the row path
        (``optim.output_step``); S's rows from dW_S in one pass (``optim.block_step``)
 
 The active sets, the correction and the loss are the per-sample path's own functions, so both
 paths optimise the same objective; they differ only in the order of float32 sums
 (tests/test_block.py compares them). Samples are dealt to threads dynamically (a chunk of a
-few samples at a time), so a core that is busy with another job does not hold the batch.
+few samples at a time, fewer where the threads are many), so a core that is busy with another
+job does not hold the batch. The frequency draw of S is made ahead for the next batches, one
+batch a thread (``_draw``): on many cores a batch's own draw was a serial step.
 """
 import math
-import time
 
 import numba
 import numpy as np
@@ -36,7 +39,6 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401
 from numba import njit, prange
 
-from slide.data.inputs import take_rows
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
@@ -48,6 +50,9 @@ from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
+from slide.network.diagnostics import oracle_ids
+from slide.network.extras import (extras_logits, fill_offsets, row_logit, task_delta_product,
+                                  task_logits, extras_bundle, no_extras)
 
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
@@ -173,10 +178,10 @@ def gather_rows(W, B, w_off, b_off, n_in, shared, WS, bS):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses, scale, correct,
-               each):
-    """Step 4: per sample, the extras' logits, the corrected softmax over S and the extras,
-    its deltas back into Z (dZ) and the extras' into ``d_store[s, :n_extra]``. ``offs[kind]``
+def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, correct, each):
+    """Step 4: per sample, the extras' logits (where the forward product's tasks did not
+    compute them, ``xt.ptr``), the corrected softmax over S and the extras, its deltas back
+    into Z (dZ) and the extras' into ``xt.d[s, :n_extra]``. ``offs[kind]``
     = S's biases plus each column's offset of that ``correction_kind``. A softmax sample
     whose active set holds all of S (always, unless its capacity cut S short) takes a
     vectorised row pass (``_softmax_row``, ``losses.each_row``); any other sample the
@@ -190,6 +195,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
     counts, b_col, b_extra, sc_ids, sc_n_act = blk.counts, blk.col, blk.extra, sc.ids, sc.n_act
     zbuf = blk.zbuf
     Yp, Yi = Y.ptr, Y.ind
+    H, d_store, x_ptr = xt.H, xt.d, xt.ptr
     ns = Z.shape[1]
     for s in prange(nb):
         if not math.isfinite(losses[s]):
@@ -201,8 +207,11 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
         labels = Yi[Yp[rows[s]]:Yp[rows[s] + 1]]
         ranges, kind = correction_kind(spec, n, n_c, n_s, neg, use_corr)
         if spec.loss_code != LOSS_SIGMOID and n - n_x == ns:
-            _extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s, ranges[5],
-                           d_store[s])
+            if x_ptr[s + 1] > x_ptr[s]:
+                fill_offsets(d_store[s, :n_x], n - n_s, ranges[5])
+            else:
+                extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s,
+                               ranges[5], d_store[s])
             args = (Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c, d_store[s, :n_x],
                     labels, scale, zbuf[t])
             if each is not None:
@@ -216,17 +225,6 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, H, d_store, losses,
                                            d_store[s], each)
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _row_logit(W, B, w_off, b_off, j, h):
-    """B[j] + (the output layer's row j) . h: an extra's exact logit, summed in index order."""
-    n_h = h.shape[0]
-    o = w_off + np.int64(j) * n_h
-    acc = B[b_off + j]
-    for i in range(n_h):
-        acc += W[o + i] * h[i]
-    return acc
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _loss_by_positions(params, w_off, b_off, h, zs, bS, out, col, labels, loss_code, scale,
                        corrections, z, d, each):
@@ -238,7 +236,7 @@ def _loss_by_positions(params, w_off, b_off, h, zs, bS, out, col, labels, loss_c
     ranges, corr = corrections
     for k in range(n):
         c = col[k]
-        z[k] = zs[c] + bS[c] if c >= 0 else _row_logit(W, B, w_off, b_off, out[k], h)
+        z[k] = zs[c] + bS[c] if c >= 0 else row_logit(W, B, w_off, b_off, out[k], h)
     loss = output_loss(z, n, False, out, labels, loss_code, scale, z, ranges, corr, each)
     zs[:] = 0.0
     n_x = 0
@@ -250,20 +248,6 @@ def _loss_by_positions(params, w_off, b_off, h, zs, bS, out, col, labels, loss_c
             d[n_x] = z[k]
             n_x += 1
     return loss
-
-
-@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _extras_logits(W, B, w_off, b_off, h, extra, n_fill, log_w2, d):
-    """d[e] = the corrected logit of the sample's e-th extra (``extra``: its active ids outside
-    S, in position order): the C ids first (offset 0), then its ``n_fill`` fill ids (offset
-    log_w2). A walk over the extras only, not over the active set."""
-    n_h = h.shape[0]
-    n_x = extra.shape[0]
-    for e in range(n_x):
-        if e + PREFETCH_AHEAD < n_x:
-            prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
-        acc = _row_logit(W, B, w_off, b_off, extra[e], h)
-        d[e] = acc + log_w2 if e >= n_x - n_fill else acc
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
@@ -332,8 +316,9 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_backward(params, spec, sc, blk, X, rows, dH, d_store, first_weights):
-    """Step 6: per sample, the extras' share of dH, the ReLU mask, and the back-propagation
+def block_backward(params, spec, sc, blk, X, rows, dH, xt, first_weights):
+    """Step 6: per sample, the extras' share of dH (the backward product's task parts where
+    it had tasks, ``xt.ptr``), the ReLU mask, and the back-propagation
     through the hidden layers (gradients into GW/GB without locks; the first layer's weight
     gradient only with ``first_weights``, else the update forms it from ``blk.dels``)."""
     nb = rows.shape[0]
@@ -345,16 +330,20 @@ def block_backward(params, spec, sc, blk, X, rows, dH, d_store, first_weights):
     b_acts, b_dels, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.dels, blk.extra,
                                                           blk.counts, sc.ids, sc.n_act)
     Xp, Xi, Xd = X.ptr, X.ind, X.dat
+    d_store, x_ptr, x_part = xt.d, xt.ptr, xt.part
     for s in prange(nb):
         r = rows[s]
         g = dH[s]
         d = d_store[s]
         extra = b_extra[s]
-        for e in range(counts[s, 2]):
+        for e in range(0 if x_ptr[s + 1] > x_ptr[s] else counts[s, 2]):
             o = w_off + np.int64(extra[e]) * n_h
             de = d[e]
             for i in range(n_h):
                 g[i] += de * W[o + i]
+        for p in range(x_ptr[s], x_ptr[s + 1]):
+            for i in range(n_h):
+                g[i] += x_part[p, i]
         ids = sc_ids[s]
         n_act = sc_n_act[s]
         acts = b_acts[s]
@@ -398,14 +387,19 @@ def product_parts(n_columns):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def split_forward_product(H, WS, Z, n_parts):
-    """Step 3, Z = H @ WS.T, as ``n_parts`` column blocks over Numba's threads, one
-    single-threaded BLAS call each (``np.dot``: scipy's OpenBLAS, pinned to one thread by the
-    trainer's ``blas_single_thread``). A multi-threaded BLAS beside Numba's spinning workers
-    was 7x slower (``block_phases_blas_threads.log``); one single-threaded call left the other
-    cores idle for ~15 % of a batch at 670k labels."""
+def split_forward_product(xt, WS, Z, n_parts):
+    """Step 3, Z = H @ WS.T (H = ``xt.H``), as ``n_parts`` column blocks over Numba's
+    threads, one single-threaded BLAS call each (``np.dot``: scipy's OpenBLAS, pinned to one
+    thread by the trainer's ``blas_single_thread``), and beside them the extras' logits of
+    ``xt``'s tasks. A multi-threaded BLAS beside Numba's spinning workers was 7x slower
+    (``block_phases_blas_threads.log``); one single-threaded call left the other cores idle
+    for ~15 % of a batch at 670k labels."""
+    H = xt.H
     ns = WS.shape[0]
-    for c in prange(n_parts):
+    for c in prange(n_parts + xt.tasks.shape[0]):
+        if c >= n_parts:
+            task_logits(xt, c - n_parts)
+            continue
         a = ns * c // n_parts
         b = ns * (c + 1) // n_parts
         _copy_block(np.dot(H, WS[a:b].T), Z, 0, a)
@@ -422,14 +416,18 @@ def _copy_block(P, out, r0, c0):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def split_backward_products(Z, WS, H, dH, dWS, n_parts):
-    """Step 5, dH = dZ @ WS and dWS = dZ.T @ H, as ``n_parts`` row blocks of each over Numba's
-    threads (as ``split_forward_product``). Each entry is one BLAS dot product over the
-    whole inner dimension, as in one unsplit call."""
+def split_backward_products(Z, WS, xt, dH, dWS, n_parts):
+    """Step 5, dH = dZ @ WS and dWS = dZ.T @ H (H = ``xt.H``), as ``n_parts`` row blocks of
+    each over Numba's threads (as ``split_forward_product``), and beside them the extras' share
+    of dH for ``xt``'s tasks (into ``xt.part``). Each entry of the products is one BLAS dot
+    product over the whole inner dimension, as in one unsplit call."""
+    H = xt.H
     nb = Z.shape[0]
     ns = WS.shape[0]
-    for c in prange(2 * n_parts):
-        if c < n_parts:
+    for c in prange(2 * n_parts + xt.tasks.shape[0]):
+        if c >= 2 * n_parts:
+            task_delta_product(xt, c - 2 * n_parts)
+        elif c < n_parts:
             a = nb * c // n_parts
             b = nb * (c + 1) // n_parts
             _copy_block(np.dot(Z[a:b], WS), dH, a, 0)
@@ -454,10 +452,15 @@ def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
 
 
 def _draw(net, seed, serial, Xc, rows, frows):
-    """The batch's shared negatives, and the ``FeatureRows`` block_forward still has to fill:
-    a frequency draw runs beside the listing (``draw_and_list``), any other draw alone."""
+    """The batch's shared negatives, and the ``FeatureRows`` block_forward still has to fill.
+    A frequency draw comes from the draws made ahead for the next batches, one batch a thread
+    (``SharedNegatives.draw_ahead``; ``DRAW_AHEAD`` False: this batch's alone, beside the
+    listing, ``draw_and_list``); then block_forward lists the features beside its samples."""
     neg = net.negatives
-    u = neg.uniforms(seed, serial) if neg.power > 0 and neg.n_shared > 0 else None
+    frequency = neg.power > 0 and neg.n_shared > 0
+    if frequency and DRAW_AHEAD:
+        return neg.draw_ahead(seed, serial, numba.get_num_threads()), frows
+    u = neg.uniforms(seed, serial) if frequency else None
     if u is None:
         return neg.draw(seed, serial), frows
     if frows.mark.shape[0] == 0:
@@ -470,9 +473,28 @@ def _draw(net, seed, serial, Xc, rows, frows):
     return out[:int(n_out[0])], _NO_FEATURE_ROWS
 
 
-def _parallel_chunks():
-    """Dynamic scheduling for the per-sample loops (a busy core takes fewer chunks)."""
-    return numba.parallel_chunksize(CHUNK)
+# draw the shared negatives of the next batches together, one batch a thread (``_draw``)
+DRAW_AHEAD = True
+
+
+def _parallel_chunks(nb=None):
+    """Dynamic scheduling for the per-sample loops over a batch of ``nb`` samples: a thread
+    takes CHUNK samples at a time (a busy core takes fewer chunks), fewer where the threads
+    are many, so that each thread has at least ``CHUNKS_PER_THREAD`` chunks to balance (on
+    debcontents one row in a hundred has 500+ labels, one in a thousand 2,700+)."""
+    return numba.parallel_chunksize(chunk_size(nb))
+
+
+# chunks each thread should find in a per-sample loop (``chunk_size``; 0: always CHUNK)
+CHUNKS_PER_THREAD = 8
+
+
+def chunk_size(nb=None, n_threads=None):
+    """Samples a thread takes at a time from a per-sample loop of ``nb`` (default: CHUNK)."""
+    if nb is None or CHUNKS_PER_THREAD <= 0:
+        return CHUNK
+    n_threads = numba.get_num_threads() if n_threads is None else n_threads
+    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * max(1, int(n_threads)))))
 
 
 def forward_backward(net, X, Y, rows, seed, serial):
@@ -493,7 +515,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     exact = drawn[:0]
     shared = drawn
     if net.oracle_m > 0:
-        chooser = net.block_chooser if net.block_chooser is not None else _oracle_ids
+        chooser = net.block_chooser if net.block_chooser is not None else oracle_ids
         exact = chooser(net, X, rows)
         shared = np.union1d(drawn, exact).astype(np.int32)
     ns = shared.shape[0]
@@ -501,7 +523,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
     last = lay.n_layers - 1
     H = net.store.h_store[:nb]
     losses = net.losses[:nb]
-    with _parallel_chunks():
+    with _parallel_chunks(nb):
         block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows, np.uint64(seed),
                       np.int64(serial), shared, exact, H, losses, frows)
     if not np.isfinite(losses).all():
@@ -512,42 +534,22 @@ def forward_backward(net, X, Y, rows, seed, serial):
     # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
     # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
+    xt = extras_bundle(net, nb, H, net.store.d_store[:nb])
     # a diverging run overflows here; the loss below reports it (DivergenceError)
-    split_forward_product(H, WS, Z, product_parts(ns))
-    d_store = net.store.d_store[:nb]
+    split_forward_product(xt, WS, Z, product_parts(ns))
     offs = block_offsets(bS, shared, neg)
-    with _parallel_chunks():
-        block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, H, d_store, losses,
+    with _parallel_chunks(nb):
+        block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, xt, losses,
                    np.float32(1.0 / nb), net.correct, net.loss_marker)
     if not np.isfinite(losses).all():
         return losses
     dH = blk.dH[:nb]
-    split_backward_products(Z, WS, H, dH, blk.dWS[:ns], product_parts(ns))
+    split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], product_parts(ns))
     np.sum(Z, axis=0, out=blk.dbS[:ns])
-    with _parallel_chunks():
-        block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, d_store,
-                       not net.fused_first)
+    with _parallel_chunks(nb):
+        block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, xt, not net.fused_first)
     net.block_shared = shared
     return losses
-
-
-def _oracle_ids(net, X, rows):
-    """The study hook's exact ids: the union of every sample's top ``oracle_per_sample``
-    logits over ALL labels under the current weights (dense products, not counted as
-    training: their seconds go to ``net.oracle_seconds``), at most ``oracle_m`` of them."""
-    t0 = time.perf_counter()
-    Wo, bo = net.output_view()
-    Hx = net.hidden(take_rows(X, rows))
-    Z = Hx @ Wo.T + bo
-    t = int(net.oracle_per_sample)
-    top = np.argpartition(-Z, t - 1, axis=1)[:, :t]
-    ids = np.unique(top).astype(np.int32)
-    if ids.shape[0] > net.oracle_m:
-        # keep the ids with the highest logit anywhere in the batch
-        best = Z[:, ids].max(axis=0)
-        ids = np.sort(ids[np.argsort(-best)[:net.oracle_m]]).astype(np.int32)
-    net.oracle_seconds += time.perf_counter() - t0
-    return ids
 
 
 def update(net, X, rows, serial, optimizer):
@@ -585,12 +587,3 @@ def _feature_rows(net, X, rows):
                                   numba.config.NUMBA_NUM_THREADS)
         net.feature_rows = frows
     return frows
-
-
-def first_layer_gradient(net, X, rows):
-    """The first layer's weight gradient of the batch ``rows`` [n_features, n_hidden] as the
-    fused step (``row_steps.first_layer_step``) forms it from the per-sample deltas, after
-    ``forward_backward`` (for tests and diagnostics: training never builds it densely)."""
-    nb = rows.shape[0]
-    a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
-    return np.asarray(X[rows].T @ net.block.dels[:nb, a0:a1], np.float32)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Where a batch's time goes at many threads, with and without the many-core changes, on a lent
+# many-core machine, in one short run (bench/probes/probe_block_phases.py, side by side).
+#
+#     OUT=/some/dir bash bench/device_phases.sh [THREADS] [BATCHES]
+#
+# For xc200k (30k rows) and, where its files were carried gzipped to .carry/debcontents/, the
+# real 133k-label set: at THREADS (default 16), 8 and 4 threads, the probe's --compare (the
+# engine before this round's many-core changes and after them, twice each, interleaved, then
+# each change alone, in one process on the same batches). First the fork and join of one
+# parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
+# libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT.
+set -u
+T=${1:-16}
+BATCHES=${2:-200}
+OUT=${OUT:-/tmp/device_phases}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+for f in .carry/debcontents/*.txt.gz; do [ -e "$f" ] && gunzip -kf "$f"; done 2>/dev/null
+layer_now() {   # the threading layer slide's parallel loops get here
+  "$PY" bench/probes/probe_fork_join.py --threads 2 --calls 1 --work 1 2>&1 | tail -n 1 \
+    | awk '{print $2}'
+}
+layer=$(layer_now)
+if [ "$layer" != tbb ] && [ -e .carry/tbb/libtbb.so.12 ]; then
+  export LD_PRELOAD=$PWD/.carry/tbb/libtbb.so.12
+  layer="$layer, then with the carried libtbb: $(layer_now)"
+fi
+{
+  date -u; nproc; lscpu | grep -E "Model name|L3"; git log -1 --format='commit %H' 2>/dev/null
+  git status --short | head -n 20
+  echo "threading layer: $layer"
+} > "$OUT/machine.txt" 2>&1
+for layer in tbb omp workqueue; do
+  for work in 200 2000; do
+    NUMBA_THREADING_LAYER=$layer timeout 60 "$PY" bench/probes/probe_fork_join.py \
+      --threads "$T" --work "$work" --calls 1000 2>&1 | tail -n 1
+  done
+done > "$OUT/fork_join_t$T.log"
+SETS=("xc200k|")
+[ -e .carry/debcontents/train.txt ] && SETS+=("debcontents|--data .carry/debcontents/train.txt")
+for entry in "${SETS[@]}"; do
+  set_name=${entry%%|*}; data=${entry#*|}
+  for t in $T 8 4; do
+    # shellcheck disable=SC2086
+    timeout 150 "$PY" bench/probes/probe_block_phases.py $data --threads "$t" \
+      --batches "$BATCHES" --compare > "$OUT/phases_${set_name}_t${t}.log" 2>&1
+    echo "== $set_name, $t threads"; grep -A 12 "^| configuration" "$OUT/phases_${set_name}_t${t}.log"
+  done
+done | tee "$OUT/summary.txt"
+cat "$OUT/machine.txt" "$OUT/fork_join_t$T.log"
