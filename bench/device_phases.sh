@@ -5,7 +5,7 @@
 #     OUT=/some/dir bash bench/device_phases.sh [THREADS] [BATCHES]
 #
 # For xc200k (30k rows) and, where its files were carried gzipped to .carry/debcontents/, the
-# real 133k-label set: at THREADS (default 16), 8 and 4 threads, the probe's --compare (the
+# real 133k-label set: at THREADS (default 16) and 8 threads, the probe's --compare (the
 # engine before this round's many-core changes and after them, twice each, interleaved, then
 # each change alone, in one process on the same batches). First the fork and join of one
 # parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
@@ -42,7 +42,7 @@ SETS=("xc200k|")
 [ -e .carry/debcontents/train.txt ] && SETS+=("debcontents|--data .carry/debcontents/train.txt")
 for entry in "${SETS[@]}"; do
   set_name=${entry%%|*}; data=${entry#*|}
-  for t in $T 8 4; do
+  for t in $T 8; do
     # shellcheck disable=SC2086
     timeout 150 "$PY" bench/probes/probe_block_phases.py $data --threads "$t" \
       --batches "$BATCHES" --compare > "$OUT/phases_${set_name}_t${t}.log" 2>&1
