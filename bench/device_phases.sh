@@ -7,7 +7,8 @@
 # For xc200k (30k rows) and, where its files were carried gzipped to .carry/debcontents/, the
 # real 133k-label set: at THREADS (default 16) and 8 threads, the probe's --compare (the
 # engine before this round's many-core changes and after them, twice each, interleaved, then
-# each change alone, in one process on the same batches). First the fork and join of one
+# each change alone, in one process on the same batches), on Numba's TBB and OpenMP threading
+# layers. First the fork and join of one
 # parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
 # libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT.
 set -u
@@ -43,10 +44,13 @@ SETS=("xc200k|")
 for entry in "${SETS[@]}"; do
   set_name=${entry%%|*}; data=${entry#*|}
   for t in $T 8; do
-    # shellcheck disable=SC2086
-    timeout 150 "$PY" bench/probes/probe_block_phases.py $data --threads "$t" \
-      --batches "$BATCHES" --compare > "$OUT/phases_${set_name}_t${t}.log" 2>&1
-    echo "== $set_name, $t threads"; grep -A 12 "^| configuration" "$OUT/phases_${set_name}_t${t}.log"
+    for lay in tbb omp; do
+      log="$OUT/phases_${set_name}_t${t}_$lay.log"
+      # shellcheck disable=SC2086
+      NUMBA_THREADING_LAYER=$lay timeout 150 "$PY" bench/probes/probe_block_phases.py $data \
+        --threads "$t" --batches "$BATCHES" --compare > "$log" 2>&1
+      echo "== $set_name, $t threads, $lay"; grep -A 12 "^| configuration" "$log"
+    done
   done
 done | tee "$OUT/summary.txt"
 cat "$OUT/machine.txt" "$OUT/fork_join_t$T.log"

@@ -109,7 +109,7 @@ _BEFORE = (False, 0, 10 ** 9)
 _AFTER = (True, 8, 64)
 COMPARE = [("before", _BEFORE), ("after", _AFTER), ("before", _BEFORE), ("after", _AFTER),
            ("draw ahead only", (True, 0, 10 ** 9)), ("chunks only", (False, 8, 10 ** 9)),
-           ("extras tasks only", (False, 0, 64))]
+           ("extras tasks only", (False, 0, 64)), ("draw ahead + extras tasks", (True, 0, 64))]
 
 
 def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
@@ -151,7 +151,8 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
         t = tick("gather W_S", t)
         Z = blk.Z.reshape(-1)[:128 * ns].reshape(128, ns)
         xt = EX.extras_bundle(net, 128, H, net.store.d_store[:128])
-        BK.split_forward_product(xt, WS, Z, BK.product_parts(ns))
+        with BK._one_task_a_chunk():
+            BK.split_forward_product(xt, WS, Z, BK.product_parts(ns))
         t = tick("Z = H W_S^T", t)
         with BK._parallel_chunks(128):
             BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z,
@@ -159,7 +160,8 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
                           np.float32(1 / 128), net.correct, net.loss_marker)
         t = tick("corrected softmax", t)
         dH = blk.dH[:128]
-        BK.split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], BK.product_parts(ns))
+        with BK._one_task_a_chunk():
+            BK.split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], BK.product_parts(ns))
         np.sum(Z, axis=0, out=blk.dbS[:ns])
         t = tick("dH, dW_S products", t)
         with BK._parallel_chunks(128):

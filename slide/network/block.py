@@ -497,6 +497,14 @@ def chunk_size(nb=None, n_threads=None):
     return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * max(1, int(n_threads)))))
 
 
+def _one_task_a_chunk():
+    """The products' loops deal their tasks one at a time: by default a parallel loop is cut
+    into one equal range a thread, which gave the first thread every BLAS call and left the
+    extras' tasks to the others (2.7x slower products at 8 threads on a lent 16-core Xeon,
+    ``device_phases``)."""
+    return numba.parallel_chunksize(1)
+
+
 def forward_backward(net, X, Y, rows, seed, serial):
     """Steps 1-6 of one batch: per-sample losses (NaN for a sample that could not be
     computed: then nothing else is done), gradients of the hidden layers in GW/GB, S's
@@ -536,7 +544,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
     xt = extras_bundle(net, nb, H, net.store.d_store[:nb])
     # a diverging run overflows here; the loss below reports it (DivergenceError)
-    split_forward_product(xt, WS, Z, product_parts(ns))
+    with _one_task_a_chunk():
+        split_forward_product(xt, WS, Z, product_parts(ns))
     offs = block_offsets(bS, shared, neg)
     with _parallel_chunks(nb):
         block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, xt, losses,
@@ -544,7 +553,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
     if not np.isfinite(losses).all():
         return losses
     dH = blk.dH[:nb]
-    split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], product_parts(ns))
+    with _one_task_a_chunk():
+        split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], product_parts(ns))
     np.sum(Z, axis=0, out=blk.dbS[:ns])
     with _parallel_chunks(nb):
         block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, xt, not net.fused_first)
