@@ -8,7 +8,7 @@
 # real 133k-label set: at THREADS (default 16) and 8 threads, the probe's --compare (the
 # engine before this round's many-core changes and after them, twice each, interleaved, then
 # each change alone, in one process on the same batches), on Numba's TBB and OpenMP threading
-# layers. First the fork and join of one
+# layers; last, the engine beside a busy core on each layer. First the fork and join of one
 # parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
 # libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT.
 set -u
@@ -53,4 +53,14 @@ for entry in "${SETS[@]}"; do
     done
   done
 done | tee "$OUT/summary.txt"
+# beside another user's single-threaded job (one busy core): the engine as now on each layer
+"$PY" -c "while True: pass" &
+busy=$!
+for lay in tbb omp; do
+  log="$OUT/phases_busy_xc200k_t${T}_$lay.log"
+  NUMBA_THREADING_LAYER=$lay timeout 100 "$PY" bench/probes/probe_block_phases.py \
+    --threads "$T" --batches "$BATCHES" > "$log" 2>&1
+  echo "== busy core, xc200k, $T threads, $lay: $(grep '^total' "$log")"
+done | tee -a "$OUT/summary.txt"
+kill "$busy"
 cat "$OUT/machine.txt" "$OUT/fork_join_t$T.log"
