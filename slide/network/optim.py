@@ -159,14 +159,21 @@ class SparseOptimizer:
         the first ``n_rows`` / ``n_bias`` entries are used."""
         self.next_step()
         W, B, GW, GB = params.W, params.B, params.GW, params.GB
+        # a parallel loop costs its threads' fork and join even over nothing (~60-90 us at 16
+        # threads on TBB, bench/results/device_phases_*/fork_join_t16.log): the batched
+        # engine's first layer has no rows here (its own step takes them)
         if self._adam:
             h = self._hyper()
-            adam_rows(W, self.MW, self.VW, GW, self.TW, touched.starts, touched.lens,
-                      touched.rowids, n_rows, h)
-            adam_ids(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
+            if n_rows > 0:
+                adam_rows(W, self.MW, self.VW, GW, self.TW, touched.starts, touched.lens,
+                          touched.rowids, n_rows, h)
+            if n_bias > 0:
+                adam_ids(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
         else:
-            sgd_rows(W, GW, touched.starts, touched.lens, n_rows, self.learning_rate)
-            sgd_ids(B, GB, touched.bias_ids, n_bias, self.learning_rate)
+            if n_rows > 0:
+                sgd_rows(W, GW, touched.starts, touched.lens, n_rows, self.learning_rate)
+            if n_bias > 0:
+                sgd_ids(B, GB, touched.bias_ids, n_bias, self.learning_rate)
 
     def step_output(self, W, B, out_rows, n_uniq, store):
         """The sampled output layer's fused gradient + update (call after ``step`` of the same
