@@ -13,6 +13,7 @@ from slide.kernels.expsum import EXP_FLOOR, exp_shifted_inplace, max_and_finite,
 from slide.kernels.losses import EACH, each_row
 from slide.kernels.negatives import CORR_MIX, CORR_NONE, CORR_PLAIN
 from slide.network import block as BK
+from slide.network import extras as EX
 
 N_OUT, N_H = 60, 8
 
@@ -61,8 +62,8 @@ def _both(c, scale=0.25, each=None):
                                      np.zeros(64, np.float32), d_ref, each)
     z_got, d_got = c["zs"].copy(), np.zeros(64, np.float32)
     extra = c["out"][c["col"] < 0]          # in position order, as block_forward lists them
-    BK._extras_logits(c["W"], c["B"], 0, 0, c["h"], extra, c["n"] - c["n_s"], c["ranges"][5],
-                      d_got)
+    EX.extras_logits(c["W"], c["B"], 0, 0, c["h"], extra, c["n"] - c["n_s"], c["ranges"][5],
+                     d_got)
     row = BK._softmax_row if each is None else each_row
     loss_got = row(z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4], c["col"],
                    c["out"], c["n_c"], d_got[:n_x], c["labels"], np.float32(scale),
