@@ -1,5 +1,6 @@
 """Helpers shared by test modules."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +21,37 @@ def _cpus_available():
 assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
 if int(os.environ.get("NUMBA_NUM_THREADS") or _cpus_available()) < 2:
     os.environ["NUMBA_NUM_THREADS"] = "2"
+
+
+# A cold kernel cache (a fresh clone) makes most of the suite's time Numba compiling, one kernel
+# after another on one core. For a run of at least this many tests, a second process compiles
+# the kernels of a default ``SlideClassifier`` fit into the cache meanwhile (``warmup.warm_up``,
+# which starts its own helper for the stages after the network): the tests that reach them
+# later load them instead. SLIDE_TEST_PRECOMPILE=0 turns it off.
+PRECOMPILE_MIN_TESTS = 200
+
+
+def pytest_collection_finish(session):
+    if len(session.items) < PRECOMPILE_MIN_TESTS or _cpus_available() < 2 or \
+            os.environ.get("SLIDE_TEST_PRECOMPILE", "1") == "0":
+        return
+    from slide import warmup
+    if warmup.ranking_cached():
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    code = "import slide, slide.warmup as w; w.warm_up(slide.SlideClassifier())"
+    session.config.slide_precompile = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env)
+
+
+def pytest_sessionfinish(session):
+    proc = getattr(session.config, "slide_precompile", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 HAS_OMIKUJI = importlib.util.find_spec("omikuji") is not None
 HAS_NAPKINXC = importlib.util.find_spec("napkinxc") is not None
-EVAL_PAUSE = 1.5   # seconds every evaluation sleeps in the end-to-end test
+EVAL_PAUSE = 0.6   # seconds every evaluation sleeps in the end-to-end test
 
 
 # ---------------------------------------------------------------------------- harness logic
