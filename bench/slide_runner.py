@@ -119,5 +119,16 @@ def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
              "first_batch_end_seconds": state["first_batch"],
              "active_mean": float(np.mean(active)) if active else None,
              "rehashes": infos["rehashed"], "rebuilds": infos["rebuilt"],
-             "numba_threads": numba.get_num_threads()}
+             "numba_threads": numba.get_num_threads(),
+             # TBB, OpenMP or workqueue: a machine without the tbb package falls back quietly
+             "threading_layer": _threading_layer()}
     return rec, final, extra
+
+
+def _threading_layer():
+    """Numba's threading layer in this process (None before any parallel kernel ran)."""
+    import numba
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None

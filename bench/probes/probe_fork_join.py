@@ -39,13 +39,8 @@ def main():
                 acc += a[(s * 7 + i) % a.shape[0]] * 1.0001
             out[s] = acc
 
-    @njit(nogil=True)
-    def ser(a, out, work):
-        for s in range(out.shape[0]):
-            acc = 0.0
-            for i in range(work):
-                acc += a[(s * 7 + i) % a.shape[0]] * 1.0001
-            out[s] = acc
+    # the same loop compiled without parallel=True: prange runs as range (neither is cached)
+    ser = njit(nogil=True)(par.py_func)
 
     numba.set_num_threads(args.threads)
     a = np.random.default_rng(0).random(4096)
