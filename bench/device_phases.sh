@@ -10,7 +10,8 @@
 # each change alone, in one process on the same batches), on Numba's TBB and OpenMP threading
 # layers; last, the engine beside a busy core on each layer. First the fork and join of one
 # parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
-# libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT.
+# libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT, and all of them into
+# $OUT/device_phases.tar.gz.
 set -u
 T=${1:-16}
 BATCHES=${2:-200}
@@ -63,4 +64,6 @@ for lay in tbb omp; do
   echo "== busy core, xc200k, $T threads, $lay: $(grep '^total' "$log")"
 done | tee -a "$OUT/summary.txt"
 kill "$busy"
+# the device tool brings back few files: everything also in one archive
+(cd "$OUT" && tar czf device_phases.tar.gz --exclude=device_phases.tar.gz ./*.log ./*.txt)
 cat "$OUT/machine.txt" "$OUT/fork_join_t$T.log"
