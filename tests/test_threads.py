@@ -39,3 +39,24 @@ def test_the_users_layer_and_a_missing_library_leave_numba_alone(monkeypatch, tm
     (tmp_path / "lib" / threads.TBB_LIBRARY.get(sys.platform, "libtbb.so.12")).write_bytes(
         b"not a library")
     assert threads.preload_tbb() is None            # unloadable: skipped, not raised
+
+
+def test_a_layer_other_than_tbb_is_warned_about_unless_chosen(monkeypatch):
+    """Not TBB without the user choosing it (the tbb package missing): one warning, naming
+    the layer and the remedy; none on one thread, on TBB, or for a layer the user set."""
+    monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
+    msg = threads.layer_warning(16, "omp")
+    assert "'omp'" in msg and "pip install tbb" in msg and "16 threads" in msg
+    assert threads.layer_warning(1, "omp") is None
+    assert threads.layer_warning(16, "tbb") is None
+    assert threads.layer_warning(16, None) is None
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
+    assert threads.layer_warning(16, "omp") is None
+    monkeypatch.delenv("NUMBA_THREADING_LAYER")
+    import numba
+    monkeypatch.setattr(threads, "_WARNED", [])
+    monkeypatch.setattr(numba, "threading_layer", lambda: "workqueue")
+    with pytest.warns(RuntimeWarning, match="workqueue"):
+        threads.warn_if_not_tbb(4)
+    threads.warn_if_not_tbb(4)                  # once a process
+    assert len(threads._WARNED) == 1

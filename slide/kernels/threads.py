@@ -18,6 +18,9 @@ import ctypes
 import os
 import site
 import sys
+import warnings
+
+import numba
 
 TBB_LIBRARY = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib"}
 
@@ -52,3 +55,37 @@ def preload_tbb():
 
 
 TBB_PATH = preload_tbb()
+
+
+def layer_warning(n_threads, layer):
+    """The warning for a run on ``n_threads`` threads whose parallel loops run on Numba's
+    ``layer`` (None: nothing to say). Not TBB where the user did not choose it means the tbb
+    package is missing (no wheel for this platform, or slide run from a source tree without
+    its dependencies: the lent 16-core machine of bench/results/device_phases_* was such a
+    case): OpenMP's loops wait for every thread, and beside one busy core a batch there took
+    43.2 ms instead of TBB's 2.51 at 16 threads."""
+    chosen = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
+    if n_threads < 2 or layer in (None, "tbb") or chosen not in ("default", "tbb", "safe"):
+        return None
+    return (f"slide's parallel loops run on Numba's {layer!r} threading layer, not TBB: its "
+            f"loops wait for every one of the {n_threads} threads, so a core busy with another "
+            f"job stalls every batch (17x slower at 16 threads beside one busy core, "
+            f"docs/design.md). Install the 'tbb' package (pip install tbb) where it exists "
+            f"for this platform, or set NUMBA_THREADING_LAYER to keep this layer quietly.")
+
+
+_WARNED = []
+
+
+def warn_if_not_tbb(n_threads):
+    """Warn once a process (``layer_warning``) after Numba's threads started."""
+    if _WARNED:
+        return
+    try:
+        layer = numba.threading_layer()
+    except ValueError:          # no parallel loop ran yet: the layer is not chosen
+        return
+    message = layer_warning(int(n_threads), layer)
+    if message is not None:
+        _WARNED.append(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
