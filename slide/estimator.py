@@ -23,7 +23,6 @@ from sklearn.exceptions import NotFittedError
 
 from slide import labels as labels_mod
 from slide import params as params_mod, warmup
-from slide.kernels import threads
 from slide.kernels.lsh.hashes import check_hash_config
 from slide.kernels.negatives import head_size
 from slide.kernels.lsh.serving import default_prior
@@ -315,10 +314,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         """Compile the run's kernels before its clock starts (``slide.warmup``; with the
         training data, only the linear classifiers it selects): the seconds go to
         ``compile_seconds_``, never to ``train_seconds_``."""
-        n_threads = self._threads()
-        seconds = warmup.warm_up(self, X, Y)
-        threads.warn_if_not_tbb(n_threads)
-        return seconds
+        self._threads()
+        return warmup.warm_up(self, X, Y)
 
     def _fit_core(self, X, Y, eval_set, callback, resume, classes=None):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""

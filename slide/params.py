@@ -228,7 +228,9 @@ TABLE = (
        "(\"auto\" or \"host:port\"); unset: start a local Ray", optional=True),
     _p("sparse_layers", None, "layers", None, "layers that use LSH (0 = first hidden, "
        "len(hidden_sizes) = output); None: the output layer only; none with sampler dense"),
-    _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores", ge=1),
+    _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores (Numba's TBB "
+       "threads where the tbb package is installed; on another layer the user did not choose, "
+       "fit warns once: a busy core would stall every batch)", ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
     _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch, 2 also every 100 batches",
        ge=0),

@@ -26,13 +26,14 @@ import subprocess
 import sys
 import time
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 from numba.core.registry import CPUDispatcher
 from threadpoolctl import threadpool_limits
 
 from slide import metrics
-from slide.kernels import topk
+from slide.kernels import threads, topk
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -144,6 +145,7 @@ def warm_up(model, X=None, Y=None):
     kinds = linear_kinds(model, X, Y)
     done = _WARMED.get(key)
     if done is not None and kinds <= done[1]:
+        threads.warn_if_not_tbb(numba.get_num_threads())
         return 0.0
     t0 = time.perf_counter()
     copy = tiny_copy(model)
@@ -158,6 +160,8 @@ def warm_up(model, X=None, Y=None):
         kinds = kinds | done[1]
     seconds = time.perf_counter() - t0
     _WARMED[key] = (seconds, kinds)
+    # after the first parallel loops: Numba has chosen its threading layer
+    threads.warn_if_not_tbb(numba.get_num_threads())
     return seconds
 
 
