@@ -20,19 +20,12 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 for f in .carry/debcontents/*.txt.gz; do [ -e "$f" ] && gunzip -kf "$f"; done 2>/dev/null
-layer_now() {   # the threading layer slide's parallel loops get here
-  "$PY" bench/probes/probe_fork_join.py --threads 2 --calls 1 --work 1 2>&1 | tail -n 1 \
-    | awk '{print $2}'
-}
-layer=$(layer_now)
-if [ "$layer" != tbb ] && [ -e .carry/tbb/libtbb.so.12 ]; then
-  export LD_PRELOAD=$PWD/.carry/tbb/libtbb.so.12
-  layer="$layer, then with the carried libtbb: $(layer_now)"
-fi
+# shellcheck source=bench/device_tbb.sh
+. bench/device_tbb.sh
 {
   date -u; nproc; lscpu | grep -E "Model name|L3"; git log -1 --format='commit %H' 2>/dev/null
   git status --short | head -n 20
-  echo "threading layer: $layer"
+  echo "threading layer: $TBB_LAYER"
 } > "$OUT/machine.txt" 2>&1
 for layer in tbb omp workqueue; do
   for work in 200 2000; do

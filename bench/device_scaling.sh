@@ -13,6 +13,7 @@
 #    sampled softmax on the GPU (--torch-device cuda) and the full softmax on the CPU, beside
 #    slide's run of step 1 (reused from the cache: same data, settings and engine); the CPU's
 #    full softmax for 40 batches only (its epoch time extrapolated).
+# Numba's threads are TBB where bench/device_tbb.sh finds or preloads it (machine.txt says).
 # Everything lands in $OUT/device_scaling.tar.gz (the machine sends back few files) and the
 # two tables are printed last.
 set -u
@@ -28,6 +29,8 @@ WORK=${WORK:-/tmp/device_scaling}
 PY=${PYTHON:-python3}
 mkdir -p "$WORK" "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# shellcheck source=bench/device_tbb.sh
+. bench/device_tbb.sh
 {
   date -u; nproc; lscpu | grep -E "Model name|Socket|Thread|Core|NUMA node\(s\)|L3"
   nvidia-smi -L 2>/dev/null
@@ -35,6 +38,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 'numba', numba.__version__, 'scipy', scipy.__version__, 'sklearn', sklearn.__version__, \
 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
   git log -1 --format='commit %H' 2>/dev/null
+  echo "threading layer: $TBB_LAYER"
 } 2>&1 | tee "$WORK/machine.txt"
 COMMON=(--data "$DATA" "${ROWS[@]}" --n-test 5000 --cache-dir "$WORK/cache")
 T_ROWS=(--n-train 0); [ "$N_TRAIN" != all ] && T_ROWS=(--n-train "$N_TRAIN")
