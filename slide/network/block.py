@@ -51,8 +51,8 @@ from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
 from slide.network.diagnostics import oracle_ids
-from slide.network.extras import (extras_logits, fill_offsets, row_logit, task_delta_product,
-                                  task_logits, extras_bundle, no_extras)
+from slide.network.extras import (add_delta_rows, extras_bundle, extras_logits, fill_offsets,
+                                  row_logit, task_delta_product, task_logits)
 
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
@@ -336,11 +336,8 @@ def block_backward(params, spec, sc, blk, X, rows, dH, xt, first_weights):
         g = dH[s]
         d = d_store[s]
         extra = b_extra[s]
-        for e in range(0 if x_ptr[s + 1] > x_ptr[s] else counts[s, 2]):
-            o = w_off + np.int64(extra[e]) * n_h
-            de = d[e]
-            for i in range(n_h):
-                g[i] += de * W[o + i]
+        if x_ptr[s + 1] == x_ptr[s]:
+            add_delta_rows(W, w_off, extra, d, 0, counts[s, 2], g)
         for p in range(x_ptr[s], x_ptr[s + 1]):
             for i in range(n_h):
                 g[i] += x_part[p, i]
@@ -477,7 +474,7 @@ def _draw(net, seed, serial, Xc, rows, frows):
 DRAW_AHEAD = True
 
 
-def _parallel_chunks(nb=None):
+def _parallel_chunks(nb):
     """Dynamic scheduling for the per-sample loops over a batch of ``nb`` samples: a thread
     takes CHUNK samples at a time (a busy core takes fewer chunks), fewer where the threads
     are many, so that each thread has at least ``CHUNKS_PER_THREAD`` chunks to balance (on
@@ -489,12 +486,11 @@ def _parallel_chunks(nb=None):
 CHUNKS_PER_THREAD = 8
 
 
-def chunk_size(nb=None, n_threads=None):
-    """Samples a thread takes at a time from a per-sample loop of ``nb`` (default: CHUNK)."""
-    if nb is None or CHUNKS_PER_THREAD <= 0:
+def chunk_size(nb):
+    """Samples a thread takes at a time from a per-sample loop of ``nb``."""
+    if CHUNKS_PER_THREAD <= 0:
         return CHUNK
-    n_threads = numba.get_num_threads() if n_threads is None else n_threads
-    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * max(1, int(n_threads)))))
+    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * numba.get_num_threads())))
 
 
 def _one_task_a_chunk():

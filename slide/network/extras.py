@@ -26,18 +26,35 @@ def row_logit(W, B, w_off, b_off, j, h):
     return acc
 
 
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def range_logits(W, B, w_off, b_off, h, extra, e0, e1, d):
+    """d[e] = the exact logit of the sample's e-th extra (``extra``: its active ids outside
+    S, in position order), e0 <= e < e1: a walk over those extras' rows only."""
+    n_h = h.shape[0]
+    for e in range(e0, e1):
+        if e + PREFETCH_AHEAD < e1:
+            prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
+        d[e] = row_logit(W, B, w_off, b_off, extra[e], h)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def add_delta_rows(W, w_off, extra, d, e0, e1, g):
+    """g += d[e] * (the output layer's row extra[e]) for e0 <= e < e1: the extras' share of
+    a sample's dH."""
+    n_h = g.shape[0]
+    for e in range(e0, e1):
+        o = w_off + np.int64(extra[e]) * n_h
+        de = d[e]
+        for q in range(n_h):
+            g[q] += de * W[o + q]
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def extras_logits(W, B, w_off, b_off, h, extra, n_fill, log_w2, d):
-    """d[e] = the corrected logit of the sample's e-th extra (``extra``: its active ids outside
-    S, in position order): the C ids first (offset 0), then its ``n_fill`` fill ids (offset
-    log_w2). A walk over the extras only, not over the active set."""
-    n_h = h.shape[0]
-    n_x = extra.shape[0]
-    for e in range(n_x):
-        if e + PREFETCH_AHEAD < n_x:
-            prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
-        acc = row_logit(W, B, w_off, b_off, extra[e], h)
-        d[e] = acc + log_w2 if e >= n_x - n_fill else acc
+    """d[e] = the corrected logit of the sample's e-th extra: the C ids first (offset 0),
+    then its ``n_fill`` fill ids (offset log_w2)."""
+    range_logits(W, B, w_off, b_off, h, extra, 0, extra.shape[0], d)
+    fill_offsets(d[:extra.shape[0]], n_fill, log_w2)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
@@ -79,30 +96,16 @@ def task_logits(xt, i):
     """Task i's extras' exact logits into ``xt.d`` (their fill offsets come later,
     ``fill_offsets``)."""
     s, e0, e1 = xt.tasks[i, 0], xt.tasks[i, 1], xt.tasks[i, 2]
-    h = xt.H[s]
-    n_h = h.shape[0]
-    extra = xt.extra[s]
-    for e in range(e0, e1):
-        if e + PREFETCH_AHEAD < e1:
-            prefetch_row(xt.W, xt.w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
-        xt.d[s, e] = row_logit(xt.W, xt.B, xt.w_off, xt.b_off, extra[e], h)
+    range_logits(xt.W, xt.B, xt.w_off, xt.b_off, xt.H[s], xt.extra[s], e0, e1, xt.d[s])
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def task_delta_product(xt, i):
-    """Task i's share of dH[s]: the sum of its extras' deltas times their rows, into
-    ``xt.part[i]`` (``block_backward`` adds the sample's parts)."""
+    """Task i's share of dH[s] into ``xt.part[i]`` (``block_backward`` adds the sample's
+    parts)."""
     s, e0, e1 = xt.tasks[i, 0], xt.tasks[i, 1], xt.tasks[i, 2]
-    g = xt.part[i]
-    n_h = g.shape[0]
-    g[:] = 0.0
-    extra = xt.extra[s]
-    d = xt.d[s]
-    for e in range(e0, e1):
-        o = xt.w_off + np.int64(extra[e]) * n_h
-        de = d[e]
-        for q in range(n_h):
-            g[q] += de * xt.W[o + q]
+    xt.part[i, :] = 0.0
+    add_delta_rows(xt.W, xt.w_off, xt.extra[s], xt.d[s], e0, e1, xt.part[i])
 
 
 def extras_bundle(net, nb, H, d):
