@@ -17,7 +17,12 @@ label frequency; the counts come from the data and a real draw, not from formula
 The machine's rates, measured here: the GEMM rate at the block's shape of one OpenBLAS
 thread, and of one such call per core at once (the batch split across them) and the memory bandwidth of a Numba
 ``prange`` triad over 512 MiB with all threads. The bound of a batch is max(FLOPs / GEMM rate,
-bytes / bandwidth) (perfect overlap) and, more reachable, their sum. Each engine
+bytes / bandwidth) (perfect overlap) and, more reachable, their sum. A second memory rate,
+the one the step's access allows: the rows real batches touch (each batch's distinct input
+features, in the order the engine lists them, and its block and extras in the output layer),
+each read and written back in arrays of W's and both moments' sizes, with no arithmetic,
+prefetched as the engine does (the best of 1-8 rows ahead), all threads; a step cannot move
+its rows faster than that, so the bounds are given at both rates. Each engine
 (``per_sample``: before the batched engine; ``batched``: now) trains one epoch of the network
 alone after a compile fit; achieved samples/s divided by the bound's is its fraction.
 """
@@ -35,6 +40,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.common import git_commit, machine_description  # noqa: E402,F401
 from bench.engine_ab import _machine, load  # noqa: E402
+from slide.kernels.prefetch import prefetch_row  # noqa: E402
 
 
 @njit(parallel=True, cache=True)
@@ -54,6 +60,59 @@ def memory_bandwidth(mib=512, reps=5):
         _triad(a, b, c, np.float32(2.0))
         best = min(best, time.perf_counter() - t0)
     return 3 * 4 * n / best
+
+
+@njit(parallel=True, cache=True)
+def _row_rmw(W, M, V, rows, h, ahead):
+    """Rows ``rows`` of W, M and V (rows of ``h``) read and written back, the access of a row
+    step without its arithmetic (values kept near 1: no subnormals), prefetched ``ahead``."""
+    n = rows.shape[0]
+    for u in prange(n):
+        if u + ahead < n:
+            b = np.int64(rows[u + ahead]) * h
+            prefetch_row(W, b, h)
+            prefetch_row(M, b, h)
+            prefetch_row(V, b, h)
+        b = np.int64(rows[u]) * h
+        for i in range(h):
+            W[b + i] += np.float32(1e-9)
+            M[b + i] = M[b + i] * np.float32(0.5) + np.float32(0.5)
+            V[b + i] = V[b + i] * np.float32(0.5) + np.float32(0.5)
+
+
+def batch_rows(X, Y, neg, batch, seed=0, n_batches=60):
+    """The rows ``n_batches`` shuffled batches touch: per batch (input rows, output rows) --
+    the distinct features in order of first appearance (as ``touched.feature_entries`` lists
+    them) and the block S (a real draw) followed by the true labels outside it."""
+    order = np.random.default_rng(seed + 1).permutation(X.shape[0])
+    out = []
+    for i in range(n_batches):
+        rows = order[(i * batch) % (X.shape[0] - batch):][:batch]
+        ind = X[rows].indices
+        _, first = np.unique(ind, return_index=True)
+        S = neg.draw(seed, i)
+        ext = np.setdiff1d(Y[rows].indices, S)
+        out.append((ind[np.sort(first)].astype(np.int64), np.concatenate([S, ext]).astype(np.int64)))
+    return out
+
+
+def scattered_row_rate(n_in, n_out, h, batches, reps=3):
+    """Bytes/s (read + write, 2 x 3 x 4 h a row) of ``_row_rmw`` over ``batches``' input rows
+    (arrays of ``n_in`` rows) and output rows (``n_out``): the best of the rows in the
+    engine's order and sorted, a prefetch distance of 1, 2, 4 or 8, and ``reps`` passes."""
+    arrays = [[np.ones(n * h, np.float32) for _ in range(3)] for n in (n_in, n_out)]
+    n_rows = sum(r.shape[0] for b in batches for r in b)
+    best = np.inf
+    for order in (batches, [tuple(np.sort(r) for r in b) for b in batches]):
+        for ahead in (1, 2, 4, 8):
+            for rep in range(reps + 1):
+                t0 = time.perf_counter()
+                for b in order:
+                    for (W, M, V), rows in zip(arrays, b):
+                        _row_rmw(W, M, V, rows, h, ahead)
+                if rep:                 # the first pass compiles and faults the pages in
+                    best = min(best, time.perf_counter() - t0)
+    return 2 * 3 * 4 * h * n_rows / best
 
 
 def gemm_rate(B, S, h, threads=1, reps=20):
@@ -106,15 +165,21 @@ def step_counts(X, Y, n_shared, exact_head, batch, h, seed=0, n_batches=20):
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
-def bound(c, h, batch, flops_rate, bw):
-    """(FLOPs, bytes, seconds) per sample, and the two bounds of samples/s."""
+def bound(c, h, batch, flops_rate, bw, bw_rows=None):
+    """(FLOPs, bytes, seconds) per sample, and the two bounds of samples/s (with the bytes at
+    ``bw``; with ``bw_rows``, also both at that rate: ``*_rows``)."""
     S = c["block"]
     flops = 4 * c["nnz"] * h + 6 * (S / 1.0) * h + 6 * c["extras"] * h
     touched_rows = c["touched_in"] + S / batch + c["extras"]
     bytes_ = 6 * 4 * h * touched_rows + 4 * h * S / batch
     t_f, t_m = flops / flops_rate, bytes_ / bw
-    return {"flops": flops, "bytes": bytes_, "t_flops": t_f, "t_bytes": t_m,
-            "bound_overlap": 1.0 / max(t_f, t_m), "bound_sum": 1.0 / (t_f + t_m)}
+    res = {"flops": flops, "bytes": bytes_, "t_flops": t_f, "t_bytes": t_m,
+           "bound_overlap": 1.0 / max(t_f, t_m), "bound_sum": 1.0 / (t_f + t_m)}
+    if bw_rows:
+        t_r = bytes_ / bw_rows
+        res.update(t_bytes_rows=t_r, bound_overlap_rows=1.0 / max(t_f, t_r),
+                   bound_sum_rows=1.0 / (t_f + t_r))
+    return res
 
 
 def train_rate(X, Y, engine, threads, n_shared, exact_head):
@@ -154,15 +219,23 @@ def main():
     g1 = gemm_rate(batch, int(c["block"]), h)
     flops_rate = gemm_rate(batch, int(c["block"]), h, threads=args.threads)
     bw = memory_bandwidth()
-    b = bound(c, h, batch, flops_rate, bw)
+    from slide.kernels.negatives import SharedNegatives, head_size
+    neg = SharedNegatives(args.shared_negatives, 1.0, Y.shape[1],
+                          head_size(args.shared_negatives, args.exact_head))
+    neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
+    bw_rows = scattered_row_rate(X.shape[1], Y.shape[1], h, batch_rows(X, Y, neg, batch))
+    b = bound(c, h, batch, flops_rate, bw, bw_rows)
     rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives, args.exact_head)
              for e in ("per_sample", "batched")}
     res = {"data": args.data, "commit": commit, "machine": machine_description(),
            "n_train": X.shape[0], "n_labels": Y.shape[1], "counts_per_sample": c,
-           "gemm_flops_per_s_one_thread": g1, "gemm_flops_per_s": flops_rate, "memory_bytes_per_s": bw, "bound": b,
+           "gemm_flops_per_s_one_thread": g1, "gemm_flops_per_s": flops_rate, "memory_bytes_per_s": bw, "scattered_row_bytes_per_s": bw_rows, "bound": b,
            "samples_per_s": rates,
            "fraction_of_overlap_bound": {e: r / b["bound_overlap"] for e, r in rates.items()},
-           "fraction_of_sum_bound": {e: r / b["bound_sum"] for e, r in rates.items()}}
+           "fraction_of_sum_bound": {e: r / b["bound_sum"] for e, r in rates.items()},
+           "fraction_of_overlap_bound_rows": {e: r / b["bound_overlap_rows"]
+                                              for e, r in rates.items()},
+           "fraction_of_sum_bound_rows": {e: r / b["bound_sum_rows"] for e, r in rates.items()}}
     with open(args.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     lines = [f"# Roofline of the training step: {args.data}", "",
@@ -183,16 +256,26 @@ def main():
              f"| GEMM, one OpenBLAS thread, block shape | {g1 / 1e9:.1f} GFLOP/s |",
              f"| GEMM, {args.threads} such calls at once (the batch split) | "
              f"{flops_rate / 1e9:.1f} GFLOP/s |",
-             f"| memory bandwidth (triad, {args.threads} threads) | {bw / 1e9:.1f} GB/s |", "",
+             f"| memory bandwidth (triad, {args.threads} threads) | {bw / 1e9:.1f} GB/s |",
+             f"| the step's rows read and written back (scattered rows, {args.threads} threads) "
+             f"| {bw_rows / 1e9:.1f} GB/s |", "",
              "| bound / engine | samples/s | fraction of max-bound | fraction of sum-bound |",
              "|---|---|---|---|",
-             f"| bound, FLOPs and bytes overlapped | {b['bound_overlap']:,.0f} | 1 | |",
-             f"| bound, FLOPs then bytes | {b['bound_sum']:,.0f} | | 1 |"]
+             f"| bound, FLOPs and bytes overlapped (triad) | {b['bound_overlap']:,.0f} | 1 | |",
+             f"| bound, FLOPs then bytes (triad) | {b['bound_sum']:,.0f} | | 1 |"]
     for e, r in rates.items():
         lines.append(f"| slide `{e}` | {r:,.0f} | {r / b['bound_overlap']:.2f} | "
                      f"{r / b['bound_sum']:.2f} |")
+    lines += ["", "| bound / engine, bytes at the scattered-row rate | samples/s | fraction of "
+              "max-bound | fraction of sum-bound |", "|---|---|---|---|",
+              f"| bound, overlapped (rows) | {b['bound_overlap_rows']:,.0f} | 1 | |",
+              f"| bound, one after the other (rows) | {b['bound_sum_rows']:,.0f} | | 1 |"]
+    for e, r in rates.items():
+        lines.append(f"| slide `{e}` | {r:,.0f} | {r / b['bound_overlap_rows']:.2f} | "
+                     f"{r / b['bound_sum_rows']:.2f} |")
     lines += ["", f"FLOPs alone allow {1 / b['t_flops']:,.0f} samples/s, the bytes alone "
-              f"{1 / b['t_bytes']:,.0f}."]
+              f"{1 / b['t_bytes']:,.0f} at the triad's rate, {1 / b['t_bytes_rows']:,.0f} at "
+              "the scattered rows' rate."]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
