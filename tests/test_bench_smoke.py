@@ -298,3 +298,31 @@ def test_dense_loop_warms_up_untimed_and_resets():
     model = _FakeDenseModel()
     rec, _, extra = dense_loop.train(dict(spec, warmup=False), X, Y, X, Y, X[:10], Y[:10], model)
     assert extra["warmup_seconds"] is None and rec.batch_end[0] >= 0.5
+
+
+# ---------------------------------------------------------------------------- roofline
+
+def test_roofline_batch_rows_and_the_bounds_at_the_scattered_row_rate():
+    from bench import roofline
+    from slide.kernels.negatives import SharedNegatives
+    X = sp.csr_matrix(np.array([[0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1]], np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [0, 0, 0, 1, 0]],
+                               np.float32))
+    neg = SharedNegatives(2, 1.0, 5, 0)
+    neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
+    for ins, outs in roofline.batch_rows(X, Y, neg, 2, n_batches=3):
+        # distinct features in order of first appearance; S sorted, then labels outside S
+        assert len(set(ins.tolist())) == ins.shape[0]
+        assert set(ins.tolist()) <= {0, 1, 2, 3}
+        assert len(set(outs.tolist())) == outs.shape[0]
+        assert set(outs.tolist()) <= {0, 1, 2, 3, 4}
+    rows = [(np.array([3, 0, 2], np.int64), np.array([1, 4], np.int64))]
+    rate = roofline.scattered_row_rate(4, 5, 8, rows, reps=1)
+    assert np.isfinite(rate) and rate > 0
+    c = {"nnz": 10.0, "touched_in": 8.0, "block": 64.0, "extras": 2.0}
+    same = roofline.bound(c, 128, 128, 1e11, 3e10, 3e10)
+    assert same["bound_sum_rows"] == pytest.approx(same["bound_sum"])
+    slow = roofline.bound(c, 128, 128, 1e11, 3e10, 1e10)
+    assert slow["bound_sum_rows"] < slow["bound_sum"]
+    assert slow["bound_overlap_rows"] <= slow["bound_overlap"]
+    assert slow["t_bytes_rows"] == pytest.approx(3 * slow["t_bytes"])
