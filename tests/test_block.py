@@ -240,20 +240,44 @@ def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
 @pytest.mark.parametrize("ns", [1, 3, 64, 1030])
 @pytest.mark.parametrize("n_parts", [1, 2, 5])
 def test_split_products_are_the_batch_products(ns, n_parts):
-    """Steps 3 and 5 split into blocks over Numba's threads give numpy's products: every entry
-    is one dot product over the whole inner dimension, whatever the split."""
+    """Steps 2, 3 and 5 split into blocks over Numba's threads give numpy's products, the
+    gathered rows and biases of S, and dZ's column sums bit for bit summed row after row:
+    every entry of a product is one dot product over the whole inner dimension, whatever the
+    split."""
+    from slide.kernels.arrays import Extras
     from slide.network.block import split_backward_products, split_forward_product
     from slide.network.extras import no_extras
     rng = np.random.default_rng(ns * 10 + n_parts)
-    H = rng.standard_normal((37, 16)).astype(np.float32)
-    WS = rng.standard_normal((ns, 16)).astype(np.float32)
+    h, n_labels = 16, 2000
+    H = rng.standard_normal((37, h)).astype(np.float32)
+    W = rng.standard_normal(5 + n_labels * h).astype(np.float32)     # 5: another layer first
+    B = rng.standard_normal(3 + n_labels).astype(np.float32)
+    shared = np.sort(rng.choice(n_labels, ns, replace=False)).astype(np.int32)
+    xt = no_extras(H)._replace(W=W, B=B, w_off=np.int64(5), b_off=np.int64(3))
+    assert isinstance(xt, Extras)
     n_parts = min(n_parts, ns)
+    WS = np.full((ns, h), np.nan, np.float32)
+    bS = np.full(ns, np.nan, np.float32)
     Z = np.full((37, ns), np.nan, np.float32)
-    split_forward_product(no_extras(H), WS, Z, n_parts)
-    np.testing.assert_allclose(Z, H @ WS.T, rtol=1e-5, atol=1e-5)
-    dZ = rng.standard_normal((37, ns)).astype(np.float32)
-    dH = np.full((37, 16), np.nan, np.float32)
-    dWS = np.full((ns, 16), np.nan, np.float32)
-    split_backward_products(dZ, WS, no_extras(H), dH, dWS, n_parts)
+    split_forward_product(xt, shared, WS, bS, Z, n_parts)
+    want_WS = W[5:].reshape(n_labels, h)[shared]
+    np.testing.assert_array_equal(WS, want_WS)
+    np.testing.assert_array_equal(bS, B[3:][shared])
+    np.testing.assert_allclose(Z, H @ want_WS.T, rtol=1e-5, atol=1e-5)
+    # WS given (no rows to gather): only the product
+    Z2 = np.full((37, ns), np.nan, np.float32)
+    split_forward_product(no_extras(H), shared[:0], want_WS, bS[:0], Z2, n_parts)
+    np.testing.assert_array_equal(Z2, Z)
+    dZ = (rng.standard_normal((37, ns)) * 10.0 ** rng.uniform(-4, 2, (37, 1))).astype(np.float32)
+    dH = np.full((37, h), np.nan, np.float32)
+    dWS = np.full((ns, h), np.nan, np.float32)
+    dbS = np.full(ns, np.nan, np.float32)
+    split_backward_products(dZ, WS, no_extras(H), dH, dWS, dbS, n_parts)
     np.testing.assert_allclose(dH, dZ @ WS, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dWS, dZ.T @ H, rtol=1e-4, atol=1e-4)
+    # row after row, as np.add.accumulate; np.sum's order too, but for one column (a
+    # contiguous run, which numpy sums pairwise)
+    np.testing.assert_array_equal(dbS.view(np.int32),
+                                  np.add.accumulate(dZ, axis=0)[-1].view(np.int32))
+    if ns > 1:
+        np.testing.assert_array_equal(dbS.view(np.int32), np.sum(dZ, axis=0).view(np.int32))

@@ -18,7 +18,8 @@ def test_an_installed_tbb_runs_the_parallel_kernels():
     H = np.ones((4, 8), np.float32)
     WS = np.ones((6, 8), np.float32)
     Z = np.zeros((4, 6), np.float32)
-    split_forward_product(no_extras(H), WS, Z, 2)      # a parallel kernel: the layer is chosen
+    # a parallel kernel: the layer is chosen (no rows to gather: WS is given)
+    split_forward_product(no_extras(H), np.zeros(0, np.int32), WS, np.zeros(0, np.float32), Z, 2)
     np.testing.assert_array_equal(Z, 8.0)
     if threads.TBB_PATH is None:
         pytest.skip("no tbb package in this environment (its wheels are x86-64 only)")

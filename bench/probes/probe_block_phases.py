@@ -6,8 +6,8 @@ every kernel), BLAS single-threaded as in training (``--blas-threads`` to compar
 
 Without ``--data``: the ``--preset`` (xc200k: 200k labels; 30,000 points). Prints milliseconds per
 batch for: the shared draw (beside the first layer's listing), the per-sample forward (hidden
-layers, active sets), the gather of the block's rows, the first product, the corrected
-softmax, the two backward products, the per-sample backward, the touched-row listing, the
+layers, active sets), the gather of the block's rows with the first product, the corrected
+softmax, the two backward products with the bias sums, the per-sample backward, the touched-row listing, the
 hidden layers' Adam step, the extras' row step and the block's row step; then the total and
 samples/s. ``--compare`` times the engine before this round's many-core changes (each batch's
 draw beside its listing, 4 samples a chunk, every sample's extras in its own loop), after them,
@@ -118,8 +118,6 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
     from slide.network import block as BK
     from slide.network import extras as EX
     T = {}
-    lay = net.layout
-    last = lay.n_layers - 1
 
     def tick(k, t0):
         t1 = time.perf_counter()
@@ -146,14 +144,11 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
                              frows_left)
         t = tick("forward (per sample)", t)
         WS, bS = blk.WS[:ns], blk.bS[:ns]
-        BK.gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]),
-                       int(lay.n_in[last]), shared, WS, bS)
-        t = tick("gather W_S", t)
         Z = blk.Z.reshape(-1)[:128 * ns].reshape(128, ns)
         xt = EX.extras_bundle(net, 128, H, net.store.d_store[:128])
         with BK._one_task_a_chunk():
-            BK.split_forward_product(xt, WS, Z, BK.product_parts(ns))
-        t = tick("Z = H W_S^T", t)
+            BK.split_forward_product(xt, shared, WS, bS, Z, BK.product_parts(ns))
+        t = tick("gather W_S, Z = H W_S^T", t)
         with BK._parallel_chunks(128):
             BK.block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z,
                           BK.block_offsets(bS, shared, neg), xt, losses,
@@ -161,9 +156,9 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
         t = tick("corrected softmax", t)
         dH = blk.dH[:128]
         with BK._one_task_a_chunk():
-            BK.split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], BK.product_parts(ns))
-        np.sum(Z, axis=0, out=blk.dbS[:ns])
-        t = tick("dH, dW_S products", t)
+            BK.split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns],
+                                       BK.product_parts(ns))
+        t = tick("dH, dW_S, db_S", t)
         with BK._parallel_chunks(128):
             BK.block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, xt,
                               not net.fused_first)

@@ -9,7 +9,7 @@ its random fill -- goes through per-sample loops:
     1. per sample (HOGWILD threads):  hidden layers forward; the output active set selected
        exactly as the per-sample path selects it (``sample.select_active``), each active id
        mapped to its column in S or to the sample's "extras"; H[s] = last hidden layer
-    2. W_S, b_S = the rows of S (a gather)
+    2. W_S, b_S = the rows of S (a gather, each of step 3's BLAS tasks its own columns)
     3. Z = H @ W_S.T                                                      GEMM  [B, |S|]
     4. per sample: logits of the extras (dot products; a sample with many has them cut into
        tasks that step 3's parallel loop takes, ``slide.network.extras``), the corrected
@@ -34,25 +34,23 @@ import math
 
 import numba
 import numpy as np
-# np.dot's BLAS inside Numba kernels: loaded now, so that the trainer's limit of BLAS threads
-# (threadpoolctl acts on loaded libraries) covers it
-import scipy.linalg.cython_blas  # noqa: F401
 from numba import njit, prange
 
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
-from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
+from slide.kernels.layers import FASTMATH
 from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, finish_draw, find_sorted, is_label,
                                      sorted_union)
-from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
 from slide.network.diagnostics import oracle_ids
 from slide.network.extras import (add_delta_rows, extras_bundle, extras_logits, fill_offsets,
-                                  row_logit, task_delta_product, task_logits)
+                                  row_logit)
+from slide.network.products import (product_parts, split_backward_products,  # noqa: F401
+                                    split_forward_product)
 
 
 # samples a thread takes at a time (dynamic scheduling of the per-sample loops)
@@ -161,20 +159,6 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos):
         extra[n_x] = out[k]
         n_x += 1
     return n_x
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def gather_rows(W, B, w_off, b_off, n_in, shared, WS, bS):
-    """WS[i] = the output layer's row shared[i], bS[i] its bias."""
-    n_s = shared.shape[0]
-    for i in prange(n_s):
-        if i + PREFETCH_AHEAD < n_s:
-            prefetch_row(W, w_off + np.int64(shared[i + PREFETCH_AHEAD]) * n_in, n_in)
-        o = w_off + np.int64(shared[i]) * n_in
-        row = WS[i]
-        for q in range(n_in):           # not WS[i, :] = ...: see sample._append_shared
-            row[q] = W[o + q]
-        bS[i] = B[b_off + shared[i]]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
@@ -373,67 +357,6 @@ def block_offsets(bS, shared, neg):
     return offs
 
 
-# columns (rows of W_S) a BLAS call of the split products takes at least
-MIN_PART_COLUMNS = 64
-
-
-def product_parts(n_columns):
-    """How many BLAS calls the batch's products are split into: one per Numba thread, each of
-    at least MIN_PART_COLUMNS columns of S."""
-    return max(1, min(numba.get_num_threads(), n_columns // MIN_PART_COLUMNS))
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def split_forward_product(xt, WS, Z, n_parts):
-    """Step 3, Z = H @ WS.T (H = ``xt.H``), as ``n_parts`` column blocks over Numba's
-    threads, one single-threaded BLAS call each (``np.dot``: scipy's OpenBLAS, pinned to one
-    thread by the trainer's ``blas_single_thread``), and beside them the extras' logits of
-    ``xt``'s tasks. A multi-threaded BLAS beside Numba's spinning workers was 7x slower
-    (``block_phases_blas_threads.log``); one single-threaded call left the other cores idle
-    for ~15 % of a batch at 670k labels."""
-    H = xt.H
-    ns = WS.shape[0]
-    for c in prange(n_parts + xt.tasks.shape[0]):
-        if c >= n_parts:
-            task_logits(xt, c - n_parts)
-            continue
-        a = ns * c // n_parts
-        b = ns * (c + 1) // n_parts
-        _copy_block(np.dot(H, WS[a:b].T), Z, 0, a)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _copy_block(P, out, r0, c0):
-    """out[r0:r0 + P.shape[0], c0:c0 + P.shape[1]] = P, element by element: a slice
-    assignment compiles a shape-check error path of its own (~2 s of a cold compile, Numba's
-    event log)."""
-    for i in range(P.shape[0]):
-        for j in range(P.shape[1]):
-            out[r0 + i, c0 + j] = P[i, j]
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def split_backward_products(Z, WS, xt, dH, dWS, n_parts):
-    """Step 5, dH = dZ @ WS and dWS = dZ.T @ H (H = ``xt.H``), as ``n_parts`` row blocks of
-    each over Numba's threads (as ``split_forward_product``), and beside them the extras' share
-    of dH for ``xt``'s tasks (into ``xt.part``). Each entry of the products is one BLAS dot
-    product over the whole inner dimension, as in one unsplit call."""
-    H = xt.H
-    nb = Z.shape[0]
-    ns = WS.shape[0]
-    for c in prange(2 * n_parts + xt.tasks.shape[0]):
-        if c >= 2 * n_parts:
-            task_delta_product(xt, c - 2 * n_parts)
-        elif c < n_parts:
-            a = nb * c // n_parts
-            b = nb * (c + 1) // n_parts
-            _copy_block(np.dot(Z[a:b], WS), dH, a, 0)
-        else:
-            a = ns * (c - n_parts) // n_parts
-            b = ns * (c - n_parts + 1) // n_parts
-            _copy_block(np.dot(np.ascontiguousarray(Z[:, a:b].T), H), dWS, a, 0)
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
     """Two tasks on two threads: the batch's shared negatives from their sorted uniforms
@@ -523,8 +446,6 @@ def forward_backward(net, X, Y, rows, seed, serial):
         exact = chooser(net, X, rows)
         shared = np.union1d(drawn, exact).astype(np.int32)
     ns = shared.shape[0]
-    lay = net.layout
-    last = lay.n_layers - 1
     H = net.store.h_store[:nb]
     losses = net.losses[:nb]
     with _parallel_chunks(nb):
@@ -533,15 +454,13 @@ def forward_backward(net, X, Y, rows, seed, serial):
     if not np.isfinite(losses).all():
         return losses
     WS, bS = blk.WS[:ns], blk.bS[:ns]
-    gather_rows(net.W, net.B, int(lay.w_off[last]), int(lay.b_off[last]), int(lay.n_in[last]),
-                shared, WS, bS)
     # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
     # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
     xt = extras_bundle(net, nb, H, net.store.d_store[:nb])
     # a diverging run overflows here; the loss below reports it (DivergenceError)
     with _one_task_a_chunk():
-        split_forward_product(xt, WS, Z, product_parts(ns))
+        split_forward_product(xt, shared, WS, bS, Z, product_parts(ns))
     offs = block_offsets(bS, shared, neg)
     with _parallel_chunks(nb):
         block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, xt, losses,
@@ -550,8 +469,7 @@ def forward_backward(net, X, Y, rows, seed, serial):
         return losses
     dH = blk.dH[:nb]
     with _one_task_a_chunk():
-        split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], product_parts(ns))
-    np.sum(Z, axis=0, out=blk.dbS[:ns])
+        split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns], product_parts(ns))
     with _parallel_chunks(nb):
         block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, xt, not net.fused_first)
     net.block_shared = shared
