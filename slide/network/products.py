@@ -6,13 +6,21 @@ The gather of S's rows and the column sums of dZ run inside these loops, each BL
 its own block, instead of as a parallel loop and a numpy call of their own: a parallel loop's
 fork and join costs 57-93 us at 16 threads on TBB (``bench/probes/probe_fork_join.py``), and a
 batch ran a dozen of them.
+
+Each task calls sgemm itself (``_gemm``: Numba's own BLAS entry, the one ``np.dot`` uses, with
+our leading dimensions), writing its block straight into Z, dH or dW_S. ``np.dot`` on a block
+allocated its result, which was then copied into place, and dW_S's operand, a column block of
+dZ transposed, had to be copied contiguous first: at 128 x 1,024 x 128 on 2 threads the forward
+product took 464 us that way and 276 us this way, the backward ones 722 and 405, with the same
+bits (the same sgemm over the same operands).
 """
 import numba
 import numpy as np
-# np.dot's BLAS inside Numba kernels: loaded now, so that the trainer's limit of BLAS threads
+# the BLAS behind Numba's sgemm entry: loaded now, so that the trainer's limit of BLAS threads
 # (threadpoolctl acts on loaded libraries) covers it
 import scipy.linalg.cython_blas  # noqa: F401
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.np.linalg import _BLAS
 
 from slide.kernels.layers import PREFETCH_AHEAD
 from slide.kernels.prefetch import prefetch_row
@@ -20,6 +28,22 @@ from slide.network.extras import task_delta_product, task_logits
 
 # columns (rows of W_S) a BLAS call of the split products takes at least
 MIN_PART_COLUMNS = 64
+
+# Numba's BLAS entry (``numba_xxgemm`` in its helper library, called by name: kernels that use
+# it stay cacheable): column-major sgemm, C = alpha op(A) op(B) + beta C
+_XXGEMM = _BLAS().numba_xxgemm(types.float32)
+_ALPHA_BETA = np.array([1.0, 0.0], np.float32)
+_N, _T, _SINGLE = ord("n"), ord("t"), ord("s")
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc):
+    """C[m, n] = op(A) op(B) in BLAS's column-major terms (a row-major r x c block with row
+    stride ld is the column-major c x r matrix with leading dimension ld); A, B, C: flat
+    float32 arrays starting at the blocks' first elements."""
+    ab = _ALPHA_BETA
+    _XXGEMM(np.int8(_SINGLE), np.int8(ta), np.int8(tb), m, n, k, ab[0:].ctypes, A.ctypes,
+            max(lda, 1), B.ctypes, max(ldb, 1), ab[1:].ctypes, C.ctypes, max(ldc, 1))
 
 
 def product_parts(n_columns):
@@ -55,7 +79,9 @@ def split_forward_product(xt, shared, WS, bS, Z, n_parts):
     (``block_phases_blas_threads.log``); one single-threaded call left the other cores idle
     for ~15 % of a batch at 670k labels. An empty ``shared``: WS and bS are given."""
     H = xt.H
+    nb, h = H.shape
     ns = WS.shape[0]
+    Zf, Wf = Z.reshape(-1), WS.reshape(-1)
     for c in prange(n_parts + xt.tasks.shape[0]):
         if c >= n_parts:
             task_logits(xt, c - n_parts)
@@ -63,17 +89,9 @@ def split_forward_product(xt, shared, WS, bS, Z, n_parts):
         a = ns * c // n_parts
         b = ns * (c + 1) // n_parts
         _gather(xt, shared, WS, bS, a, b)
-        _copy_block(np.dot(H, WS[a:b].T), Z, 0, a)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _copy_block(P, out, r0, c0):
-    """out[r0:r0 + P.shape[0], c0:c0 + P.shape[1]] = P, element by element: a slice
-    assignment compiles a shape-check error path of its own (~2 s of a cold compile, Numba's
-    event log)."""
-    for i in range(P.shape[0]):
-        for j in range(P.shape[1]):
-            out[r0 + i, c0 + j] = P[i, j]
+        # Z[:, a:b] = H @ WS[a:b].T: column-major, rows a..b of Z^T (ld ns) = WS[a:b] (an h x
+        # (b-a) matrix, transposed) times H^T (h x nb)
+        _gemm(_T, _N, b - a, nb, h, Wf[a * h:], h, H.reshape(-1), h, Zf[a:], ns)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -96,17 +114,23 @@ def split_backward_products(Z, WS, xt, dH, dWS, dbS, n_parts):
     ``xt``'s tasks (into ``xt.part``). Each entry of the products is one BLAS dot product
     over the whole inner dimension, as in one unsplit call."""
     H = xt.H
-    nb = Z.shape[0]
+    nb, h = H.shape
     ns = WS.shape[0]
+    Zf, Wf, Hf, dHf, dWf = Z.reshape(-1), WS.reshape(-1), H.reshape(-1), dH.reshape(-1), \
+        dWS.reshape(-1)
     for c in prange(2 * n_parts + xt.tasks.shape[0]):
         if c >= 2 * n_parts:
             task_delta_product(xt, c - 2 * n_parts)
         elif c < n_parts:
             a = nb * c // n_parts
             b = nb * (c + 1) // n_parts
-            _copy_block(np.dot(Z[a:b], WS), dH, a, 0)
+            # dH[a:b] = dZ[a:b] @ WS: column-major, dH^T's columns a..b (h x (b-a), ld h) =
+            # WS^T (h x ns) times dZ[a:b]^T (ns x (b-a), ld ns)
+            _gemm(_N, _N, h, b - a, ns, Wf, h, Zf[a * ns:], ns, dHf[a * h:], h)
         else:
             a = ns * (c - n_parts) // n_parts
             b = ns * (c - n_parts + 1) // n_parts
-            _copy_block(np.dot(np.ascontiguousarray(Z[:, a:b].T), H), dWS, a, 0)
+            # dWS[a:b] = dZ[:, a:b].T @ H: column-major, dWS^T's columns a..b (h x (b-a)) =
+            # H^T (h x nb) times (rows a..b of dZ^T, ld ns) transposed
+            _gemm(_N, _T, h, b - a, nb, Hf, h, Zf[a:], ns, dWf[a * h:], h)
             _column_sums(Z, dbS, a, b)
