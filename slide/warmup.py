@@ -34,6 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from slide import metrics
 from slide.kernels import threads, topk
+from slide.network.block import row_step_parts
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -217,18 +218,19 @@ def warm_ranking(copy, kinds):
 
 
 def _warm_output_steps(copy):
-    """The output layer's row steps and the optimizer's flush, on no rows: the last network
-    kernels a fit compiles (~12 s of its ~55 s cold), so the helper takes them first and its
+    """The output layer's row steps (the batched engine's: all its row steps in one loop) and
+    the optimizer's flush, on no rows: the last network kernels a fit compiles (~12 s of its ~55 s cold), so the helper takes them first and its
     share matches this process's."""
     net, opt = copy.network_, copy.optimizer_
     if net.row_path:
         net.prepare(int(copy.batch_size), copy._threads(), 1)
         opt.next_step()                     # a step to flush: the flush compiles only then
-        opt.step_output(net.W, net.B, net.out_rows, 0, net.store)
-        if net.block is not None:
-            blk = net.block
-            opt.step_block(net.W, net.B, np.empty(0, np.int32), blk.dWS[:0], blk.dbS[:0],
-                           net.out_stamp, 0)
+        if net.block is None:
+            opt.step_output(net.W, net.B, net.out_rows, 0, net.store)
+        else:
+            opt.step_batch_rows(net.W, net.B, *row_step_parts(
+                net, np.zeros(0, np.float32), int(copy.batch_size), 0,
+                np.empty(0, np.int32), 0))
     opt.flush(net.W, net.B)
 
 

@@ -281,3 +281,69 @@ def test_split_products_are_the_batch_products(ns, n_parts):
                                   np.add.accumulate(dZ, axis=0)[-1].view(np.int32))
     if ns > 1:
         np.testing.assert_array_equal(dbS.view(np.int32), np.sum(dZ, axis=0).view(np.int32))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch):
+    """``SparseOptimizer.step_batch_rows`` (the first layer's, the extras' and the block's
+    rows in one parallel loop, dealt in chunks) leaves every weight, moment, step record and
+    stamp bit for bit where the three steps one after the other leave them, after batches
+    that gave rows idle steps to catch up."""
+    import copy
+    from slide.kernels.touched import output_entries
+    from slide.network import block as BK
+    from slide.network import optim
+    rng = np.random.default_rng(5)
+    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
+    net = _net("batched", "random", "softmax", False, 0)
+    assert net.fused_first
+    opt = SparseOptimizer(optimizer, net.layout, 1e-2)
+    old = numba.get_num_threads()
+    numba.set_num_threads(n_threads)
+    try:
+        net.prepare(32, n_threads, 8)
+        for b in range(4):
+            net.train_batch(X, Y, (np.arange(32) * 3 + b) % 96, 5, b + 1, opt)
+        rows = np.arange(32, 64, dtype=np.int64)
+        assert np.isfinite(net.forward_backward(X, Y, rows, 5, 5)).all()
+        before = (net.W.copy(), net.B.copy(), net.out_stamp.copy(), copy.deepcopy(opt),
+                  net.GW.copy(), net.GB.copy())
+
+        def state(o):
+            return [net.W, net.B, net.out_stamp] + [getattr(o, a) for a in
+                                                    ("MW", "VW", "MB", "VB", "TW", "TB")]
+
+        # the three steps, one loop each (as before the fusion)
+        blk = net.block
+        nr, nbias = net.touched(X, rows, 5)
+        opt.step(net.params, net.touched_rows, nr, nbias)
+        nu = output_entries(blk.extra[:32], blk.counts[:32, 2:3], 0,
+                            net.store.d_store.shape[1], net.out_rows, np.int64(5))
+        first, extras, block = BK.row_step_parts(net, X.data, 32, nu, net.block_shared, 5)
+        assert first[1] > 0 and nu > 0 and block[0].shape[0] > 0
+        opt.step_first(net.W, *first)
+        opt.step_output(net.W, net.B, *extras)
+        opt.step_block(net.W, net.B, *block)
+        want = [a.copy() for a in state(opt)]
+        # the fused loop, from the same state, in small chunks (several a thread)
+        net.W[:], net.B[:], net.out_stamp[:] = before[0], before[1], before[2]
+        net.GW[:], net.GB[:] = before[4], before[5]         # the hidden layers' gradients
+        opt = before[3]
+        monkeypatch.setattr(optim, "ROW_CHUNK", 4)
+        monkeypatch.setattr(optim, "MIN_ROW_CHUNK", 4)
+        BK.update(net, X, rows, 5, opt)
+        for w, g in zip(want, state(opt)):
+            np.testing.assert_array_equal(g, w)
+        assert not np.array_equal(want[0], before[0])
+    finally:
+        numba.set_num_threads(old)
+
+
+def test_row_chunk_gives_every_thread_several_chunks():
+    from slide.network.optim import MIN_ROW_CHUNK, ROW_CHUNK, row_chunk
+    n = numba.get_num_threads()
+    assert row_chunk(10 ** 7) == ROW_CHUNK
+    assert row_chunk(0) == MIN_ROW_CHUNK
+    mid = row_chunk(8 * n * 40)
+    assert mid == max(MIN_ROW_CHUNK, min(ROW_CHUNK, 40))

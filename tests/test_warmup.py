@@ -308,7 +308,7 @@ print(json.dumps([helper, signatures()]))
 # the stages after the network: what the helper is to compile
 _AFTER_NETWORK = ("slide.rank.", "slide.kernels.topk.", "slide.network.infer.", "slide.metrics.",
                   "slide.network.row_steps.output_step", "slide.network.row_steps.block_step",
-                  "slide.network.adam.adam_flush_rows")
+                  "slide.network.row_steps.batch_row_steps", "slide.network.adam.adam_flush_rows")
 
 
 def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
@@ -324,7 +324,7 @@ def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
     after = {k: v for k, v in full.items() if k.startswith(_AFTER_NETWORK) and v}
     assert "slide.rank.rerank.candidate_features" in after
     assert "slide.network.infer.hidden_batch_kernel" in after
-    assert "slide.network.row_steps.block_step" in after
+    assert "slide.network.row_steps.batch_row_steps" in after
     for name, sigs in after.items():
         assert helper.get(name, []) == sigs, name
     for name, sigs in helper.items():

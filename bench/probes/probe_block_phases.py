@@ -8,10 +8,12 @@ Without ``--data``: the ``--preset`` (xc200k: 200k labels; 30,000 points). Print
 batch for: the shared draw (beside the first layer's listing), the per-sample forward (hidden
 layers, active sets), the gather of the block's rows with the first product, the corrected
 softmax, the two backward products with the bias sums, the per-sample backward, the touched-row listing, the
-hidden layers' Adam step, the extras' row step and the block's row step; then the total and
+hidden layers' step, and the row steps of the first layer, the extras and the block (one loop;
+``--separate-steps``: three, as before); then the total and
 samples/s. ``--compare`` times the engine before this round's many-core changes (each batch's
 draw beside its listing, 4 samples a chunk, every sample's extras in its own loop), after them,
-and each change alone, in one process on the same batches, and ends with a summary table.
+and each change alone, in one process on the same batches, and ends with a summary table;
+``--compare-steps`` likewise the row steps as one loop and as three.
 """
 import argparse
 import os
@@ -40,6 +42,13 @@ def main():
                     "loops' scheduling (block.CHUNKS_PER_THREAD; 0: always CHUNK samples)")
     ap.add_argument("--extras-task", type=int, default=None, help="block.EXTRAS_TASK: extras "
                     "a task beside the products takes (a huge value: none, as before)")
+    ap.add_argument("--separate-steps", action="store_true", help="the first layer's, the "
+                    "extras' and the block's row steps as three parallel loops (before "
+                    "``SparseOptimizer.step_batch_rows`` made them one)")
+    ap.add_argument("--row-chunk", type=int, default=None, help="the most rows a thread takes "
+                    "at a time from the fused row steps (optim.ROW_CHUNK)")
+    ap.add_argument("--compare-steps", action="store_true", help="the row steps as one loop "
+                    "and as three, alternating three times each in this process, and a summary")
     ap.add_argument("--compare", action="store_true", help="time the engine before the "
                     "many-core changes, after them and each alone, one after the other in this "
                     "process (``COMPARE``), and print a summary table")
@@ -53,6 +62,11 @@ def main():
     from slide.network import extras as EX
     from slide.kernels.arrays import csr
     from threadpoolctl import threadpool_limits
+    global SEPARATE_STEPS
+    SEPARATE_STEPS = args.separate_steps
+    if args.row_chunk:
+        from slide.network import optim
+        optim.ROW_CHUNK = args.row_chunk
     BK.DRAW_AHEAD = bool(args.draw_ahead)
     if args.extras_task is not None:
         EX.EXTRAS_TASK = args.extras_task
@@ -78,8 +92,11 @@ def main():
     net.prepare(128, args.threads, int(np.diff(Y.indptr).max()))
     order = np.random.default_rng(1).permutation(X.shape[0]).astype(np.int64)
     Xc, Yc = csr(X), csr(Y)
-    configs = COMPARE if args.compare else [("as set", (BK.DRAW_AHEAD, BK.CHUNKS_PER_THREAD,
-                                                         EX.EXTRAS_TASK))]
+    as_set = (BK.DRAW_AHEAD, BK.CHUNKS_PER_THREAD, EX.EXTRAS_TASK)
+    configs = COMPARE if args.compare else [("as set", as_set)]
+    if args.compare_steps:
+        configs = [(f"row steps {kind}", as_set) for _ in range(3)
+                   for kind in ("fused", "separate")]
     n_batches = min(args.batches, X.shape[0] // 128 - args.warm_batches)
     print(f"BLAS threads {args.blas_threads}, Numba threads {args.threads} "
           f"({args.warm_batches} batches untimed first, then {n_batches} timed)")
@@ -88,6 +105,8 @@ def main():
     with threadpool_limits(args.blas_threads, user_api="blas"):
         for k, (name, (ahead, per_thread, task)) in enumerate(configs):
             BK.DRAW_AHEAD, BK.CHUNKS_PER_THREAD, EX.EXTRAS_TASK = ahead, per_thread, task
+            if args.compare_steps:
+                SEPARATE_STEPS = name.endswith("separate")
             T = _time_batches(net, opt, X, Xc, Yc, rows_of, 1000 * (k + 1), args.warm_batches)
             total = sum(T.values())
             print(f"\n{name}: draw ahead {ahead}, chunk {BK.chunk_size(128)}, extras task "
@@ -96,11 +115,14 @@ def main():
                 print(f"{key:24s} {v / n_batches * 1e3:6.2f} ms")
             print(f"{'total':24s} {total / n_batches * 1e3:6.2f} ms a batch of 128, "
                   f"{128 * n_batches / total:,.0f} samples/s ({n_batches} batches)")
-            summary.append((name, total / n_batches * 1e3, 128 * n_batches / total))
+            steps = sum(v for key, v in T.items() if "row step" in key or "rows step" in key)
+            summary.append((name, total / n_batches * 1e3, 128 * n_batches / total,
+                            steps / n_batches * 1e3))
     if len(summary) > 1:
-        print("\n| configuration | ms a batch | samples/s |\n|---|---|---|")
-        for name, ms, rate in summary:
-            print(f"| {name} | {ms:.2f} | {rate:,.0f} |")
+        print("\n| configuration | ms a batch | samples/s | of which row steps, ms |\n"
+              "|---|---|---|---|")
+        for name, ms, rate, steps in summary:
+            print(f"| {name} | {ms:.2f} | {rate:,.0f} | {steps:.2f} |")
 
 
 # --compare: the engine before the many-core changes, after them, and each change alone
@@ -112,9 +134,12 @@ COMPARE = [("before", _BEFORE), ("after", _AFTER), ("before", _BEFORE), ("after"
            ("extras tasks only", (False, 0, 64)), ("draw ahead + extras tasks", (True, 0, 64))]
 
 
+# --separate-steps: the three row steps as three loops
+SEPARATE_STEPS = False
+
+
 def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
     """Seconds of each step summed over the batches ``rows_of`` after the first ``n_warm``."""
-    from slide.kernels.arrays import Store
     from slide.network import block as BK
     from slide.network import extras as EX
     T = {}
@@ -166,18 +191,20 @@ def _time_batches(net, opt, X, Xc, Yc, rows_of, serial0, n_warm):
         nr, nbias = net.touched(X, rows, serial)
         t = tick("touched rows", t)
         opt.step(net.params, net.touched_rows, nr, nbias)
-        if net.fused_first:
-            nf = int(frows.count[0])        # listed by _draw or block_forward
-            a0, a1 = int(sc.a_off[0]), int(sc.a_off[1])
-            opt.step_first(net.W, frows, nf, X.data, blk.dels[:128, a0:a1])
-        t = tick("hidden Adam", t)
-        store = Store(net.store.h_store, net.store.d_store)
+        t = tick("hidden layers' step", t)
         nu = BK.output_entries(blk.extra[:128], blk.counts[:128, 2:3], 0,
-                               store.d_store.shape[1], net.out_rows, np.int64(serial))
-        opt.step_output(net.W, net.B, net.out_rows, nu, store)
+                               net.store.d_store.shape[1], net.out_rows, np.int64(serial))
+        first, extras, block = BK.row_step_parts(net, X.data, 128, nu, shared, serial)
+        if not SEPARATE_STEPS:
+            opt.step_batch_rows(net.W, net.B, first, extras, block)
+            tick("row steps (first layer, extras, block)", t)
+            continue
+        if first[1]:
+            opt.step_first(net.W, *first)
+        t = tick("first layer's rows step", t)
+        opt.step_output(net.W, net.B, *extras)
         t = tick("extras' rows step", t)
-        opt.step_block(net.W, net.B, shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp,
-                       serial)
+        opt.step_block(net.W, net.B, *block)
         tick("block rows step", t)
     return T
 

@@ -20,8 +20,9 @@ its random fill -- goes through per-sample loops:
     6. per sample: dH[s] += the extras' rows times their deltas (such a sample's tasks: beside
        step 5's products); back-propagate into the hidden layers (``sample.backward_from``,
        gradients added without locks)
-    7. optimizer: hidden layers' touched rows; the extras' rows by the row path
-       (``optim.output_step``); S's rows from dW_S in one pass (``optim.block_step``)
+    7. optimizer: hidden layers' touched rows; then in one parallel loop the first layer's
+       rows, the extras' rows by the row path (as ``optim.output_step``) and S's rows from
+       dW_S (as ``optim.block_step``): ``row_steps.batch_row_steps``
 
 The active sets, the correction and the loss are the per-sample path's own functions, so both
 paths optimise the same objective; they differ only in the order of float32 sums
@@ -477,23 +478,34 @@ def forward_backward(net, X, Y, rows, seed, serial):
 
 
 def update(net, X, rows, serial, optimizer):
-    """Step 7: the optimizer on every row the batch touched."""
+    """Step 7: the optimizer on every row the batch touched: the hidden layers' rows and
+    biases (``step``), then the first layer's rows, the extras' and the block's in one
+    parallel loop (``step_batch_rows``)."""
     nb = rows.shape[0]
     blk = net.block
     nr, nbias = net.touched(X, rows, serial)
     optimizer.step(net.params, net.touched_rows, nr, nbias)
-    if net.fused_first:
-        frows = net.feature_rows            # listed by draw_and_list or block_forward
-        nf = int(frows.count[0])
-        a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
-        optimizer.step_first(net.W, frows, nf, X.data, blk.dels[:nb, a0:a1])
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, net.store.d_store.shape[1],
                         net.out_rows, np.int64(serial))
-    optimizer.step_output(net.W, net.B, net.out_rows, nu, net.store)
-    shared = net.block_shared
+    optimizer.step_batch_rows(net.W, net.B, *row_step_parts(net, X.data, nb, nu,
+                                                            net.block_shared, serial))
+
+
+def row_step_parts(net, x_val, nb, n_extras, shared, serial):
+    """(first, extras, block) of ``SparseOptimizer.step_batch_rows`` after a batch of ``nb``
+    samples whose input values are ``x_val``: the first layer's rows as listed (none when the
+    layer is not fused), ``n_extras`` extras' rows (``output_entries``), the block ``shared``.
+    One place builds them, so that the warm-up compiles the types a fit uses."""
+    blk = net.block
+    # listed by draw_and_list or block_forward when the first layer is fused (none before
+    # the first batch: the warm-up)
+    frows = net.feature_rows if net.fused_first and net.feature_rows is not None \
+        else _NO_FEATURE_ROWS
+    nf = int(frows.count[0]) if frows is not _NO_FEATURE_ROWS else 0
+    a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
     ns = shared.shape[0]
-    optimizer.step_block(net.W, net.B, shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp,
-                         serial)
+    return ((frows, nf, x_val, blk.dels[:nb, a0:a1]), (net.out_rows, n_extras, net.store),
+            (shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp, serial))
 
 
 # block_forward's ``frows`` when the first layer is not fused: nothing to list

@@ -219,8 +219,11 @@ class Network:
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
             cap = int(sc.a_off[-1] - sc.a_off[-2])
+            # the batched engine's row steps index the scratch by numba.get_thread_id()
             self.out_rows = make_output_rows(self.out_stamp, lay.n_out[-1], lay.n_in[-1],
-                                             batch_size, cap, n_chunks)
+                                             batch_size, cap,
+                                             max(int(n_chunks), numba.config.NUMBA_NUM_THREADS)
+                                             if self.batched else n_chunks)
         self.losses = np.zeros(batch_size, np.float64)
         self.block = None
         self.feature_rows = None
