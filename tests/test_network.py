@@ -48,7 +48,7 @@ def test_sparse_adam_touches_only_active_rows():
     net.forward_backward(X, Y, rows, 1, 1)
     lay = net.layout
     # the batch gradient: buffered layers from GW/GB, the sampled output layer from the
-    # stored per-sample deltas and inputs (what slide.network.row_steps.output_step sums)
+    # stored per-sample deltas and inputs (what slide.network.row_steps.batch_row_steps sums)
     G = np.zeros(lay.n_weights, np.float32)
     GB = np.zeros(lay.n_biases, np.float32)
     G[:net.GW.size] = net.GW

@@ -136,7 +136,7 @@ class OutputRows(NamedTuple):
     uniq: np.ndarray         # distinct active output neurons
     row_ptr: np.ndarray      # entries of uniq[u]: ent[row_ptr[u]:row_ptr[u+1]]
     ent: np.ndarray          # flat positions s * d_cap + k of (sample, active slot) pairs
-    g_out: np.ndarray        # [n_chunks, n_in + 1] float32 gradient scratch of output_step
+    g_out: np.ndarray        # [threads, n_in + 1] float32 gradient scratch of the row steps
 
 
 class FeatureRows(NamedTuple):

@@ -286,7 +286,7 @@ def rows_backward(W, gW, gB, spec, l, in_dense, in_ids, in_vals, n_in_act, dense
     d_in = W[active]^T delta (weights as read in the forward pass: the optimizer runs only
     after the batch) and, when ``accumulate``, g[j] += delta_k * h_in, gb[j] += delta_k (racy
     adds). The output layer of a sampled network does not accumulate here: its gradient is
-    formed per row after the batch from the stored deltas (slide.network.row_steps.output_step).
+    formed per row after the batch from the stored deltas (slide.network.row_steps.batch_row_steps).
     ``d_in`` is not multiplied by the ReLU mask here; the caller does that.
     """
     w_off, b_off, n_in = spec.w_off[l], spec.b_off[l], spec.n_in[l]

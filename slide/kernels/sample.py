@@ -363,7 +363,7 @@ def backward(params, spec, sc, c, ids, n_act, x_idx, x_val, row_path, h_store, d
     """Back-propagate the output deltas of one sample, adding its gradients into GW/GB (racy,
     HOGWILD). With ``row_path`` the output layer's gradient is not accumulated: its input
     (dense form) goes to ``h_store`` and its deltas to ``d_store``, for the per-row pass after
-    the batch (``slide.network.row_steps.output_step``)."""
+    the batch (``slide.network.row_steps.batch_row_steps``)."""
     last = spec.n_layers - 1
     a_off, s_off = sc.a_off, sc.s_off
     acts = sc.acts[c]

@@ -3,7 +3,7 @@
 Layer 0's rows are the batch's input features (row length n_out[0]); later layers' rows are
 their active neurons (all of them for a dense layer). A sampled output layer (the row path)
 is not listed here: ``output_entries`` transposes its active sets into per-row entry lists
-for ``slide.network.row_steps.output_step``.
+for ``slide.network.row_steps.batch_row_steps``.
 """
 import numpy as np
 from numba import njit

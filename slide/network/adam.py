@@ -47,7 +47,7 @@ from slide.kernels.layers import FASTMATH
 
 
 OPTIMIZERS = {"adam": 0, "sgd": 1, "lazy_adam": 2}
-KIND_ADAM, KIND_SGD = 0, 1          # output_step's update rule
+KIND_ADAM, KIND_SGD = 0, 1          # the row steps' update rule
 
 
 class Moments(NamedTuple):

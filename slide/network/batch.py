@@ -107,7 +107,7 @@ def one_sample(net, x_indices, x_data, labels, serial, return_active):
     sc = net.sc
     last = lay.n_layers - 1
     if net.row_path:
-        # the output layer's gradient, as slide.network.row_steps.output_step forms it
+        # the output layer's gradient, as slide.network.row_steps.batch_row_steps forms it
         a = int(sc.s_off[last])
         n_i = int(lay.n_in[last])
         for k in range(int(sc.n_act[0, last])):

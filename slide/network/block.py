@@ -21,7 +21,7 @@ its random fill -- goes through per-sample loops:
        step 5's products); back-propagate into the hidden layers (``sample.backward_from``,
        gradients added without locks)
     7. optimizer: hidden layers' touched rows; then in one parallel loop the first layer's
-       rows, the extras' rows by the row path (as ``optim.output_step``) and S's rows from
+       rows, the extras' rows by the row path (as ``optim.step_output``) and S's rows from
        dW_S (as ``optim.block_step``): ``row_steps.batch_row_steps``
 
 The active sets, the correction and the loss are the per-sample path's own functions, so both
@@ -76,7 +76,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     a_off, s_off = sc.a_off, sc.s_off
     n_h = spec.n_in[last]
     # bundle members out before the prange: Numba's parfor lowering drops stores made through
-    # a tuple attribute inside the loop (see slide.network.row_steps.output_step)
+    # a tuple attribute inside the loop (see slide.network.row_steps.batch_row_steps)
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
                                                          blk.counts, sc.ids, sc.n_act)
     b_forced = blk.forced

@@ -56,8 +56,8 @@ class Network:
         else:
             self.W = np.zeros(lay.n_weights, np.float32)
             self.B = np.zeros(lay.n_biases, np.float32)
-        # a sampled output layer takes the per-row path (slide.network.row_steps.output_step): its
-        # gradient never lives in a buffer, so the buffers stop where the output layer starts
+        # a sampled output layer takes the per-row path (slide.network.row_steps.batch_row_steps):
+        # its gradient never lives in a buffer, so the buffers stop where the output layer starts
         self.row_path = bool(self.sparse[-1]) and L > 1
         self.GW = np.zeros(int(lay.w_off[-2]) if self.row_path else lay.n_weights, np.float32)
         self.GB = np.zeros(int(lay.b_off[-2]) if self.row_path else lay.n_biases, np.float32)
@@ -219,11 +219,10 @@ class Network:
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
             cap = int(sc.a_off[-1] - sc.a_off[-2])
-            # the batched engine's row steps index the scratch by numba.get_thread_id()
+            # the row steps index the scratch by numba.get_thread_id(): one per pool thread
             self.out_rows = make_output_rows(self.out_stamp, lay.n_out[-1], lay.n_in[-1],
                                              batch_size, cap,
-                                             max(int(n_chunks), numba.config.NUMBA_NUM_THREADS)
-                                             if self.batched else n_chunks)
+                                             max(int(n_chunks), numba.config.NUMBA_NUM_THREADS))
         self.losses = np.zeros(batch_size, np.float64)
         self.block = None
         self.feature_rows = None

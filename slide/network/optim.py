@@ -11,7 +11,8 @@ from slide.kernels.layers import zeros_touched
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
                                 adam_flush_rows, adam_ids, adam_lr, adam_rows, block_powers,
                                 discounted_rate_sum, extend_rate_sums, sgd_ids, sgd_rows)
-from slide.network.row_steps import batch_row_steps, block_step, first_layer_step, output_step
+from slide.kernels.arrays import make_feature_rows
+from slide.network.row_steps import batch_row_steps, block_step, first_layer_step
 
 # rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
 # most ROW_CHUNK, fewer where a thread would get fewer than ROW_CHUNKS_PER_THREAD chunks, at
@@ -20,6 +21,13 @@ from slide.network.row_steps import batch_row_steps, block_step, first_layer_ste
 ROW_CHUNK = 256
 ROW_CHUNKS_PER_THREAD = 8
 MIN_ROW_CHUNK = 16
+
+
+# ``step_batch_rows``'s parts when there are no such rows, typed as the batched engine's
+_NO_FIRST_ROWS = (make_feature_rows(0, 1, 1, 1), 0, np.zeros(0, np.float32),
+                  np.zeros((0, 1), np.float32))
+_NO_BLOCK_ROWS = (np.zeros(0, np.int32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32),
+                  np.zeros(0, np.int64), 0)
 
 
 def row_chunk(n_rows):
@@ -191,13 +199,10 @@ class SparseOptimizer:
                 sgd_ids(B, GB, touched.bias_ids, n_bias, self.learning_rate)
 
     def step_output(self, W, B, out_rows, n_uniq, store):
-        """The sampled output layer's fused gradient + update (call after ``step`` of the same
-        batch: it uses the same step count)."""
-        lay = self.layout
-        last = lay.n_layers - 1
-        mom, h, kind = self._output_args()
-        output_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), out_rows,
-                    n_uniq, store)
+        """The sampled output layer's fused gradient + update of its ``n_uniq`` row-path rows
+        (``batch_row_steps`` with no first-layer or block rows; call after ``step`` of the
+        same batch: it uses the same step count)."""
+        self.step_batch_rows(W, B, _NO_FIRST_ROWS, (out_rows, n_uniq, store), _NO_BLOCK_ROWS)
 
     def _output_args(self):
         """(moments with the output layer's step records, hyper, kind) of the output layer's

@@ -1,8 +1,8 @@
 """Row steps that form each row's gradient as they update it, race-free and in a fixed order:
-the sampled output layer's rows from the per-sample deltas (``output_step``), the batched
-engine's shared block from its GEMM gradient (``block_step``) and its first layer from the
-per-sample first-layer deltas (``first_layer_step``). The update itself is
-``slide.network.adam``'s; ``slide.network.optim.SparseOptimizer`` calls these.
+the sampled output layer's rows from the per-sample deltas, the batched engine's shared block
+from its GEMM gradient (``block_step``) and its first layer from the per-sample first-layer
+deltas (``first_layer_step``), all three in one parallel loop (``batch_row_steps``). The update
+itself is ``slide.network.adam``'s; ``slide.network.optim.SparseOptimizer`` calls these.
 """
 import numba
 import numpy as np
@@ -57,38 +57,6 @@ def _row_gradient(u, out_rows, store, g):
     return gb
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def output_step(W, B, mom, hyper, kind, w_off, b_off, out_rows, n_uniq, store):
-    """Gradient and update of the sampled output layer, one unique active row at a time.
-
-    Row j's gradient is formed here, race-free and in a fixed order, from the per-sample deltas
-    the batch kernel stored (``store``: h_store[s] = the layer's input for sample s, d_store
-    its deltas; ``out_rows``: the per-row entry lists of ``slide.kernels.touched``). It is
-    applied at once (Adam, kind KIND_ADAM, or SGD with step hyper.lr_t), so the output layer
-    needs no gradient buffer at all (343 MB saved at Amazon-670K) and each of its touched rows
-    is read and written once per batch. Rows are dealt to threads round-robin: the rows every
-    sample shares (labels of frequent classes, the batch's shared negatives) come first in
-    ``uniq`` and would otherwise all land on one thread. Non-empty ``mom.TW``/``mom.TB`` (the
-    layer's slices of the step records): the missed zero-gradient steps first."""
-    # bundle members are taken out before the prange: Numba 0.68's parfor lowering drops a
-    # store written directly through a tuple attribute (``mom.TW[j] = t``) inside the loop
-    MW, VW, MB, VB, TW, TB = mom
-    g_out, uniq = out_rows.g_out, out_rows.uniq
-    n_in = store.h_store.shape[1]
-    n_chunks = g_out.shape[0]
-    for c in prange(n_chunks):
-        g = g_out[c]
-        for u in range(c, n_uniq, n_chunks):
-            if u + n_chunks < n_uniq:
-                jn = uniq[u + n_chunks]
-                _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(jn) * n_in,
-                                     n_in, b_off + jn, jn)
-            j = uniq[u]
-            g[n_in] = _row_gradient(u, out_rows, store, g)
-            _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in,
-                             b_off + j, j, g[:n_in], g[n_in:], hyper, kind)
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kind):
     """One output neuron's update from its gradient: row ``W[base:base+len(g)]`` gets ``g``,
@@ -120,8 +88,8 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
 def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial):
     """The update of the output rows ``rows`` (distinct) from their batch gradient ``dW[i]``
     / ``db[i]`` (the batched engine's shared block, ``slide.network.block``): as
-    ``output_step`` does for one row, in parallel over rows; ``stamp[j] = serial`` records the
-    update for the incremental rehash."""
+    ``batch_row_steps`` does for an output row, in parallel over rows; ``stamp[j] = serial``
+    records the update for the incremental rehash."""
     MW, VW, MB, VB, TW, TB = mom
     n_in = dW.shape[1]
     n_r = rows.shape[0]
@@ -192,17 +160,30 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows, n2, store,
                     block):
-    """The batched engine's three row steps as one parallel loop (one fork and join, 57-93 us
-    at 16 threads on TBB, instead of three; a thread that finishes one kind of row takes the
-    next kind's): the first layer's rows, ``frows`` and ``first`` = (n_uniq, x_val, dels, its
-    w_off, its step records), as ``first_layer_step``; the output layer's extras' rows,
-    ``out_rows``, ``n2`` of them, ``store``, as ``output_step``; the shared block's rows,
-    ``block`` = (rows, dW, db, stamp, serial), as ``block_step``. ``mom``, ``w_off``,
-    ``b_off``: the output layer's. The three sets of rows are disjoint (the first layer's; the
-    extras lie outside S), so each row gets exactly the operations of its own step: the same
-    bits. Extras' gradient scratch: ``out_rows.g_out[thread]``. (The named tuples the loop
-    reads are arguments of their own: Numba's parfor lowering cannot rebuild one taken out of
-    a tuple.)"""
+    """The row steps as one parallel loop (the batched engine's three: one fork and join,
+    57-93 us at 16 threads on TBB, instead of three; a thread that finishes one kind of row
+    takes the next kind's):
+
+    - the first layer's rows, ``frows`` and ``first`` = (n_uniq, x_val, dels, its w_off, its
+      step records), as ``first_layer_step``;
+    - the sampled output layer's row-path rows (the per-sample engine's active rows, the
+      batched engine's extras), ``n2`` of them: row j's gradient is formed here, race-free and
+      in a fixed order, from the per-sample deltas the batch kernel stored (``store``:
+      h_store[s] = the layer's input for sample s, d_store its deltas; ``out_rows``: the
+      per-row entry lists of ``slide.kernels.touched``), and applied at once, so the output
+      layer needs no gradient buffer at all (343 MB saved at Amazon-670K) and each touched
+      row is read and written once a batch; gradient scratch ``out_rows.g_out[thread]``;
+    - the shared block's rows, ``block`` = (rows, dW, db, stamp, serial), as ``block_step``.
+
+    ``mom``, ``w_off``, ``b_off``: the output layer's; Adam (kind KIND_ADAM; non-empty step
+    records: the missed zero-gradient steps first) or SGD with step hyper.lr_t. The three
+    sets of rows are disjoint (the first layer's; the extras lie outside S), so each row gets
+    exactly the operations of its own step, in any order and any split: the same bits. Rows
+    are dealt in chunks (``optim.row_chunk``): the rows every sample shares come first in
+    ``out_rows.uniq`` and an equal range a thread would leave one thread all of them. (The
+    named tuples the loop reads are arguments of their own: Numba's parfor lowering cannot
+    rebuild one taken out of a tuple; the arrays it writes are taken out of theirs before the
+    loop, as it drops a store written through a tuple attribute inside it.)"""
     MW, VW, MB, VB, TW, TB = mom
     n1, x_val, dels, w_off1, TW1 = first
     g1 = frows.g
