@@ -8,10 +8,11 @@
 # real 133k-label set: at THREADS (default 16) and 8 threads, the probe's --compare (the
 # engine before this round's many-core changes and after them, twice each, interleaved, then
 # each change alone, in one process on the same batches), on Numba's TBB and OpenMP threading
-# layers; last, the engine beside a busy core on each layer. First the fork and join of one
-# parallel loop on each threading layer (probe_fork_join.py). Where Numba cannot load TBB, a
-# libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT, and all of them into
-# $OUT/device_phases.tar.gz.
+# layers (COMPARE=0 skips these); then at THREADS on TBB the row steps as one loop and as three
+# (--compare-steps; STEPS=0 skips it); last, the engine beside a busy core on each layer. First
+# the fork and join of one parallel loop on each threading layer (probe_fork_join.py). Where
+# Numba cannot load TBB, a libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT,
+# and all of them into $OUT/device_phases.tar.gz.
 set -u
 T=${1:-16}
 BATCHES=${2:-200}
@@ -37,6 +38,14 @@ SETS=("xc200k|")
 [ -e .carry/debcontents/train.txt ] && SETS+=("debcontents|--data .carry/debcontents/train.txt")
 for entry in "${SETS[@]}"; do
   set_name=${entry%%|*}; data=${entry#*|}
+  if [ "${STEPS:-1}" != 0 ]; then
+    log="$OUT/row_steps_${set_name}_t$T.log"
+    # shellcheck disable=SC2086
+    timeout 150 "$PY" bench/probes/probe_block_phases.py $data --threads "$T" \
+      --batches "$BATCHES" --compare-steps > "$log" 2>&1
+    echo "== $set_name, $T threads, row steps"; grep -A 8 "^| configuration" "$log"
+  fi
+  [ "${COMPARE:-1}" = 0 ] && continue
   for t in $T 8; do
     for lay in tbb omp; do
       log="$OUT/phases_${set_name}_t${t}_$lay.log"
