@@ -43,6 +43,9 @@ def add_delta_rows(W, w_off, extra, d, e0, e1, g):
     a sample's dH."""
     n_h = g.shape[0]
     for e in range(e0, e1):
+        if e + PREFETCH_AHEAD < e1:
+            # the rows were read for the logits, long enough ago to be out of the caches
+            prefetch_row(W, w_off + np.int64(extra[e + PREFETCH_AHEAD]) * n_h, n_h)
         o = w_off + np.int64(extra[e]) * n_h
         de = d[e]
         for q in range(n_h):
