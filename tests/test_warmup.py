@@ -307,7 +307,6 @@ print(json.dumps([helper, signatures()]))
 
 # the stages after the network: what the helper is to compile
 _AFTER_NETWORK = ("slide.rank.", "slide.kernels.topk.", "slide.network.infer.", "slide.metrics.",
-                  "slide.network.row_steps.block_step",
                   "slide.network.row_steps.batch_row_steps", "slide.network.adam.adam_flush_rows")
 
 

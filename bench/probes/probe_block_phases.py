@@ -43,8 +43,8 @@ def main():
     ap.add_argument("--extras-task", type=int, default=None, help="block.EXTRAS_TASK: extras "
                     "a task beside the products takes (a huge value: none, as before)")
     ap.add_argument("--separate-steps", action="store_true", help="the first layer's, the "
-                    "extras' and the block's row steps as three parallel loops (before "
-                    "``SparseOptimizer.step_batch_rows`` made them one)")
+                    "extras' and the block's row steps as three parallel loops, one kind of row "
+                    "each (the engine runs them as one, ``SparseOptimizer.step_batch_rows``)")
     ap.add_argument("--row-chunk", type=int, default=None, help="the most rows a thread takes "
                     "at a time from the fused row steps (optim.ROW_CHUNK)")
     ap.add_argument("--compare-steps", action="store_true", help="the row steps as one loop "

@@ -21,8 +21,8 @@ its random fill -- goes through per-sample loops:
        step 5's products); back-propagate into the hidden layers (``sample.backward_from``,
        gradients added without locks)
     7. optimizer: hidden layers' touched rows; then in one parallel loop the first layer's
-       rows, the extras' rows by the row path (as ``optim.step_output``) and S's rows from
-       dW_S (as ``optim.block_step``): ``row_steps.batch_row_steps``
+       rows, the extras' rows by the row path and S's rows from dW_S:
+       ``row_steps.batch_row_steps``
 
 The active sets, the correction and the loss are the per-sample path's own functions, so both
 paths optimise the same objective; they differ only in the order of float32 sums

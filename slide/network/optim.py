@@ -6,13 +6,13 @@ arithmetic and its semantics (dense Adam's trajectory at sparse cost) are docume
 import numba
 import numpy as np
 
+from slide.kernels.arrays import Store, make_feature_rows, make_output_rows
 from slide.kernels.layers import zeros_touched
 
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
                                 adam_flush_rows, adam_ids, adam_lr, adam_rows, block_powers,
                                 discounted_rate_sum, extend_rate_sums, sgd_ids, sgd_rows)
-from slide.kernels.arrays import make_feature_rows
-from slide.network.row_steps import batch_row_steps, block_step, first_layer_step
+from slide.network.row_steps import batch_row_steps, first_layer_step
 
 # rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
 # most ROW_CHUNK, fewer where a thread would get fewer than ROW_CHUNKS_PER_THREAD chunks, at
@@ -26,6 +26,8 @@ MIN_ROW_CHUNK = 16
 # ``step_batch_rows``'s parts when there are no such rows, typed as the batched engine's
 _NO_FIRST_ROWS = (make_feature_rows(0, 1, 1, 1), 0, np.zeros(0, np.float32),
                   np.zeros((0, 1), np.float32))
+_NO_EXTRA_ROWS = (make_output_rows(np.zeros(1, np.int64), 1, 1, 1, 1, 1), 0,
+                  Store(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32)))
 _NO_BLOCK_ROWS = (np.zeros(0, np.int32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32),
                   np.zeros(0, np.int64), 0)
 
@@ -216,13 +218,9 @@ class SparseOptimizer:
         return mom, self._hyper(), KIND_ADAM if self._adam else KIND_SGD
 
     def step_block(self, W, B, rows, dW, db, stamp, serial):
-        """The batched engine's shared block of the output layer (``block_step``; after
-        ``step`` of the same batch, like ``step_output``)."""
-        mom, h, kind = self._output_args()
-        lay = self.layout
-        last = lay.n_layers - 1
-        block_step(W, B, mom, h, kind, int(lay.w_off[last]), int(lay.b_off[last]), rows, dW,
-                   db, stamp, np.int64(serial))
+        """The batched engine's shared block of the output layer alone (``batch_row_steps``
+        with no first-layer or extras' rows; after ``step`` of the same batch)."""
+        self.step_batch_rows(W, B, _NO_FIRST_ROWS, _NO_EXTRA_ROWS, (rows, dW, db, stamp, serial))
 
     def step_first(self, W, frows, n_uniq, x_val, dels):
         """The batched engine's fused first-layer step (``first_layer_step``; after ``step``
@@ -238,7 +236,7 @@ class SparseOptimizer:
         after ``step`` of the same batch): the first layer's, ``first`` = (frows, n_uniq,
         x_val, dels; n_uniq 0 when the layer is not fused), as ``step_first``; the extras',
         ``extras`` = (out_rows, n_uniq, store), as ``step_output``; the block's, ``block`` =
-        (rows, dW, db, stamp, serial), as ``step_block``. Rows are dealt ``row_chunk`` at a
+        (rows, dW, db, stamp, serial). Rows are dealt ``row_chunk`` at a
         time: the three kinds differ in cost, and an equal range a thread would not balance
         (debcontents, 2 threads, same batches in one process: 2.2-2.3 ms a batch as three
         loops, 1.8-2.0 as one)."""

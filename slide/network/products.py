@@ -73,7 +73,7 @@ def _gather(xt, shared, WS, bS, a, b):
 def split_forward_product(xt, shared, WS, bS, Z, n_parts):
     """Steps 2 and 3: W_S, b_S = the rows of ``shared`` and Z = H @ WS.T (H = ``xt.H``), as
     ``n_parts`` column blocks over Numba's threads, each gathering its rows and then one
-    single-threaded BLAS call (``np.dot``: scipy's OpenBLAS, pinned to one thread by the
+    single-threaded BLAS call (``_gemm``: scipy's OpenBLAS, pinned to one thread by the
     trainer's ``blas_single_thread``), and beside them the extras' logits of ``xt``'s tasks.
     A multi-threaded BLAS beside Numba's spinning workers was 7x slower
     (``block_phases_blas_threads.log``); one single-threaded call left the other cores idle

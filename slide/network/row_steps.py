@@ -1,8 +1,9 @@
 """Row steps that form each row's gradient as they update it, race-free and in a fixed order:
 the sampled output layer's rows from the per-sample deltas, the batched engine's shared block
-from its GEMM gradient (``block_step``) and its first layer from the per-sample first-layer
-deltas (``first_layer_step``), all three in one parallel loop (``batch_row_steps``). The update
-itself is ``slide.network.adam``'s; ``slide.network.optim.SparseOptimizer`` calls these.
+from its GEMM gradient and its first layer from the per-sample first-layer deltas, all three
+in one parallel loop (``batch_row_steps``; ``first_layer_step``: the first layer's alone). The
+update itself is ``slide.network.adam``'s; ``slide.network.optim.SparseOptimizer`` calls
+these.
 """
 import numba
 import numpy as np
@@ -84,26 +85,6 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
         B[e] -= lr * gb[0]
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def block_step(W, B, mom, hyper, kind, w_off, b_off, rows, dW, db, stamp, serial):
-    """The update of the output rows ``rows`` (distinct) from their batch gradient ``dW[i]``
-    / ``db[i]`` (the batched engine's shared block, ``slide.network.block``): as
-    ``batch_row_steps`` does for an output row, in parallel over rows; ``stamp[j] = serial``
-    records the update for the incremental rehash."""
-    MW, VW, MB, VB, TW, TB = mom
-    n_in = dW.shape[1]
-    n_r = rows.shape[0]
-    for i in prange(n_r):
-        if i + 1 < n_r:
-            jn = rows[i + 1]
-            _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(jn) * n_in, n_in,
-                                 b_off + jn, jn)
-        j = rows[i]
-        stamp[j] = serial
-        _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j,
-                         j, dW[i], db[i:i + 1], hyper, kind)
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, dels, u):
     """Row u of the first layer's fused step (``first_layer_step``): its gradient from the
@@ -173,7 +154,9 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
       per-row entry lists of ``slide.kernels.touched``), and applied at once, so the output
       layer needs no gradient buffer at all (343 MB saved at Amazon-670K) and each touched
       row is read and written once a batch; gradient scratch ``out_rows.g_out[thread]``;
-    - the shared block's rows, ``block`` = (rows, dW, db, stamp, serial), as ``block_step``.
+    - the shared block's rows, ``block`` = (rows, dW, db, stamp, serial): row rows[i] from
+      its batch gradient dW[i] / db[i]; ``stamp[j] = serial`` records the update for the
+      incremental rehash.
 
     ``mom``, ``w_off``, ``b_off``: the output layer's; Adam (kind KIND_ADAM; non-empty step
     records: the missed zero-gradient steps first) or SGD with step hyper.lr_t. The three
