@@ -25,7 +25,7 @@ from numba import njit
 
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH
-from slide.kernels.negatives import corrected_logit, is_label
+from slide.kernels.negatives import corrected_logit, is_label, seek_sorted
 
 # the output losses' codes (``slide.network.network.LOSSES``)
 LOSS_SOFTMAX, LOSS_SIGMOID, LOSS_SOFTMAX_EACH = 0, 1, 2
@@ -133,8 +133,10 @@ def each_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
     w = scale / ny
     loss = 0.0
     rest = 0.0
+    cur = 0
     for k in range(n_c):
-        if is_label(labels, out[k]):
+        p, cur = seek_sorted(labels, out[k], cur)
+        if p >= 0:
             lp, sig = each_terms(saved[k] - shift)
             loss += lp
             rest += 1.0 - sig
@@ -144,9 +146,11 @@ def each_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
     for i in range(dx.shape[0]):
         dx[i] *= f
     e = 0
+    cur = 0
     for k in range(n_c):
         c = col[k]
-        if is_label(labels, out[k]):
+        p, cur = seek_sorted(labels, out[k], cur)
+        if p >= 0:
             d = np.float32(w * (each_terms(saved[k] - shift)[1] - 1.0))
             if c >= 0:
                 zs[c] = d
@@ -193,9 +197,11 @@ def _exact_logits(zs, off, bS, log_w1, col, n_c, dx, saved):
 def _drop_labels(zs, col, out, n_c, dx, labels):
     """Set the labels' entries of ``zs`` / ``dx`` to -inf (out of the non-labels' sum)."""
     e = 0
+    cur = 0
     for k in range(n_c):
         c = col[k]
-        if is_label(labels, out[k]):
+        p, cur = seek_sorted(labels, out[k], cur)
+        if p >= 0:
             if c >= 0:
                 zs[c] = -np.inf
             else:

@@ -35,6 +35,41 @@ def find_sorted(a, j):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def seek_sorted(a, j, lo):
+    """``find_sorted(a, j)`` for ids visited mostly in ascending order: (position of ``j`` in
+    the sorted distinct ids ``a`` or -1, the cursor for the next id). Every a[:lo] is below
+    the previous id; from there the search gallops forward (1, 2, 4... places, then a binary
+    search in the last gap), so a walk over a sample's sorted active ids costs about the log
+    of each gap, where a full binary search per id cost ~10 mispredicted branches (the
+    batched engine's per-sample bookkeeping at debcontents' shape: 540 ids of C, the exact
+    head among them, looked up in S and in the labels, ~13 us of a sample's ~20). An id
+    below the cursor (out of order: an LSH candidate, a random fill) takes the full search
+    and leaves the cursor. The same positions as ``find_sorted``, so the same bits."""
+    n = a.shape[0]
+    if lo > 0 and a[lo - 1] >= j:
+        return find_sorted(a, j), lo
+    if lo < n and a[lo] < j:
+        prev = lo
+        step = 1
+        cur = lo + 1
+        while cur < n and a[cur] < j:
+            prev = cur
+            step <<= 1
+            cur = prev + step
+        lo = prev + 1
+        hi = min(cur, n)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if a[mid] < j:
+                lo = mid + 1
+            else:
+                hi = mid
+    if lo < n and a[lo] == j:
+        return lo, lo
+    return -1, lo
+
+
+@njit(cache=True, nogil=True, inline="always")
 def is_label(labels, j):
     """Whether ``j`` is one of the sorted label ids of one sample."""
     return find_sorted(labels, j) >= 0

@@ -26,8 +26,8 @@ from slide.kernels.layers import (FASTMATH, first_backward, first_bias_backward,
                                   rows_forward)
 from slide.kernels.lsh.hashes import hash_dense_into, hash_sparse_into
 from slide.kernels.lsh.samplers import sample_into
-from slide.kernels.negatives import (corrected_logit, corrected_max, correction, find_sorted,
-                                     is_label)
+from slide.kernels.negatives import (corrected_logit, corrected_max, correction, is_label,
+                                     seek_sorted)
 from slide.kernels.losses import LOSS_SIGMOID, each_loss
 from slide.kernels.rng import randint
 
@@ -74,8 +74,9 @@ def _append_shared(out, n_c, shared, pos):
     runs of S between C's positions, each a slice assignment (a vectorised copy, where a walk
     testing every id against the next skipped position was scalar)."""
     n_in = 0
+    cur = 0
     for k in range(n_c):
-        p = find_sorted(shared, out[k])
+        p, cur = seek_sorted(shared, out[k], cur)
         if p >= 0:
             pos[n_in] = p
             n_in += 1

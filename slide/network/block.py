@@ -42,8 +42,7 @@ from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH
 from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
-                                     correction_kind, finish_draw, find_sorted, is_label,
-                                     sorted_union)
+                                     correction_kind, finish_draw, seek_sorted, sorted_union)
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
@@ -133,8 +132,9 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos):
     sample's output active set [C | S minus C | fill]; ``pos``: scratch for C's positions."""
     n_x = 0
     n_in = 0
+    cur = 0
     for k in range(n_c):
-        c = find_sorted(shared, out[k])
+        c, cur = seek_sorted(shared, out[k], cur)
         col[k] = c
         if c < 0:
             extra[n_x] = out[k]
@@ -256,6 +256,7 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
     lz = 0.0
     n_found = 0
     e = 0
+    cur = 0
     for k in range(n_c):
         c = col[k]
         if c >= 0:
@@ -264,7 +265,8 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
         else:
             v = dx[e]
             e += 1
-        if is_label(labels, out[k]):
+        p, cur = seek_sorted(labels, out[k], cur)
+        if p >= 0:
             lz += v
             n_found += 1
     zmax, finite = max_and_finite(zs)
@@ -287,9 +289,11 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
         dx[i] *= f
     wl = np.float32(scale / ny)
     e = 0
+    cur = 0
     for k in range(n_c):
         c = col[k]
-        if is_label(labels, out[k]):
+        p, cur = seek_sorted(labels, out[k], cur)
+        if p >= 0:
             if c >= 0:
                 zs[c] -= wl
             else:
