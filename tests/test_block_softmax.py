@@ -64,10 +64,12 @@ def _both(c, scale=0.25, each=None):
     extra = c["out"][c["col"] < 0]          # in position order, as block_forward lists them
     EX.extras_logits(c["W"], c["B"], 0, 0, c["h"], extra, c["n"] - c["n_s"], c["ranges"][5],
                      d_got)
-    row = BK._softmax_row if each is None else each_row
-    loss_got = row(z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4], c["col"],
-                   c["out"], c["n_c"], d_got[:n_x], c["labels"], np.float32(scale),
-                   np.zeros(64, np.float32))
+    args = (z_got, c["offs"][c["kind"]], c["offs"][0], c["ranges"][4], c["col"], c["out"],
+            c["n_c"], d_got[:n_x], c["labels"], np.float32(scale), np.zeros(64, np.float32))
+    if each is None:
+        loss_got = BK._softmax_row(*args, np.full(64, -7, np.int32))
+    else:
+        loss_got = each_row(*args)
     return (loss_ref, z_ref, d_ref[:n_x]), (loss_got, z_got, d_got[:n_x])
 
 

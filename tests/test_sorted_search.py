@@ -39,3 +39,46 @@ def test_seek_sorted_hits_both_ends_and_repeats():
     full, seek = _both(a, q)
     np.testing.assert_array_equal(seek, full)
     assert seek.tolist() == [0, 0, 6, 6, -1, 4, 5, -1, -1, 1]
+
+
+def _reference_layout(C, S, cap):
+    """[C | S minus C (in S's order, up to cap)], C's positions in S, each id's column in S."""
+    rest = [v for v in S if v not in set(C)]
+    out = list(C) + rest[:max(0, cap - len(C))]
+    where = {v: i for i, v in enumerate(S)}
+    return out, sorted(where[v] for v in C if v in where), [where.get(v, -1) for v in out]
+
+
+@pytest.mark.parametrize("ascending", [True, False])
+def test_shared_block_layout_and_columns_match_a_plain_reference(ascending):
+    """``sample._append_shared`` (one merge when C ascends, a search per id otherwise) and
+    ``block._active_columns`` (C's positions taken from what the former left, each checked)
+    give the layout and columns of a plain set computation, whatever stale positions the
+    scratch held before."""
+    from slide.kernels.sample import _append_shared
+    from slide.network.block import _active_columns
+
+    @njit(cache=True)
+    def layout(out, n_c, S, col, extra, pos):
+        n = _append_shared(out, n_c, S, pos)
+        n_x = _active_columns(out[:n], n_c, n, S, col, extra, pos)
+        return n, n_x
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        S = np.sort(rng.choice(400, rng.integers(1, 60), replace=False)).astype(np.int64)
+        C = rng.choice(400, rng.integers(0, 30), replace=False).astype(np.int64)
+        if ascending:
+            C = np.sort(C)
+        cap = int(len(C) + rng.integers(0, len(S) + 1))
+        out = np.zeros(cap + 1, np.int64)
+        out[:len(C)] = C
+        col = np.zeros(cap + 1, np.int32)
+        extra = np.zeros(cap + 1, np.int32)
+        pos = rng.integers(-5, 500, 64).astype(np.int32)      # stale scratch
+        n, n_x = layout(out[:cap], len(C), S, col, extra, pos)
+        want_out, want_pos, want_col = _reference_layout(C.tolist(), S.tolist(), cap)
+        assert out[:n].tolist() == want_out
+        assert col[:n].tolist() == want_col
+        assert extra[:n_x].tolist() == [v for v, c in zip(want_out, want_col) if c < 0]
+        assert sorted(pos[:len(want_pos)].tolist()) == want_pos

@@ -129,22 +129,43 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
 def _active_columns(out, n_c, n_s, shared, col, extra, pos):
     """col[k] = the column in ``shared`` of the active id out[k] (-1: none), and the extras
     (the ids outside S, in position order) into ``extra``; returns their number. ``out``: a
-    sample's output active set [C | S minus C | fill]; ``pos``: scratch for C's positions."""
+    sample's output active set [C | S minus C | fill]; ``pos``: the sorted positions in S of
+    C's ids that ``sample._append_shared`` left there for this active set. C's ids come in
+    ascending order (its labels and exact head, a sorted union), so the ones in S take those
+    positions in turn, each checked against S; an id that does not match is looked up (an
+    extra, or an LSH candidate out of order: then the positions are collected again). The
+    same columns as a lookup of every id, without ~540 searches a sample at the defaults."""
     n_x = 0
     n_in = 0
     cur = 0
+    ns = shared.shape[0]
+    looked_up = False
+    last = -1
     for k in range(n_c):
-        c, cur = seek_sorted(shared, out[k], cur)
+        j = out[k]
+        p = pos[n_in] if n_in < pos.shape[0] else -1
+        # a match is a fact whatever ``pos`` holds (S's ids are distinct); ascending, so the
+        # matched positions stay a sorted list for the runs below
+        if last < p < ns and shared[p] == j:
+            c = p
+            last = p
+            n_in += 1
+        else:
+            c, cur = seek_sorted(shared, j, cur)
+            looked_up |= c >= 0
         col[k] = c
         if c < 0:
-            extra[n_x] = out[k]
+            extra[n_x] = j
             n_x += 1
-        else:
-            pos[n_in] = c
-            n_in += 1
+    if looked_up:
+        n_in = 0
+        for k in range(n_c):
+            if col[k] >= 0:
+                pos[n_in] = col[k]
+                n_in += 1
+        sort_small(pos, n_in)
     # S minus C comes in S's order: its columns are S's positions without C's, filled run by
     # run between C's sorted positions (no search, no per-id test)
-    sort_small(pos, n_in)
     k = n_c
     lo = 0
     for q in range(n_in + 1):
@@ -178,7 +199,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
     s_lo = sc.s_off[last]
     use_corr = correct and spec.loss_code != LOSS_SIGMOID
     counts, b_col, b_extra, sc_ids, sc_n_act = blk.counts, blk.col, blk.extra, sc.ids, sc.n_act
-    zbuf = blk.zbuf
+    zbuf, b_forced = blk.zbuf, blk.forced
     Yp, Yi = Y.ptr, Y.ind
     H, d_store, x_ptr = xt.H, xt.d, xt.ptr
     ns = Z.shape[1]
@@ -202,7 +223,9 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
             if each is not None:
                 losses[s] = each_row(*args)
             else:
-                losses[s] = _softmax_row(*args)
+                losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out,
+                                         n_c, d_store[s, :n_x], labels, scale, zbuf[t],
+                                         b_forced[t])
         else:
             losses[s] = _loss_by_positions(params, w_off, b_off, H[s], Z[s], offs[0], out,
                                            b_col[s], labels, spec.loss_code, scale,
@@ -236,7 +259,7 @@ def _loss_by_positions(params, w_off, b_off, h, zs, bS, out, col, labels, loss_c
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
+def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved, slots):
     """The corrected softmax of one sample whose active set holds all of S: ``zs`` (its row
     of H W_S^T) and ``dx`` (its extras' corrected logits) become its deltas, scale * (p - y);
     returns its loss.
@@ -244,7 +267,9 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
     S's columns get ``off`` (bias + the column's offset) and ``log_w1``, except those in C
     (the sample's labels and LSH ids: computed exactly, logit + bias, kept aside in ``saved``
     meanwhile); then one shift, one exp pass over the row (``expsum``: vectorised) and one
-    scaling pass, where the per-sample path walks the active positions with a libm exp."""
+    scaling pass, where the per-sample path walks the active positions with a libm exp. The
+    labels' places (a column, or an extra) are kept in the int scratch ``slots`` (room for
+    C) on the first walk over C, so that y's pass visits the labels alone."""
     ny = labels.shape[0]
     if ny == 0:
         # no target distribution: the sample contributes nothing
@@ -268,6 +293,8 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
         p, cur = seek_sorted(labels, out[k], cur)
         if p >= 0:
             lz += v
+            # where its delta goes: its column, or -(1 + its place among the extras)
+            slots[n_found] = c if c >= 0 else -e
             n_found += 1
     zmax, finite = max_and_finite(zs)
     xmax, xbad = max_or_nan(dx)
@@ -288,18 +315,12 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved):
     for i in range(dx.shape[0]):
         dx[i] *= f
     wl = np.float32(scale / ny)
-    e = 0
-    cur = 0
-    for k in range(n_c):
-        c = col[k]
-        p, cur = seek_sorted(labels, out[k], cur)
-        if p >= 0:
-            if c >= 0:
-                zs[c] -= wl
-            else:
-                dx[e] -= wl
-        if c < 0:
-            e += 1
+    for q in range(n_found):
+        c = slots[q]
+        if c >= 0:
+            zs[c] -= wl
+        else:
+            dx[-1 - c] -= wl
     w = 1.0 / ny
     return -w * (lz - n_found * zmax) + w * n_found * math.log(ssum)
 
