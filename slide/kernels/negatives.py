@@ -40,11 +40,11 @@ def seek_sorted(a, j, lo):
     the sorted distinct ids ``a`` or -1, the cursor for the next id). Every a[:lo] is below
     the previous id; from there the search gallops forward (1, 2, 4... places, then a binary
     search in the last gap), so a walk over a sample's sorted active ids costs about the log
-    of each gap, where a full binary search per id cost ~10 mispredicted branches (the
-    batched engine's per-sample bookkeeping at debcontents' shape: 540 ids of C, the exact
-    head among them, looked up in S and in the labels, ~13 us of a sample's ~20). An id
-    below the cursor (out of order: an LSH candidate, a random fill) takes the full search
-    and leaves the cursor. The same positions as ``find_sorted``, so the same bits."""
+    of each gap, where a full binary search per id cost ~10-13 mispredicted branches (C's
+    ids, a sample's labels, are looked up in S and among the labels: a debcontents row holds
+    up to 9,076 of them). An id below the cursor (out of order: an LSH candidate, a random
+    fill) takes the full search and leaves the cursor. The same positions as
+    ``find_sorted``, so the same bits."""
     n = a.shape[0]
     if lo > 0 and a[lo - 1] >= j:
         return find_sorted(a, j), lo

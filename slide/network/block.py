@@ -131,10 +131,11 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos):
     (the ids outside S, in position order) into ``extra``; returns their number. ``out``: a
     sample's output active set [C | S minus C | fill]; ``pos``: the sorted positions in S of
     C's ids that ``sample._append_shared`` left there for this active set. C's ids come in
-    ascending order (its labels and exact head, a sorted union), so the ones in S take those
-    positions in turn, each checked against S; an id that does not match is looked up (an
-    extra, or an LSH candidate out of order: then the positions are collected again). The
-    same columns as a lookup of every id, without ~540 searches a sample at the defaults."""
+    ascending order (the sample's sorted labels; an oracle block's exact ids join them by a
+    sorted union), so the ones in S take those positions in turn, each checked against S; an
+    id that does not match is looked up (an extra, or an LSH candidate out of order: then the
+    positions are collected again). The same columns as a lookup of every id, without a
+    search per id of C."""
     n_x = 0
     n_in = 0
     cur = 0
