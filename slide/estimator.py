@@ -12,13 +12,9 @@ import time
 
 import numpy as np
 
-try:  # scikit-learn is a dependency; BaseEstimator gives get_params/set_params/clone/repr
-    from sklearn.base import BaseEstimator, ClassifierMixin
-except ImportError:  # pragma: no cover
-    BaseEstimator = object
-    ClassifierMixin = object
-
 import numba
+# BaseEstimator gives get_params / set_params / clone / repr
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError
 
 from slide import labels as labels_mod
@@ -73,13 +69,10 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         near neighbours); sharing them keeps the rows a batch touches -- the sparse
         optimizer's cost -- small.
     exact_head : float in [0, 1)
-        The share of ``shared_negatives`` given to the most frequent labels: they are in every
-        batch's block, computed exactly (no importance weight), and the other shared
-        negatives are drawn by frequency from the remaining labels. The head holds much of
-        the softmax's mass, and drawing it put most of the variance into the normaliser's
-        estimate (``bench/results/lsh_block_debcontents.md``: with half of a 1,024 block
-        exact, P@1 0.356 against 0.338 for 2,048 draws on the 133k-label real set; equal on
-        the 26k-label one, ``lsh_block_debdeps.md``). Needs ``negative_power`` > 0.
+        The share of ``shared_negatives`` given to the most frequent labels: in every batch's
+        block, computed exactly (no importance weight); the others are drawn by frequency
+        from the remaining labels (``bench/results/lsh_block_debcontents.md``: half of a 1,024
+        block exact, P@1 0.356 against 0.338 for 2,048 draws). Needs ``negative_power`` > 0.
     sampling_correction : bool
         Softmax only: add log(U / |R|) to the logits of the |R| uniform random negatives,
         which stand for the U output neurons neither forced nor LSH-selected (the logQ
@@ -111,6 +104,10 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     warmup_batches : int
         Batches of linear warm-up (0: none).
     batch_size : minibatch size.
+    max_row_labels : int
+        The network trains each row on at most this many of its labels, another random subset
+        each epoch (``slide.data.cap_row_labels``); the vote, the linear classifiers and the
+        re-ranker keep every label. 0: every label.
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
         training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
@@ -161,8 +158,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                  sparse_layers=None, loss="softmax",
                  optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
                  beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 batch_size=128, epochs="auto", rehash_period=50, rebuild_period=500,
-                 rehash_decay=0.02, n_threads=None, random_state=None, verbose=0,
+                 batch_size=128, max_row_labels=256, epochs="auto", rehash_period=50,
+                 rebuild_period=500, rehash_decay=0.02, n_threads=None, random_state=None,
+                 verbose=0,
                  time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True,
                  engine="batched"):
         self.hidden_sizes = hidden_sizes
@@ -191,6 +189,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self.beta2 = beta2
         self.epsilon = epsilon
         self.batch_size = batch_size
+        self.max_row_labels = max_row_labels
         self.epochs = epochs
         self.rehash_period = rehash_period
         self.rebuild_period = rebuild_period
