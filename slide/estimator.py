@@ -19,6 +19,7 @@ from sklearn.exceptions import NotFittedError
 
 from slide import labels as labels_mod
 from slide import params as params_mod, warmup
+from slide.data import cap_row_labels
 from slide.kernels.lsh.hashes import check_hash_config
 from slide.kernels.negatives import head_size
 from slide.kernels.lsh.serving import default_prior
@@ -105,9 +106,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         Batches of linear warm-up (0: none).
     batch_size : minibatch size.
     max_row_labels : int
-        The network trains each row on at most this many of its labels, another random subset
-        each epoch (``slide.data.cap_row_labels``); the vote, the linear classifiers and the
-        re-ranker keep every label. 0: every label.
+        ``fit`` trains every stage on at most this many labels of a row, a random subset
+        drawn once with the seed (``slide.data.cap_row_labels``). 0: every label.
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
         training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
@@ -324,6 +324,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
             labels_mod.set_classes(self, names)
+        Y = cap_row_labels(Y, self.max_row_labels, self.seed_)     # every stage's labels
         if eval_set is not None:
             eval_set = self._check_eval_set(eval_set, X, Y)
         split = self._rerank_split(X.shape[0], Y.shape[1])
@@ -337,8 +338,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
             self._build_memory(X, Y, split)     # X, Y checked above: no second copy of them
             self.train_seconds_ += time.perf_counter() - t0
 
-    # rows held out for the re-ranker at least (a private knob: the warm-up's tiny fit lowers
-    # it to compile the re-ranker's kernels)
+    # rows held out for the re-ranker at least (private: the warm-up's tiny fit lowers it)
     _rerank_min_holdout = None
 
     def _n_held(self, n_rows, n_labels):
@@ -433,6 +433,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         if not fitted:
             self._build(X.shape[1], Y.shape[1], hs, sparse)
             labels_mod.set_classes(self, names)
+        Y = cap_row_labels(Y, self.max_row_labels, self.seed_)
         self.compile_seconds_ = compile_seconds
         self.batch_in_epoch_ = 0
         self._train(X, Y, self.epoch_ + 1, None, None)

@@ -188,11 +188,10 @@ TABLE = (
        "order)", choices=("batched", "per_sample")),
     _p("batch_size", "train.batch_size", "int", 128, "samples per batch (below 2**20: the "
        "per-batch stamps of the active sets)", ge=1, le=2**20 - 1),
-    _p("max_row_labels", "train.max_row_labels", "int", 256, "the network trains each row on "
-       "at most this many of its labels, another random subset each epoch (a row's labels "
-       "share its softmax target, so rows of thousands of labels dominated the steps; the "
-       "vote, linear classifiers and re-ranker keep every label; bench/results/"
-       "label_cap_*); 0: every label", ge=0),
+    _p("max_row_labels", "train.max_row_labels", "int", 256, "fit trains every stage on at "
+       "most this many labels of a row, a random subset drawn once with the seed (a few rows "
+       "of thousands of labels weighed on the softmax, the label prior, the vote and the "
+       "linear classifiers: bench/results/label_cap_*); 0: every label", ge=0),
     _p("time_budget", None, "float_or_none", None, "training seconds (train_seconds_) after "
        "which fit stops, its learning-rate schedule planned to end there: the decay follows "
        "the clock or the batch count, whichever is further along; epochs stays the cap. "

@@ -49,8 +49,8 @@ def test_a_checkpoint_written_before_the_split_loads_and_resumes_exactly(tiny):
 
 @pytest.mark.parametrize("loss,cap", [("softmax", 256), ("softmax_each", 256), ("softmax", 1)])
 def test_a_checkpoint_of_todays_code_resumes_exactly(tiny, tmp_path, loss, cap):
-    """Also with every row's labels capped (cap 1: each epoch's draw of them must come back
-    the same after a resume mid-epoch)."""
+    """Also with every row's labels capped (cap 1: the resumed fit must cut them as the
+    first did)."""
     Xtr, Ytr, Xte, _ = tiny
     params = dict(V1_PARAMS, loss=loss, max_row_labels=cap)
     part = SlideClassifier(**params).fit(Xtr, Ytr, callback=lambda m, info: info["batch"] >= 30)

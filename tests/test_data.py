@@ -478,23 +478,23 @@ def test_take_rows_is_row_indexing_without_casting_the_whole_matrix():
         np.testing.assert_array_equal(slice_rows(A, lo, hi).toarray(), A.toarray()[lo:hi])
 
 
-def test_cap_row_labels_cuts_only_long_rows_to_a_subset_drawn_per_epoch():
+def test_cap_row_labels_cuts_only_long_rows_to_a_seeded_subset():
     rng = np.random.default_rng(0)
     lengths = [0, 1, 3, 4, 9, 30, 4]
     rows = [np.sort(rng.choice(50, n, replace=False)) for n in lengths]
     Y = sp.csr_matrix((np.ones(sum(lengths), np.float32),
                        (np.repeat(np.arange(len(lengths)), lengths), np.concatenate(rows))),
                       shape=(len(lengths), 50))
-    assert D.cap_row_labels(Y, 0, 1, 0) is Y            # no cap
-    assert D.cap_row_labels(Y, 30, 1, 0) is Y           # no row exceeds it
-    a, b, other = (D.cap_row_labels(Y, 4, 1, 0), D.cap_row_labels(Y, 4, 1, 0),
-                   D.cap_row_labels(Y, 4, 1, 1))
+    assert D.cap_row_labels(Y, 0, 1) is Y               # no cap
+    assert D.cap_row_labels(Y, 30, 1) is Y              # no row exceeds it
+    a, b, other = (D.cap_row_labels(Y, 4, 1), D.cap_row_labels(Y, 4, 1),
+                   D.cap_row_labels(Y, 4, 2))
     np.testing.assert_array_equal(np.diff(a.indptr), np.minimum(lengths, 4))
     for r, full in enumerate(rows):
         got = a.indices[a.indptr[r]:a.indptr[r + 1]]
         assert np.all(np.diff(got) > 0) and np.isin(got, full).all()
         if lengths[r] <= 4:
             np.testing.assert_array_equal(got, full)
-    assert (a != b).nnz == 0                            # deterministic for (seed, epoch)
-    assert (a != other).nnz > 0                         # another subset the next epoch
+    assert (a != b).nnz == 0                            # deterministic for the seed
+    assert (a != other).nnz > 0                         # another subset for another seed
     assert Y.getnnz() == sum(lengths)                   # the input is left alone

@@ -325,28 +325,26 @@ def iterate_minibatches(n_rows, batch_size, seed, epoch=0, start_batch=0):
 _CAP_STREAM = 0x6361
 
 
-def cap_row_labels(Y, cap, seed, epoch):
+def cap_row_labels(Y, cap, seed):
     """``Y`` (CSR, sorted indices) with every row of more than ``cap`` labels cut to ``cap`` of
-    them, drawn uniformly without replacement from ``np.random.default_rng([seed, epoch,
-    _CAP_STREAM])`` (deterministic for ``(seed, epoch)``, another subset each epoch), kept
-    in sorted order; ``Y`` itself when no row exceeds ``cap`` or ``cap`` is 0. The network's
-    loss gives each of a row's labels 1/|y| of the row's target, so a row of thousands of
-    labels (debcontents' longest hold up to 9,076, and the rows of over 1,000 labels hold
-    37 % of its label occurrences) pushes thousands of output rows a step: capped at 256
-    or 64, P@1 rose by over a point and training took 15-30 % less
-    (bench/results/label_cap_debcontents_*.log)."""
+    them, drawn uniformly without replacement from ``np.random.default_rng([seed,
+    _CAP_STREAM])`` (deterministic for ``seed``) and kept in sorted order; ``Y`` itself when
+    no row exceeds ``cap`` or ``cap`` is 0. Why (``SlideClassifier(max_row_labels=...)``):
+    a row's labels share its softmax target and each counts once in the label prior, the
+    frequency draws, the neighbour vote and the linear classifiers, so a few rows of
+    thousands of labels (debcontents' longest hold 9,076; its rows of over 1,000 labels hold
+    37 % of its label occurrences) weighed on all of them; cut to 256, P@1 rose by a point
+    and fit took 12 % less (bench/results/label_cap_debcontents_*.log)."""
     cap = int(cap)
     lengths = np.diff(Y.indptr)
     long_rows = np.flatnonzero(lengths > cap) if cap > 0 else lengths[:0]
     if long_rows.shape[0] == 0:
         return Y
-    rng = np.random.default_rng([int(seed), int(epoch), _CAP_STREAM])
+    rng = np.random.default_rng([int(seed), _CAP_STREAM])
     keep = np.ones(Y.indices.shape[0], bool)
     for r in long_rows:
         lo, n = int(Y.indptr[r]), int(lengths[r])
-        drop = rng.choice(n, n - cap, replace=False)
-        keep[lo + drop] = False
-    new_lengths = np.minimum(lengths, cap)
+        keep[lo + rng.choice(n, n - cap, replace=False)] = False
     indptr = np.zeros(Y.shape[0] + 1, Y.indptr.dtype)
-    np.cumsum(new_lengths, out=indptr[1:])
+    np.cumsum(np.minimum(lengths, cap), out=indptr[1:])
     return sp.csr_matrix((Y.data[keep], Y.indices[keep], indptr), shape=Y.shape)

@@ -14,7 +14,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from slide import defaults
-from slide.data import cap_row_labels, iterate_minibatches
+from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
 
 
@@ -218,13 +218,9 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
-    cap = int(getattr(model, "max_row_labels", 0) or 0)
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_
         t_epoch = time.perf_counter()
-        # the network's labels this epoch: long rows cut to a subset of their own (the
-        # label counts above, the vote and the re-ranker keep every label)
-        Y_epoch = cap_row_labels(Y, cap, model.seed_, epoch)
         for batch in iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_):
             batch_rows = batch if rows is None else rows[batch]
             if budget and model.train_seconds_ >= budget:
@@ -239,7 +235,7 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
             lr = scheduled_learning_rate(
                 float(model.learning_rate), model.lr_schedule, model.warmup_batches, serial,
                 total_batches, model.train_seconds_ / budget if budget else 0.0)
-            done = steps.step(X, Y_epoch, batch_rows, serial, lr, n_threads)
+            done = steps.step(X, Y, batch_rows, serial, lr, n_threads)
             if done is None:
                 break           # back at an earlier position: go on from there
             loss, act, extra = done
