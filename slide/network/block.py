@@ -270,7 +270,8 @@ def _softmax_row(zs, off, bS, log_w1, col, out, n_c, dx, labels, scale, saved, s
     meanwhile); then one shift, one exp pass over the row (``expsum``: vectorised) and one
     scaling pass, where the per-sample path walks the active positions with a libm exp. The
     labels' places (a column, or an extra) are kept in the int scratch ``slots`` (room for
-    C) on the first walk over C, so that y's pass visits the labels alone."""
+    the sample's labels: ``blk.forced[t]``) on the first walk over C, so that y's pass visits
+    the labels alone."""
     ny = labels.shape[0]
     if ny == 0:
         # no target distribution: the sample contributes nothing
