@@ -38,7 +38,7 @@ from slide.network.block import row_step_parts
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
-from slide.rank.rerank import candidate_features
+from slide.rank.candidates import candidate_features
 
 
 # configurations already warmed in this process: key -> seconds the warm-up took

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import slide
-from slide.rank import centroids, rerank
+from slide.rank import candidates, centroids, rerank
 from tests.test_rerank import SMALL, keyword_data
 
 
@@ -99,7 +99,7 @@ def test_retrieved_labels_join_the_candidates_once(tiny_fit):
         extra = [j for j in retrieved[r] if j >= 0 and j not in set(b_ids.tolist())]
         assert g_ids[b_ids.shape[0]:].tolist() == list(dict.fromkeys(extra))
         F_new = got[3][got[0][r] + base[1][r]:got[0][r] + got[1][r]]
-        assert np.all(F_new[:, rerank.VOTE] == 0) and np.all(F_new[:, rerank.NETWORK_RANK] == 1)
+        assert np.all(F_new[:, candidates.VOTE] == 0) and np.all(F_new[:, candidates.NETWORK_RANK] == 1)
         n_new += len(extra)
     assert n_new > 0
 

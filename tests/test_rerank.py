@@ -10,9 +10,11 @@ import slide
 from slide import warmup
 from slide.persist import checkpoint
 from slide.rank import rerank
+from slide.rank import words as words_mod
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest
 from slide.rank.vote import POWER, NeighbourMemory
+from slide.rank.words import POWER as WORD_POWER, WordIndex
 
 SMALL = dict(hidden_sizes=(32,), batch_size=64, learning_rate=1e-2, n_threads=1,
              random_state=0)
@@ -130,8 +132,9 @@ def _reference_head(head, x, j):
 
 
 def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=None,
-                        head=None):
-    """One row's candidates and features, written out with dicts (the probe's form)."""
+                        head=None, word_nb=None):
+    """One row's candidates and features, written out with dicts (the probe's form);
+    ``word_nb``: the row's word neighbours (ids, similarities; tested in test_words.py)."""
     Wo, bo = net.output_view()
     z = Wo.astype(np.float64) @ h.astype(np.float64) + bo
     lse = np.log(np.exp(z - z.max()).sum()) + z.max()
@@ -151,6 +154,14 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=
             d["count"] = d.get("count", 0) + 1
             d["best"] = max(d.get("best", 0.0), s[near[t]])
             d["first"] = min(d.get("first", k), t)
+    if word_nb is not None:
+        wn, ws = word_nb
+        ww = np.maximum(ws[wn >= 0], 0.0).astype(np.float64) ** WORD_POWER
+        ww = ww / (ww.sum() or 1.0)
+        for t, i in enumerate(wn[wn >= 0]):
+            for j in memory.label_ids[memory.label_indptr[i]:memory.label_indptr[i + 1]]:
+                d = cand.setdefault(int(j), {})
+                d["word"] = d.get("word", 0) + ww[t]
     counts = np.bincount(memory.label_ids, minlength=memory.n_labels)
     ptr, ids, vals = centroids
     xd = x.toarray().ravel()
@@ -164,7 +175,7 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=
                   / rerank.N_TOP, np.log1p(counts[j]), s[near[0]],
                   xd @ c / np.linalg.norm(xd),
                   0.0 if linear is None else _reference_linear(linear, x, j),
-                  0.0 if head is None else _reference_head(head, x, j)]
+                  0.0 if head is None else _reference_head(head, x, j), d.get("word", 0.0)]
     return out
 
 
@@ -189,12 +200,16 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
     weights = rng.normal(size=(int(kept.sum()), labels.shape[0])).astype(np.float32)
     head = HeadClassifiers(labels, OneVsRest(weights, slot, rng.normal(size=labels.shape[0])),
                            Ytr.shape[1])
-    for lin, hd in ((None, None), (linear, None), (linear, head)):
+    words = WordIndex.build(Xtr)
+    near, sims = words.nearest(X)
+    for lin, hd, wd in ((None, None, None), (linear, None, None), (linear, head, None),
+                        (None, None, words), (linear, head, words)):
         ptr, counts, ids, F = rerank.features(net.output_layer(), X, H, memory, k, cen, n_top,
-                                             linear=lin, head=hd)
+                                             linear=lin, head=hd, words=wd)
         for r in range(X.shape[0]):
             ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top,
-                                      loss == "sigmoid", lin, hd)
+                                      loss == "sigmoid", lin, hd,
+                                      None if wd is None else (near[r], sims[r]))
             got = {int(j): F[ptr[r] + u]
                    for u, j in enumerate(ids[ptr[r]:ptr[r] + counts[r]])}
             assert set(got) == set(ref)
@@ -235,8 +250,10 @@ def test_fit_trains_the_network_on_the_rest_and_ranks_by_the_reranker(data, mode
     # the order is the re-ranker's decision values over each row's candidates
     ptr, counts, cid, F = rerank.features(net.output_layer(), Xte, net.hidden(Xte), rank.memory,
                                           rank.reranker.k_nn, rank.reranker.centroids, 10,
-                                          linear=rank.reranker.linear)
+                                          linear=rank.reranker.linear,
+                                          words=rank.reranker.words)
     assert rank.reranker.linear is not None and np.any(F[:, rerank.LINEAR_SCORE] != 0)
+    assert rank.reranker.words is not None and np.any(F[:, rerank.WORD_VOTE] != 0)
     s = rank.reranker.score(F)
     for r in range(0, Xte.shape[0], 37):
         c = cid[ptr[r]:ptr[r] + counts[r]]
@@ -272,7 +289,8 @@ def test_a_rows_first_labels_do_not_depend_on_k(data, model):
     net, rank = model.network_, model.rank_
     ptr, counts, cid, _ = rerank.features(net.output_layer(), Xte, net.hidden(Xte), rank.memory,
                                           rank.reranker.k_nn, rank.reranker.centroids, 10,
-                                          linear=rank.reranker.linear)
+                                          linear=rank.reranker.linear,
+                                          words=rank.reranker.words)
     assert np.array_equal((prob > 0).sum(axis=1), counts)
     Z = net.output_layer().logits(net.hidden(Xte))
     for r in range(0, Xte.shape[0], 53):
@@ -363,7 +381,8 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
     write = rewrite_checkpoint
     with pytest.raises(checkpoint.CheckpointError, match="re-ranker arrays"):
         slide.load(write("a.slide", dict(meta, reranker=None), arrays))
-    with pytest.raises(checkpoint.CheckpointError, match="re-ranker: coef must be 77"):
+    # one-vs-rest classifiers, no head, the word vote: 12 features, 90 terms
+    with pytest.raises(checkpoint.CheckpointError, match="re-ranker: coef must be 90"):
         slide.load(write("b.slide", meta, dict(arrays, rr_coef=arrays["rr_coef"][:10])))
     ids = arrays["rr_cen_ids"].copy()
     ids[0] = 10_000
@@ -373,8 +392,19 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
     coef[3] = np.inf
     with pytest.raises(checkpoint.CheckpointError, match="finite"):
         slide.load(write("d.slide", meta, dict(arrays, rr_coef=coef)))
-    # the one-vs-rest classifiers (the tiny set's labels are few)
-    assert meta["reranker"]["format"] == 3
+    # the one-vs-rest classifiers (the tiny set's labels are few) and the word index
+    assert meta["reranker"]["format"] == 5
+    rows = arrays["rr_words_rows"].copy()
+    rows[0] = meta["reranker"]["words_n_rows"]
+    columns = arrays["rr_columns"].copy()
+    columns[-1] = rerank.HEAD_SCORE
+    for broken, match in (({"rr_words_rows": rows}, "row ids outside"),
+                          ({"rr_words_ptr": arrays["rr_words_ptr"][:-1]}, "feature count"),
+                          ({"rr_words_vals": arrays["rr_words_vals"].astype(np.float64)},
+                           "finite float32"),
+                          ({"rr_columns": columns}, "ending with word_vote")):
+        with pytest.raises(checkpoint.CheckpointError, match=match):
+            slide.load(write("w.slide", meta, dict(arrays, **broken)))
     slot = arrays["rr_ovr_slot"].copy()
     slot[slot.argmax()] = arrays["rr_ovr_weights"].shape[0]
     for broken, match in (({"rr_lin_bias": arrays["rr_lin_bias"][:-1]}, "bias per label"),
@@ -396,10 +426,19 @@ def test_checkpoint_with_a_broken_reranker_is_refused(model, tmp_path, rewrite_c
 @pytest.fixture(scope="module")
 def hashed_model(data):
     """The defaults' model with the hashed hard-negative classifiers (one-vs-rest made
-    unaffordable)."""
+    unaffordable) and without the word vote: a format-2 re-ranker."""
     from slide.rank import linear as label_linear
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(label_linear, "MAX_OVR_WORK", 0)
+        mp.setattr(words_mod, "K", 0)
+        return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
+
+
+@pytest.fixture(scope="module")
+def ovr_model(data):
+    """The defaults' model without the word vote: a format-3 re-ranker."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(words_mod, "K", 0)
         return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
 
 
@@ -425,9 +464,10 @@ def test_checkpoint_keeps_the_hashed_classifiers_and_refuses_broken_ones(
 
 
 def test_a_format_1_reranker_loads_and_ranks_without_the_linear_score(
-        data, model, tmp_path, rewrite_checkpoint):
+        data, ovr_model, tmp_path, rewrite_checkpoint):
     # format 1 (written before the linear classifiers): ten features, 65 weights
     _, _, Xte, _ = data
+    model = ovr_model
     model.save(tmp_path / "m.slide")
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
     n = rerank.FORMAT_FEATURES[meta["reranker"]["format"]]    # 11: linear_score last
@@ -470,7 +510,7 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     m._checked_params()
     assert m._warm_up() > 0.0
     before = warmup.kernel_signatures()
-    for kernel in ("rank.rerank.candidate_features", "rank.linear.ovr_epoch",
+    for kernel in ("rank.candidates.candidate_features", "rank.linear.ovr_epoch",
                    "rank.linear.score_ovr", "rank.linear.train_epoch",
                    "rank.linear.score_candidates", "rank.linear._strongest_entries",
                    "rank.logistic._expanded_scores", "kernels.topk.logits_into"):
@@ -677,7 +717,7 @@ def head_model(data):
         return slide.SlideClassifier(epochs=2, **SMALL).fit(*data[:2])
 
 
-def test_the_head_score_is_a_twelfth_feature_and_survives_a_checkpoint(
+def test_the_head_score_and_word_vote_survive_a_checkpoint_and_format_4_still_loads(
         data, head_model, tmp_path, rewrite_checkpoint):
     Xtr, Ytr, Xte, _ = data
     rr = head_model.rank_.reranker
@@ -699,7 +739,8 @@ def test_the_head_score_is_a_twelfth_feature_and_survives_a_checkpoint(
     np.testing.assert_array_equal(loaded.rank_.reranker.head.labels, rr.head.labels)
     np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), head_model.predict_topk(Xte, k=5))
     meta, arrays = checkpoint.read(tmp_path / "m.slide")
-    assert meta["reranker"]["format"] == 4
+    assert meta["reranker"]["format"] == 5
+    np.testing.assert_array_equal(arrays["rr_columns"], np.arange(rerank.N_BASE))
     for broken, match in (({"rr_head_labels": arrays["rr_head_labels"][::-1].copy()},
                            "ascending distinct"),
                           ({"rr_head_labels": arrays["rr_head_labels"] + Ytr.shape[1]},
@@ -707,9 +748,31 @@ def test_the_head_score_is_a_twelfth_feature_and_survives_a_checkpoint(
                           ({"rr_head_weights": arrays["rr_head_weights"][:, :-1]}, "weights")):
         with pytest.raises(checkpoint.CheckpointError, match=match):
             slide.load(rewrite_checkpoint("f.slide", meta, dict(arrays, **broken)))
-    with pytest.raises(checkpoint.CheckpointError, match="mean must be 11"):
+    with pytest.raises(checkpoint.CheckpointError, match="format 2 does not match"):
         slide.load(rewrite_checkpoint(
             "g.slide", dict(meta, reranker=dict(meta["reranker"], format=2)), arrays))
     headless = {k: v for k, v in arrays.items() if not k.startswith("rr_head_")}
-    with pytest.raises(checkpoint.CheckpointError, match="format 4 does not match"):
+    with pytest.raises(checkpoint.CheckpointError, match="format 5: the columns do not match"):
         slide.load(rewrite_checkpoint("h.slide", meta, headless))
+    # format 4 (written before the word vote): the first twelve features, no word index;
+    # it ranks its candidates (none of them the words') by those
+    n = rerank.N_BASE
+    ii, jj = np.triu_indices(n)
+    keep = np.concatenate([np.arange(n - 1), n + np.flatnonzero((ii < n - 1) & (jj < n - 1))])
+    old = {k: v for k, v in arrays.items() if not k.startswith(("rr_words_", "rr_columns"))}
+    old.update(rr_mean=arrays["rr_mean"][:-1], rr_scale=arrays["rr_scale"][:-1],
+               rr_coef=arrays["rr_coef"][keep])
+    old_meta = {k: v for k, v in meta["reranker"].items() if not k.startswith("words_")}
+    loaded = slide.load(rewrite_checkpoint("old.slide", dict(meta, reranker=dict(
+        old_meta, format=4)), old))
+    rr4 = loaded.rank_.reranker
+    assert rr4.words is None and rr4.columns.tolist() == list(range(n - 1))
+    ids4 = loaded.predict_topk(Xte, k=5)
+    ptr, n4, cid, F4 = rerank.features(head_model.network_.output_layer(), Xte,
+                                       head_model.network_.hidden(Xte), rank.memory, rr.k_nn,
+                                       rr.centroids, 10, linear=rr.linear, head=rr.head)
+    s4 = rr4.score(F4)
+    for r in range(0, Xte.shape[0], 41):
+        c = cid[ptr[r]:ptr[r] + n4[r]]
+        np.testing.assert_array_equal(
+            ids4[r], c[np.argsort(-s4[ptr[r]:ptr[r] + n4[r]], kind="stable")[:5]])

@@ -321,7 +321,7 @@ def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
     assert out.returncode == 0, out.stderr[-3000:]
     helper, full = json.loads(out.stdout.strip().splitlines()[-1])
     after = {k: v for k, v in full.items() if k.startswith(_AFTER_NETWORK) and v}
-    assert "slide.rank.rerank.candidate_features" in after
+    assert "slide.rank.candidates.candidate_features" in after
     assert "slide.network.infer.hidden_batch_kernel" in after
     assert "slide.network.row_steps.batch_row_steps" in after
     for name, sigs in after.items():
