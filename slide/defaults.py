@@ -59,6 +59,7 @@ RERANK_CENTROID_LABELS_PER_FEATURE = 100
 # re-ranked scores (one seed, bench/probes/probe_word_vote.py): 20 rows at power 2 gained most
 WORD_NEIGHBOURS = 20
 WORD_POWER = 2.0
+WORD_NEW_ROWS = 20
 WORD_MAX_ENTRIES = 8 << 20
 RERANK_C = 1.0                  # the logistic regression's inverse L2 strength (the probe's)
 RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fitted on, at most

@@ -160,6 +160,8 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=
         ww = ww / (ww.sum() or 1.0)
         for t, i in enumerate(wn[wn >= 0]):
             for j in memory.label_ids[memory.label_indptr[i]:memory.label_indptr[i + 1]]:
+                if t >= words_mod.NEW_ROWS and int(j) not in cand:
+                    continue        # only the nearest NEW_ROWS rows' labels join
                 d = cand.setdefault(int(j), {})
                 d["word"] = d.get("word", 0) + ww[t]
     counts = np.bincount(memory.label_ids, minlength=memory.n_labels)
@@ -180,7 +182,7 @@ def _reference_features(net, x, h, memory, k, centroids, n_top, sigmoid, linear=
 
 
 @pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
-def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
+def test_candidate_features_match_a_row_by_row_reference(tiny, loss, monkeypatch):
     Xtr, Ytr, Xte, _ = tiny
     m = slide.SlideClassifier(epochs=1, neighbours=0, loss=loss, **SMALL).fit(Xtr, Ytr)
     net = m.network_
@@ -202,8 +204,10 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss):
                            Ytr.shape[1])
     words = WordIndex.build(Xtr)
     near, sims = words.nearest(X)
-    for lin, hd, wd in ((None, None, None), (linear, None, None), (linear, head, None),
-                        (None, None, words), (linear, head, words)):
+    for lin, hd, wd, n_new in ((None, None, None, 0), (linear, None, None, 0),
+                               (linear, head, None, 0), (None, None, words, 20),
+                               (linear, head, words, 3)):
+        monkeypatch.setattr(words_mod, "NEW_ROWS", n_new)
         ptr, counts, ids, F = rerank.features(net.output_layer(), X, H, memory, k, cen, n_top,
                                              linear=lin, head=hd, words=wd)
         for r in range(X.shape[0]):
@@ -568,16 +572,32 @@ def test_fitting_block_by_block_is_fitting_at_once(data, model):
     np.testing.assert_array_equal(memory.emb, model.rank_.memory.emb)
 
 
-def test_newton_logistic_is_scikit_learns_logistic_regression_block_by_block():
+def test_newton_logistic_is_scikit_learns_logistic_regression():
     from sklearn.linear_model import LogisticRegression
     rng = np.random.default_rng(0)
     Z = rng.normal(size=(3000, 4))
     y = Z[:, 0] + 0.7 * Z[:, 1] * Z[:, 2] + rng.normal(size=3000) > 1.0
     ref = LogisticRegression(C=0.5, solver="newton-cholesky").fit(rerank.expand(Z), y)
-    for block in (3000, 257):
-        w = rerank.newton_logistic(Z, y, 0.5, block=block)
-        np.testing.assert_allclose(w[:-1], ref.coef_.ravel(), rtol=1e-5, atol=1e-6)
-        assert abs(w[-1] - ref.intercept_[0]) < 1e-5
+    w = rerank.newton_logistic(Z, y, 0.5)
+    np.testing.assert_allclose(w[:-1], ref.coef_.ravel(), rtol=1e-5, atol=1e-6)
+    assert abs(w[-1] - ref.intercept_[0]) < 1e-5
+
+
+def test_the_logistic_pass_is_the_expanded_terms_loss_gradient_and_hessian():
+    from slide.rank.logistic import _logistic_pass
+    rng = np.random.default_rng(1)
+    Z = rng.normal(size=(777, 5))
+    y = (rng.random(777) < 0.3).astype(np.float64)
+    E = np.hstack([rerank.expand(Z), np.ones((777, 1))])
+    w = rng.normal(size=E.shape[1]) * 0.3
+    z = E @ w
+    p = 1.0 / (1.0 + np.exp(-z))
+    loss = np.sum(np.logaddexp(0.0, np.where(y > 0, -z, z)))
+    got = _logistic_pass(Z, y, w, 0.5)
+    np.testing.assert_allclose(got[0], 0.5 * loss, rtol=1e-12)
+    np.testing.assert_allclose(got[1], 0.5 * E.T @ (p - y), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got[2], 0.5 * (E * (p * (1 - p))[:, None]).T @ E, rtol=1e-10,
+                               atol=1e-10)
 
 
 def _leak_setup():

@@ -12,6 +12,7 @@ from slide import defaults
 from slide.kernels.arrays import Csr
 from slide.kernels.topk import topk_lse_of_logits
 from slide.rank.vote import POWER
+from slide.rank import words as words_mod
 from slide.rank.words import POWER as WORD_POWER
 
 FEATURES = ("log_prob", "prob", "vote", "neighbour_share", "best_similarity", "first_rank",
@@ -53,9 +54,11 @@ class NetworkTop(NamedTuple):
 
 class Neighbours(NamedTuple):
     """A block of rows' nearest memory rows ``near`` [n, k] (-1 padded) and their
-    similarities ``sims``, best first."""
+    similarities ``sims``, best first; the labels of the ``n_new`` nearest of them may join
+    the candidates (the hidden layer's: all k)."""
     near: np.ndarray
     sims: np.ndarray
+    n_new: int
 
 
 class Candidates(NamedTuple):
@@ -152,10 +155,10 @@ def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat, table):
 
 
 @njit(cache=True, nogil=True)
-def _add_word_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat, table):
-    """The labels of one row's word neighbours (``slide.rank.words``: ``near``, similarities
-    ``sims``) into its candidates after the m it has, with their share of the words' vote.
-    Returns the row's candidate count."""
+def _add_word_votes(near, sims, n_new, m_ptr, m_ids, a, m, out_ids, out_feat, table):
+    """The share of the words' vote of one row's candidates (its word neighbours, ``near``,
+    similarities ``sims``: ``slide.rank.words``); the labels of its ``n_new`` nearest word
+    neighbours join the m candidates it has. Returns the row's candidate count."""
     wsum = 0.0
     for t in range(near.shape[0]):
         if near[t] >= 0:
@@ -169,6 +172,8 @@ def _add_word_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat, table):
             j = m_ids[q]
             u, h = _find_slot(table, out_ids, j)
             if u < 0:
+                if t >= n_new:
+                    continue
                 u = a + m
                 m += 1
                 table[h] = u
@@ -263,8 +268,8 @@ def candidate_features(top, sigmoid, nb, word_nb, m_ptr, m_ids, retrieved, H, Wo
         table = _slot_table(cand_ptr[r + 1] - a)
         n_top = _add_top(top_ids[r], top_z[r], a, out_ids, out_feat, table)
         m = _add_votes(near[r], sims[r], m_ptr, m_ids, a, n_top, out_ids, out_feat, table)
-        m = _add_word_votes(word_near[r], word_sims[r], m_ptr, m_ids, a, m, out_ids, out_feat,
-                            table)
+        m = _add_word_votes(word_near[r], word_sims[r], word_nb.n_new, m_ptr, m_ids, a, m,
+                            out_ids, out_feat, table)
         m = _add_retrieved(retrieved[r], a, m, out_ids, out_feat, table)
         out_n[r] = m
         nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
@@ -293,17 +298,19 @@ def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_cou
         retrieved = np.full((n, 0), -1, np.int64)
     word_near, word_sims = (np.full((n, 0), -1, np.int64), np.zeros((n, 0), np.float32)) \
         if words is None else words.nearest(X, exclude=exclude)
+    word_new = word_near[:, :words_mod.NEW_ROWS]       # the word neighbours adding labels
     voted = np.where(near >= 0, per_row[np.maximum(near, 0)], 0).sum(axis=1) \
-        + np.where(word_near >= 0, per_row[np.maximum(word_near, 0)], 0).sum(axis=1)
+        + np.where(word_new >= 0, per_row[np.maximum(word_new, 0)], 0).sum(axis=1)
     bound = top_ids.shape[1] + retrieved.shape[1] + voted
     cand_ptr = np.concatenate([[0], np.cumsum(bound)]).astype(np.int64)
     ids = np.full(cand_ptr[-1], -1, np.int64)
     F = np.zeros((cand_ptr[-1], N_BASE), np.float64)
     counts = np.zeros(n, np.int64)
     c_ptr, c_ids, c_val = centroids
-    candidate_features(NetworkTop(top_ids, top_z, lse), sigmoid, Neighbours(near, sims),
-                       Neighbours(word_near, word_sims), memory.label_indptr,
-                       memory.label_ids, retrieved,
+    candidate_features(NetworkTop(top_ids, top_z, lse), sigmoid,
+                       Neighbours(near, sims, near.shape[1]),
+                       Neighbours(word_near, word_sims, words_mod.NEW_ROWS),
+                       memory.label_indptr, memory.label_ids, retrieved,
                        np.ascontiguousarray(H, np.float32), Wo, bo,
                        memory.log_counts() if log_count is None else log_count,
                        Csr(c_ptr, c_ids, c_val),

@@ -25,6 +25,7 @@ from slide.kernels.topk import insert_best_first
 
 STATE_FORMAT = 1
 K = defaults.WORD_NEIGHBOURS
+NEW_ROWS = defaults.WORD_NEW_ROWS      # the nearest whose labels join the candidates
 POWER = defaults.WORD_POWER
 MAX_ENTRIES = defaults.WORD_MAX_ENTRIES
 
