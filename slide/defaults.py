@@ -55,7 +55,8 @@ RERANK_CENTROID_LABELS_PER_FEATURE = 100
 # the word neighbours (slide.rank.words): the vote of a row's WORD_NEIGHBOURS nearest training
 # rows by input cosine, similarities raised to WORD_POWER, is the re-ranker's word_vote feature;
 # the labels of the WORD_NEW_ROWS nearest of them also join its candidates; at most
-# WORD_MAX_ENTRIES input entries are indexed (a seeded subset of the rows beyond: 64 MB).
+# WORD_MAX_ENTRIES input entries are indexed (a seeded subset of the rows beyond: 32 MB; at
+# Amazon-670K's shape 8M entries took the fit's peak from 2,509 to 2,577 MB, engine_runs.jsonl).
 # k and power: the word vote fused by hand with a fitted model on debcontents
 # (bench/probes/probe_word_vote.py); new rows: paired refits on two networks
 # (bench/results/word_vote_debcontents_seed*_f11c4f9.md): P@1 +0.4 / +0.7 points with the vote
@@ -63,7 +64,7 @@ RERANK_CENTROID_LABELS_PER_FEATURE = 100
 WORD_NEIGHBOURS = 20
 WORD_POWER = 2.0
 WORD_NEW_ROWS = 0
-WORD_MAX_ENTRIES = 8 << 20
+WORD_MAX_ENTRIES = 4 << 20
 RERANK_C = 1.0                  # the logistic regression's inverse L2 strength (the probe's)
 RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fitted on, at most
 

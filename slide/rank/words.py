@@ -17,7 +17,8 @@ and its weight there (``ptr`` int64 [n_features + 1], ``rows`` int32, ``vals`` f
 walks the lists of its own words, adding weight products into one accumulator per task, so it
 costs the summed length of those lists (debcontents: ~265k products a query, 3 s for its 8.5k
 test rows on 2 cores). Where the inputs hold more than ``MAX_ENTRIES`` entries, a seeded subset
-of the rows is indexed (Amazon-670K's 490k rows of 75 words: 37M entries, 0.3 GB).
+of the rows is indexed (Amazon-670K's 490k rows of 75 words: 37M entries, 0.3 GB, where the
+whole fit must stay under 2.5 GB).
 """
 import numba
 import numpy as np
@@ -142,7 +143,9 @@ class WordIndex:
         if exclude is not None:
             excluded[np.asarray(exclude, np.int64)] = True
         if n and k:
-            n_chunks = max(1, min(n, 4 * numba.get_num_threads()))
+            # one task a thread: each holds accumulators over every memory row (9 bytes a
+            # row: 35 MB at Amazon-670K's 490k rows for 8 tasks, at the top of the fit's peak)
+            n_chunks = max(1, min(n, numba.get_num_threads()))
             _nearest(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
                      X.data.astype(np.float32, copy=False), self.ptr, self.rows, self.vals,
                      excluded, k, n_chunks, near, sims)
