@@ -64,6 +64,7 @@ RERANK_CENTROID_LABELS_PER_FEATURE = 100
 WORD_NEIGHBOURS = 20
 WORD_POWER = 2.0
 WORD_NEW_ROWS = 0
+WORD_VALUE_POWER = 0.5
 WORD_MAX_ENTRIES = 4 << 20
 RERANK_C = 1.0                  # the logistic regression's inverse L2 strength (the probe's)
 RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fitted on, at most

@@ -7,10 +7,12 @@ import scipy.sparse as sp
 from slide.rank.words import WordIndex
 
 
-def _dense_cosines(Q, X):
-    """[n_queries, n_rows] cosines of the rows, 0 for an all-zero row."""
+def _dense_cosines(Q, X, power=1.0):
+    """[n_queries, n_rows] cosines of the rows, their values v taken as sign(v) |v| ** power,
+    0 for an all-zero row."""
     def unit(A):
         A = A.toarray().astype(np.float64)
+        A = np.sign(A) * np.abs(A) ** power
         n = np.linalg.norm(A, axis=1, keepdims=True)
         return A / np.where(n == 0, 1.0, n)
     return unit(Q) @ unit(X).T
@@ -30,8 +32,9 @@ def _check_nearest(near, sims, S, k, allowed):
         assert np.all(sims[r, got.shape[0]:] == -np.inf) and np.all(near[r, got.shape[0]:] == -1)
 
 
-@pytest.mark.parametrize("negative", [False, True])
-def test_nearest_rows_are_the_best_cosines_of_the_rows_sharing_a_word(negative):
+@pytest.mark.parametrize("negative,power", [(False, 1.0), (True, 1.0), (False, 0.5),
+                                            (True, 0.5)])
+def test_nearest_rows_are_the_best_cosines_of_the_rows_sharing_a_word(negative, power):
     rng = np.random.default_rng(0)
     X = sp.random(300, 80, density=0.05, random_state=1, format="csr", dtype=np.float32)
     Q = sp.random(40, 80, density=0.05, random_state=2, format="csr", dtype=np.float32)
@@ -39,10 +42,10 @@ def test_nearest_rows_are_the_best_cosines_of_the_rows_sharing_a_word(negative):
         X.data -= 0.5
         Q.data -= 0.5
     Q = sp.csr_matrix(Q.multiply(rng.random((40, 1)) * 5 + 0.1))      # not of unit norm
-    S = _dense_cosines(Q, X)
+    S = _dense_cosines(Q, X, power)
     shares = (abs(Q).astype(bool).astype(np.int32) @ abs(X).astype(bool).T.astype(np.int32)
               ).toarray() > 0
-    index = WordIndex.build(X)
+    index = WordIndex.build(X, value_power=power)
     for k in (1, 7, 300):
         near, sims = index.nearest(Q, k)
         assert near.shape == (40, k) and near.dtype == np.int64 and sims.dtype == np.float32
@@ -97,3 +100,6 @@ def test_a_saved_index_loads_and_a_broken_one_is_refused():
         WordIndex.from_state(dict(d, words_n_rows=3), 20)
     with pytest.raises(ValueError, match="format"):
         WordIndex.from_state(dict(d, words_format=9), 20)
+    with pytest.raises(ValueError, match="value_power"):
+        WordIndex.from_state(dict(d, words_value_power=-1.0), 20)
+    assert WordIndex.from_state(d, 20).value_power == index.value_power == 0.5

@@ -29,15 +29,26 @@ from slide.kernels.topk import insert_best_first
 
 STATE_FORMAT = 1
 K = defaults.WORD_NEIGHBOURS
-NEW_ROWS = defaults.WORD_NEW_ROWS      # the nearest whose labels join the candidates
+NEW_ROWS = defaults.WORD_NEW_ROWS
+VALUE_POWER = defaults.WORD_VALUE_POWER  # sign(v) |v| ** VALUE_POWER: the values searched      # the nearest whose labels join the candidates
 POWER = defaults.WORD_POWER
 MAX_ENTRIES = defaults.WORD_MAX_ENTRIES
 
 
+@njit(cache=True, nogil=True)
+def _flatten(v, power):
+    """sign(v) |v| ** power: an input value as the search weighs it."""
+    if power == 1.0:
+        return v
+    a = abs(v) ** power
+    return a if v >= 0 else -a
+
+
 @njit(cache=True)
-def _transpose(x_ptr, x_ind, x_dat, keep, n_features, ptr, rows, vals):
-    """The kept rows of the CSR input (x_ptr, x_ind, x_dat), each scaled to unit L2 norm,
-    written word by word into (ptr, rows, vals): a counting sort, rows ascending."""
+def _transpose(x_ptr, x_ind, x_dat, keep, power, n_features, ptr, rows, vals):
+    """The kept rows of the CSR input (x_ptr, x_ind, x_dat), their values flattened
+    (``_flatten``) and each row scaled to unit L2 norm, written word by word into
+    (ptr, rows, vals): a counting sort, rows ascending."""
     for r in range(keep.shape[0]):
         if keep[r]:
             for p in range(x_ptr[r], x_ptr[r + 1]):
@@ -50,20 +61,22 @@ def _transpose(x_ptr, x_ind, x_dat, keep, n_features, ptr, rows, vals):
             continue
         norm = 0.0
         for p in range(x_ptr[r], x_ptr[r + 1]):
-            norm += np.float64(x_dat[p]) * x_dat[p]
+            v = _flatten(np.float64(x_dat[p]), power)
+            norm += v * v
         scale = 1.0 / np.sqrt(norm) if norm > 0.0 else 0.0
         for p in range(x_ptr[r], x_ptr[r + 1]):
             f = x_ind[p]
             rows[fill[f]] = r
-            vals[fill[f]] = x_dat[p] * scale
+            vals[fill[f]] = _flatten(np.float64(x_dat[p]), power) * scale
             fill[f] += 1
 
 
 @njit(cache=True, parallel=True)
-def _nearest(q_ptr, q_ind, q_dat, ptr, rows, vals, excluded, k, n_chunks, near, sims):
+def _nearest(q_ptr, q_ind, q_dat, power, ptr, rows, vals, excluded, k, n_chunks, near, sims):
     """Each query row's k best memory rows by the cosine of the inputs (best first; -1 / -inf
     beyond the rows that share a word with it), the ``excluded`` memory rows left out. A task
-    keeps one accumulator over the memory rows and the list of those a query touched."""
+    keeps one accumulator over the memory rows and the list of those a query touched; the
+    query's values are flattened as the index's were."""
     n = q_ptr.shape[0] - 1
     n_rows = excluded.shape[0]
     for c in prange(n_chunks):
@@ -73,14 +86,15 @@ def _nearest(q_ptr, q_ind, q_dat, ptr, rows, vals, excluded, k, n_chunks, near, 
         for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
             norm = 0.0
             for p in range(q_ptr[r], q_ptr[r + 1]):
-                norm += np.float64(q_dat[p]) * q_dat[p]
-            scale = np.float32(1.0 / np.sqrt(norm)) if norm > 0.0 else np.float32(0.0)
+                v = _flatten(np.float64(q_dat[p]), power)
+                norm += v * v
+            scale = 1.0 / np.sqrt(norm) if norm > 0.0 else 0.0
             m = 0
             for p in range(q_ptr[r], q_ptr[r + 1]):
                 f = q_ind[p]
                 if f >= ptr.shape[0] - 1:
                     continue        # a word no training row held when the index was built
-                v = q_dat[p] * scale
+                v = np.float32(_flatten(np.float64(q_dat[p]), power) * scale)
                 for t in range(ptr[f], ptr[f + 1]):
                     i = rows[t]
                     if not seen[i]:
@@ -102,16 +116,19 @@ class WordIndex:
     """The unit-L2 inputs of (some of) the training rows, word by word; ``n_rows``: the
     memory's row count (row ids index its labels, ``slide.rank.vote.NeighbourMemory``)."""
 
-    def __init__(self, ptr, rows, vals, n_rows):
+    def __init__(self, ptr, rows, vals, n_rows, value_power=1.0):
         self.ptr, self.rows, self.vals = ptr, rows, vals
         self.n_rows = int(n_rows)
+        self.value_power = float(value_power)
 
     @classmethod
-    def build(cls, X, seed=0, max_entries=None):
-        """From the training inputs X (CSR [n_rows, n_features]); where they hold more than
+    def build(cls, X, seed=0, max_entries=None, value_power=None):
+        """From the training inputs X (CSR [n_rows, n_features]), each value v taken as
+        sign(v) |v| ** ``value_power`` (default ``VALUE_POWER``); where they hold more than
         ``max_entries`` (default ``MAX_ENTRIES``) entries, a seeded draw of rows holding
         about that many."""
         max_entries = MAX_ENTRIES if max_entries is None else int(max_entries)
+        power = VALUE_POWER if value_power is None else float(value_power)
         n = X.shape[0]
         keep = np.ones(n, np.bool_)
         if X.nnz > max_entries:
@@ -125,8 +142,9 @@ class WordIndex:
         rows = np.empty(n_entries, np.int32)
         vals = np.empty(n_entries, np.float32)
         _transpose(x_ptr, X.indices.astype(np.int32, copy=False),
-                   X.data.astype(np.float32, copy=False), keep, X.shape[1], ptr, rows, vals)
-        return cls(ptr, rows, vals, n)
+                   X.data.astype(np.float32, copy=False), keep, power, X.shape[1], ptr, rows,
+                   vals)
+        return cls(ptr, rows, vals, n, power)
 
     def nbytes(self):
         return self.ptr.nbytes + self.rows.nbytes + self.vals.nbytes
@@ -147,14 +165,15 @@ class WordIndex:
             # row: 35 MB at Amazon-670K's 490k rows for 8 tasks, at the top of the fit's peak)
             n_chunks = max(1, min(n, numba.get_num_threads()))
             _nearest(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
-                     X.data.astype(np.float32, copy=False), self.ptr, self.rows, self.vals,
-                     excluded, k, n_chunks, near, sims)
+                     X.data.astype(np.float32, copy=False), self.value_power, self.ptr,
+                     self.rows, self.vals, excluded, k, n_chunks, near, sims)
         return near, sims
 
     # -- state ---------------------------------------------------------------------------------
     def state(self):
         """The arrays a re-ranker's state holds (``words_*``)."""
         return {"words_format": STATE_FORMAT, "words_n_rows": self.n_rows,
+                "words_value_power": self.value_power,
                 "words_ptr": self.ptr, "words_rows": self.rows, "words_vals": self.vals}
 
     @classmethod
@@ -172,4 +191,7 @@ class WordIndex:
             raise ValueError(f"word index: row ids outside [0, {n_rows})")
         if vals.dtype != np.float32 or not np.isfinite(vals).all():
             raise ValueError("word index: values must be finite float32")
-        return cls(ptr, rows, vals, n_rows)
+        power = d.get("words_value_power")
+        if not isinstance(power, (float, int)) or not 0.0 < float(power) <= 4.0:
+            raise ValueError(f"word index: value_power must lie in (0, 4], got {power!r}")
+        return cls(ptr, rows, vals, n_rows, power)
