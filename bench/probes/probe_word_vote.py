@@ -5,10 +5,12 @@ word vote of each test row's k nearest training rows (similarities raised to the
 shares summing to 1) is printed alone (P@1 of its best label) and fused by hand with the model,
 (1 - beta) * probability + beta * vote over the union of both lists, for a few beta. The beta
 is chosen on the test rows here, so the fused figures are an upper bound of what the
-re-ranker's learned weight can give; they chose the defaults' k and power.
+re-ranker's learned weight can give; they chose the defaults' k and power. ``--value-powers``:
+the index's ``value_power`` (each input value v searched as sign(v) |v| ** it), one table each.
 
     python bench/probes/probe_word_vote.py --train datasets/debcontents/train.txt \
-        --test datasets/debcontents/test.txt [--seed 0] [--grid 20:2,20:1,50:1,50:2]
+        --test datasets/debcontents/test.txt [--seed 0] [--grid 20:2,20:1,50:1,50:2] \
+        [--value-powers 1,0.5]
 """
 import argparse
 import os
@@ -65,6 +67,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--grid", default="20:2,20:1,50:1,50:2,10:2",
                     help="k:power pairs, comma-separated")
+    ap.add_argument("--value-powers", default="1,0.5", help="comma-separated")
     args = ap.parse_args()
     import slide
     from slide.rank import words
@@ -82,11 +85,18 @@ def main():
         words.K = saved
     print(f"{args.train}: seed {args.seed}; SlideClassifier() without the word vote: "
           f"fit {model.train_seconds_:.1f} s")
+    for value_power in args.value_powers.split(","):
+        print(f"\nvalue_power {value_power}:\n")
+        table(WordIndex.build(Xtr, value_power=float(value_power)), args.grid, Ytr, Xte, truth,
+              m_ids, m_val)
+
+
+def table(index, grid, Ytr, Xte, truth, m_ids, m_val):
+    """One row per k:power of ``grid``: the vote alone and fused with the model."""
     print("| k | power | vote alone P@1 | seconds (test rows) | "
           + " | ".join(f"beta {b}: P@1 / P@5" for b in BETAS) + " |")
     print("|---|---|---|---|" + "---|" * len(BETAS))
-    index = WordIndex.build(Xtr)
-    for pair in args.grid.split(","):
+    for pair in grid.split(","):
         k, power = int(pair.split(":")[0]), float(pair.split(":")[1])
         t = time.perf_counter()
         v_ids, v_val = word_vote_top(index, Ytr, Xte, k, power)
