@@ -17,7 +17,7 @@ labels among the candidates +0.2 and -0.6: more candidates of little else to go 
 The index is the training rows' unit-L2 inputs transposed: for each word, the rows that hold it
 and its weight there (``ptr`` int64 [n_features + 1], ``rows`` int32, ``vals`` float32). A query
 walks the lists of its own words, adding weight products into one accumulator per task, so it
-costs the summed length of those lists (debcontents: ~265k products a query, 3 s for its 8.5k
+costs the summed length of those lists (debcontents: ~265k products a query, 2.6 s for its 8.5k
 test rows on 2 cores). Where the inputs hold more than ``MAX_ENTRIES`` entries, a seeded subset
 of the rows is indexed (Amazon-670K's 490k rows of 75 words: 37M entries, 0.3 GB, where the
 whole fit must stay under 2.5 GB).
