@@ -103,3 +103,8 @@ def test_a_saved_index_loads_and_a_broken_one_is_refused():
     with pytest.raises(ValueError, match="value_power"):
         WordIndex.from_state(dict(d, words_value_power=-1.0), 20)
     assert WordIndex.from_state(d, 20).value_power == index.value_power == 0.5
+    with pytest.raises(ValueError, match="k must be"):
+        WordIndex.from_state(dict(d, words_k=0), 20)
+    # a query gets the index's k as built, whatever the module's default is later
+    three = WordIndex.from_state(WordIndex.build(X, k=3).state(), 20)
+    assert three.k == 3 and three.nearest(Q)[0].shape == (10, 3)

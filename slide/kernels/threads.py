@@ -16,6 +16,7 @@ anything else keeps the user's choice; without the ``tbb`` package nothing chang
 """
 import ctypes
 import os
+from concurrent.futures import ThreadPoolExecutor
 import site
 import sys
 import warnings
@@ -89,3 +90,17 @@ def warn_if_not_tbb(n_threads):
     if message is not None:
         _WARNED.append(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def on_row_slices(n_rows, run, min_rows=1):
+    """``run(lo, hi)`` over one slice of rows 0..n_rows per Numba thread (slices of at least
+    ``min_rows`` rows), on Python threads, for kernels that release the GIL (``nogil``): a
+    ``prange`` kernel of the same work compiles several times slower (the re-ranker's Newton
+    pass 7.8 s against 2.0 s, the word search 2.1 s against 0.9 s, cold). Returns the runs'
+    results in slice order; one slice runs on the calling thread."""
+    parts = max(1, min(numba.get_num_threads(), int(n_rows) // max(1, int(min_rows))))
+    bounds = [(c * int(n_rows)) // parts for c in range(parts + 1)]
+    if parts == 1:
+        return [run(0, int(n_rows))]
+    with ThreadPoolExecutor(parts) as pool:
+        return list(pool.map(lambda c: run(bounds[c], bounds[c + 1]), range(parts)))

@@ -105,6 +105,19 @@ def _find_slot(table, out_ids, j):
 
 
 @njit(cache=True, nogil=True)
+def _slot_of(table, out_ids, out_feat, j, a, m, may_add):
+    """(label j's slot among a row's candidates, the row's candidate count): where j is not
+    among the m it has and ``may_add``, a new candidate after them; slot -1 where it may not."""
+    u, h = _find_slot(table, out_ids, j)
+    if u < 0 and may_add:
+        u = a + m
+        table[h] = u
+        _new_candidate(out_ids, out_feat, u, j, 1.0)
+        m += 1
+    return u, m
+
+
+@njit(cache=True, nogil=True)
 def _add_top(top_ids, top_z, a, out_ids, out_feat, table):
     """The network's top labels of one row as its first candidates (from slot a); the logit
     waits in the LOG_PROB column until ``_finish_candidates``. Returns how many."""
@@ -138,13 +151,7 @@ def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat, table):
         s = sims[t]
         w = max(s, 0.0) ** POWER / wsum
         for q in range(m_ptr[i], m_ptr[i + 1]):
-            j = m_ids[q]
-            u, h = _find_slot(table, out_ids, j)
-            if u < 0:
-                u = a + m
-                m += 1
-                table[h] = u
-                _new_candidate(out_ids, out_feat, u, j, 1.0)
+            u, m = _slot_of(table, out_ids, out_feat, m_ids[q], a, m, True)
             out_feat[u, VOTE] += w
             out_feat[u, NEIGHBOUR_SHARE] += 1.0 / k
             if s > out_feat[u, BEST_SIMILARITY]:
@@ -169,16 +176,9 @@ def _add_word_votes(near, sims, n_new, m_ptr, m_ids, a, m, out_ids, out_feat, ta
             continue
         w = max(sims[t], 0.0) ** WORD_POWER / wsum if wsum > 0.0 else 0.0
         for q in range(m_ptr[i], m_ptr[i + 1]):
-            j = m_ids[q]
-            u, h = _find_slot(table, out_ids, j)
-            if u < 0:
-                if t >= n_new:
-                    continue
-                u = a + m
-                m += 1
-                table[h] = u
-                _new_candidate(out_ids, out_feat, u, j, 1.0)
-            out_feat[u, WORD_VOTE] += w
+            u, m = _slot_of(table, out_ids, out_feat, m_ids[q], a, m, t < n_new)
+            if u >= 0:
+                out_feat[u, WORD_VOTE] += w
     return m
 
 
@@ -188,13 +188,8 @@ def _add_retrieved(labels, a, m, out_ids, out_feat, table):
     after the m it has, those not among them yet. Returns the row's candidate count."""
     for t in range(labels.shape[0]):
         j = labels[t]
-        if j < 0:
-            continue
-        u, h = _find_slot(table, out_ids, j)
-        if u < 0:
-            table[h] = a + m
-            _new_candidate(out_ids, out_feat, a + m, j, 1.0)
-            m += 1
+        if j >= 0:
+            m = _slot_of(table, out_ids, out_feat, j, a, m, True)[1]
     return m
 
 

@@ -2,11 +2,11 @@
 (``expand``), fitted by Newton steps whose gradient and Hessian are summed row by row in one
 parallel pass (``newton_logistic``), so its memory does not grow with the number of
 candidates."""
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 from numba import njit, prange
+
+from slide.kernels.threads import on_row_slices
 
 
 def n_terms(n_features):
@@ -29,20 +29,27 @@ def expand(F):
     return out
 
 
+@njit(cache=True, nogil=True)
+def _expand_row(f, out):
+    """out[:n_terms(d)] = the terms of one row f [d]: f, then f[i] * f[j] for i <= j."""
+    d = f.shape[0]
+    for i in range(d):
+        out[i] = f[i]
+    t = d
+    for i in range(d):
+        for j in range(i, d):
+            out[t] = f[i] * f[j]
+            t += 1
+
+
 @njit(cache=True, parallel=True)
 def _expand_into(F, out, n_chunks):
     """out[:, :n_terms(d)] = expand(F), row by row (numpy's pair products through two fancy-
     indexed [n, pairs] copies were most of the re-ranker's Newton passes)."""
-    n, d = F.shape
+    n = F.shape[0]
     for c in prange(n_chunks):
         for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
-            for i in range(d):
-                out[r, i] = F[r, i]
-            t = d
-            for i in range(d):
-                for j in range(i, d):
-                    out[r, t] = F[r, i] * F[r, j]
-                    t += 1
+            _expand_row(F[r], out[r])
 
 
 @njit(cache=True, parallel=True)
@@ -88,22 +95,16 @@ def _pass_rows(Z, truth, w, lo, hi, grad, hess):
     and a 1 last; their gradient and Hessian added into ``grad`` and ``hess``. The rows are
     expanded ``_PASS_BLOCK`` at a time into a buffer whose Hessian is added as one product
     (a row at a time, the accumulator's 88 kB went through the cache for every row)."""
-    d = Z.shape[1]
     m = w.shape[0]
-    E = np.zeros((_PASS_BLOCK, m))
-    S = np.zeros((_PASS_BLOCK, m))
-    q = np.zeros(_PASS_BLOCK)
+    E = np.empty((_PASS_BLOCK, m))
+    S = np.empty((_PASS_BLOCK, m))
+    q = np.empty(_PASS_BLOCK)
     total = 0.0
     for b0 in range(lo, hi, _PASS_BLOCK):
         nb = min(_PASS_BLOCK, hi - b0)
         for b in range(nb):
             r = b0 + b
-            t = d
-            for i in range(d):
-                E[b, i] = Z[r, i]
-                for j in range(i, d):
-                    E[b, t] = Z[r, i] * Z[r, j]
-                    t += 1
+            _expand_row(Z[r], E[b])
             E[b, m - 1] = 1.0
             z = 0.0
             for i in range(m):
@@ -116,36 +117,27 @@ def _pass_rows(Z, truth, w, lo, hi, grad, hess):
             s = p * (1.0 - p)
             for i in range(m):
                 S[b, i] = s * E[b, i]
-        if nb < _PASS_BLOCK:
-            E[nb:] = 0.0
-            S[nb:] = 0.0
-            q[nb:] = 0.0
-        grad += np.dot(q, E)
-        hess += np.dot(S.T, E)
+        grad += np.dot(q[:nb], E[:nb])
+        hess += np.dot(S[:nb].T, E[:nb])
     return total
 
 
 def _logistic_pass(Z, truth, w, C):
     """C x the log-loss of the rows Z (their ``expand`` terms, a column of ones last) at
-    weights w, its gradient and Hessian: one slice of the rows per thread (``_pass_rows``
-    releases the GIL; a ``prange`` kernel of the same took 7.8 s to compile, this 2 s). The
+    weights w, its gradient and Hessian: one slice of the rows per thread
+    (``threads.on_row_slices``; a ``prange`` kernel took 7.8 s to compile, this 2 s). The
     numpy form, [16384, terms] expansions and their products block by block, took 0.41 s a
     pass over 400k candidates of 13 features on 2 cores; this 0.15 s."""
     d = w.shape[0]
     Z = np.ascontiguousarray(Z, np.float64)
-    n = Z.shape[0]
-    n_parts = max(1, min(numba.get_num_threads(), -(-n // _PASS_BLOCK)))
-    grad = np.zeros((n_parts, d))
-    hess = np.zeros((n_parts, d, d))
-    bounds = [(c * n) // n_parts for c in range(n_parts + 1)]
-    if n_parts == 1:
-        losses = [_pass_rows(Z, truth, w, 0, n, grad[0], hess[0])]
-    else:
-        with ThreadPoolExecutor(n_parts) as pool:
-            losses = list(pool.map(lambda c: _pass_rows(Z, truth, w, bounds[c], bounds[c + 1],
-                                                        grad[c], hess[c]), range(n_parts)))
-    H = hess.sum(axis=0)
-    return C * sum(losses), C * grad.sum(axis=0), C * 0.5 * (H + H.T)
+
+    def run(lo, hi):
+        grad, hess = np.zeros(d), np.zeros((d, d))
+        return _pass_rows(Z, truth, w, lo, hi, grad, hess), grad, hess
+    # each slice's (loss, gradient, Hessian), summed in slice order (the same bits every run)
+    parts = on_row_slices(Z.shape[0], run, _PASS_BLOCK)
+    H = sum(p[2] for p in parts)
+    return C * sum(p[0] for p in parts), C * sum(p[1] for p in parts), C * 0.5 * (H + H.T)
 
 
 def newton_logistic(Z, truth, C, max_iter=100, tol=1e-4):

@@ -22,14 +22,12 @@ test rows on 2 cores). Where the inputs hold more than ``MAX_ENTRIES`` entries, 
 of the rows is indexed (Amazon-670K's 490k rows of 75 words: 37M entries, 0.3 GB, where the
 whole fit must stay under 2.5 GB).
 """
-from concurrent.futures import ThreadPoolExecutor
-
-import numba
 import numpy as np
 from numba import njit
 
 from slide import defaults
 from slide.kernels.arrays import Csr
+from slide.kernels.threads import on_row_slices
 from slide.kernels.topk import insert_best_first
 
 STATE_FORMAT = 1
@@ -122,19 +120,22 @@ def _nearest_rows(query, power, index, excluded, k, lo, hi, near, sims):
 
 class WordIndex:
     """The unit-L2 inputs of (some of) the training rows, word by word; ``n_rows``: the
-    memory's row count (row ids index its labels, ``slide.rank.vote.NeighbourMemory``)."""
+    memory's row count (row ids index its labels, ``slide.rank.vote.NeighbourMemory``);
+    ``value_power`` and ``k``: how its values were flattened and how many neighbours a query
+    gets, as built (a saved model keeps them whatever the defaults become)."""
 
-    def __init__(self, ptr, rows, vals, n_rows, value_power=1.0):
+    def __init__(self, ptr, rows, vals, n_rows, value_power=1.0, k=K):
         self.ptr, self.rows, self.vals = ptr, rows, vals
         self.n_rows = int(n_rows)
         self.value_power = float(value_power)
+        self.k = int(k)
 
     @classmethod
-    def build(cls, X, seed=0, max_entries=None, value_power=None):
+    def build(cls, X, seed=0, max_entries=None, value_power=None, k=None):
         """From the training inputs X (CSR [n_rows, n_features]), each value v taken as
-        sign(v) |v| ** ``value_power`` (default ``VALUE_POWER``); where they hold more than
-        ``max_entries`` (default ``MAX_ENTRIES``) entries, a seeded draw of rows holding
-        about that many."""
+        sign(v) |v| ** ``value_power`` (default ``VALUE_POWER``), its queries' ``k``
+        neighbours (default ``K``); where they hold more than ``max_entries`` (default
+        ``MAX_ENTRIES``) entries, a seeded draw of rows holding about that many."""
         max_entries = MAX_ENTRIES if max_entries is None else int(max_entries)
         power = VALUE_POWER if value_power is None else float(value_power)
         n = X.shape[0]
@@ -152,16 +153,16 @@ class WordIndex:
         _transpose(x_ptr, X.indices.astype(np.int32, copy=False),
                    X.data.astype(np.float32, copy=False), keep, power, X.shape[1], ptr, rows,
                    vals)
-        return cls(ptr, rows, vals, n, power)
+        return cls(ptr, rows, vals, n, power, K if k is None else k)
 
     def nbytes(self):
         return self.ptr.nbytes + self.rows.nbytes + self.vals.nbytes
 
     def nearest(self, X, k=None, exclude=None):
-        """Each row of X's ``min(k, n_rows)`` (k: ``K``) nearest indexed rows by input
-        cosine, best first: (ids [n, k] int64, similarities [n, k] float32), -1 / -inf where
-        fewer rows share a word with it. ``exclude``: memory rows never returned."""
-        k = int(min(K if k is None else k, self.n_rows))
+        """Each row of X's ``min(k, n_rows)`` (k: the index's ``k``) nearest indexed rows by
+        input cosine, best first: (ids [n, k] int64, similarities [n, k] float32), -1 / -inf
+        where fewer rows share a word with it. ``exclude``: memory rows never returned."""
+        k = int(min(self.k if k is None else k, self.n_rows))
         n = X.shape[0]
         near = np.empty((n, k), np.int64)
         sims = np.empty((n, k), np.float32)
@@ -169,31 +170,21 @@ class WordIndex:
         if exclude is not None:
             excluded[np.asarray(exclude, np.int64)] = True
         if n and k:
-            # one slice of the rows a thread (the kernel releases the GIL): each holds
+            # one slice of the rows a thread (``threads.on_row_slices``): each holds
             # accumulators over every memory row (9 bytes a row, 35 MB at Amazon-670K's 490k
-            # rows for 8 tasks, at the top of the fit's peak); a prange kernel of the same
-            # took 2.1 s to compile
+            # rows for 8 tasks, at the top of the fit's peak)
             query = Csr(X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
                         X.data.astype(np.float32, copy=False))
             index = Csr(self.ptr, self.rows, self.vals)
-            parts = max(1, min(n, numba.get_num_threads()))
-            bounds = [(c * n) // parts for c in range(parts + 1)]
-
-            def run(c):
-                _nearest_rows(query, self.value_power, index, excluded, k, bounds[c],
-                              bounds[c + 1], near, sims)
-            if parts == 1:
-                run(0)
-            else:
-                with ThreadPoolExecutor(parts) as pool:
-                    list(pool.map(run, range(parts)))
+            on_row_slices(n, lambda lo, hi: _nearest_rows(query, self.value_power, index,
+                                                          excluded, k, lo, hi, near, sims))
         return near, sims
 
     # -- state ---------------------------------------------------------------------------------
     def state(self):
         """The arrays a re-ranker's state holds (``words_*``)."""
         return {"words_format": STATE_FORMAT, "words_n_rows": self.n_rows,
-                "words_value_power": self.value_power,
+                "words_value_power": self.value_power, "words_k": self.k,
                 "words_ptr": self.ptr, "words_rows": self.rows, "words_vals": self.vals}
 
     @classmethod
@@ -214,4 +205,7 @@ class WordIndex:
         power = d.get("words_value_power")
         if not isinstance(power, (float, int)) or not 0.0 < float(power) <= 4.0:
             raise ValueError(f"word index: value_power must lie in (0, 4], got {power!r}")
-        return cls(ptr, rows, vals, n_rows, power)
+        k = d.get("words_k")
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"word index: k must be a positive integer, got {k!r}")
+        return cls(ptr, rows, vals, n_rows, power, k)
