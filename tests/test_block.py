@@ -164,8 +164,10 @@ def test_oracle_ids_join_every_samples_exact_set():
         labels = Y.indices[Y.indptr[s]:Y.indptr[s + 1]]
         assert set(labels) <= set(c_ids)
         assert set(exact) <= set(c_ids)          # exact for every sample, not estimated
-        assert set(shared) <= set(net.sc.ids[s, net.sc.s_off[last]:
-                                             net.sc.s_off[last] + net.sc.n_act[s, last]])
+        # every sample's set holds all of the block (its row pass reads S from the block's
+        # columns; S minus C is not copied into sc.ids, sample.select_active)
+        assert net.sc.n_act[s, last] - net.block.counts[s, 2] == len(shared)
+        assert net.block.counts[s, 1] - n_c == len(np.setdiff1d(shared, c_ids))
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -230,7 +232,7 @@ def test_shared_ids_join_an_active_set_in_their_order_around_c(seed):
     cap = [C.shape[0] + 60, C.shape[0] + 20, C.shape[0]][seed % 3]
     out = np.full(cap, -1, np.int32)
     out[:C.shape[0]] = C
-    n = _append_shared(out, C.shape[0], shared, np.zeros(60, np.int32))
+    n = _append_shared(out, C.shape[0], shared, np.zeros(60, np.int32), True)
     want = [j for j in shared if j not in set(C)][:cap - C.shape[0]]
     assert n == C.shape[0] + len(want)
     np.testing.assert_array_equal(out[C.shape[0]:n], want)

@@ -49,19 +49,22 @@ def _reference_layout(C, S, cap):
     return out, sorted(where[v] for v in C if v in where), [where.get(v, -1) for v in out]
 
 
+@pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("ascending", [True, False])
-def test_shared_block_layout_and_columns_match_a_plain_reference(ascending):
+def test_shared_block_layout_and_columns_match_a_plain_reference(ascending, lazy):
     """``sample._append_shared`` (one merge when C ascends, a search per id otherwise) and
     ``block._active_columns`` (C's positions taken from what the former left, each checked)
     give the layout and columns of a plain set computation, whatever stale positions the
-    scratch held before."""
+    scratch held before. ``lazy`` (the batched softmax's): the same size, C's entries, C's
+    columns and the extras, and S minus C left unwritten (its stale values kept) exactly
+    where the set holds all of S; where the capacity cuts S, everything is written."""
     from slide.kernels.sample import _append_shared
     from slide.network.block import _active_columns
 
     @njit(cache=True)
-    def layout(out, n_c, S, col, extra, pos):
-        n = _append_shared(out, n_c, S, pos)
-        n_x = _active_columns(out[:n], n_c, n, S, col, extra, pos)
+    def layout(out, n_c, S, col, extra, pos, lazy):
+        n = _append_shared(out, n_c, S, pos, not lazy)
+        n_x = _active_columns(out[:n], n_c, n, S, col, extra, pos, lazy)
         return n, n_x
 
     rng = np.random.default_rng(5)
@@ -71,14 +74,24 @@ def test_shared_block_layout_and_columns_match_a_plain_reference(ascending):
         if ascending:
             C = np.sort(C)
         cap = int(len(C) + rng.integers(0, len(S) + 1))
-        out = np.zeros(cap + 1, np.int64)
+        out = np.full(cap + 1, -7, np.int64)                  # stale: never an id
         out[:len(C)] = C
-        col = np.zeros(cap + 1, np.int32)
+        col = np.full(cap + 1, -7, np.int32)
         extra = np.zeros(cap + 1, np.int32)
         pos = rng.integers(-5, 500, 64).astype(np.int32)      # stale scratch
-        n, n_x = layout(out[:cap], len(C), S, col, extra, pos)
+        n, n_x = layout(out[:cap], len(C), S, col, extra, pos, lazy)
         want_out, want_pos, want_col = _reference_layout(C.tolist(), S.tolist(), cap)
-        assert out[:n].tolist() == want_out
-        assert col[:n].tolist() == want_col
+        assert n == len(want_out)
         assert extra[:n_x].tolist() == [v for v, c in zip(want_out, want_col) if c < 0]
         assert sorted(pos[:len(want_pos)].tolist()) == want_pos
+        n_c = len(C)
+        assert out[:n_c].tolist() == want_out[:n_c]
+        assert col[:n_c].tolist() == want_col[:n_c]
+        holds_all_of_s = n - n_x == len(S)
+        if lazy and holds_all_of_s:
+            # what block_loss's row pass reads is right; the rest was not touched
+            assert set(out[n_c:n].tolist()) <= {-7}
+            assert set(col[n_c:n].tolist()) <= {-7}
+        else:
+            assert out[:n].tolist() == want_out
+            assert col[:n].tolist() == want_col

@@ -40,10 +40,10 @@ def main():
         for s in range(rows.shape[0]):
             labels = Yi[Yp[rows[s]]:Yp[rows[s] + 1]]
             n, _, n_c, n_s = _random_active(mark.shape[0], labels, S, 0, np.uint64(1), out,
-                                            mark, base + s + 1, pos)
+                                            mark, base + s + 1, pos, True)
             total += n
             if stage == 1:
-                total += _active_columns(out[:n], n_c, n_s, S, col, extra, pos)
+                total += _active_columns(out[:n], n_c, n_s, S, col, extra, pos, False)
         return total
 
     _, Y = slide.read_xc(args.data)[:2]

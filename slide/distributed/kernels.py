@@ -104,7 +104,7 @@ def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, ne
     n_in = spec.n_in[OUT]
     out = ids[sc.s_off[OUT]:sc.s_off[OUT + 1]]
     cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, h, n_in, labels,
-                                       neg.ids, rng, stamp, out)
+                                       neg.ids, rng, stamp, out, True)
     n_act[OUT] = cnt
     z32 = sc.acts[c, sc.a_off[OUT]:sc.a_off[OUT + 1]]
     rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out, h,

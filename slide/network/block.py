@@ -81,6 +81,8 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     b_forced = blk.forced
     sc_forced = sc.forced_buf
     n_list = 1 if frows.mark.shape[0] > 0 else 0
+    # the softmax's row pass reads only C's columns (``_active_columns``)
+    lazy = spec.loss_code != LOSS_SIGMOID
     for task in prange(nb + n_list):
         if task < n_list:
             feature_entries(X, rows, frows)
@@ -119,16 +121,19 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
             for i in range(n_h):
                 h[i] = a_h[i]
         n_x = _active_columns(ids[s_off[last]:s_off[last] + n_act[last]], n_c, n_s, shared,
-                              b_col[s], b_extra[s], sc_forced[t])
+                              b_col[s], b_extra[s], sc_forced[t], lazy)
         counts[s, 0] = n_c
         counts[s, 1] = n_s
         counts[s, 2] = n_x
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _active_columns(out, n_c, n_s, shared, col, extra, pos):
+def _active_columns(out, n_c, n_s, shared, col, extra, pos, lazy):
     """col[k] = the column in ``shared`` of the active id out[k] (-1: none), and the extras
-    (the ids outside S, in position order) into ``extra``; returns their number. ``out``: a
+    (the ids outside S, in position order) into ``extra``; returns their number. ``lazy``
+    (a softmax loss): S minus C's columns are left unwritten where the set holds all of S,
+    as its ids are (``sample.select_active``'s ``write_shared``): ``block_loss`` then takes
+    the row pass, which reads C's columns only. ``out``: a
     sample's output active set [C | S minus C | fill]; ``pos``: the sorted positions in S of
     C's ids that ``sample._append_shared`` left there for this active set. C's ids come in
     ascending order (the sample's sorted labels; an oracle block's exact ids join them by a
@@ -165,6 +170,13 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos):
                 pos[n_in] = col[k]
                 n_in += 1
         sort_small(pos, n_in)
+    # the random fill: outside S
+    for k in range(n_s, out.shape[0]):
+        col[k] = -1
+        extra[n_x] = out[k]
+        n_x += 1
+    if lazy and out.shape[0] - n_x == ns:
+        return n_x
     # S minus C comes in S's order: its columns are S's positions without C's, filled run by
     # run between C's sorted positions (no search, no per-id test)
     k = n_c
@@ -176,11 +188,6 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos):
             col[k + i] = lo + i
         k += m
         lo = hi + 1
-    # the random fill: outside S
-    for k in range(n_s, out.shape[0]):
-        col[k] = -1
-        extra[n_x] = out[k]
-        n_x += 1
     return n_x
 
 

@@ -117,7 +117,7 @@ def active_set(model, h, labels, shared, serial, position=0, max_labels=None):
     h = np.ascontiguousarray(h, np.float32)
     n, _, n_c, n_s = select_active(last, net.spec, net.tables, sc, 0, False,
                                    np.zeros(1, np.int32), h, h.shape[0], labels, shared, rng,
-                                   np.int64(1), out)
+                                   np.int64(1), out, True)
     ids = out[:n].copy()
     n_lab = min(len(np.unique(labels)), n_c)
     src = np.full(n, SOURCE_PAD, np.int8)
