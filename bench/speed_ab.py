@@ -47,17 +47,18 @@ def csr(n):
     return sp.csr_matrix((z[n + "_data"], z[n + "_indices"], z[n + "_indptr"]),
                          shape=tuple(z[n + "_shape"]))
 X, Y = csr("X"), csr("Y")
+epochs = int(sys.argv[4])
 if sys.argv[3] == "network":
     # today's default engine, the network alone (as compare.py runs it against TF sampled)
-    kw = dict(learning_rate=1e-3, lr_schedule="constant", epochs=1, n_threads=2,
+    kw = dict(learning_rate=1e-3, lr_schedule="constant", epochs=epochs, n_threads=2,
               random_state=0, neighbours=0, rerank=False)
 elif sys.argv[3] == "defaults":
     # SlideClassifier() as a user runs it: every stage, every default
     kw = dict(n_threads=2, random_state=0)
 else:
-    kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=1, n_threads=2,
-              random_state=0)       # the engine path both commits share (LSH + shared negatives)
-warm = slide.SlideClassifier(**kw)
+    kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=epochs,
+              n_threads=2, random_state=0)       # the engine path both commits share (LSH + shared negatives)
+warm = slide.SlideClassifier(**dict(kw, epochs=1))
 warm.fit(X[:2048], Y[:2048])                   # compile / load the kernels: not timed
 m = slide.SlideClassifier(**kw)
 t0 = time.perf_counter()
@@ -122,6 +123,8 @@ def main():
                     help="train: the model's train_seconds_ (the batches); fit: the whole "
                     "fit() call's wall time (building the model -- weight init, optimizer "
                     "buffers -- included)")
+    ap.add_argument("--epochs", type=int, default=1, help="epochs of the timed fit (the "
+                    "network and vanilla modes; longer runs average a noisy host out)")
     ap.add_argument("--env-base", default="", help="KEY=VALUE,... for the base's children")
     ap.add_argument("--env-head", default="", help="KEY=VALUE,... for the head's children")
     ap.add_argument("--busy", type=int, default=0,
@@ -150,7 +153,8 @@ def main():
                     sha, path = trees[side]
                     with busy_loops(args.busy):
                         out = subprocess.run([sys.executable, "-c", CHILD, path, data,
-                                              args.mode], capture_output=True, text=True,
+                                              args.mode, str(args.epochs)],
+                                             capture_output=True, text=True,
                                              check=True, env={**os.environ, **envs[side]})
                     rec = json.loads(out.stdout.strip().splitlines()[-1])
                     assert rec["file"].startswith(path), rec["file"]
@@ -179,14 +183,17 @@ def main():
              f"{trees[1][0]}{' ' + args.env_head if args.env_head else ''}"]
     extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
                     (("env_base", args.env_base), ("env_head", args.env_head),
-                     ("busy", args.busy)) if v)
+                     ("busy", args.busy), ("epochs", args.epochs if args.epochs != 1 else 0))
+                    if v)
     busy = (f"; {args.busy} single-threaded busy loop(s) beside every timed run"
             if args.busy else "")
+    mode_text = MODES[args.mode] if args.epochs == 1 else \
+        MODES[args.mode].replace("one epoch", f"{args.epochs} epochs")
     lines = [f"# Engine speed, {sides[0]} (base) against {sides[1]} (head)", "",
              f"`python bench/speed_ab.py --base {args.base} --head {args.head} --shapes "
              f"{args.shapes} --n-train {args.n_train} --repeat {args.repeat} --mode "
              f"{args.mode} --clock {args.clock}{extra}`; {CLOCKS[args.clock]}: "
-             f"{MODES[args.mode]}, 2 threads{busy}; "
+             f"{mode_text}, 2 threads{busy}; "
              f"kernels compiled before the clock, runs alternated A/B in fresh processes on "
              f"one machine.", "",
              "| shape | labels | points | base s (all runs) | head s (all runs) | head / base "
