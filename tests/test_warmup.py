@@ -82,7 +82,7 @@ def test_tiny_copy_keeps_the_code_paths():
     assert np.diff(X.indptr).min() >= 1 and np.diff(Y.indptr).max() >= 2
 
 
-@pytest.mark.parametrize("change", [{}, dict(sampler="dense"),
+@pytest.mark.parametrize("change", [{}, dict(sampler="dense"), dict(max_row_labels=3),
                                     dict(loss="softmax_each", sampler="random"),
                                     dict(loss="softmax_each", sampler="dense"),
                                     dict(sampler="topk", hash_family="dwta", K=2, L=4,
@@ -91,7 +91,8 @@ def test_tiny_copy_keeps_the_code_paths():
 def test_fit_after_the_warm_up_compiles_nothing(data, fresh_process, change):
     """Numba specialises on types, not sizes: after the tiny warm-up, a real fit (other sizes,
     a partial last batch, evaluation at each epoch end, prediction) adds no signature to any
-    kernel of slide."""
+    kernel of slide. ``max_row_labels=3``: the data's longer rows are cut, the tiny set's
+    (at most 3 labels) are not, and the cut labels must keep their index dtypes."""
     X, Y, Xt, Yt = data
     model = slide.SlideClassifier(**dict(SMALL, epochs=2, batch_size=48, **change))
     model._checked_params()

@@ -347,4 +347,10 @@ def cap_row_labels(Y, cap, seed):
         keep[lo + rng.choice(n, n - cap, replace=False)] = False
     indptr = np.zeros(Y.shape[0] + 1, Y.indptr.dtype)
     np.cumsum(np.minimum(lengths, cap), out=indptr[1:])
-    return sp.csr_matrix((Y.data[keep], Y.indices[keep], indptr), shape=Y.shape)
+    out = sp.csr_matrix((Y.data[keep], Y.indices[keep], indptr), shape=Y.shape)
+    # Y's own index dtypes: scipy's constructor narrows them where they fit, and the kernels
+    # specialise on them; a cut Y of other dtypes than the warm-up's compiled block_forward and
+    # block_loss again inside the clock (~10 s of a cold fit on debdeps)
+    out.indptr = out.indptr.astype(Y.indptr.dtype, copy=False)
+    out.indices = out.indices.astype(Y.indices.dtype, copy=False)
+    return out
