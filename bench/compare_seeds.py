@@ -55,7 +55,8 @@ def summarise(out, seeds, command):
              f"- settings: {json.dumps(first['settings'])}",
              f"- slide parameters: {json.dumps(first.get('slide_params'))}",
              f"- per seed: `seed<S>/results.md`", "",
-             "| system | training s (all epochs) | one epoch without setup, s | samples/s | P@1 | P@5 | PSP@5 |",
+             "| system | training s (all epochs) | one epoch without setup, s | samples/s "
+             "| P@1 | P@5 | PSP@5 |",
              "|---|---|---|---|---|---|---|"]
     for name in systems:
         rs = [runs[s]["results"][name] for s in seeds]

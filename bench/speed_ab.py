@@ -56,8 +56,9 @@ elif sys.argv[3] == "defaults":
     # SlideClassifier() as a user runs it: every stage, every default
     kw = dict(n_threads=2, random_state=0)
 else:
+    # the engine path both commits share (LSH + shared negatives)
     kw = dict(sampler="vanilla", learning_rate=1e-3, batch_size=128, epochs=epochs,
-              n_threads=2, random_state=0)       # the engine path both commits share (LSH + shared negatives)
+              n_threads=2, random_state=0)
 warm = slide.SlideClassifier(**dict(kw, epochs=1))
 warm.fit(X[:2048], Y[:2048])                   # compile / load the kernels: not timed
 m = slide.SlideClassifier(**kw)

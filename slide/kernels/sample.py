@@ -90,8 +90,9 @@ def _append_shared(out, n_c, shared, pos, write):
     order, up to out's capacity; returns n; the sorted positions in S of C's ids are left in
     the scratch ``pos`` (``block._active_columns`` takes them). ``write`` False (the batched
     engine's softmax, which reads a sample's S from the batch's block): S minus C is only
-    counted, not copied, unless out's capacity cuts it (``_count_shared``). An ascending C is merged into S
-    (``_merge_shared``); any other C has its ids looked up in S (a galloping search), and the
+    counted, not copied, unless out's capacity cuts it (``_count_shared``). An ascending C is
+    merged into S (``_merge_shared``); any other C has its ids looked up in S (a galloping
+    search), and the
     walk over S is a plain copy between their positions, where stamping
     every id of S in the per-neuron ``mark`` array costs a cache miss per id at hundreds of
     thousands of neurons (S's share of the batched engine's per-sample forward at 670k
@@ -104,14 +105,7 @@ def _append_shared(out, n_c, shared, pos, write):
             return n
     if _ascending(out, n_c):
         return _merge_shared(out, n_c, shared, pos)
-    n_in = 0
-    cur = 0
-    for k in range(n_c):
-        p, cur = seek_sorted(shared, out[k], cur)
-        if p >= 0:
-            pos[n_in] = p
-            n_in += 1
-    sort_small(pos, n_in)
+    n_in = _positions_in_shared(out, n_c, shared, pos)
     n = n_c
     cap = out.shape[0]
     lo = 0
@@ -135,6 +129,13 @@ def _count_shared(out, n_c, shared, pos):
     entries, so the copy of S's ~1,000 ids (and their columns, ``block._active_columns``)
     was a sample's largest piece of bookkeeping (debdeps: 0.37 -> 0.15 ms of a batch's
     forward, measured alone with the caches evicted)."""
+    return n_c + shared.shape[0] - _positions_in_shared(out, n_c, shared, pos)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _positions_in_shared(out, n_c, shared, pos):
+    """pos[:n] = the sorted positions in S of C's ids (out[:n_c], any order) that S holds, by
+    a galloping search from a cursor (``seek_sorted``); returns n."""
     n_in = 0
     cur = 0
     for k in range(n_c):
@@ -143,7 +144,7 @@ def _count_shared(out, n_c, shared, pos):
             pos[n_in] = p
             n_in += 1
     sort_small(pos, n_in)
-    return n_c + shared.shape[0] - n_in
+    return n_in
 
 
 @njit(cache=True, nogil=True, inline="always")
