@@ -32,6 +32,31 @@ def test_time_to_target_interpolates_between_evaluations():
     assert common.time_to_target(curve, 0.6) is None
 
 
+def test_compare_seeds_summary_gives_means_spreads_and_each_seeds_own_ratio(tmp_path):
+    """``bench/compare_seeds.py``: per system the mean and sample standard deviation over the
+    seeds' runs, and each baseline's time over slide's seed by seed (not a ratio of means)."""
+    from bench import compare_seeds
+
+    def result(seconds, steady, p1):
+        return {"label": "x", "train_seconds": seconds, "steady_epoch_seconds": steady,
+                "samples_per_second": 100.0 / seconds,
+                "final_test": {"P@1": p1, "P@5": p1 / 2, "PSP@5": p1 / 4}}
+
+    runs = {0: ((2.0, 1.0, 0.5), (8.0, 4.0, 0.4)), 1: ((4.0, 2.0, 0.7), (10.0, 6.0, 0.2))}
+    for seed, (sl, tf) in runs.items():
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps({
+            "data": {"data": "d"}, "machine": {"cpu": "c", "cores": 2}, "settings": {},
+            "slide_params": {}, "results": {"slide": result(*sl), "tf_sampled": result(*tf)}}))
+    compare_seeds.summarise(str(tmp_path), [0, 1], "cmd")
+    text = (tmp_path / "summary.md").read_text()
+    # slide: times 2 and 4 -> 3.00 +- 1.41; P@1 0.5 and 0.7 -> 0.6000 +- 0.1414
+    assert "| 3.00 ± 1.41 | 1.50 ± 0.71 |" in text and "0.6000 ± 0.1414" in text
+    # ratios 8/2 = 4.00 and 10/4 = 2.50 (steady 4/1, 6/2): mean 3.25x, not 18/6 = 3.00x
+    assert "| tf_sampled | 4.00x; 4.00x | 2.50x; 3.00x | **3.25x**; 3.50x |" in text
+
+
 def test_eval_schedule_every_batches_and_epoch_ends():
     s = common.EvalSchedule(batches_per_epoch=10, every_batches=4)
     due = [b for b in range(1, 31) if s.due(b, 0.0, last=False)]
