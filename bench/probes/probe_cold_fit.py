@@ -38,7 +38,7 @@ def main():
     t_fit = time.perf_counter() - t
     after = warmup.kernel_signatures()
     added = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
-    print(json.dumps({"commit": slide.__file__, "warm_up_s": round(t_warm, 1),
+    print(json.dumps({"slide": slide.__file__, "warm_up_s": round(t_warm, 1),
                       "fit_wall_s": round(t_fit, 1), "train_seconds": round(m.train_seconds_, 2),
                       "signatures_added_by_fit": added}))
 
