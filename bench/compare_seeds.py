@@ -26,7 +26,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from bench.common import git_commit  # noqa: E402
 
 
 def _mean_sd(values):
@@ -38,7 +37,7 @@ def _mean_sd(values):
 def _steady_epoch(r):
     """The epoch's time from the end of its first batch, scaled to the whole epoch (slide's
     clock includes building its model; a baseline's starts once its variables exist)."""
-    return r.get("steady_epoch_seconds") or r["train_seconds"]
+    return r["steady_epoch_seconds"]
 
 
 def summarise(out, seeds, command):
@@ -48,10 +47,14 @@ def summarise(out, seeds, command):
             runs[s] = json.load(f)
     first = runs[seeds[0]]
     systems = list(first["results"])
-    lines = [f"# {first['data'].get('data')}: {len(seeds)} seeds of `bench/compare.py`", "",
-             f"- command: `{command}`",
-             f"- commit {git_commit()}; machine: {first['machine'].get('cpu')}, "
-             f"{first['machine'].get('cores')} cores",
+    # what the runs measured, not what summarises them (``--summarise-only`` runs later)
+    commits = sorted({runs[s].get("commit", "unknown") for s in seeds})
+    lines = [f"# {first['data'].get('data')}: {len(seeds)} seeds of `bench/compare.py`", ""]
+    if command:
+        lines.append(f"- command: `{command}`")
+    lines += [f"- seed {seeds[0]}'s run: `{first.get('command', '?')}`",
+              f"- commit {', '.join(commits)}; machine: {first['machine'].get('cpu')}, "
+              f"{first['machine'].get('cores')} cores",
              f"- settings: {json.dumps(first['settings'])}",
              f"- slide parameters: {json.dumps(first.get('slide_params'))}",
              f"- per seed: `seed<S>/results.md`", "",
@@ -112,7 +115,7 @@ def main():
                    "--out", os.path.join(args.out, f"seed{s}")]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT)
-    summarise(args.out, seeds, command)
+    summarise(args.out, seeds, None if args.summarise_only else command)
 
 
 if __name__ == "__main__":

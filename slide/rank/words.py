@@ -8,11 +8,12 @@ over them: on debcontents (133k labels) the labels of a test row's 20 nearest tr
 input cosine put a true label first for 56 % of the rows, 59 % with 50 of them, against 56 %
 for the network alone, and the two err on different rows. Taken as sign(v) |v| ** 0.5 before
 the cosine (``VALUE_POWER``), the inputs' values do better: 61 % with 20 rows (tf-idf weighs a
-rare word too heavily here: binary inputs gave 61 % too, |v| ** 2 45 %). So the re-ranker gets the words'
-vote as a feature of its own (``word_vote``, ``slide.rank.candidates``); the labels of the
-``NEW_ROWS`` nearest also join a row's candidates (default none: on debcontents, paired on two
-networks, the vote as a feature gained 0.4 and 0.7 points of P@1, and with all 20 rows'
-labels among the candidates +0.2 and -0.6: more candidates of little else to go on).
+rare word too heavily here: binary inputs gave 61 % too, |v| ** 2 45 %). So the re-ranker
+gets the words' vote as a feature of its own (``word_vote``, ``slide.rank.candidates``); the
+labels of the ``NEW_ROWS`` nearest also join a row's candidates (default none: on
+debcontents, paired on two networks, the vote as a feature gained 0.4 and 0.7 points of P@1,
+and with all 20 rows' labels among the candidates +0.2 and -0.6: more candidates of little
+else to go on).
 
 The index is the training rows' unit-L2 inputs transposed: for each word, the rows that hold it
 and its weight there (``ptr`` int64 [n_features + 1], ``rows`` int32, ``vals`` float32). A query
@@ -32,8 +33,8 @@ from slide.kernels.topk import insert_best_first
 
 STATE_FORMAT = 1
 K = defaults.WORD_NEIGHBOURS
-NEW_ROWS = defaults.WORD_NEW_ROWS
-VALUE_POWER = defaults.WORD_VALUE_POWER  # sign(v) |v| ** VALUE_POWER: the values searched      # the nearest whose labels join the candidates
+NEW_ROWS = defaults.WORD_NEW_ROWS          # the nearest whose labels join the candidates
+VALUE_POWER = defaults.WORD_VALUE_POWER    # sign(v) |v| ** VALUE_POWER: the values searched
 POWER = defaults.WORD_POWER
 MAX_ENTRIES = defaults.WORD_MAX_ENTRIES
 
