@@ -26,6 +26,11 @@ its rows faster than that, so the bounds are given at both rates. Each engine
 (``per_sample``: before the batched engine; ``batched``: now) trains one epoch of the network
 alone after a compile fit (the best of ``--repeat`` such fits); achieved samples/s divided by
 the bound's is its fraction.
+
+``--rounds R``: the machine's rates and then the batched engine's epoch, R times; each round's
+fraction of its own bounds, their median and range. This host's speed drifts by +-20 % over
+minutes, and a fraction of rates measured minutes apart moves with it; the headline tables
+still take every rate's best over all rounds.
 """
 import argparse
 import json
@@ -198,6 +203,51 @@ def train_rate(X, Y, engine, threads, n_shared, exact_head, repeat=1):
     return best
 
 
+def measure_round(X, Y, c, touched, args, h, batch, engines):
+    """One round: the machine's rates (GEMM, triad, the touched rows' rate) and then, right
+    after them, each engine's epoch, so that the fraction compares rates measured within
+    seconds of each other (this host's speed drifts by +-20 % over minutes)."""
+    flops_rate = gemm_rate(batch, int(c["block"]), h, threads=args.threads)
+    bw = memory_bandwidth()
+    bw_rows = scattered_row_rate(X.shape[1], Y.shape[1], h, touched)
+    b = bound(c, h, batch, flops_rate, bw, bw_rows)
+    rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives, args.exact_head,
+                           args.repeat) for e in engines}
+    return {"gemm_flops_per_s": flops_rate, "memory_bytes_per_s": bw,
+            "scattered_row_bytes_per_s": bw_rows, "bound": b, "samples_per_s": rates,
+            "fraction_of_sum_bound": rates["batched"] / b["bound_sum"],
+            "fraction_of_sum_bound_rows": rates["batched"] / b["bound_sum_rows"],
+            "fraction_of_overlap_bound_rows": rates["batched"] / b["bound_overlap_rows"]}
+
+
+def round_lines(rounds):
+    """The report's table of rounds: each round's rates and the batched engine's fractions of
+    that round's own bounds, then their median and range."""
+    keys = ("fraction_of_sum_bound", "fraction_of_sum_bound_rows",
+            "fraction_of_overlap_bound_rows")
+    lines = ["Each round: the machine's rates, then the batched engine's epoch, and its "
+             "fraction of that round's bounds (one after the other at the triad's rate; at "
+             "the rows' rate; overlapped at the rows' rate):", "",
+             "| round | GEMM GFLOP/s | triad GB/s | rows GB/s | `batched` samples/s | "
+             "sum-bound (triad) | sum-bound (rows) | max-bound (rows) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rounds):
+        lines.append(f"| {i + 1} | {r['gemm_flops_per_s'] / 1e9:.1f} | "
+                     f"{r['memory_bytes_per_s'] / 1e9:.1f} | "
+                     f"{r['scattered_row_bytes_per_s'] / 1e9:.1f} | "
+                     f"{r['samples_per_s']['batched']:,.0f} | "
+                     + " | ".join(f"{r[k]:.2f}" for k in keys) + " |")
+    med = [np.median([r[k] for r in rounds]) for k in keys]
+    lo = [min(r[k] for r in rounds) for k in keys]
+    hi = [max(r[k] for r in rounds) for k in keys]
+    lines.append("| median (range) | | | | | " + " | ".join(
+        f"**{m:.2f}** ({a:.2f}-{z:.2f})" for m, a, z in zip(med, lo, hi)) + " |")
+    n50 = sum(r["fraction_of_sum_bound_rows"] >= 0.5 for r in rounds)
+    lines += ["", f"{n50} of {len(rounds)} rounds at >= 50 % of the sum-bound at the rows' "
+              "rate."]
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True)
@@ -207,6 +257,9 @@ def main():
     ap.add_argument("--exact-head", type=float, default=None, help="default: slide's")
     ap.add_argument("--repeat", type=int, default=1, help="epochs each engine trains (fresh "
                     "fits); the best counts, as for the machine's rates")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of (the machine's rates, "
+                    "then the batched engine's epoch), each round's fraction reported with "
+                    "their median and range (the per-sample engine: first round only)")
     ap.add_argument("--max-row-labels", type=int, default=None, help="default: slide's; the "
                     "rows are cut as fit cuts them (seed 0) before the counts and the bound")
     ap.add_argument("--out", required=True)
@@ -233,25 +286,32 @@ def main():
                           random_state=0).fit(X[:2048], Y[:2048])          # compile both
     c = step_counts(X, Y, args.shared_negatives, args.exact_head, batch, h)
     g1 = gemm_rate(batch, int(c["block"]), h)
-    flops_rate = gemm_rate(batch, int(c["block"]), h, threads=args.threads)
-    bw = memory_bandwidth()
     from slide.kernels.negatives import SharedNegatives, head_size
     neg = SharedNegatives(args.shared_negatives, 1.0, Y.shape[1],
                           head_size(args.shared_negatives, args.exact_head))
     neg.set_label_counts(np.asarray(Y.sum(axis=0)).ravel())
-    bw_rows = scattered_row_rate(X.shape[1], Y.shape[1], h, batch_rows(X, Y, neg, batch))
+    touched = batch_rows(X, Y, neg, batch)
+    rounds = [measure_round(X, Y, c, touched, args, h, batch,
+                            ("per_sample", "batched") if r == 0 else ("batched",))
+              for r in range(max(1, args.rounds))]
+    # the headline: every rate the best of its rounds (and repetitions), as before --rounds
+    flops_rate = max(r["gemm_flops_per_s"] for r in rounds)
+    bw = max(r["memory_bytes_per_s"] for r in rounds)
+    bw_rows = max(r["scattered_row_bytes_per_s"] for r in rounds)
     b = bound(c, h, batch, flops_rate, bw, bw_rows)
-    rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives, args.exact_head,
-                           args.repeat) for e in ("per_sample", "batched")}
+    rates = {e: max(r["samples_per_s"][e] for r in rounds if e in r["samples_per_s"])
+             for e in ("per_sample", "batched")}
     res = {"data": args.data, "commit": commit, "machine": machine_description(),
            "n_train": X.shape[0], "n_labels": Y.shape[1], "counts_per_sample": c,
-           "gemm_flops_per_s_one_thread": g1, "gemm_flops_per_s": flops_rate, "memory_bytes_per_s": bw, "scattered_row_bytes_per_s": bw_rows, "bound": b,
+           "gemm_flops_per_s_one_thread": g1, "gemm_flops_per_s": flops_rate,
+           "memory_bytes_per_s": bw, "scattered_row_bytes_per_s": bw_rows, "bound": b,
            "samples_per_s": rates,
            "fraction_of_overlap_bound": {e: r / b["bound_overlap"] for e, r in rates.items()},
            "fraction_of_sum_bound": {e: r / b["bound_sum"] for e, r in rates.items()},
            "fraction_of_overlap_bound_rows": {e: r / b["bound_overlap_rows"]
                                               for e, r in rates.items()},
-           "fraction_of_sum_bound_rows": {e: r / b["bound_sum_rows"] for e, r in rates.items()}}
+           "fraction_of_sum_bound_rows": {e: r / b["bound_sum_rows"] for e, r in rates.items()},
+           "rounds": rounds}
     with open(args.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     lines = [f"# Roofline of the training step: {args.data}", "",
@@ -289,6 +349,8 @@ def main():
     for e, r in rates.items():
         lines.append(f"| slide `{e}` | {r:,.0f} | {r / b['bound_overlap_rows']:.2f} | "
                      f"{r / b['bound_sum_rows']:.2f} |")
+    if len(rounds) > 1:
+        lines += ["", *round_lines(rounds)]
     lines += ["", f"FLOPs alone allow {1 / b['t_flops']:,.0f} samples/s, the bytes alone "
               f"{1 / b['t_bytes']:,.0f} at the triad's rate, {1 / b['t_bytes_rows']:,.0f} at "
               "the scattered rows' rate."]
