@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--compare", action="store_true", help="time the engine before the "
                     "many-core changes, after them and each alone, one after the other in this "
                     "process (``COMPARE``), and print a summary table")
+    ap.add_argument("--max-row-labels", type=int, default=None, help="cut each row to this "
+                    "many labels as fit does (default: slide's max_row_labels; 0: uncut)")
     ap.add_argument("--warm-batches", type=int, default=20, help="batches run untimed first "
                     "(a kernel the warm-up fit did not compile in these types compiles there)")
     args = ap.parse_args()
@@ -82,8 +84,17 @@ def main():
     # specialisations inside the timed loop
     X = as_feature_matrix(X)
     Y = as_label_matrix(Y, n_rows=X.shape[0])
+    # the rows as fit trains on them: cut to max_row_labels labels (seed 0), which fit does
+    # before training (until this session the probe timed debcontents' uncut rows: up to
+    # 9,076 labels where fit sees 256)
+    from slide.data.inputs import cap_row_labels
+    from slide.params import BY_NAME
+    cap = BY_NAME["max_row_labels"].default if args.max_row_labels is None \
+        else args.max_row_labels
+    if cap:
+        Y = cap_row_labels(Y, cap, 0)
     print(f"commit {git_commit()}; data {args.data or args.preset}: {X.shape[0]} points, "
-          f"{Y.shape[1]} labels")
+          f"{Y.shape[1]} labels, rows cut to {cap or 'no'} labels")
     m = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1,
                               n_threads=args.threads, random_state=0, neighbours=0,
                               rerank=False)
