@@ -349,3 +349,18 @@ def test_row_chunk_gives_every_thread_several_chunks():
     assert row_chunk(0) == MIN_ROW_CHUNK
     mid = row_chunk(8 * n * 40)
     assert mid == max(MIN_ROW_CHUNK, min(ROW_CHUNK, 40))
+
+
+@pytest.mark.parametrize("n_parts, n_tasks", [(1, 0), (2, 0), (2, 5), (4, 6), (4, 1), (8, 3)])
+def test_products_loop_runs_every_part_and_task_once_with_parts_spread(n_parts, n_tasks):
+    from slide.network.products import spread_parts
+    slots = spread_parts(n_parts, n_tasks)
+    n = n_parts + n_tasks
+    assert sorted(slots.tolist()) == list(range(n))
+    # part c sits where a halving of the loop's range starts a thread's share, not in the
+    # loop's first slots (where one thread took every BLAS call of the batch)
+    for c in range(n_parts):
+        assert slots[c * n // n_parts] == c
+    # the tasks keep their order
+    tasks = [k for k in slots.tolist() if k >= n_parts]
+    assert tasks == sorted(tasks)

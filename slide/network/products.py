@@ -69,6 +69,30 @@ def _gather(xt, shared, WS, bS, a, b):
         bS[i] = xt.B[xt.b_off + shared[i]]
 
 
+@njit(cache=True, nogil=True)
+def spread_parts(n_parts, n_tasks):
+    """The order of a products' loop of ``n_parts`` BLAS calls and ``n_tasks`` extras' tasks:
+    slot c holds BLAS part k (k < n_parts) or task k - n_parts. The parts sit at slots
+    c * n // n_parts, spread over the loop, the tasks in order between them. TBB deals a
+    loop by halving its range, the first thread taking the first half: with the parts in the
+    loop's first slots one thread ran every BLAS call one after the other while the others
+    took the tasks (debcontents, 2 threads: 0.25-0.3 ms more a batch in each product's
+    phase than without tasks, ``bench/probes/probe_block_phases.py --extras-task``)."""
+    n = n_parts + n_tasks
+    slots = np.empty(n, np.int64)
+    is_part = np.zeros(n, np.bool_)
+    for c in range(n_parts):
+        p = c * n // n_parts
+        slots[p] = c
+        is_part[p] = True
+    k = n_parts
+    for i in range(n):
+        if not is_part[i]:
+            slots[i] = k
+            k += 1
+    return slots
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def split_forward_product(xt, shared, WS, bS, Z, n_parts):
     """Steps 2 and 3: W_S, b_S = the rows of ``shared`` and Z = H @ WS.T (H = ``xt.H``), as
@@ -82,7 +106,9 @@ def split_forward_product(xt, shared, WS, bS, Z, n_parts):
     nb, h = H.shape
     ns = WS.shape[0]
     Zf, Wf = Z.reshape(-1), WS.reshape(-1)
-    for c in prange(n_parts + xt.tasks.shape[0]):
+    slots = spread_parts(n_parts, xt.tasks.shape[0])
+    for i in prange(slots.shape[0]):
+        c = slots[i]
         if c >= n_parts:
             task_logits(xt, c - n_parts)
             continue
@@ -118,7 +144,9 @@ def split_backward_products(Z, WS, xt, dH, dWS, dbS, n_parts):
     ns = WS.shape[0]
     Zf, Wf, Hf, dHf, dWf = Z.reshape(-1), WS.reshape(-1), H.reshape(-1), dH.reshape(-1), \
         dWS.reshape(-1)
-    for c in prange(2 * n_parts + xt.tasks.shape[0]):
+    slots = spread_parts(2 * n_parts, xt.tasks.shape[0])
+    for i in prange(slots.shape[0]):
+        c = slots[i]
         if c >= 2 * n_parts:
             task_delta_product(xt, c - 2 * n_parts)
         elif c < n_parts:
