@@ -159,60 +159,48 @@ def _consts(hyper):
             np.float32(1.0 - hyper.beta2), np.float32(hyper.lr_t), np.float32(hyper.eps))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _catch_up_factors(last, t, hyper):
-    """The float32 factors of the zero-gradient steps a row updated at step ``last`` missed
-    before step ``t``: (rate sum, beta1^n or 0, beta2^n, n); n == 0: none missed.
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def _adam_row(w, mm, vv, gg, k, fused_output):
+    """THE Adam update (every path uses it; ``_adam_row_scaled`` is its spelling for a
+    gradient formed as it is read), in place on a row: w, its moments mm, vv, its gradient gg;
+    ``k`` = ``_consts(hyper)``. A single parameter is a row of length 1.
 
-    beta1^n below SMALL_DECAY (an idle gap of over 153 steps at beta1 = 0.9): the first
-    moment is dropped, not decayed. m * beta1^n could otherwise fall below float32's normal
-    range, and producing a subnormal costs the assist the floor avoids; above it,
-    m * beta1^n >= MOMENT_FLOOR * SMALL_DECAY is a normal float32. What is dropped is under
-    1e-7 of the momentum the row last had: it would move the weight by under 1e-7 of that
-    step's size (the missed steps themselves are applied in full, through the rate sum)."""
-    srt, d1, d2, n = _missed_steps(last, t, hyper)
-    f1 = np.float32(d1) if d1 >= SMALL_DECAY else np.float32(0.0)
-    return np.float32(srt), f1, np.float32(d2), n
-
-
-# _adam_row's ``missed`` for a row with no missed steps (lazy Adam, a row's first touch, a
-# row updated at the step before)
-NO_MISSED = (np.float32(0.0), np.float32(1.0), np.float32(1.0), 0)
+    ``fused_output`` (a constant at each call site) only selects between two spellings of the
+    same formula that the engine has always used: the output layer's fused step reads g[i]
+    twice, the buffered layers read it once. Under fastmath the two compile to differently
+    contracted multiply-adds and differ in the last bit, and tests/test_golden.py pins the
+    trajectories bit for bit; using one spelling everywhere is a deliberate, separately
+    reviewed change (regenerate the fixture with tests/make_golden.py)."""
+    b1, b2, c1, c2, lr, ep = k
+    for i in range(w.shape[0]):
+        if fused_output:
+            m = _flush(b1 * mm[i] + c1 * gg[i])
+            v = b2 * vv[i] + c2 * gg[i] * gg[i]
+        else:
+            g = gg[i]
+            m = _flush(b1 * mm[i] + c1 * g)
+            v = b2 * vv[i] + c2 * g * g
+        mm[i] = m
+        vv[i] = v
+        w[i] -= lr * m / (np.sqrt(v) + ep)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
-def _adam_row(w, mm, vv, xv, gg, k, missed):
-    """THE Adam update (every path uses it), in place on a row: w, its moments mm, vv, its
-    gradient ``xv * gg[i]`` (a feature row with one entry in the batch passes that entry's
-    value and delta, formed as read: no gradient buffer to zero, fill and read back; a
-    buffered gradient passes xv = 1, an exact product); ``k`` = ``_consts(hyper)``. A single
-    parameter is a row of length 1.
-
-    ``missed`` = ``_catch_up_factors(...)`` of the row's last update (or ``NO_MISSED``): with
-    n > 0 the zero-gradient steps it missed (``_catch_up``) are applied first, in the same pass
-    over the row -- one read and one write of w, mm and vv where a pass each read them twice
-    (the first layer's step at 200k labels, 6.8k such rows a batch)."""
+def _adam_row_scaled(w, mm, vv, xv, d, k):
+    """``_adam_row`` of a row whose gradient is ``xv * d`` (a scalar times a vector: a feature
+    row with one entry in the batch, most of them), formed as it is read: no gradient buffer
+    to zero, fill and read back (the batched engine's first layer at the Amazon-670K shape:
+    85 % of a batch's rows; bench/results/block_phases_amazon670k_session7_b3fe520.log).
+    The same operations in the same order as ``_adam_row`` on a buffer holding xv * d: the
+    golden fixture's bits did not move."""
     b1, b2, c1, c2, lr, ep = k
-    lrs, f1, f2, n = missed
-    if n > 0:
-        for i in range(w.shape[0]):
-            m = mm[i]
-            v = vv[i]
-            wi = w[i] - lrs * m / (np.sqrt(v) + ep)
-            g = xv * gg[i]
-            m = _flush(b1 * _flush(m * f1) + c1 * g)
-            v = b2 * (v * f2) + c2 * g * g
-            mm[i] = m
-            vv[i] = v
-            w[i] = wi - lr * m / (np.sqrt(v) + ep)
-    else:
-        for i in range(w.shape[0]):
-            g = xv * gg[i]
-            m = _flush(b1 * mm[i] + c1 * g)
-            v = b2 * vv[i] + c2 * g * g
-            mm[i] = m
-            vv[i] = v
-            w[i] -= lr * m / (np.sqrt(v) + ep)
+    for i in range(w.shape[0]):
+        g = xv * d[i]
+        m = _flush(b1 * mm[i] + c1 * g)
+        v = b2 * vv[i] + c2 * g * g
+        mm[i] = m
+        vv[i] = v
+        w[i] -= lr * m / (np.sqrt(v) + ep)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -230,11 +218,19 @@ def _missed_steps(last, t, hyper):
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _catch_up(w, mm, vv, last, t, hyper):
     """Apply to one row the zero-gradient steps it missed between steps ``last`` and ``t``,
-    each at its own recorded rate (``hyper.rate_sums``), and nothing else (a flush before
-    inference; a step fuses them into its update, ``_adam_row``)."""
-    lrs, f1, f2, n = _catch_up_factors(last, t, hyper)
+    each at its own recorded rate (``hyper.rate_sums``)."""
+    srt, d1, d2, n = _missed_steps(last, t, hyper)
     if n == 0:
         return
+    lrs = np.float32(srt)
+    # beta1^n below SMALL_DECAY (an idle gap of over 153 steps at beta1 = 0.9): the first
+    # moment is dropped, not decayed. m * beta1^n could otherwise fall below float32's normal
+    # range, and producing a subnormal costs the assist the floor avoids; above it,
+    # m * beta1^n >= MOMENT_FLOOR * SMALL_DECAY is a normal float32. What is dropped is under
+    # 1e-7 of the momentum the row last had: it would move the weight by under 1e-7 of that
+    # step's size (the missed steps themselves are applied in full, through lrs)
+    f1 = np.float32(d1) if d1 >= SMALL_DECAY else np.float32(0.0)
+    f2 = np.float32(d2)
     ep = np.float32(hyper.eps)
     for i in range(w.shape[0]):
         m = mm[i]
@@ -244,29 +240,19 @@ def _catch_up(w, mm, vv, last, t, hyper):
         vv[i] = v * f2
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _row_missed(T, j, t, hyper):
-    """The missed-step factors of row ``j`` by its step record ``T[j]``, which becomes ``t``
-    (empty ``T``: no catch-up, ``NO_MISSED``)."""
-    if T.shape[0] == 0:
-        return NO_MISSED
-    last = T[j]
-    T[j] = t
-    return _catch_up_factors(last, t, hyper)
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def adam_rows(W, M, V, G, T, starts, lens, rowids, n, hyper):
     """Adam on the rows ``W[starts[i]:starts[i]+lens[i]]`` for i < n; zeroes their gradient.
     With a step record ``T`` (non-empty), first the zero-gradient steps each row missed since
     ``T[rowids[i]]``, then ``T[rowids[i]] = t``."""
     k = _consts(hyper)
-    one = np.float32(1.0)
     for r in prange(n):
         s = starts[r]
         e = s + lens[r]
-        missed = _row_missed(T, rowids[r], hyper.t, hyper)
-        _adam_row(W[s:e], M[s:e], V[s:e], one, G[s:e], k, missed)
+        if T.shape[0] > 0:
+            _catch_up(W[s:e], M[s:e], V[s:e], T[rowids[r]], hyper.t, hyper)
+            T[rowids[r]] = hyper.t
+        _adam_row(W[s:e], M[s:e], V[s:e], G[s:e], k, False)
         G[s:e] = 0.0
 
 
@@ -275,11 +261,12 @@ def adam_ids(B, M, V, G, T, ids, n, hyper):
     """Adam on the single entries ``B[ids[i]]`` for i < n (biases); zeroes their gradient.
     With a step record ``T`` (non-empty), missed steps first, as in ``adam_rows``."""
     k = _consts(hyper)
-    one = np.float32(1.0)
     for r in prange(n):
         e = ids[r]
-        missed = _row_missed(T, e, hyper.t, hyper)
-        _adam_row(B[e:e + 1], M[e:e + 1], V[e:e + 1], one, G[e:e + 1], k, missed)
+        if T.shape[0] > 0:
+            _catch_up(B[e:e + 1], M[e:e + 1], V[e:e + 1], T[e], hyper.t, hyper)
+            T[e] = hyper.t
+        _adam_row(B[e:e + 1], M[e:e + 1], V[e:e + 1], G[e:e + 1], k, False)
         G[e] = 0.0
 
 

@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
-from slide.network.adam import KIND_ADAM, NO_MISSED, _adam_row, _consts, _row_missed
+from slide.network.adam import KIND_ADAM, _adam_row, _adam_row_scaled, _catch_up, _consts
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -72,9 +72,13 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
     if kind == KIND_ADAM:
         mw = MW[base:base + n_in]
         vw = VW[base:base + n_in]
-        one = np.float32(1.0)
-        _adam_row(w, mw, vw, one, g, k, _row_missed(TW, j, t, hyper))
-        _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], one, gb, k, _row_missed(TB, j, t, hyper))
+        if TW.shape[0] > 0:
+            _catch_up(w, mw, vw, TW[j], t, hyper)
+            _catch_up(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], TB[j], t, hyper)
+            TW[j] = t
+            TB[j] = t
+        _adam_row(w, mw, vw, g, k, True)
+        _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
     else:
         for i in range(n_in):
             w[i] -= lr * g[i]
@@ -96,12 +100,14 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
     base = w_off + np.int64(f) * n_h
     w = W[base:base + n_h]
     e0, e1 = row_ptr[u], row_ptr[u + 1]
-    mw, vw = MW[base:base + n_h], VW[base:base + n_h]
-    missed = _row_missed(TW, f, hyper.t, hyper) if kind == KIND_ADAM else NO_MISSED
     if kind == KIND_ADAM:
+        mw, vw = MW[base:base + n_h], VW[base:base + n_h]
+        if TW.shape[0] > 0:
+            _catch_up(w, mw, vw, TW[f], hyper.t, hyper)
+            TW[f] = hyper.t
         if e1 - e0 == 1:
             # one entry (most rows): the gradient is x_value * delta, formed as read
-            _adam_row(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k, missed)
+            _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)
             return
     g = g_buf[numba.get_thread_id()]
     g[:] = 0.0
@@ -111,7 +117,7 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
         for i in range(n_h):
             g[i] += xv * d[i]
     if kind == KIND_ADAM:
-        _adam_row(w, mw, vw, np.float32(1.0), g, k, missed)
+        _adam_row(w, MW[base:base + n_h], VW[base:base + n_h], g, k, False)
     else:
         lr = np.float32(hyper.lr_t)
         for i in range(n_h):
