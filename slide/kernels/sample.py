@@ -213,8 +213,9 @@ def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, 
     The input is hashed with the layer's functions (a sparse input -- the network input or a
     sparse previous layer -- is scattered into the thread's ``xbuf`` and hashed densely, so
     unsorted active ids work too; ``xbuf`` is all-zero between calls). ``write_shared``
-    False: the middle part (S minus C) is counted but left unwritten where nothing cuts or
-    pads the set (``_append_shared``); the batched engine's softmax never reads it."""
+    False: the middle part (S minus C) is counted but left unwritten where the capacity does
+    not cut it and no random fill can follow (``min_active`` 0; ``_append_shared``): the
+    batched engine's softmax never reads it."""
     cfg = spec.cfg
     n_neurons = spec.n_out[l]
     min_act = spec.min_active[l]
@@ -251,12 +252,10 @@ def select_active(l, spec, tables, sc, c, in_sparse, in_ids, in_vals, n_in_act, 
     # the shared negatives and the random fill are added here (not by the sampler) so that
     # the caller knows which positions are which
     target = min(min_act, n_neurons, out.shape[0])
-    n = _append_shared(out, n_c, shared, sc.forced_buf[c], write_shared)
+    # a random fill stamps the whole set first: S must be written wherever one may follow
+    n = _append_shared(out, n_c, shared, sc.forced_buf[c], write_shared or target > 0)
     n_s = n
     if n < target:
-        if not write_shared:
-            # the fill stamps the whole set first: S must be there
-            _append_shared(out, n_c, shared, sc.forced_buf[c], True)
         _mark_range(out, 0, n, mark, serial)
         n, rng = _pad_random(out, n, target, n_neurons, rng, mark, serial)
     return n, rng, n_c, n_s
@@ -268,12 +267,11 @@ def _random_active(n_neurons, labels, shared, min_act, rng, out, mark, serial, p
     ``select_active``'s ``write_shared``), then random neurons up to ``min_act``; returns
     (count, rng, n_c, n_s) as ``select_active``."""
     n_lab = _add_labels(labels, out, mark, serial)
-    n_kept = _append_shared(out, n_lab, shared, pos, write)
-    n = n_kept
     target = min(min_act, n_neurons)
+    # a random fill stamps the whole set first: S must be written wherever one may follow
+    n_kept = _append_shared(out, n_lab, shared, pos, write or target > 0)
+    n = n_kept
     if n < target:
-        if not write:
-            _append_shared(out, n_lab, shared, pos, True)
         _mark_range(out, 0, n, mark, serial)
         n, rng = _pad_random(out, n, target, n_neurons, rng, mark, serial)
     return n, rng, min(labels.shape[0], n_kept), n_kept
