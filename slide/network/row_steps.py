@@ -95,7 +95,10 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
     n_h = dels.shape[1]
     k = _consts(hyper)
     if u + 1 < n_uniq:
-        _prefetch_adam_row(W, MW, VW, w_off + np.int64(uniq[u + 1]) * n_h, n_h)
+        fn = uniq[u + 1]
+        _prefetch_adam_row(W, MW, VW, w_off + np.int64(fn) * n_h, n_h)
+        if TW.shape[0] > 0:
+            prefetch_line(TW, fn)
     f = uniq[u]
     base = w_off + np.int64(f) * n_h
     w = W[base:base + n_h]
