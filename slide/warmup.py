@@ -231,6 +231,7 @@ def _warm_output_steps(copy):
             opt.step_batch_rows(net.W, net.B, *row_step_parts(
                 net, np.zeros(0, np.float32), int(copy.batch_size), 0,
                 np.empty(0, np.int32), 0))
+    opt.warm_bias_steps(net.params, net.touched_rows)
     opt.flush(net.W, net.B)
 
 

@@ -249,3 +249,35 @@ def test_optimizer_parameters_are_validated(tiny):
         SlideClassifier(output_bias_init="prior").fit(X, Y)
     with pytest.raises(ValueError, match="optimizer"):
         SlideClassifier(optimizer="adamw").fit(X, Y)
+
+
+def _bias_steps(n_threads, monkeypatch):
+    """Biases of a two-layer layout stepped 40 times by ``SparseOptimizer.step`` with numba
+    reporting ``n_threads`` threads (above 2 the step takes the serial bias kernel), each
+    step touching a random subset (so the catch-up runs over varied gaps): (B, MB, VB, TB)."""
+    from slide.network import optim
+    monkeypatch.setattr(optim.numba, "get_num_threads", lambda: n_threads)
+    rng = np.random.default_rng(3)
+    lay = Layout((5, 64, 7))
+    opt = SparseOptimizer("adam", lay, 1e-2, B1, B2, EPS)
+    W = np.zeros(lay.n_weights, np.float32)
+    B = rng.standard_normal(lay.n_biases).astype(np.float32)
+    params = Params(W, B, np.zeros_like(W), np.zeros_like(B))
+    touched = make_touched(lay)
+    for _ in range(40):
+        ids = np.flatnonzero(rng.random(lay.n_biases) < 0.4)
+        params.GB[ids] = rng.standard_normal(ids.shape[0]).astype(np.float32)
+        touched.bias_ids[:ids.shape[0]] = ids
+        opt.step(params, touched, 0, ids.shape[0])
+        assert not params.GB.any()              # the gradient buffer is zeroed
+    return B, opt.MB, opt.VB, opt.TB
+
+
+def test_serial_bias_step_gives_the_parallel_bits(monkeypatch):
+    """Beyond 2 threads a step's few biases are updated on the calling thread
+    (``adam_ids_serial``); the bits are those of the parallel loop (``adam_ids``)."""
+    serial = _bias_steps(16, monkeypatch)
+    parallel = _bias_steps(2, monkeypatch)
+    assert serial[3].max() == 40                # every bias stepped, up to the last step
+    for a, b in zip(serial, parallel):
+        np.testing.assert_array_equal(a, b)

@@ -10,8 +10,9 @@ from slide.kernels.arrays import Store, make_feature_rows, make_output_rows
 from slide.kernels.layers import zeros_touched
 
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
-                                adam_flush_rows, adam_ids, adam_lr, adam_rows, block_powers,
-                                discounted_rate_sum, extend_rate_sums, sgd_ids, sgd_rows)
+                                adam_flush_rows, adam_ids, adam_ids_serial, adam_lr, adam_rows,
+                                block_powers, discounted_rate_sum, extend_rate_sums, sgd_ids,
+                                sgd_rows)
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
 # rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
@@ -21,6 +22,12 @@ from slide.network.row_steps import batch_row_steps, first_layer_step
 ROW_CHUNK = 256
 ROW_CHUNKS_PER_THREAD = 8
 MIN_ROW_CHUNK = 16
+# biases a step updates on the calling thread (``adam_ids_serial``, ~0.08 us a bias) rather
+# than in a parallel loop, beyond 2 threads: the batched engine's first layer has a bias step of
+# its own every batch (128 biases at the default hidden size). At 2 threads the loop took 7.1 us
+# and the calling thread 11.3 (scratch, after another parallel loop); at 16 a loop's fork and
+# join alone cost 80-93 us on TBB (bench/results/device_phases_3e37504/fork_join_t16.log)
+SERIAL_IDS = 512
 
 
 # ``step_batch_rows``'s parts when there are no such rows, typed as the batched engine's
@@ -192,8 +199,10 @@ class SparseOptimizer:
             if n_rows > 0:
                 adam_rows(W, self.MW, self.VW, GW, self.TW, touched.starts, touched.lens,
                           touched.rowids, n_rows, h)
-            if n_bias > 0:
+            if n_bias > SERIAL_IDS or numba.get_num_threads() <= 2:
                 adam_ids(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
+            elif n_bias > 0:
+                adam_ids_serial(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
         else:
             if n_rows > 0:
                 sgd_rows(W, GW, touched.starts, touched.lens, n_rows, self.learning_rate)
@@ -259,6 +268,14 @@ class SparseOptimizer:
         return bool(self.TW.shape[0]) and self.t > 0 and (
             bool((self.TW[self.TW > 0] < self.t).any()) or
             bool((self.TB[self.TB > 0] < self.t).any()))
+
+    def warm_bias_steps(self, params, touched):
+        """Compile (or load) both bias kernels ``step`` picks from, by count and threads, on
+        no biases: a fit's warm-up runs at tiny sizes, where the count alone would pick."""
+        if self._adam:
+            h = self._hyper()
+            for step in (adam_ids, adam_ids_serial):
+                step(params.B, self.MB, self.VB, params.GB, self.TB, touched.bias_ids, 0, h)
 
     def flush(self, W, B):
         """Apply every row's missed zero-gradient steps up to the current step (after it, W
