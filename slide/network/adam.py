@@ -279,8 +279,9 @@ def adam_ids(B, M, V, G, T, ids, n, hyper):
 @njit(cache=True, nogil=True, fastmath=FASTMATH)
 def adam_ids_serial(B, M, V, G, T, ids, n, hyper):
     """``adam_ids`` on the calling thread: for a few entries (the batched engine's first-layer
-    biases, every batch) the fork and join of a parallel loop cost more than the work (10-15
-    us at 2 threads, 57-93 us at 16 on TBB, against ~0.05 us an entry)."""
+    biases, every batch) the fork and join of a parallel loop on many threads cost more than
+    the work (80-93 us at 16 threads on TBB, against ~0.08 us an entry; ``SparseOptimizer.step``
+    picks, and keeps the loop at 2 threads, where it is faster)."""
     k = _consts(hyper)
     for r in range(n):
         _adam_id(B, M, V, G, T, ids[r], k, hyper)

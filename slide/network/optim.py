@@ -199,10 +199,10 @@ class SparseOptimizer:
             if n_rows > 0:
                 adam_rows(W, self.MW, self.VW, GW, self.TW, touched.starts, touched.lens,
                           touched.rowids, n_rows, h)
-            if n_bias > SERIAL_IDS or numba.get_num_threads() <= 2:
-                adam_ids(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
-            elif n_bias > 0:
-                adam_ids_serial(B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
+            if n_bias > 0:
+                serial = n_bias <= SERIAL_IDS and numba.get_num_threads() > 2
+                (adam_ids_serial if serial else adam_ids)(
+                    B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
         else:
             if n_rows > 0:
                 sgd_rows(W, GW, touched.starts, touched.lens, n_rows, self.learning_rate)
