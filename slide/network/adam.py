@@ -219,7 +219,14 @@ def _missed_steps(last, t, hyper):
 def _catch_up(w, mm, vv, last, t, hyper):
     """Apply to one row the zero-gradient steps it missed between steps ``last`` and ``t``,
     each at its own recorded rate (``hyper.rate_sums``)."""
-    srt, d1, d2, n = _missed_steps(last, t, hyper)
+    _apply_missed(w, mm, vv, _missed_steps(last, t, hyper), hyper)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def _apply_missed(w, mm, vv, missed, hyper):
+    """``_catch_up`` with the missed steps' closed form ``missed`` (``_missed_steps``) given:
+    a neuron's row and bias, whose step records agree, share one."""
+    srt, d1, d2, n = missed
     if n == 0:
         return
     lrs = np.float32(srt)
