@@ -14,6 +14,7 @@ from numba import njit, prange
 
 from slide.kernels.arrays import DrawTables, SharedDraw
 from slide.kernels.layers import FASTMATH
+from slide.kernels.prefetch import prefetch_line
 from slide.kernels.rng import SHARED_NEGATIVES_KEY
 
 
@@ -185,6 +186,9 @@ def inclusion_weights(p_in):
 
 # buckets of the cdf's index (a power of two, so u * CDF_BUCKETS and k / CDF_BUCKETS are exact)
 CDF_BUCKETS = 1 << 16
+# draws ahead whose lines the draw asks for (``distinct_draws``, ``finish_draw``): with the
+# caches swept, 0.034 against 0.059 ms a batch at 133k labels (scratch; the same ids)
+DRAW_PREFETCH = 8
 
 
 def cdf_buckets(cdf):
@@ -202,10 +206,18 @@ def distinct_draws(cdf, lo_of, u, last_id, out):
     over the whole cdf: at 670k labels the cdf is 5 MB, out of cache after a batch, and the
     full search's ~20 dependent loads a draw were most of the draw's time (175 of 400 us)."""
     n_b = lo_of.shape[0] - 1
+    n_u = u.shape[0]
     n = 0
     prev = -1
     start = 0
-    for i in range(u.shape[0]):
+    for i in range(n_u):
+        # each search starts where the previous one ended, so its misses wait on the last
+        # draw's: the bucket bounds of a later draw and the cdf line its bucket begins at are
+        # asked for ahead (the draws are sorted, so these are the lines the search will read)
+        if i + 2 * DRAW_PREFETCH < n_u:
+            prefetch_line(lo_of, min(np.int64(u[i + 2 * DRAW_PREFETCH] * n_b), n_b - 1))
+        if i + DRAW_PREFETCH < n_u:
+            prefetch_line(cdf, lo_of[min(np.int64(u[i + DRAW_PREFETCH] * n_b), n_b - 1)])
         x = u[i]
         k = min(np.int64(x * n_b), n_b - 1)
         lo = max(lo_of[k], start)     # u is sorted: no answer below the previous one
@@ -257,6 +269,13 @@ def finish_draw(tables, u, n_draws, ids, out):
     cdf, tail_q, corr, corr_mix = tables.cdf, tables.tail_q, tables.corr, tables.corr_mix
     n = distinct_draws(cdf, tables.cdf_lo, u, cdf.shape[0] - 1, ids)
     for i in range(n):
+        if i + DRAW_PREFETCH < n:
+            # per-label arrays read and written at scattered ids, past the out-of-order
+            # window's reach behind four transcendental calls a label
+            jn = ids[i + DRAW_PREFETCH]
+            prefetch_line(tail_q, jn)
+            prefetch_line(corr, jn)
+            prefetch_line(corr_mix, jn)
         j = ids[i]
         p = -math.expm1(n_draws * math.log1p(-min(tail_q[j], 1.0 - 1e-12)))
         p = max(p, 1e-300)
