@@ -77,6 +77,30 @@ def test_cited_result_files_and_links_exist():
             assert os.path.exists(os.path.join(ROOT, target)), target
 
 
+def _expand_braces(pattern):
+    """``a{b,c}d`` -> [``abd``, ``acd``] (every brace group, as a shell expands them)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    return [e for alt in m.group(1).split(",")
+            for e in _expand_braces(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def test_cited_result_patterns_match_files():
+    """A citation with a wildcard or a brace group (``roofline_*_rounds_{a,b}.md``) names at
+    least one file for each of its brace alternatives."""
+    import glob
+    text = readme()
+    results = text[text.index("## Results"):]
+    patterns = set(re.findall(r"`([\w./*{},-]*[*{][\w./*{},-]*(?:\.md|\.jsonl|\.log|/))`",
+                              results))
+    assert patterns
+    for pattern in patterns:
+        for name in _expand_braces(pattern):
+            base = ROOT if name.startswith("bench/") else os.path.join(ROOT, "bench", "results")
+            assert glob.glob(os.path.join(base, name)), (pattern, name)
+
+
 @pytest.mark.parametrize("doc", ["docs/history.md", "docs/design.md", "docs/model.md"])
 def test_docs_links_exist(doc):
     with open(os.path.join(ROOT, doc)) as f:
