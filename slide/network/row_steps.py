@@ -75,7 +75,7 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
         vw = VW[base:base + n_in]
         if TW.shape[0] > 0:
             # the row's and the bias's records are set together here, so they agree: one
-            # closed form for both (its scalar chain was ~5 % of an extra's step, scratch)
+            # closed form for both (its scalar chain was ~6 % of an extra's step, scratch)
             last = TW[j]
             missed = _missed_steps(last, t, hyper)
             _apply_missed(w, mw, vw, missed, hyper)
