@@ -351,3 +351,27 @@ def test_roofline_batch_rows_and_the_bounds_at_the_scattered_row_rate():
     assert slow["bound_sum_rows"] < slow["bound_sum"]
     assert slow["bound_overlap_rows"] <= slow["bound_overlap"]
     assert slow["t_bytes_rows"] == pytest.approx(3 * slow["t_bytes"])
+
+
+def test_roofline_takes_a_concurrent_gemm_reading_below_one_call_again(monkeypatch):
+    """Two concurrent calls read under GEMM_FLOOR x one call's rate: measured again (the best
+    kept, at most GEMM_RETRIES times), so a round whose calls barely overlapped does not get a
+    lower bound and a higher fraction."""
+    from types import SimpleNamespace
+    from bench import roofline
+    readings = iter([50e9, 70e9, 120e9, 999e9])
+    monkeypatch.setattr(roofline, "gemm_rate", lambda *a, **k: next(readings))
+    monkeypatch.setattr(roofline, "memory_bandwidth", lambda: 3e10)
+    monkeypatch.setattr(roofline, "scattered_row_rate", lambda *a, **k: 2e10)
+    monkeypatch.setattr(roofline, "train_rate", lambda *a, **k: 1000.0)
+    c = {"nnz": 10.0, "touched_in": 8.0, "block": 64.0, "extras": 2.0}
+    X, Y = sp.csr_matrix((4, 30), dtype=np.float32), sp.csr_matrix((4, 50), dtype=np.float32)
+    args = SimpleNamespace(threads=2, shared_negatives=64, exact_head=0.5, repeat=1)
+    r = roofline.measure_round(X, Y, c, [], args, 128, 128, ("batched",), one_call=80e9)
+    assert r["gemm_flops_per_s"] == 120e9 and r["gemm_retries"] == 2
+    readings = iter([50e9, 40e9, 45e9, 30e9, 999e9])      # stays low: kept, after 3 tries
+    r = roofline.measure_round(X, Y, c, [], args, 128, 128, ("batched",), one_call=80e9)
+    assert r["gemm_flops_per_s"] == 50e9 and r["gemm_retries"] == roofline.GEMM_RETRIES
+    readings = iter([100e9, 999e9])                         # no floor (one thread): no retry
+    r = roofline.measure_round(X, Y, c, [], args, 128, 128, ("batched",))
+    assert r["gemm_flops_per_s"] == 100e9 and r["gemm_retries"] == 0
