@@ -30,7 +30,10 @@ the bound's is its fraction.
 ``--rounds R``: the machine's rates and then the batched engine's epoch, R times; each round's
 fraction of its own bounds, their median and range. This host's speed drifts by +-20 % over
 minutes, and a fraction of rates measured minutes apart moves with it; the headline tables
-still take every rate's best over all rounds.
+still take every rate's best over all rounds. Each round also reads the cores' round trip
+before and after its epoch (``bench/crosscore.py``): the host moves this VM's two cores
+between one die (~60 ns) and two (~370 ns), which none of the rates above sees and the
+two-thread step does; the report gives the fractions by placement.
 """
 import argparse
 import json
@@ -45,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.common import git_commit, machine_description  # noqa: E402,F401
+from bench.crosscore import median_round_trip_ns, placement  # noqa: E402
 from bench.engine_ab import _machine, load  # noqa: E402
 from slide.kernels.prefetch import prefetch_row  # noqa: E402
 
@@ -226,9 +230,14 @@ def measure_round(X, Y, c, touched, args, h, batch, engines, one_call=0.0):
     bw = memory_bandwidth()
     bw_rows = scattered_row_rate(X.shape[1], Y.shape[1], h, touched)
     b = bound(c, h, batch, flops_rate, bw, bw_rows)
+    # where the host has put the cores, before and after the epochs (bench/crosscore.py)
+    rtt = [median_round_trip_ns(3)] if args.threads > 1 else []
     rates = {e: train_rate(X, Y, e, args.threads, args.shared_negatives, args.exact_head,
                            args.repeat) for e in engines}
-    return {"gemm_flops_per_s": flops_rate, "gemm_retries": retries, "memory_bytes_per_s": bw,
+    if args.threads > 1:
+        rtt.append(median_round_trip_ns(1))
+    return {"core_round_trip_ns": rtt, "placement": placement(*rtt) if rtt else "one core",
+            "gemm_flops_per_s": flops_rate, "gemm_retries": retries, "memory_bytes_per_s": bw,
             "scattered_row_bytes_per_s": bw_rows, "bound": b, "samples_per_s": rates,
             "fraction_of_sum_bound": rates["batched"] / b["bound_sum"],
             "fraction_of_sum_bound_rows": rates["batched"] / b["bound_sum_rows"],
@@ -242,12 +251,15 @@ def round_lines(rounds):
             "fraction_of_overlap_bound_rows")
     lines = ["Each round: the machine's rates, then the batched engine's epoch, and its "
              "fraction of that round's bounds (one after the other at the triad's rate; at "
-             "the rows' rate; overlapped at the rows' rate):", "",
-             "| round | GEMM GFLOP/s | triad GB/s | rows GB/s | `batched` samples/s | "
-             "sum-bound (triad) | sum-bound (rows) | max-bound (rows) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "the rows' rate; overlapped at the rows' rate); the cores' round trip before and "
+             "after the epoch (`bench/crosscore.py`: near, sharing a die; far, on two):", "",
+             "| round | cores' round trip, ns | GEMM GFLOP/s | triad GB/s | rows GB/s | "
+             "`batched` samples/s | sum-bound (triad) | sum-bound (rows) | max-bound (rows) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds):
-        lines.append(f"| {i + 1} | {r['gemm_flops_per_s'] / 1e9:.1f} | "
+        rtt = " / ".join(f"{x:.0f}" for x in r.get("core_round_trip_ns", []))
+        lines.append(f"| {i + 1} | {rtt} ({r.get('placement', '?')}) | "
+                     f"{r['gemm_flops_per_s'] / 1e9:.1f} | "
                      f"{r['memory_bytes_per_s'] / 1e9:.1f} | "
                      f"{r['scattered_row_bytes_per_s'] / 1e9:.1f} | "
                      f"{r['samples_per_s']['batched']:,.0f} | "
@@ -255,12 +267,23 @@ def round_lines(rounds):
     med = [np.median([r[k] for r in rounds]) for k in keys]
     lo = [min(r[k] for r in rounds) for k in keys]
     hi = [max(r[k] for r in rounds) for k in keys]
-    lines.append("| median (range) | | | | | " + " | ".join(
+    lines.append("| median (range) | | | | | | " + " | ".join(
         f"**{m:.2f}** ({a:.2f}-{z:.2f})" for m, a, z in zip(med, lo, hi)) + " |")
     n50 = sum(r["fraction_of_sum_bound_rows"] >= 0.5 for r in rounds)
     lines += ["", f"{n50} of {len(rounds)} rounds at >= 50 % of the sum-bound at the rows' "
               "rate."]
-    return lines
+    return lines + placement_lines(rounds)
+
+
+def placement_lines(rounds):
+    """The sum-bound fraction at the rows' rate by the cores' placement in the round."""
+    lines = []
+    for where in ("near", "far", "mixed"):
+        f = [r["fraction_of_sum_bound_rows"] for r in rounds if r.get("placement") == where]
+        if f:
+            lines.append(f"- cores {where}: {len(f)} round(s), median {np.median(f):.2f} "
+                         f"({min(f):.2f}-{max(f):.2f}), {sum(x >= 0.5 for x in f)} at >= 50 %")
+    return [""] + lines if lines else []
 
 
 def main():

@@ -364,6 +364,7 @@ def test_roofline_takes_a_concurrent_gemm_reading_below_one_call_again(monkeypat
     monkeypatch.setattr(roofline, "memory_bandwidth", lambda: 3e10)
     monkeypatch.setattr(roofline, "scattered_row_rate", lambda *a, **k: 2e10)
     monkeypatch.setattr(roofline, "train_rate", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(roofline, "median_round_trip_ns", lambda *a, **k: 60.0)
     c = {"nnz": 10.0, "touched_in": 8.0, "block": 64.0, "extras": 2.0}
     X, Y = sp.csr_matrix((4, 30), dtype=np.float32), sp.csr_matrix((4, 50), dtype=np.float32)
     args = SimpleNamespace(threads=2, shared_negatives=64, exact_head=0.5, repeat=1)
@@ -375,3 +376,25 @@ def test_roofline_takes_a_concurrent_gemm_reading_below_one_call_again(monkeypat
     readings = iter([100e9, 999e9])                         # no floor (one thread): no retry
     r = roofline.measure_round(X, Y, c, [], args, 128, 128, ("batched",))
     assert r["gemm_flops_per_s"] == 100e9 and r["gemm_retries"] == 0
+    assert r["core_round_trip_ns"] == [60.0, 60.0] and r["placement"] == "near"
+
+
+def test_crosscore_round_trip_and_the_placement_of_a_round():
+    """The cores' round trip is a finite positive time where two CPUs are usable; a round's
+    placement is near or far only when every reading agrees; the roofline's report splits
+    its rounds by placement."""
+    import os
+    from bench import crosscore, roofline
+    if len(os.sched_getaffinity(0)) >= 2:
+        ns = crosscore.round_trip_ns(n=2000)
+        assert np.isfinite(ns) and 0 < ns < 1e6
+    assert np.isnan(crosscore.round_trip_ns(cpus=(0,)))
+    assert crosscore.placement(60.0, 80.0) == "near"
+    assert crosscore.placement(350.0, 380.0) == "far"
+    assert crosscore.placement(60.0, 380.0) == "mixed"
+    assert crosscore.placement(float("nan")) == "unknown"
+    rounds = [{"placement": p, "fraction_of_sum_bound_rows": f}
+              for p, f in (("near", 0.6), ("near", 0.5), ("far", 0.4), ("mixed", 0.45))]
+    text = "\n".join(roofline.placement_lines(rounds))
+    assert "cores near: 2 round(s), median 0.55 (0.50-0.60), 2 at >= 50 %" in text
+    assert "cores far: 1 round(s), median 0.40 (0.40-0.40), 0 at >= 50 %" in text
