@@ -13,7 +13,9 @@ hidden layers' step, and the row steps of the first layer, the extras and the bl
 samples/s. ``--compare`` times the engine before this round's many-core changes (each batch's
 draw beside its listing, 4 samples a chunk, every sample's extras in its own loop), after them,
 and each change alone, in one process on the same batches, and ends with a summary table;
-``--compare-steps`` likewise the row steps as one loop and as three.
+``--compare-steps`` likewise the row steps as one loop and as three. ``--by-placement S``:
+each step's time with the cores on one die and on two (``bench/crosscore.py``), over S
+seconds of blocks of batches.
 """
 import argparse
 import os
@@ -54,6 +56,11 @@ def main():
                     "process (``COMPARE``), and print a summary table")
     ap.add_argument("--max-row-labels", type=int, default=None, help="cut each row to this "
                     "many labels as fit does (default: slide's max_row_labels; 0: uncut)")
+    ap.add_argument("--by-placement", type=float, default=0.0, help="seconds: time blocks "
+                    "of 30 batches (the first 5 untimed), each between two readings of the "
+                    "cores' round trip (bench/crosscore.py), for this long, and print each "
+                    "step's median ms a batch over the blocks with the cores near (one die) "
+                    "and far (two); a block whose readings disagree is left out")
     ap.add_argument("--warm-batches", type=int, default=20, help="batches run untimed first "
                     "(a kernel the warm-up fit did not compile in these types compiles there)")
     args = ap.parse_args()
@@ -112,6 +119,11 @@ def main():
     print(f"BLAS threads {args.blas_threads}, Numba threads {args.threads} "
           f"({args.warm_batches} batches untimed first, then {n_batches} timed)")
     rows_of = [order[128 * b:128 * (b + 1)] for b in range(args.warm_batches + n_batches)]
+    if args.by_placement > 0:
+        with threadpool_limits(args.blas_threads, user_api="blas"):
+            _time_batches(net, opt, X, Xc, Yc, rows_of[:3], 500, 1)
+            by_placement(net, opt, X, Xc, Yc, order, args.by_placement)
+        return
     summary = []
     with threadpool_limits(args.blas_threads, user_api="blas"):
         for k, (name, (ahead, per_thread, task)) in enumerate(configs):
@@ -143,6 +155,33 @@ _AFTER = (True, 8, 64)
 COMPARE = [("before", _BEFORE), ("after", _AFTER), ("before", _BEFORE), ("after", _AFTER),
            ("draw ahead only", (True, 0, 10 ** 9)), ("chunks only", (False, 8, 10 ** 9)),
            ("extras tasks only", (False, 0, 64)), ("draw ahead + extras tasks", (True, 0, 64))]
+
+
+def by_placement(net, opt, X, Xc, Yc, order, seconds, block=30, untimed=5):
+    """``--by-placement``: blocks of ``block`` shuffled batches for ``seconds``, each block's
+    steps timed (after ``untimed`` batches) between two readings of the cores' round trip;
+    prints each step's median ms a batch over the near blocks and over the far ones."""
+    from bench.crosscore import placement, round_trip_ns
+    n_b = X.shape[0] // 128
+    res = {"near": [], "far": []}
+    b0, serial, t_end = 0, 10 ** 6, time.time() + seconds
+    while time.time() < t_end:
+        r0 = round_trip_ns(n=20000)
+        rows_of = [order[128 * ((b0 + k) % n_b):128 * ((b0 + k) % n_b + 1)]
+                   for k in range(block)]
+        T = _time_batches(net, opt, X, Xc, Yc, rows_of, serial, untimed)
+        b0, serial = b0 + block, serial + block + 10
+        where = placement(r0, round_trip_ns(n=20000))
+        if where in res:
+            res[where].append({k: v / (block - untimed) * 1e3 for k, v in T.items()})
+    print(f"\nblocks of {block - untimed} timed batches: {len(res['near'])} with the cores "
+          f"near, {len(res['far'])} far (medians, ms a batch)\n")
+    keys = list(next((v[0] for v in res.values() if v), {}))
+    print("| step | cores near | cores far | far / near |\n|---|---|---|---|")
+    for k in keys + ["total"]:
+        m = [np.median([sum(T.values()) if k == "total" else T[k] for T in res[w]])
+             if res[w] else np.nan for w in ("near", "far")]
+        print(f"| {k} | {m[0]:.3f} | {m[1]:.3f} | {m[1] / m[0]:.2f} |")
 
 
 # --separate-steps: the three row steps as three loops
