@@ -11,7 +11,8 @@
 # layers (COMPARE=0 skips these); then at THREADS on TBB the row steps as one loop and as three
 # (--compare-steps; STEPS=0 skips it); last, the engine beside a busy core on each layer. First
 # the fork and join of one parallel loop on each threading layer (probe_fork_join.py). Where
-# Numba cannot load TBB, a libtbb.so.12 carried in .carry/tbb/ is preloaded. Logs go to $OUT,
+# Numba cannot load TBB, a libtbb.so.12 carried in .carry/tbb/ is preloaded. machine.txt has
+# the cores' round trip between a few pairs (bench/crosscore.py). Logs go to $OUT,
 # and all of them into $OUT/device_phases.tar.gz.
 set -u
 T=${1:-16}
@@ -27,6 +28,11 @@ for f in .carry/debcontents/*.txt.gz; do [ -e "$f" ] && gunzip -kf "$f"; done 2>
   date -u; nproc; lscpu | grep -E "Model name|L3"; git log -1 --format='commit %H' 2>/dev/null
   git status --short | head -n 20
   echo "threading layer: $TBB_LAYER"
+  # how far apart the cores are: 0 and its neighbour, and 0 and the farthest (dies apart?)
+  last=$(( $(nproc) - 1 ))
+  for pair in 0,1 "0,$(( $(nproc) / 2 ))" "0,$last"; do
+    echo "cpus $pair: $("$PY" bench/crosscore.py --cpus "$pair" --repeat 3 | tr '\n' ' ')"
+  done
 } > "$OUT/machine.txt" 2>&1
 for layer in tbb omp workqueue; do
   for work in 200 2000; do
