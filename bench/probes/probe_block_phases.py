@@ -161,6 +161,7 @@ def by_placement(net, opt, X, Xc, Yc, order, seconds, block=30, untimed=5):
     """``--by-placement``: blocks of ``block`` shuffled batches for ``seconds``, each block's
     steps timed (after ``untimed`` batches) between two readings of the cores' round trip;
     prints each step's median ms a batch over the near blocks and over the far ones."""
+    import numba
     from bench.crosscore import placement, round_trip_ns
     n_b = X.shape[0] // 128
     res = {"near": [], "far": []}
@@ -174,8 +175,9 @@ def by_placement(net, opt, X, Xc, Yc, order, seconds, block=30, untimed=5):
         where = placement(r0, round_trip_ns(n=20000))
         if where in res:
             res[where].append({k: v / (block - untimed) * 1e3 for k, v in T.items()})
-    print(f"\nblocks of {block - untimed} timed batches: {len(res['near'])} with the cores "
-          f"near, {len(res['far'])} far (medians, ms a batch)\n")
+    print(f"\nthreading layer {numba.threading_layer()}; blocks of {block - untimed} timed "
+          f"batches: {len(res['near'])} with the cores near, {len(res['far'])} far (medians, "
+          "ms a batch)\n")
     keys = list(next((v[0] for v in res.values() if v), {}))
     print("| step | cores near | cores far | far / near |\n|---|---|---|---|")
     for k in keys + ["total"]:
