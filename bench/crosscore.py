@@ -5,7 +5,7 @@ them, in nanoseconds.
 
 A virtual machine's cores are wherever its host puts them. On this project's 2-core
 development VM the two cores sometimes share a die and a last-level cache (a round trip of
-55-90 ns) and sometimes sit on different dies (340-400 ns), and the host moves them between
+50-90 ns) and sometimes sit on different dies (340-400 ns), and the host moves them between
 the two every minute or so. Single-threaded rates (a GEMM call, a memory stream) do not see
 the difference; a two-thread training step, whose threads hand the batch's data to each
 other between its phases, does: every line one core wrote and the other reads next crosses
@@ -64,11 +64,12 @@ def _bounce(flag, n, first):
 
 def round_trip_ns(cpus=None, n=50_000):
     """The mean round trip of a cache line between ``cpus`` (two CPU ids; default the first two
-    this process may run on), n round trips; NaN with fewer than two CPUs or if a side did
-    not answer."""
+    this process may run on), n round trips; NaN without two distinct usable CPUs or if a
+    side did not answer."""
     allowed = sorted(os.sched_getaffinity(0))
     cpus = tuple(cpus) if cpus is not None else tuple(allowed[:2])
-    if len(cpus) < 2 or not set(cpus) <= set(allowed):
+    if len(set(cpus)) < 2 or not set(cpus) <= set(allowed):
+        # two sides on one CPU would take turns by context switches, not cache transfers
         return float("nan")
     flag = np.zeros(16, np.int64)
     _bounce(flag, 1, True)                       # compile (or load) before the clock

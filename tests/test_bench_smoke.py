@@ -389,6 +389,7 @@ def test_crosscore_round_trip_and_the_placement_of_a_round():
         ns = crosscore.round_trip_ns(n=2000)
         assert np.isfinite(ns) and 0 < ns < 1e6
     assert np.isnan(crosscore.round_trip_ns(cpus=(0,)))
+    assert np.isnan(crosscore.round_trip_ns(cpus=(0, 0)))          # one CPU: no cache transfer
     assert crosscore.placement(60.0, 80.0) == "near"
     assert crosscore.placement(350.0, 380.0) == "far"
     assert crosscore.placement(60.0, 380.0) == "mixed"
