@@ -11,7 +11,9 @@ Each case trains a small model through ``SlideClassifier`` (one thread, fixed se
 rehash/rebuild periods so both happen during the run) and records sha256 + float sums of the
 final W and B, the optimizer's moments, and the top-5 predictions (exact and sparse) of a few
 test rows. ``tests/test_golden.py`` retrains every case and asserts equality, so a refactor of
-the engine that changes any float is caught. The checkpoint file pins the on-disk format: the
+the engine that changes any float is caught. The cases that call BLAS (``BLAS_CASES``) are
+pinned bit for bit under the BLAS builds the fixture records (``blas``); under others, their
+predictions and step counts exactly and their float sums to ``BLAS_RTOL``. The checkpoint file pins the on-disk format: the
 current code must still load it and predict what it predicted when it was written.
 """
 import hashlib
@@ -80,6 +82,23 @@ CASES = {
     "two_sparse_layers": dict(hidden_sizes=(16, 24), sparse_layers=(1, 2), sampler="vanilla"),
 }
 
+# the cases whose floats pass through BLAS (the batched engine's products, the dense output
+# layer): their bits depend on the OpenBLAS build numpy and scipy ship, which a fresh install
+# may update (scipy's 0.3.30 moved these cases' sums by ~1e-7 relative)
+BLAS_CASES = ("batched", "batched_vanilla", "dense")
+# how close those cases' float sums must stay under another BLAS build (relative)
+BLAS_RTOL = 1e-5
+
+
+def blas_builds():
+    """The BLAS libraries this process has loaded (threadpoolctl): "api version file" each,
+    sorted; the fixture records them, and a BLAS case's bits are pinned only under them."""
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, the one the products call)
+    from threadpoolctl import threadpool_info
+    return sorted(f"{i.get('internal_api')} {i.get('version')} "
+                  f"{os.path.basename(i.get('filepath', ''))}"
+                  for i in threadpool_info() if i.get("user_api") == "blas")
+
 
 def data():
     from slide import generate
@@ -140,13 +159,19 @@ def main(only=()):
     os.makedirs(DATA, exist_ok=True)
     X, Y, X_test, _ = data()
     base = {k: list(v) if isinstance(v, tuple) else v for k, v in BASE.items()}
-    out = {"vector_width": WIDTH, "shape": SHAPE, "base": base, "cases": {}}
+    out = {"vector_width": WIDTH, "blas": blas_builds(), "shape": SHAPE, "base": base,
+           "cases": {}}
     unknown = [name for name in only if name not in CASES]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; cases: {list(CASES)}")
     if only:
         with open(GOLDEN_JSON) as f:
             out = json.load(f)
+        if out.get("blas") != blas_builds() and any(n in BLAS_CASES for n in only) \
+                and not all(n in only for n in BLAS_CASES):
+            raise SystemExit(f"this BLAS ({blas_builds()}) is not the fixture's "
+                             f"({out.get('blas')}): regenerate all of {BLAS_CASES} together")
+        out["blas"] = blas_builds() if any(n in BLAS_CASES for n in only) else out.get("blas")
     for name in (only or CASES):
         model = train_case(name, X, Y)
         out["cases"][name] = fingerprint(model, X_test)
