@@ -247,46 +247,6 @@ def _apply_missed(w, mm, vv, missed, hyper):
         vv[i] = v * f2
 
 
-# The fused catch-up and update's flags: FASTMATH without reassociation. With it, LLVM may fold
-# factors across the two steps' chain (b2 * (v * f2) into (b2 * f2) * v, hoisted out of the
-# loop), and a first one-pass version (e45e21b, reverted) gave different bits when the row steps
-# were compiled in the process and when they were loaded from Numba's cache. Without it each
-# element's operations run in the order written, whatever the surrounding code.
-CHAIN_MATH = {"nsz", "arcp", "contract", "afn"}
-
-
-@njit(cache=True, nogil=True, inline="always")
-def missed_factors(missed, hyper):
-    """The float32 factors of ``_missed_steps``' closed form, as ``_apply_missed`` takes them:
-    (rate sum, beta1^n or 0 below SMALL_DECAY, beta2^n)."""
-    srt, d1, d2, _ = missed
-    f1 = np.float32(d1) if d1 >= SMALL_DECAY else np.float32(0.0)
-    return np.float32(srt), f1, np.float32(d2)
-
-
-@njit(cache=True, nogil=True, fastmath=CHAIN_MATH)
-def adam_row_after_missed(w, mm, vv, xv, gg, k, factors):
-    """``_apply_missed`` and then ``_adam_row`` (gradient ``xv * gg[i]``) in one pass over the
-    row: one read and one write of w, mm and vv where two passes read and wrote them twice
-    (a row touched again after an idle gap: most first-layer and extras' rows; the second pass
-    was ~9 % of a debcontents batch, ``docs/history.md``). The same operations per element in
-    the same order, kept so by ``CHAIN_MATH``. Not inlined: it keeps its own flags."""
-    b1, b2, c1, c2, lr, ep = k
-    lrs, f1, f2 = factors
-    for i in range(w.shape[0]):
-        m = mm[i]
-        v = vv[i]
-        wi = w[i] - lrs * m / (np.sqrt(v) + ep)
-        m = _flush(m * f1)
-        v = v * f2
-        g = xv * gg[i]
-        m = _flush(b1 * m + c1 * g)
-        v = b2 * v + c2 * g * g
-        mm[i] = m
-        vv[i] = v
-        w[i] = wi - lr * m / (np.sqrt(v) + ep)
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def adam_rows(W, M, V, G, T, starts, lens, rowids, n, hyper):
     """Adam on the rows ``W[starts[i]:starts[i]+lens[i]]`` for i < n; zeroes their gradient.

@@ -11,8 +11,8 @@ from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
-from slide.network.adam import (KIND_ADAM, _adam_row, _adam_row_scaled, _consts,
-                                _missed_steps, adam_row_after_missed, missed_factors)
+from slide.network.adam import (KIND_ADAM, _adam_row, _adam_row_scaled, _apply_missed,
+                                _catch_up, _consts, _missed_steps)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -73,26 +73,19 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
     if kind == KIND_ADAM:
         mw = MW[base:base + n_in]
         vw = VW[base:base + n_in]
-        missed = (0.0, 1.0, 1.0, 0)
-        missed_b = missed
         if TW.shape[0] > 0:
             # the row's and the bias's records are set together here, so they agree: one
             # closed form for both (its scalar chain was ~6 % of an extra's step, scratch)
             last = TW[j]
             missed = _missed_steps(last, t, hyper)
-            missed_b = missed if TB[j] == last else _missed_steps(TB[j], t, hyper)
+            _apply_missed(w, mw, vw, missed, hyper)
+            if TB[j] != last:
+                missed = _missed_steps(TB[j], t, hyper)
+            _apply_missed(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], missed, hyper)
             TW[j] = t
             TB[j] = t
-        one = np.float32(1.0)
-        if missed[3] > 0:
-            adam_row_after_missed(w, mw, vw, one, g, k, missed_factors(missed, hyper))
-        else:
-            _adam_row(w, mw, vw, g, k, True)
-        if missed_b[3] > 0:
-            adam_row_after_missed(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], one, gb, k,
-                                  missed_factors(missed_b, hyper))
-        else:
-            _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
+        _adam_row(w, mw, vw, g, k, True)
+        _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
     else:
         for i in range(n_in):
             w[i] -= lr * g[i]
@@ -117,19 +110,14 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
     base = w_off + np.int64(f) * n_h
     w = W[base:base + n_h]
     e0, e1 = row_ptr[u], row_ptr[u + 1]
-    missed = (0.0, 1.0, 1.0, 0)
     if kind == KIND_ADAM:
         mw, vw = MW[base:base + n_h], VW[base:base + n_h]
         if TW.shape[0] > 0:
-            missed = _missed_steps(TW[f], hyper.t, hyper)
+            _catch_up(w, mw, vw, TW[f], hyper.t, hyper)
             TW[f] = hyper.t
         if e1 - e0 == 1:
             # one entry (most rows): the gradient is x_value * delta, formed as read
-            if missed[3] > 0:
-                adam_row_after_missed(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k,
-                                      missed_factors(missed, hyper))
-            else:
-                _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)
+            _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)
             return
     g = g_buf[numba.get_thread_id()]
     g[:] = 0.0
@@ -139,11 +127,7 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
         for i in range(n_h):
             g[i] += xv * d[i]
     if kind == KIND_ADAM:
-        if missed[3] > 0:
-            adam_row_after_missed(w, MW[base:base + n_h], VW[base:base + n_h], np.float32(1.0),
-                                  g, k, missed_factors(missed, hyper))
-        else:
-            _adam_row(w, MW[base:base + n_h], VW[base:base + n_h], g, k, False)
+        _adam_row(w, MW[base:base + n_h], VW[base:base + n_h], g, k, False)
     else:
         lr = np.float32(hyper.lr_t)
         for i in range(n_h):
