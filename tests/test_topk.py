@@ -1,5 +1,7 @@
 """The chunked exact top-k of a dense output layer (slide.kernels.topk): the products split
-over threads by rows equal numpy's, and the vectorised log-sum-exp fold equals the scalar
+over threads by rows equal numpy's to float32 rounding (bit for bit where numpy and scipy
+ship the same OpenBLAS build; scipy 1.17.1's 0.3.30 rounds some entries of a block by its
+shape), and the vectorised log-sum-exp fold equals the scalar
 one (the same top-k, the same log-sum-exp to float32 rounding of its terms)."""
 import numba
 import numpy as np
@@ -16,7 +18,7 @@ def _layer(n_rows, n_labels, seed=0):
 
 
 @pytest.mark.parametrize("n_rows", [7, 200])        # one product; a product per thread
-def test_logit_chunks_equal_numpys_product_bit_for_bit(n_rows):
+def test_logit_chunks_equal_numpys_product(n_rows):
     H, W, b = _layer(n_rows, 1000)
     # two threads where the machine has them (an earlier test may have left one)
     before = numba.get_num_threads()
@@ -28,9 +30,13 @@ def test_logit_chunks_equal_numpys_product_bit_for_bit(n_rows):
     finally:
         numba.set_num_threads(before)
     assert (n_parts > 1) == (threads > 1 and n_rows >= 2 * topk.MIN_PART_ROWS)
-    np.testing.assert_array_equal(got, H @ W.T + b)
-    # float64 inputs take numpy's product
-    assert topk.split_rows(H.astype(np.float64), W, b) == 1
+    ref = H @ W.T + b
+    # a few ulps of the largest logit (|z| up to ~40): a wrong row, column or bias is far off
+    assert np.abs(got - ref).max() <= 4 * np.spacing(np.abs(ref).max())
+    # float64 inputs take numpy's product, exactly
+    H64 = H.astype(np.float64)
+    assert topk.split_rows(H64, W, b) == 1
+    np.testing.assert_array_equal(topk.dense_logits(H64, W, b), H64 @ W.T + b)
 
 
 def _fold(fold, S, chunk, k=6):
@@ -89,4 +95,4 @@ def test_the_output_layers_dense_logits_equal_numpys_product():
         got = OutputLayer(W, b, False).logits(H)
     finally:
         numba.set_num_threads(before)
-    np.testing.assert_array_equal(got, H @ W.T + b)
+    np.testing.assert_allclose(got, H @ W.T + b, rtol=2e-6, atol=2e-5)

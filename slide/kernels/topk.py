@@ -117,9 +117,12 @@ def logits_into(H, Wt, b, S, n_parts):
 
 
 def dense_logits(H, W, b):
-    """``H @ W.T + b``, bit for bit: numpy's product, or for float32 inputs of
-    ``MIN_PART_ROWS`` rows a thread or more one product per thread over the rows
-    (``logits_into``; the caller holds BLAS to one thread)."""
+    """``H @ W.T + b``: numpy's product, or for float32 inputs of ``MIN_PART_ROWS`` rows a
+    thread or more one product per thread over the rows (``logits_into``; the caller holds
+    BLAS to one thread). The two agree to float32 rounding, not always bit for bit: numpy and
+    scipy ship OpenBLAS builds of their own, and some builds round a block's edge differently
+    by its shape (scipy 1.17.1's 0.3.30: 0.7 % of a product's entries moved by 1 ulp when its
+    columns were cut in chunks of 300)."""
     n_parts = split_rows(H, W, b)
     if n_parts == 1:
         S = H @ W.T
