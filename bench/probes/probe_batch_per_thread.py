@@ -38,12 +38,8 @@ def main():
     from threadpoolctl import threadpool_limits
     from bench.common import git_commit
     from bench.crosscore import placement, round_trip_ns
-    from slide.data.inputs import as_feature_matrix, as_label_matrix, cap_row_labels
-    from slide.params import BY_NAME
-    X, Y = slide.read_xc(args.data)
-    X = as_feature_matrix(X)
-    Y = cap_row_labels(as_label_matrix(Y, n_rows=X.shape[0]),
-                       BY_NAME["max_row_labels"].default, 0)
+    from bench.probes.probe_block_phases import as_fit_rows
+    X, Y, _ = as_fit_rows(*slide.read_xc(args.data))
     max_labels = int(np.diff(Y.indptr).max())
     a = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1, n_threads=2,
                               random_state=0, neighbours=0, rerank=False).fit(X[:2048], Y[:2048])

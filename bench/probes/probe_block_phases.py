@@ -86,20 +86,7 @@ def main():
     else:
         X, Y, _, _ = slide.synthetic.generate(args.preset, seed=0, n_train=args.n_train,
                                               n_test=10)
-    from slide.data.inputs import as_feature_matrix, as_label_matrix
-    # the canonical dtypes fit uses: other index dtypes would compile other kernel
-    # specialisations inside the timed loop
-    X = as_feature_matrix(X)
-    Y = as_label_matrix(Y, n_rows=X.shape[0])
-    # the rows as fit trains on them: cut to max_row_labels labels (seed 0), which fit does
-    # before training (until this session the probe timed debcontents' uncut rows: up to
-    # 9,076 labels where fit sees 256)
-    from slide.data.inputs import cap_row_labels
-    from slide.params import BY_NAME
-    cap = BY_NAME["max_row_labels"].default if args.max_row_labels is None \
-        else args.max_row_labels
-    if cap:
-        Y = cap_row_labels(Y, cap, 0)
+    X, Y, cap = as_fit_rows(X, Y, args.max_row_labels)
     print(f"commit {git_commit()}; data {args.data or args.preset}: {X.shape[0]} points, "
           f"{Y.shape[1]} labels, rows cut to {cap or 'no'} labels")
     m = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1,
@@ -146,6 +133,21 @@ def main():
               "|---|---|---|---|")
         for name, ms, rate, steps in summary:
             print(f"| {name} | {ms:.2f} | {rate:,.0f} | {steps:.2f} |")
+
+
+def as_fit_rows(X, Y, max_row_labels=None):
+    """(X, Y, cap): the data as fit trains on them -- the canonical dtypes (other index dtypes
+    would compile other kernel specialisations inside the timed loop) and each row cut to
+    ``max_row_labels`` labels (default: slide's; 0: uncut) with seed 0, as fit does (the probe
+    once timed debcontents' uncut rows: up to 9,076 labels where fit sees 256)."""
+    from slide.data.inputs import as_feature_matrix, as_label_matrix, cap_row_labels
+    from slide.params import BY_NAME
+    X = as_feature_matrix(X)
+    Y = as_label_matrix(Y, n_rows=X.shape[0])
+    cap = BY_NAME["max_row_labels"].default if max_row_labels is None else max_row_labels
+    if cap:
+        Y = cap_row_labels(Y, cap, 0)
+    return X, Y, cap
 
 
 # --compare: the engine before the many-core changes, after them, and each change alone

@@ -32,14 +32,9 @@ def _worker(name, data, threads, cpus, go, done, out, block, untimed):
     os.sched_setaffinity(0, cpus)
     import slide
     from threadpoolctl import threadpool_limits
-    from bench.probes.probe_block_phases import _time_batches
-    from slide.data.inputs import as_feature_matrix, as_label_matrix, cap_row_labels
+    from bench.probes.probe_block_phases import _time_batches, as_fit_rows
     from slide.kernels.arrays import csr
-    from slide.params import BY_NAME
-    X, Y = slide.read_xc(data)
-    X = as_feature_matrix(X)
-    Y = cap_row_labels(as_label_matrix(Y, n_rows=X.shape[0]),
-                       BY_NAME["max_row_labels"].default, 0)
+    X, Y, _ = as_fit_rows(*slide.read_xc(data))
     m = slide.SlideClassifier(learning_rate=1e-3, lr_schedule="constant", epochs=1,
                               n_threads=threads, random_state=0, neighbours=0, rerank=False)
     m.fit(X[:2048], Y[:2048])
