@@ -121,8 +121,8 @@ def dense_logits(H, W, b):
     thread or more one product per thread over the rows (``logits_into``; the caller holds
     BLAS to one thread). The two agree to float32 rounding, not always bit for bit: numpy and
     scipy ship OpenBLAS builds of their own, and some builds round a block's edge differently
-    by its shape (scipy 1.17.1's 0.3.30: 0.7 % of a product's entries moved by 1 ulp when its
-    columns were cut in chunks of 300)."""
+    by its shape (scipy 1.17.1's 0.3.30: 0.7-4.6 % of a product's entries moved by 1-2 ulps
+    when its columns were cut in chunks of 300 or its rows split over two threads)."""
     n_parts = split_rows(H, W, b)
     if n_parts == 1:
         S = H @ W.T
