@@ -439,6 +439,7 @@ def main(argv=None):
           f"B={common.PROPENSITY_B} from the training labels",
           f"- machine: {machine['cpu']}, {machine['cores']} cores, "
           f"{(machine['ram_bytes'] or 0) / 2**30:.0f} GiB RAM; commit {summary['commit']}",
+          f"- BLAS kernels: {machine.get('blas', 'not recorded')}",
           f"- command: `{command}`", "",
           table, "",
           "Training seconds exclude evaluation; time to target is interpolated between the two "

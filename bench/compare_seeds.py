@@ -54,7 +54,8 @@ def summarise(out, seeds, command):
         lines.append(f"- command: `{command}`")
     lines += [f"- seed {seeds[0]}'s run: `{first.get('command', '?')}`",
               f"- commit {', '.join(commits)}; machine: {first['machine'].get('cpu')}, "
-              f"{first['machine'].get('cores')} cores",
+              f"{first['machine'].get('cores')} cores; BLAS kernels "
+              f"{first['machine'].get('blas', 'not recorded')}",
              f"- settings: {json.dumps(first['settings'])}",
              f"- slide parameters: {json.dumps(first.get('slide_params'))}",
              f"- per seed: `seed<S>/results.md`", "",

@@ -63,7 +63,8 @@ def run(X, Y, Xt, Yt, engine, seed, args):
 
 def _machine():
     m = machine_description()
-    return f"{m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM"
+    return (f"{m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM; BLAS "
+            f"kernels {m['blas']}")
 
 
 def main():
