@@ -91,12 +91,14 @@ BLAS_RTOL = 1e-5
 
 
 def blas_builds():
-    """The BLAS libraries this process has loaded (threadpoolctl): "api version file" each,
-    sorted; the fixture records them, and a BLAS case's bits are pinned only under them."""
+    """The BLAS libraries this process has loaded (threadpoolctl): "api version file kernel"
+    each, sorted; the fixture records them, and a BLAS case's bits are pinned only under them.
+    The kernel counts: one OpenBLAS build runs other kernels on another CPU, or where
+    OPENBLAS_CORETYPE names one (some hosts set Haswell), and they round differently."""
     import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, the one the products call)
     from threadpoolctl import threadpool_info
     return sorted(f"{i.get('internal_api')} {i.get('version')} "
-                  f"{os.path.basename(i.get('filepath', ''))}"
+                  f"{os.path.basename(i.get('filepath', ''))} {i.get('architecture')}"
                   for i in threadpool_info() if i.get("user_api") == "blas")
 
 
