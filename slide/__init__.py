@@ -22,6 +22,7 @@ _EXPORTS = {
     "SlideEnsemble": "slide.ensemble",
     "load": "slide.persist.models",
     "save": "slide.text",
+    "show_versions": "slide.environment",
 }
 _SUBMODULES = {"kernels", "network", "rank", "persist", "estimator", "ensemble", "distributed",
                "data", "synthetic", "metrics", "params", "config", "cli", "labels", "text"}

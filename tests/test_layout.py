@@ -21,7 +21,7 @@ PACKAGE = os.path.join(ROOT, "slide")
 # lowest first; a name covers the module and, for a package, everything in it
 LAYERS = (
     ("slide.kernels",),                         # @njit over arrays and bundles: numpy, numba
-    ("slide.fileio", "slide.params", "slide.defaults", "slide.metrics"),
+    ("slide.fileio", "slide.params", "slide.defaults", "slide.metrics", "slide.environment"),
     ("slide.data",),                            # input validation, the XC format
     ("slide.labels",),                          # label names <-> column ids (classes_)
     ("slide.synthetic",),

@@ -9,6 +9,7 @@ from slide import config as config_mod
 from slide.cli.common import (EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK,
                               EXIT_SIGINT, EXIT_USAGE, CliError, _err)
 from slide.cli.infer import cmd_evaluate, cmd_predict
+from slide.cli.info import cmd_info
 from slide.cli.plot import cmd_generate, cmd_plot
 from slide.cli.train import cmd_train
 from slide.config import ConfigError
@@ -84,6 +85,11 @@ def build_parser():
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     pl.add_argument("--out", "-o", help="PNG path (default RUN_DIR/time_to_accuracy.png)")
     pl.set_defaults(func=cmd_plot)
+
+    i = sub.add_parser("info", help="versions, threads, vector width and BLAS kernels: what a "
+                                    "run's speed depends on, with advice on slow settings")
+    i.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    i.set_defaults(func=cmd_info)
     return p
 
 

@@ -431,8 +431,9 @@ def _train(cfg, run_dir, args, stop):
         results[phase] = res
         del model
 
-    summary = {"config": os.path.join(run_dir, CONFIG_FILE),
-               "eval_points": n_eval, "eval_source": pool_name, **results}
+    from slide.environment import system_info       # what the speed depended on
+    summary = {"config": os.path.join(run_dir, CONFIG_FILE), "eval_points": n_eval,
+               "eval_source": pool_name, **results, "environment": system_info()}
     if text is not None:        # raw text: the vectorizer's fit on the training file
         summary["vectorizer_seconds"] = round(text.vectorize_seconds, 3)
     s, b = results.get("slide"), results.get("dense-baseline")
