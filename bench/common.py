@@ -105,18 +105,13 @@ def machine_description():
 def blas_kernels():
     """Which OpenBLAS kernels this environment runs, e.g. ``SkylakeX (0.3.30), SkylakeX
     (0.3.31); OPENBLAS_CORETYPE unset``: numpy's and scipy's libraries (slide's products go
-    through scipy's). Some hosts set OPENBLAS_CORETYPE=Haswell for older builds, which runs
-    AVX2 kernels on an AVX-512 CPU: the block's products took 1.7x as long at debcontents'
-    shape (bench/probes/probe_blas_kernels.py, bench/results/blas_kernels_*.md). A figure is
-    only comparable under the same kernels."""
-    try:
-        import numpy  # noqa: F401  (loads its OpenBLAS)
-        import scipy.linalg.cython_blas  # noqa: F401  (and scipy's, which slide calls)
-        from threadpoolctl import threadpool_info
-        libs = [f"{d.get('architecture')} ({d.get('version')})" for d in threadpool_info()
-                if d.get("internal_api") == "openblas"]
-    except ImportError:
-        libs = []
+    through scipy's; ``slide.environment``, which ``slide info`` prints). Some hosts set
+    OPENBLAS_CORETYPE=Haswell for older builds, which runs AVX2 kernels on an AVX-512 CPU: the
+    block's products took 1.8x as long at debcontents' shape (bench/probes/probe_blas_kernels.py,
+    bench/results/blas_kernels_*.md). A figure is only comparable under the same kernels."""
+    from slide.environment import blas_libraries
+    libs = [f"{b['kernel']} ({b['version']})" for b in blas_libraries()
+            if b["library"] == "openblas"]
     core = os.environ.get("OPENBLAS_CORETYPE")
     return (", ".join(sorted(libs)) or "no OpenBLAS") + "; OPENBLAS_CORETYPE " + (
         f"= {core}" if core else "unset")
