@@ -32,6 +32,20 @@ def test_time_to_target_interpolates_between_evaluations():
     assert common.time_to_target(curve, 0.6) is None
 
 
+def test_results_record_the_blas_kernels_and_the_pin(monkeypatch):
+    """Every result's header names the OpenBLAS kernels and whether OPENBLAS_CORETYPE pinned
+    them (a figure is comparable only under the same kernels)."""
+    from slide.environment import blas_libraries
+    kernels = {b["kernel"] for b in blas_libraries() if b["library"] == "openblas"}
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    text = common.blas_kernels()
+    assert text.endswith("; OPENBLAS_CORETYPE = Haswell")
+    assert all(k in text for k in kernels)
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert common.blas_kernels().endswith("; OPENBLAS_CORETYPE unset")
+    assert common.machine_description()["blas"] == common.blas_kernels()
+
+
 def test_compare_seeds_summary_gives_means_spreads_and_each_seeds_own_ratio(tmp_path):
     """``bench/compare_seeds.py``: per system the mean and sample standard deviation over the
     seeds' runs, and each baseline's time over slide's seed by seed (not a ratio of means)."""
