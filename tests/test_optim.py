@@ -164,6 +164,36 @@ def test_a_rows_catch_up_costs_a_few_blocks_whatever_its_gap():
         assert discounted_rate_sum(sums, s, e, r) == pytest.approx(direct, rel=1e-12)
 
 
+def test_the_catch_ups_power_tables_give_the_computed_powers_bits():
+    """``power_tables``: the catch-up's closed form reads its powers from a table instead of
+    computing them; over random idle gaps (inside and beyond the table) and three pairs of
+    betas, every factor is the same float64 as computed."""
+    from numba import njit
+    from slide.network.adam import (Hyper, _missed_steps, adam_lr, block_powers,
+                                    extend_rate_sums, power_tables)
+    rng = np.random.default_rng(2)
+    n = 50_000
+    rates = adam_lr(1e-3, B1, B2, np.arange(n) + 1.0) * rng.uniform(0.5, 1.5, n)
+
+    @njit
+    def differing(lasts, ts, with_tables, without):
+        bad = 0
+        for i in range(lasts.shape[0]):
+            if _missed_steps(lasts[i], ts[i], with_tables) != \
+                    _missed_steps(lasts[i], ts[i], without):
+                bad += 1
+        return bad
+
+    for b1, b2 in ((B1, B2), (0.95, 0.9999), (0.5, 0.9)):
+        sums = np.zeros(n)
+        extend_rate_sums(rates, sums, block_powers(b1, b2), 0, n)
+        ts = rng.integers(2, n, 20_000)
+        lasts = np.maximum(ts - rng.integers(1, 3000, ts.shape[0]), 0)
+        on = Hyper(1e-3, b1, b2, EPS, 0, rates, sums, power_tables(b1, b2))
+        off = on._replace(powers=np.zeros((0, 0), np.float64))
+        assert differing(lasts, ts, on, off) == 0
+
+
 def test_frequency_negatives_weights():
     C, n = 1000, 64
     net = Network((10, 4, C), [False, True], [0, 0], seed=0, shared_negatives=n,

@@ -73,6 +73,7 @@ class Hyper(NamedTuple):
     t: int
     rates: np.ndarray
     rate_sums: np.ndarray
+    powers: np.ndarray
 
 
 def adam_lr(learning_rate, beta1, beta2, t):
@@ -86,6 +87,36 @@ RATE_BLOCK = 64
 # the catch-up drops the blocks after the first step whose weight r^(k-s) is below this
 # (module docstring: the bound of what they would add)
 TAIL_WEIGHT = 1e-16
+
+
+# the catch-up's powers (``power_tables``): r^e for -RATE_BLOCK <= e < POWER_TABLE - RATE_BLOCK,
+# beta1^n and beta2^n for 0 <= n < POWER_TABLE; beyond them it computes the power itself
+POWER_TABLE = 1024
+
+
+@njit(cache=True, nogil=True)
+def power_tables(beta1, beta2):
+    """[3, POWER_TABLE] float64: r^(e - RATE_BLOCK) (r = beta1 / sqrt(beta2)), beta1^n and
+    beta2^n, each computed as ``_missed_steps`` computes the power (Numba's integer power), so
+    a lookup gives the same bits. A catch-up's closed form computed these as it went, a chain
+    of dependent multiplies (a square-and-multiply loop each) that every idle row waited on."""
+    out = np.empty((3, POWER_TABLE), np.float64)
+    r = beta1 / np.sqrt(beta2)
+    for i in range(POWER_TABLE):
+        e = i - RATE_BLOCK
+        out[0, i] = r ** e
+        out[1, i] = beta1 ** i
+        out[2, i] = beta2 ** i
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _power(tables, row, base, e, shift):
+    """base ** e from row ``row`` of ``power_tables`` (entry e + shift), or computed."""
+    i = e + shift
+    if tables.shape[0] > 0 and 0 <= i < tables.shape[1]:
+        return tables[row, i]
+    return base ** e
 
 
 def block_powers(beta1, beta2):
@@ -110,21 +141,22 @@ def extend_rate_sums(rates, sums, powers, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def discounted_rate_sum(sums, s, e, r):
+def discounted_rate_sum(sums, s, e, r, tables=np.zeros((0, 0), np.float64)):
     """sum_{k=s+1..e} c_k r^(k-s) (e > s) from the block prefix sums ``sums`` of the rates c:
     one subtraction per block of RATE_BLOCK steps, stopping after the first block whose next
     step's weight r^(k-s) is below TAIL_WEIGHT, so a row idle for any number of steps costs a
-    few blocks. Not fastmath: the difference of two prefix sums is the delicate part (its
-    relative error is ~1e-16 * r^-RATE_BLOCK / (1 - r), ~1e-12, far below float32's)."""
+    few blocks; the powers of r from ``tables`` (``power_tables``) where given. Not fastmath:
+    the difference of two prefix sums is the delicate part (its relative error is ~1e-16 *
+    r^-RATE_BLOCK / (1 - r), ~1e-12, far below float32's)."""
     total = 0.0
     k = s + 1
     while k <= e:
         b = (k // RATE_BLOCK) * RATE_BLOCK
         hi = min(e, b + RATE_BLOCK - 1)
         part = sums[hi] if k == b else sums[hi] - sums[k - 1]
-        total += part * r ** (b - s)
+        total += part * _power(tables, 0, r, b - s, RATE_BLOCK)
         k = hi + 1
-        if r ** (k - s) < TAIL_WEIGHT:
+        if _power(tables, 0, r, k - s, RATE_BLOCK) < TAIL_WEIGHT:
             break
     return total
 
@@ -211,8 +243,9 @@ def _missed_steps(last, t, hyper):
     if last <= 0 or n <= 0:
         return 0.0, 1.0, 1.0, 0
     r = hyper.beta1 / np.sqrt(hyper.beta2)
-    return (discounted_rate_sum(hyper.rate_sums, last, t - 1, r), hyper.beta1 ** n,
-            hyper.beta2 ** n, n)
+    p = hyper.powers
+    return (discounted_rate_sum(hyper.rate_sums, last, t - 1, r, p),
+            _power(p, 1, hyper.beta1, n, 0), _power(p, 2, hyper.beta2, n, 0), n)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")

@@ -11,8 +11,8 @@ from slide.kernels.layers import zeros_touched
 
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
                                 adam_flush_rows, adam_ids, adam_ids_serial, adam_lr, adam_rows,
-                                block_powers, discounted_rate_sum, extend_rate_sums, sgd_ids,
-                                sgd_rows)
+                                block_powers, discounted_rate_sum, extend_rate_sums,
+                                power_tables, sgd_ids, sgd_rows)
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
 # rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
@@ -88,6 +88,7 @@ class SparseOptimizer:
         # the rate of every step so far (index = step, entry 0 unused; grown by doubling) and
         # its block prefix sums, which the catch-up kernels read through Hyper
         self._powers = block_powers(self.beta1, self.beta2)
+        self._power_tables = power_tables(self.beta1, self.beta2)
         self._t = 0
         self._rates = np.zeros(RATE_BLOCK, np.float64)
         self._rate_sums = np.zeros(RATE_BLOCK, np.float64)
@@ -183,7 +184,7 @@ class SparseOptimizer:
         t = self._t
         lr_t = self._rates[t] if t > 0 else self._rate_of(self.learning_rate, 1)
         return Hyper(float(lr_t), self.beta1, self.beta2, self.epsilon, int(t), self._rates,
-                     self._rate_sums)
+                     self._rate_sums, self._power_tables)
 
     def step(self, params, touched, n_rows, n_bias):
         """One step on the rows and biases a batch touched: ``params`` (W, B, GW, GB) and
