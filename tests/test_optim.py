@@ -190,7 +190,7 @@ def test_the_catch_ups_power_tables_give_the_computed_powers_bits():
         ts = rng.integers(2, n, 20_000)
         lasts = np.maximum(ts - rng.integers(1, 3000, ts.shape[0]), 0)
         on = Hyper(1e-3, b1, b2, EPS, 0, rates, sums, power_tables(b1, b2))
-        off = on._replace(powers=np.zeros((0, 0), np.float64))
+        off = on._replace(power_tables=np.zeros((0, 0), np.float64))
         assert differing(lasts, ts, on, off) == 0
 
 

@@ -65,7 +65,8 @@ class Hyper(NamedTuple):
     """One step's settings: bias-corrected step size ``lr_t`` (plain lr for SGD), Adam's betas
     and epsilon, the global step count ``t``, and the record of every step's rate:
     ``rates[k]`` = c_k for k <= t and its discounted block prefix sums ``rate_sums``
-    (``extend_rate_sums``), from which the catch-up takes the missed steps' rates."""
+    (``extend_rate_sums``), from which the catch-up takes the missed steps' rates, and the
+    powers its closed form reads (``power_tables``; empty: computed)."""
     lr_t: float
     beta1: float
     beta2: float
@@ -73,7 +74,7 @@ class Hyper(NamedTuple):
     t: int
     rates: np.ndarray
     rate_sums: np.ndarray
-    powers: np.ndarray
+    power_tables: np.ndarray
 
 
 def adam_lr(learning_rate, beta1, beta2, t):
@@ -243,7 +244,7 @@ def _missed_steps(last, t, hyper):
     if last <= 0 or n <= 0:
         return 0.0, 1.0, 1.0, 0
     r = hyper.beta1 / np.sqrt(hyper.beta2)
-    p = hyper.powers
+    p = hyper.power_tables
     return (discounted_rate_sum(hyper.rate_sums, last, t - 1, r, p),
             _power(p, 1, hyper.beta1, n, 0), _power(p, 2, hyper.beta2, n, 0), n)
 
