@@ -23,7 +23,7 @@ import sklearn
 from threadpoolctl import threadpool_info
 
 from slide.kernels.codegen import vector_width
-from slide.kernels.threads import TBB_PATH
+from slide.kernels.threads import TBB_PATH, layer_warning
 
 
 def _slide_version():
@@ -73,9 +73,10 @@ def notes(info):
                    "run at its speed (1.8x as long on Haswell's AVX2 kernels as on OpenBLAS's own "
                    "AVX-512 choice on an AMD EPYC). Unless your OpenBLAS build needs it, unset it "
                    "(and OPENBLAS_L2_SIZE) before starting Python.")
-    if not info["threading_layer"].startswith("tbb") and info["numba_threads"] > 1:
-        out.append("Numba's parallel loops do not run on TBB: a core busy with another job "
-                   "stalls every batch (pip install tbb; docs/design.md).")
+    layer = info["threading_layer"].split()[0]
+    message = layer_warning(int(info["numba_threads"]), layer)
+    if message is not None:
+        out.append(message)
     return out
 
 
