@@ -8,6 +8,8 @@ for ``slide.network.row_steps.batch_row_steps``.
 import numpy as np
 from numba import njit
 
+from slide.kernels.prefetch import LINE, prefetch_line
+
 
 @njit(cache=True, nogil=True)
 def _list_row(tb, nr, start, length, rowid):
@@ -125,6 +127,25 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     return nu
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_marks(X, rows, s, nb, mark, slot):
+    """Before sample s's features are listed: the lines of ``mark`` and ``slot`` that sample
+    s + 1's features will read, and the lines of sample s + 2's feature ids. Both arrays span
+    every input feature, and after a batch's row steps swept the caches each entry's first
+    read missed (200k labels: the listing's misses were ~0.05 ms of the 0.44 ms forward it runs
+    beside, measured by prefetching them before it). The listing is the same."""
+    if s + 2 < nb:
+        r2 = rows[s + 2]
+        for p in range(X.ptr[r2], X.ptr[r2 + 1], LINE):
+            prefetch_line(X.ind, p)
+    if s + 1 < nb:
+        r1 = rows[s + 1]
+        for p in range(X.ptr[r1], X.ptr[r1 + 1]):
+            f = X.ind[p]
+            prefetch_line(mark, f)
+            prefetch_line(slot, f)
+
+
 @njit(cache=True, nogil=True)
 def feature_entries(X, rows, frows):
     """Transpose the batch's input rows into per-feature entry lists (``FeatureRows``):
@@ -137,8 +158,10 @@ def feature_entries(X, rows, frows):
                                                frows.row_ptr, frows.ent_p, frows.ent_s)
     count = frows.count
     nu = 0
-    for s in range(rows.shape[0]):
+    nb = rows.shape[0]
+    for s in range(nb):
         r = rows[s]
+        _prefetch_marks(X, rows, s, nb, mark, slot)
         for p in range(X.ptr[r], X.ptr[r + 1]):
             f = X.ind[p]
             if mark[f] == 0:
