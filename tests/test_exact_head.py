@@ -33,6 +33,26 @@ def test_head_is_the_most_frequent_labels_and_always_drawn_with_weight_one():
     assert neg.tail_q.sum() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("n_head", [0, N_HEAD])
+def test_offsets_are_made_with_the_distribution_for_every_label(n_head):
+    """corr / corr_mix hold every tail label's offsets once the distribution is set (the
+    draws no longer write them): the per-label formula with the draw's number of draws, 0 on
+    the head, and no draw changes them."""
+    neg, _ = _negatives(n_head)
+    n_draws = N_SHARED - neg.head.shape[0]
+    p = np.maximum(-np.expm1(n_draws * np.log1p(-np.minimum(neg.tail_q, 1.0 - 1e-12))), 1e-300)
+    tail = np.setdiff1d(np.arange(N_OUT), neg.head)
+    np.testing.assert_allclose(neg.corr[tail], -np.log(p[tail]), rtol=1e-6)
+    np.testing.assert_allclose(neg.corr_mix[tail], np.log(0.5 + 0.5 / p[tail]), rtol=1e-6)
+    assert not neg.corr[neg.head].any() and not neg.corr_mix[neg.head].any()
+    before = (neg.corr.copy(), neg.corr_mix.copy())
+    for serial in range(20):
+        neg.draw(5, serial)
+    neg.draw_ahead(5, 100, 3)
+    np.testing.assert_array_equal(neg.corr, before[0])
+    np.testing.assert_array_equal(neg.corr_mix, before[1])
+
+
 def test_tail_inclusion_probabilities_match_the_draws():
     """exp(-corr[j]) -- the probability the correction divides by -- against the frequency
     with which j is drawn, over 6,000 batches (binomial tolerance, 5 sigma)."""

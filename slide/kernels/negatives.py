@@ -258,40 +258,38 @@ def sorted_union(a, b, buf):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def finish_draw(tables, u, n_draws, ids, out):
-    """The batch's shared negatives from the sorted uniforms ``u`` of its frequency draws
-    (``SharedNegatives.uniforms``): the distinct tail ids (``distinct_draws``) into ``ids``,
-    their inclusion weights into ``tables.corr`` / ``corr_mix`` (``inclusion_weights``'
-    arithmetic, element by element), and their sorted union with the head into ``out``;
-    returns the union's size. One kernel, so that the batched engine can run it beside the
-    first layer's listing (``slide.network.block``): its loads are cache misses in arrays of
-    the label count, serial, ~0.2 ms a batch at 670k labels."""
-    cdf, tail_q, corr, corr_mix = tables.cdf, tables.tail_q, tables.corr, tables.corr_mix
-    n = distinct_draws(cdf, tables.cdf_lo, u, cdf.shape[0] - 1, ids)
-    for i in range(n):
-        if i + DRAW_PREFETCH < n:
-            # per-label arrays read and written at scattered ids, past the out-of-order
-            # window's reach behind four transcendental calls a label
-            jn = ids[i + DRAW_PREFETCH]
-            prefetch_line(tail_q, jn)
-            prefetch_line(corr, jn)
-            prefetch_line(corr_mix, jn)
-        j = ids[i]
+def inclusion_offsets(tail_q, n_draws, corr, corr_mix):
+    """corr[j] = -log P(j drawn at least once in ``n_draws`` draws from ``tail_q``) and
+    corr_mix[j] = log((1 + 1/P) / 2), for every label j (``inclusion_weights``' arithmetic,
+    element by element). A label's offsets depend on nothing but its q and the number of
+    draws, so they are made once per distribution (``SharedNegatives.set_distribution``),
+    where each draw computed them for its ids (four transcendental calls an id at scattered
+    places of two arrays of the label count: ~0.05 ms of thread time a batch)."""
+    for j in range(tail_q.shape[0]):
         p = -math.expm1(n_draws * math.log1p(-min(tail_q[j], 1.0 - 1e-12)))
         p = max(p, 1e-300)
         corr[j] = np.float32(-math.log(p))
         corr_mix[j] = np.float32(math.log(0.5 + 0.5 / p))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def finish_draw(tables, u, ids, out):
+    """The batch's shared negatives from the sorted uniforms ``u`` of its frequency draws
+    (``SharedNegatives.uniforms``): the distinct tail ids (``distinct_draws``) into ``ids``
+    and their sorted union with the head into ``out``; returns the union's size (their
+    offsets are in ``tables.corr`` / ``corr_mix`` already: ``inclusion_offsets``). One
+    kernel, so that the batched engine can run it beside the first layer's listing
+    (``slide.network.block``): its loads are cache misses in the cdf, serial."""
+    n = distinct_draws(tables.cdf, tables.cdf_lo, u, tables.cdf.shape[0] - 1, ids)
     return sorted_union(ids[:n], tables.head, out).shape[0]
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def finish_draws(tables, U, ids, out, n_out):
     """``finish_draw`` of several batches at once, one batch a task over Numba's threads:
-    row b of ``U`` holds batch b's sorted uniforms, its ids go to ``out[b, :n_out[b]]``.
-    Batches that share ids write the same weights to ``tables.corr`` / ``corr_mix`` (a
-    weight depends only on the id and the number of draws), so the tasks need no lock."""
+    row b of ``U`` holds batch b's sorted uniforms, its ids go to ``out[b, :n_out[b]]``."""
     for b in prange(U.shape[0]):
-        n_out[b] = finish_draw(tables, U[b], U.shape[1], ids[b], out[b])
+        n_out[b] = finish_draw(tables, U[b], ids[b], out[b])
 
 
 def head_size(n_shared, exact_head):
@@ -303,8 +301,9 @@ class SharedNegatives:
     """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
 
     ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
-    in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for the ids of the latest draw:
-    the kernels read them by neuron id (:func:`correction`).
+    in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for every neuron, made with the
+    distribution (``inclusion_offsets``); the kernels read them by neuron id
+    (:func:`correction`).
 
     ``n_head`` > 0 (frequency draws only): the ``n_head`` labels of highest q -- the most
     frequent -- are in every batch's set with probability 1 (``corr`` 0: computed exactly,
@@ -345,14 +344,17 @@ class SharedNegatives:
             self.head = head
             tail = q.copy()
             tail[head] = 0.0
-            # the head's inclusion is certain: offset 0, the exact logit
-            self.corr[head] = 0.0
-            self.corr_mix[head] = 0.0
         # without a head, q itself (bit for bit: the recorded fixtures drew from it)
         self.tail_q = tail / tail.sum() if self.n_head > 0 and tail.sum() > 0 else tail
         self.cdf = np.cumsum(self.tail_q)
         self.cdf[-1] = 1.0
         self.cdf_lo = cdf_buckets(self.cdf)
+        n_draws = self.n_shared - self.n_head
+        if n_draws > 0 and self.corr.shape[0] == self.tail_q.shape[0]:
+            inclusion_offsets(self.tail_q, np.int64(n_draws), self.corr, self.corr_mix)
+        # the head's inclusion is certain: offset 0, the exact logit
+        self.corr[self.head] = 0.0
+        self.corr_mix[self.head] = 0.0
 
     def draw(self, seed, serial):
         """The batch's shared negative output neurons (sorted, deduplicated, int32), from
@@ -369,7 +371,7 @@ class SharedNegatives:
         """The draw of the sorted uniforms ``u`` (``uniforms``): its ids, and their weights
         in ``corr`` / ``corr_mix`` (``finish_draw``)."""
         out = np.empty(u.shape[0] + self.head.shape[0], np.int32)
-        n = finish_draw(self.tables(), u, u.shape[0], np.empty(u.shape[0], np.int32), out)
+        n = finish_draw(self.tables(), u, np.empty(u.shape[0], np.int32), out)
         return out[:n]
 
     def draw_ahead(self, seed, serial, n_ahead):

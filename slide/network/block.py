@@ -401,7 +401,7 @@ def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
     mostly cache misses)."""
     for task in prange(2):
         if task == 0:
-            n_out[0] = finish_draw(tables, u, u.shape[0], ids, out)
+            n_out[0] = finish_draw(tables, u, ids, out)
         else:
             feature_entries(X, rows, frows)
 
