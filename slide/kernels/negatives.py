@@ -186,7 +186,7 @@ def inclusion_weights(p_in):
 
 # buckets of the cdf's index (a power of two, so u * CDF_BUCKETS and k / CDF_BUCKETS are exact)
 CDF_BUCKETS = 1 << 16
-# draws ahead whose lines the draw asks for (``distinct_draws``, ``finish_draw``): with the
+# draws ahead whose lines the draw asks for (``distinct_draws``): with the
 # caches swept, 0.034 against 0.059 ms a batch at 133k labels (scratch; the same ids)
 DRAW_PREFETCH = 8
 
@@ -262,9 +262,10 @@ def inclusion_offsets(tail_q, n_draws, corr, corr_mix):
     """corr[j] = -log P(j drawn at least once in ``n_draws`` draws from ``tail_q``) and
     corr_mix[j] = log((1 + 1/P) / 2), for every label j (``inclusion_weights``' arithmetic,
     element by element). A label's offsets depend on nothing but its q and the number of
-    draws, so they are made once per distribution (``SharedNegatives.set_distribution``),
-    where each draw computed them for its ids (four transcendental calls an id at scattered
-    places of two arrays of the label count: ~0.05 ms of thread time a batch)."""
+    draws, so they are made once per distribution (``SharedNegatives.set_distribution``;
+    15 ms at 670k labels), where each draw computed them for its ids, four transcendental
+    calls an id at scattered places of two arrays of the label count (the draw at 200k
+    labels: 0.102 -> 0.094 ms a batch, in-process A/B)."""
     for j in range(tail_q.shape[0]):
         p = -math.expm1(n_draws * math.log1p(-min(tail_q[j], 1.0 - 1e-12)))
         p = max(p, 1e-300)
@@ -301,7 +302,7 @@ class SharedNegatives:
     """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
 
     ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
-    in ``n_shared`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for every neuron, made with the
+    in the ``n_shared - n_head`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for every neuron, made with the
     distribution (``inclusion_offsets``); the kernels read them by neuron id
     (:func:`correction`).
 
@@ -368,8 +369,8 @@ class SharedNegatives:
         return self.head.copy() if u is None else self.finish(u)
 
     def finish(self, u):
-        """The draw of the sorted uniforms ``u`` (``uniforms``): its ids, and their weights
-        in ``corr`` / ``corr_mix`` (``finish_draw``)."""
+        """The draw of the sorted uniforms ``u`` (``uniforms``): its ids (``finish_draw``;
+        their offsets in ``corr`` / ``corr_mix`` were made with the distribution)."""
         out = np.empty(u.shape[0] + self.head.shape[0], np.int32)
         n = finish_draw(self.tables(), u, np.empty(u.shape[0], np.int32), out)
         return out[:n]
