@@ -15,12 +15,23 @@ draw beside its listing, 4 samples a chunk, every sample's extras in its own loo
 and each change alone, in one process on the same batches, and ends with a summary table;
 ``--compare-steps`` likewise the row steps as one loop and as three. ``--by-placement S``:
 each step's time with the cores on one die and on two (``bench/crosscore.py``), over S
-seconds of blocks of batches.
+seconds of blocks of batches. With ``--ab-rev REV`` (and ``--by-placement``) the blocks
+alternate between the engine as checked out and the engine with ``--ab-modules`` as at git
+revision REV (``--ab-attrs``: the functions swapped block by block), so that a change is
+measured against its base in one process, by placement (single runs in two processes differ by
+more than most changes: the host's rates drift by the hour):
+
+    python bench/probes/probe_block_phases.py --preset xc200k --by-placement 90 --ab-rev HEAD~1 \
+        --ab-modules slide.kernels.touched,slide.network.block \
+        --ab-attrs slide.network.block:block_forward
 """
 import argparse
+import importlib
 import os
+import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -63,6 +74,14 @@ def main():
                     "and far (two); a block whose readings disagree is left out")
     ap.add_argument("--warm-batches", type=int, default=20, help="batches run untimed first "
                     "(a kernel the warm-up fit did not compile in these types compiles there)")
+    ap.add_argument("--ab-rev", default=None, help="with --by-placement: alternate blocks "
+                    "with --ab-modules as at this git revision")
+    ap.add_argument("--ab-modules", default="", help="dotted module names loaded from "
+                    "--ab-rev, dependencies first (a later one's imports of an earlier one get "
+                    "the old one)")
+    ap.add_argument("--ab-attrs", default="", help="module:function pairs swapped for the "
+                    "old modules' ones in every other block (the engine's own calls look them "
+                    "up there)")
     args = ap.parse_args()
     import numba
     import slide
@@ -107,9 +126,15 @@ def main():
           f"({args.warm_batches} batches untimed first, then {n_batches} timed)")
     rows_of = [order[128 * b:128 * (b + 1)] for b in range(args.warm_batches + n_batches)]
     if args.by_placement > 0:
+        variants = [("checked out", {})]
+        if args.ab_rev:
+            variants.append((args.ab_rev, revision_swaps(args.ab_rev, args.ab_modules,
+                                                         args.ab_attrs)))
         with threadpool_limits(args.blas_threads, user_api="blas"):
-            _time_batches(net, opt, X, Xc, Yc, rows_of[:3], 500, 1)
-            by_placement(net, opt, X, Xc, Yc, order, args.by_placement)
+            for _, swaps in variants[::-1]:
+                with swapped(swaps):
+                    _time_batches(net, opt, X, Xc, Yc, rows_of[:3], 500, 1)
+            by_placement(net, opt, X, Xc, Yc, order, args.by_placement, variants=variants)
         return
     summary = []
     with threadpool_limits(args.blas_threads, user_api="blas"):
@@ -159,33 +184,95 @@ COMPARE = [("before", _BEFORE), ("after", _AFTER), ("before", _BEFORE), ("after"
            ("extras tasks only", (False, 0, 64)), ("draw ahead + extras tasks", (True, 0, 64))]
 
 
-def by_placement(net, opt, X, Xc, Yc, order, seconds, block=30, untimed=5):
+def revision_swaps(rev, modules, attrs):
+    """{(module, name): function} for ``--ab-rev``: ``modules`` (comma-separated, dependencies
+    first) compiled from their source at git revision ``rev`` into new module objects, Numba's
+    disk cache off for them; while each runs, sys.modules maps the earlier names to their old
+    modules, so that its ``from ... import`` gets the old functions. ``attrs``: the
+    "module:name" pairs to swap."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    names = [m for m in modules.split(",") if m]
+    saved = {n: sys.modules.get(n) for n in names}
+    old = {}
+    try:
+        for name in names:
+            path = name.replace(".", "/") + ".py"
+            src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True,
+                                 capture_output=True, text=True).stdout
+            mod = types.ModuleType(name)
+            mod.__file__ = f"<{rev}:{path}>"
+            sys.modules[name] = mod
+            exec(compile(src.replace("cache=True", "cache=False"), mod.__file__, "exec"),
+                 mod.__dict__)
+            old[name] = mod
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    swaps = {}
+    for pair in (a for a in attrs.split(",") if a):
+        mod_name, attr = pair.split(":")
+        swaps[(mod_name, attr)] = getattr(old[mod_name], attr)
+    return swaps
+
+
+class swapped:
+    """Context: the functions of ``swaps`` ({(module, name): function}) in place of the
+    modules' own, put back on exit."""
+
+    def __init__(self, swaps):
+        self.swaps, self.kept = swaps, {}
+
+    def __enter__(self):
+        for (mod_name, attr), fn in self.swaps.items():
+            mod = importlib.import_module(mod_name)
+            self.kept[(mod_name, attr)] = getattr(mod, attr)
+            setattr(mod, attr, fn)
+
+    def __exit__(self, *exc):
+        for (mod_name, attr), fn in self.kept.items():
+            setattr(importlib.import_module(mod_name), attr, fn)
+
+
+def by_placement(net, opt, X, Xc, Yc, order, seconds, block=30, untimed=5, variants=None):
     """``--by-placement``: blocks of ``block`` shuffled batches for ``seconds``, each block's
     steps timed (after ``untimed`` batches) between two readings of the cores' round trip;
-    prints each step's median ms a batch over the near blocks and over the far ones."""
+    prints each step's median ms a batch over the near blocks and over the far ones.
+    ``variants``: [(name, swaps)] taken block by block in turn (``--ab-rev``): a column
+    each per placement."""
     import numba
     from bench.crosscore import placement, round_trip_ns
+    variants = variants or [("", {})]
     n_b = X.shape[0] // 128
-    res = {"near": [], "far": []}
-    b0, serial, t_end = 0, 10 ** 6, time.time() + seconds
+    res = {(w, v): [] for w in ("near", "far") for v, _ in variants}
+    b0, serial, t_end, turn = 0, 10 ** 6, time.time() + seconds, 0
     while time.time() < t_end:
+        name, swaps = variants[turn % len(variants)]
+        turn += 1
         r0 = round_trip_ns(n=20000)
         rows_of = [order[128 * ((b0 + k) % n_b):128 * ((b0 + k) % n_b + 1)]
                    for k in range(block)]
-        T = _time_batches(net, opt, X, Xc, Yc, rows_of, serial, untimed)
+        with swapped(swaps):
+            T = _time_batches(net, opt, X, Xc, Yc, rows_of, serial, untimed)
         b0, serial = b0 + block, serial + block + 10
         where = placement(r0, round_trip_ns(n=20000))
-        if where in res:
-            res[where].append({k: v / (block - untimed) * 1e3 for k, v in T.items()})
+        if (where, name) in res:
+            res[(where, name)].append({k: v / (block - untimed) * 1e3 for k, v in T.items()})
+    one = len(variants) == 1
+    cols = list(res) if one else [c for c in res if res[c]]
     print(f"\nthreading layer {numba.threading_layer()}; blocks of {block - untimed} timed "
-          f"batches: {len(res['near'])} with the cores near, {len(res['far'])} far (medians, "
-          "ms a batch)\n")
+          "batches: " + ", ".join(f"{len(res[c])} with the cores {' '.join(c).strip()}"
+                                  for c in res) + " (medians, ms a batch)\n")
     keys = list(next((v[0] for v in res.values() if v), {}))
-    print("| step | cores near | cores far | far / near |\n|---|---|---|---|")
+    print("| step | " + " | ".join(f"cores {' '.join(c).strip()}" for c in cols)
+          + (" | far / near |" if one else " |") + "\n|" + "---|" * (len(cols) + 1 + one))
     for k in keys + ["total"]:
-        m = [np.median([sum(T.values()) if k == "total" else T[k] for T in res[w]])
-             if res[w] else np.nan for w in ("near", "far")]
-        print(f"| {k} | {m[0]:.3f} | {m[1]:.3f} | {m[1] / m[0]:.2f} |")
+        m = [np.median([sum(T.values()) if k == "total" else T[k] for T in res[c]])
+             if res[c] else np.nan for c in cols]
+        ratio = f" {m[1] / m[0]:.2f} |" if one else ""
+        print(f"| {k} | " + " | ".join(f"{v:.3f}" for v in m) + f" |{ratio}")
 
 
 # --separate-steps: the three row steps as three loops
