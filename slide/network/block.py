@@ -39,10 +39,11 @@ from numba import njit, prange
 
 from slide.kernels.arrays import csr, make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
-from slide.kernels.layers import FASTMATH
+from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
                                      correction_kind, finish_draw, seek_sorted, sorted_union)
+from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
 from slide.kernels.touched import feature_entries, output_entries
@@ -125,6 +126,17 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
         counts[s, 0] = n_c
         counts[s, 1] = n_s
         counts[s, 2] = n_x
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_first_extras(W, w_off, n_h, b_extra, counts, x_ptr, s, nb):
+    """Before sample s: the output rows of sample s + 1's first extras, where its own loop
+    computes them (no tasks, ``x_ptr``): that loop prefetches a sample's later extras as it
+    goes, not its first ones. Samples come in chunks, so s + 1 is most often this thread's
+    next."""
+    if s + 1 < nb and x_ptr[s + 2] == x_ptr[s + 1]:
+        for e in range(min(PREFETCH_AHEAD, counts[s + 1, 2])):
+            prefetch_row(W, w_off + np.int64(b_extra[s + 1, e]) * n_h, n_h)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -211,10 +223,12 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
     Yp, Yi = Y.ptr, Y.ind
     H, d_store, x_ptr = xt.H, xt.d, xt.ptr
     ns = Z.shape[1]
+    n_h = H.shape[1]
     for s in prange(nb):
         if not math.isfinite(losses[s]):
             continue
         t = numba.get_thread_id()
+        _prefetch_first_extras(W, w_off, n_h, b_extra, counts, x_ptr, s, nb)
         n = sc_n_act[s, last]
         n_c, n_s, n_x = counts[s, 0], counts[s, 1], counts[s, 2]
         out = sc_ids[s, s_lo:s_lo + n]
@@ -351,6 +365,7 @@ def block_backward(params, spec, sc, blk, X, rows, dH, xt, first_weights):
     Xp, Xi, Xd = X.ptr, X.ind, X.dat
     d_store, x_ptr, x_part = xt.d, xt.ptr, xt.part
     for s in prange(nb):
+        _prefetch_first_extras(W, w_off, n_h, b_extra, counts, x_ptr, s, nb)
         r = rows[s]
         g = dH[s]
         d = d_store[s]
