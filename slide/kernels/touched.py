@@ -109,6 +109,12 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     last = n_act.shape[1] - 1
     nu = 0
     for s in range(nb):
+        if s + 1 < nb:
+            # the next sample's lines of the per-neuron arrays, as ``_prefetch_marks``
+            for k in range(n_act[s + 1, last]):
+                j = ids[s + 1, s_off_last + k]
+                prefetch_line(stamp, j)
+                prefetch_line(slot, j)
         for k in range(n_act[s, last]):
             j = ids[s, s_off_last + k]
             if stamp[j] != serial:
