@@ -156,9 +156,6 @@ class DrawTables(NamedTuple):
     """A frequency draw's per-label arrays (``negatives.finish_draw``)."""
     cdf: np.ndarray          # [n_out] float64: cumulative tail distribution, last entry 1
     cdf_lo: np.ndarray       # [CDF_BUCKETS + 1] int64: the cdf's bucket index
-    tail_q: np.ndarray       # [n_out] float64: the tail's draw probabilities (0 in the head)
-    corr: np.ndarray         # [n_out] float32: -log P(drawn) (``inclusion_offsets``)
-    corr_mix: np.ndarray     # [n_out] float32
     head: np.ndarray         # sorted int32 ids of the exact head
 
 

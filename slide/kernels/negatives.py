@@ -278,7 +278,7 @@ def finish_draw(tables, u, ids, out):
     """The batch's shared negatives from the sorted uniforms ``u`` of its frequency draws
     (``SharedNegatives.uniforms``): the distinct tail ids (``distinct_draws``) into ``ids``
     and their sorted union with the head into ``out``; returns the union's size (their
-    offsets are in ``tables.corr`` / ``corr_mix`` already: ``inclusion_offsets``). One
+    offsets were made with the distribution: ``inclusion_offsets``). One
     kernel, so that the batched engine can run it beside the first layer's listing
     (``slide.network.block``): its loads are cache misses in the cdf, serial."""
     n = distinct_draws(tables.cdf, tables.cdf_lo, u, tables.cdf.shape[0] - 1, ids)
@@ -423,8 +423,7 @@ class SharedNegatives:
 
     def tables(self):
         """The draw's arrays as ``finish_draw`` takes them (``DrawTables``)."""
-        return DrawTables(self.cdf, self.cdf_lo, self.tail_q, self.corr, self.corr_mix,
-                          self.head)
+        return DrawTables(self.cdf, self.cdf_lo, self.head)
 
     def bundle(self, ids):
         """The kernels' view of the draw ``ids`` (the latest one): a ``SharedDraw``."""
