@@ -81,14 +81,8 @@ def git_commit():
 
 def machine_description():
     """CPU model, core count and RAM of this machine, as the README reports them."""
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from slide.environment import cpu_model
+    model = cpu_model()
     ram = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -33,7 +33,8 @@ def _slide_version():
         return "not installed"
 
 
-def _cpu_model():
+def cpu_model():
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what platform tells)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -83,7 +84,7 @@ def notes(info):
 def system_info():
     """A dict of everything ``show_versions`` prints."""
     info = {"slide": _slide_version(), "python": platform.python_version(),
-            "platform": platform.platform(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "platform": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "numpy": np.__version__, "scipy": scipy.__version__, "numba": numba.__version__,
             "scikit-learn": sklearn.__version__, "numba_threads": numba.get_num_threads(),
             "threading_layer": _threading_layer(), "vector_width": vector_width(),
