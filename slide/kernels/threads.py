@@ -22,6 +22,9 @@ import sys
 import warnings
 
 import numba
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 TBB_LIBRARY = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib"}
 
@@ -104,3 +107,42 @@ def on_row_slices(n_rows, run, min_rows=1):
         return [run(0, int(n_rows))]
     with ThreadPoolExecutor(parts) as pool:
         return list(pool.map(lambda c: run(bounds[c], bounds[c + 1]), range(parts)))
+
+
+def _call_layer_symbol(builder, name, ret, args, values):
+    """Call the threading layer's C function ``name`` by its symbol (Numba registers the
+    symbols when its threads start: call ``numba.get_num_threads()`` first)."""
+    fnty = ir.FunctionType(ret, args)
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name=name)
+    return builder.call(fn, values)
+
+
+@intrinsic
+def set_chunk_size(typingctx, n):
+    """``numba.set_parallel_chunksize(n)`` inside a kernel (0: Numba's default scheduling).
+    Numba's own version calls the layer through a ctypes pointer, which keeps every kernel
+    that uses it out of the on-disk cache (a compiled batch then recompiled in every
+    process); the call by symbol, as ``numba.get_thread_id`` does, caches."""
+    sig = types.void(n)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        value = builder.trunc(args[0], i32) if args[0].type.width > 32 else args[0]
+        _call_layer_symbol(builder, "set_parallel_chunksize", i32, [i32], [value])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def thread_count(typingctx):
+    """``numba.get_num_threads()`` inside a kernel, by the layer's symbol (cacheable:
+    ``set_chunk_size``)."""
+    sig = types.intp()
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        n = _call_layer_symbol(builder, "get_num_threads", i32, [], [])
+        return builder.sext(n, context.get_value_type(types.intp))
+
+    return sig, codegen

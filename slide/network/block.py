@@ -392,18 +392,18 @@ def block_backward(params, spec, sc, blk, X, rows, dH, xt, first_weights):
                       True, first_weights)
 
 
+@njit(cache=True, nogil=True)
 def block_offsets(bS, shared, neg):
     """[3, |S|] float32: the biases of S's columns plus each ``correction_kind``'s offset
     (CORR_NONE: none; CORR_PLAIN: ``neg.corr``; CORR_MIX: ``neg.corr_mix``), the same for
     every sample of the batch (``block_loss``)."""
     offs = np.empty((3, shared.shape[0]), np.float32)
-    offs[CORR_NONE] = bS
-    if neg.corr.shape[0] > 0:
-        offs[CORR_PLAIN] = bS + neg.corr[shared]
-        offs[CORR_MIX] = bS + neg.corr_mix[shared]
-    else:
-        offs[CORR_PLAIN] = bS
-        offs[CORR_MIX] = bS
+    corr = neg.corr.shape[0] > 0
+    for i in range(shared.shape[0]):
+        b = bS[i]
+        offs[CORR_NONE, i] = b
+        offs[CORR_PLAIN, i] = b + neg.corr[shared[i]] if corr else b
+        offs[CORR_MIX, i] = b + neg.corr_mix[shared[i]] if corr else b
     return offs
 
 

@@ -20,7 +20,8 @@ from slide.kernels.lsh.serving import ServingIndex
 from slide.kernels.negatives import SharedNegatives
 from slide.kernels.output import OutputLayer
 from slide.kernels.rng import STREAM_LAYER_SEED, derived_seed
-from slide.network import batch as _batch, block as _block, infer as _infer
+from slide.network import batch as _batch, block as _block, block_step as _block_step, \
+    infer as _infer
 from slide.network.dense import train_batch_dense
 from slide.network.state import network_from_state
 
@@ -277,11 +278,16 @@ class Network:
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active
         output neurons). A diverged batch (non-finite loss) is reported, never applied."""
-        losses = self.forward_backward(X, Y, rows, seed, serial)
-        loss = float(losses.mean())
-        if math.isfinite(loss):
-            self.update(X, rows, serial, optimizer)
+        if self.batched and _block_step.applies(self):
+            # the whole batch in one compiled call, applied when every loss is finite
+            losses = _block_step.train_batch(self, X, Y, rows, seed, serial, optimizer)
+            loss = float(losses.mean())
         else:
+            losses = self.forward_backward(X, Y, rows, seed, serial)
+            loss = float(losses.mean())
+            if math.isfinite(loss):
+                self.update(X, rows, serial, optimizer)
+        if not math.isfinite(loss):
             # the batch's finite samples left their gradient in the shared buffers (the
             # optimizer step zeroes them, and it does not run): a fit resumed after the
             # DivergenceError would add it to its next step. Rare, so all of them.

@@ -210,6 +210,24 @@ class SparseOptimizer:
             if n_bias > 0:
                 sgd_ids(B, GB, touched.bias_ids, n_bias, self.learning_rate)
 
+    def compiled_step_args(self):
+        """Advance the step count (``next_step``) and return what the compiled batch
+        (``slide.network.block_step.block_batch``) takes for its optimizer steps: (moments,
+        hyper, kind, SERIAL_IDS, SGD's learning rate, the output layer's moments with its step
+        records, the first layer's step records) -- ``step``'s and ``step_batch_rows``'s
+        arguments. ``cancel_step`` undoes the advance when the batch is not applied."""
+        self.next_step()
+        lay = self.layout
+        tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] else self.TW
+        mom_out, h, kind = self._output_args()
+        return (self.moments, h, kind, SERIAL_IDS, self.learning_rate, mom_out, tw)
+
+    def cancel_step(self):
+        """Take back the step ``compiled_step_args`` advanced (its batch diverged and applied
+        nothing): the count is as before; the rate it recorded is written again by the next
+        step."""
+        self._t -= 1
+
     def step_output(self, W, B, out_rows, n_uniq, store):
         """The sampled output layer's fused gradient + update of its ``n_uniq`` row-path rows
         (``batch_row_steps`` with no first-layer or block rows; call after ``step`` of the
