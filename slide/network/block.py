@@ -429,7 +429,7 @@ def _draw(net, seed, serial, Xc, rows, frows):
     neg = net.negatives
     frequency = neg.power > 0 and neg.n_shared > 0
     if frequency and DRAW_AHEAD:
-        return neg.draw_ahead(seed, serial, numba.get_num_threads()), frows
+        return neg.draw_ahead(seed, serial, max(DRAWS_AHEAD, numba.get_num_threads())), frows
     u = neg.uniforms(seed, serial) if frequency else None
     if u is None:
         return neg.draw(seed, serial), frows
@@ -445,6 +445,10 @@ def _draw(net, seed, serial, Xc, rows, frows):
 
 # draw the shared negatives of the next batches together, one batch a thread (``_draw``)
 DRAW_AHEAD = True
+# at least this many batches at a time: each call's Python (numpy's generator and sort for
+# every batch, the kernel's dispatch) runs on caches the batch's kernels swept, ~0.1 ms
+# a call at 200k labels, whatever the number of batches it draws
+DRAWS_AHEAD = 16
 
 
 def _parallel_chunks(nb):
