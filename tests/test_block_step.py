@@ -61,28 +61,35 @@ def test_compiled_batch_is_the_python_sequence_bit_for_bit(optimizer, head):
         numba.set_num_threads(old)
 
 
-def test_compiled_batch_on_two_threads_follows_the_python_sequence():
+def test_compiled_batch_on_two_threads_is_the_python_sequence_but_for_the_racy_biases():
+    """Two threads: a batch from the same state leaves every weight row, moment, step record
+    and stamp bit for bit where the Python sequence leaves them. The first layer's biases
+    may differ: their gradient is HOGWILD's racy adds, which now and then drop a sample's
+    share on either path (two runs of one path differ there too)."""
     rng = np.random.default_rng(8)
     X, Y = _data(rng, 96, 40, 300, nnz=8, ny=3)
     net = _net("batched", "random", "softmax", False, 0)
     opt = SparseOptimizer("adam", net.layout, 1e-2)
     old = numba.get_num_threads()
-    numba.set_num_threads(2)
     try:
+        numba.set_num_threads(1)
         net.prepare(32, 2, 8)
+        for b in range(3):
+            net.train_batch(X, Y, ((np.arange(32) * 3 + b) % 96).astype(np.int64), 5, b + 1,
+                            opt)
+        numba.set_num_threads(2)
         ref_net, ref_opt = copy.deepcopy(net), copy.deepcopy(opt)
-        w0 = net.W.copy()
-        for b in range(4):
-            rows = ((np.arange(32) * 3 + b) % 96).astype(np.int64)
-            net.train_batch(X, Y, rows, 5, b + 1, opt)
-            _python_sequence(ref_net, X, Y, rows, 5, b + 1, ref_opt)
-        # two runs of either path differ here by up to ~5e-5: HOGWILD's racy adds into the
-        # first layer's bias gradient drop an update now and then, on either path
-        np.testing.assert_allclose(net.W, ref_net.W, rtol=0, atol=1e-3)
-        np.testing.assert_allclose(net.B, ref_net.B, rtol=0, atol=1e-3)
-        assert np.abs(net.W - ref_net.W).max() < 1e-2 * np.abs(ref_net.W - w0).max()
-        np.testing.assert_array_equal(opt.TW, ref_opt.TW)
-        np.testing.assert_array_equal(net.out_stamp, ref_net.out_stamp)
+        rows = np.arange(32, 64, dtype=np.int64)
+        net.train_batch(X, Y, rows, 5, 4, opt)
+        _python_sequence(ref_net, X, Y, rows, 5, 4, ref_opt)
+        got, want = _state(net, opt), _state(ref_net, ref_opt)
+        for name in ("W", "MW", "VW", "TW", "TB", "out_stamp", "step_rates"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        first = slice(int(net.layout.b_off[0]), int(net.layout.b_off[1]))
+        rest = np.ones(net.B.shape[0], bool)
+        rest[first] = False
+        np.testing.assert_array_equal(net.B[rest], ref_net.B[rest])
+        np.testing.assert_allclose(net.B[first], ref_net.B[first], rtol=0, atol=0.05)
     finally:
         numba.set_num_threads(old)
 
@@ -117,3 +124,13 @@ def test_compiled_batch_leaves_the_oracle_and_a_sparse_first_layer_to_python():
     assert not block_step.applies(net)
     sparse_first = _net("batched", "vanilla", "softmax", True, 0)
     assert not sparse_first.fused_first and not block_step.applies(sparse_first)
+
+
+def test_the_compiled_mean_is_numpys_to_the_bit():
+    """``block_batch`` reports the batch's mean loss as ``losses.mean()`` did (numpy's
+    pairwise order), so a run's reported losses did not move."""
+    rng = np.random.default_rng(0)
+    for n in list(range(1, 140)) + [255, 256, 300, 1000, 1024, 4099, 70001]:
+        for _ in range(5):
+            a = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
+            assert block_step.pairwise_sum(a, 0, n) / n == a.mean(), n

@@ -64,6 +64,15 @@ def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_p
     return nr, nbias
 
 
+@njit(cache=True, nogil=True)
+def batch_entries(ptr, rows):
+    """The number of stored values of CSR rows ``rows`` (``ptr``: the matrix's indptr)."""
+    n = 0
+    for r in rows:
+        n += ptr[r + 1] - ptr[r]
+    return n
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _new_row(j, slot, uniq, row_ptr, nu):
     """Row j's first entry in the batch: it gets the next slot in ``uniq``, with a zero count;

@@ -15,7 +15,9 @@ editing e.g. ``kernels/negatives.py`` delete ``slide/**/__pycache__/*.nbi`` and 
 before trusting a result;
 (2) inside a ``prange`` body, a store made directly through a bundle attribute
 (``bundle.arr[i] = v``) is lost (Numba 0.68): parallel kernels take the arrays out of their
-bundles before the loop, or store through a called function.
+bundles before the loop, or store through a called function; (3) a recursive kernel called
+from a cached one crashes the process when the caller is loaded from the cache (Numba 0.63-0.68
+here): ``block_step.pairwise_sum`` keeps an explicit stack instead.
 """
 from slide.network.network import LOSSES, Network
 

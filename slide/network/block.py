@@ -46,7 +46,7 @@ from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
-from slide.kernels.touched import feature_entries, output_entries
+from slide.kernels.touched import batch_entries, feature_entries, output_entries
 from slide.network.diagnostics import oracle_ids
 from slide.network.extras import (add_delta_rows, extras_bundle, extras_logits, fill_offsets,
                                   row_logit)
@@ -421,7 +421,7 @@ def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
             feature_entries(X, rows, frows)
 
 
-def _draw(net, seed, serial, Xc, rows, frows):
+def _draw(net, seed, serial, Xc, rows, frows, n_threads=None):
     """The batch's shared negatives, and the ``FeatureRows`` block_forward still has to fill.
     A frequency draw comes from the draws made ahead for the next batches, one batch a thread
     (``SharedNegatives.draw_ahead``; ``DRAW_AHEAD`` False: this batch's alone, beside the
@@ -429,7 +429,8 @@ def _draw(net, seed, serial, Xc, rows, frows):
     neg = net.negatives
     frequency = neg.power > 0 and neg.n_shared > 0
     if frequency and DRAW_AHEAD:
-        return neg.draw_ahead(seed, serial, max(DRAWS_AHEAD, numba.get_num_threads())), frows
+        n_threads = numba.get_num_threads() if n_threads is None else n_threads
+        return neg.draw_ahead(seed, serial, max(DRAWS_AHEAD, n_threads)), frows
     u = neg.uniforms(seed, serial) if frequency else None
     if u is None:
         return neg.draw(seed, serial), frows
@@ -463,11 +464,13 @@ def _parallel_chunks(nb):
 CHUNKS_PER_THREAD = 8
 
 
-def chunk_size(nb):
-    """Samples a thread takes at a time from a per-sample loop of ``nb``."""
+def chunk_size(nb, n_threads=None):
+    """Samples a thread takes at a time from a per-sample loop of ``nb`` (over ``n_threads``;
+    None: Numba's count)."""
     if CHUNKS_PER_THREAD <= 0:
         return CHUNK
-    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * numba.get_num_threads())))
+    n_threads = numba.get_num_threads() if n_threads is None else n_threads
+    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * n_threads)))
 
 
 def _one_task_a_chunk():
@@ -568,7 +571,7 @@ _NO_FEATURE_ROWS = make_feature_rows(0, 1, 1, 1)
 def _feature_rows(net, X, rows):
     """The network's ``FeatureRows``, grown (doubled) when batch ``rows`` has more input
     values than it holds."""
-    n_e = int((X.indptr[rows + 1] - X.indptr[rows]).sum())
+    n_e = int(batch_entries(X.indptr, rows))
     frows = net.feature_rows
     if frows is None or frows.ent_p.shape[0] < n_e:
         cap = max(n_e, 2 * (frows.ent_p.shape[0] if frows is not None else 0))

@@ -152,35 +152,103 @@ def _update(net, data, rows_out, opt, sched):
 
 
 @njit(cache=True, nogil=True)
+def _block_sum(a, lo, n):
+    """numpy's sum of a[lo:lo + n] for n <= 128: eight interleaved partial sums."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = a[lo:lo + 8].copy()
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for k in range(i, n):
+        res += a[lo + k]
+    return res
+
+
+@njit(cache=True, nogil=True)
+def _left_part(n):
+    """Where numpy's pairwise sum splits n > 128 values: half, down to a multiple of 8."""
+    h = n // 2
+    return h - h % 8
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a, lo, n):
+    """The sum of a[lo:lo + n] in numpy's order for a float64 array (``np.add.reduce``: blocks
+    of up to 128 values, ``_block_sum``, joined as halves), so that a mean taken here is
+    numpy's to the bit (checked against ``np.mean`` in tests/test_block_step.py). numpy
+    recurses over the halves; here an explicit stack does (a recursive kernel called from a
+    cached one crashed when loaded from Numba's cache)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    s_lo, s_n = np.empty(64, np.int64), np.empty(64, np.int64)
+    s_left, s_state = np.empty(64, np.float64), np.zeros(64, np.int64)
+    top = 0
+    s_lo[0], s_n[0] = lo, n
+    while True:
+        if s_n[top] > 128 and s_state[top] == 0:
+            # split: its left half first
+            s_state[top] = 1
+            s_lo[top + 1], s_n[top + 1], s_state[top + 1] = s_lo[top], _left_part(s_n[top]), 0
+            top += 1
+            continue
+        v = _block_sum(a, s_lo[top], s_n[top])
+        top -= 1
+        while top >= 0 and s_state[top] == 2:
+            v = s_left[top] + v            # both halves done: left + right, as numpy adds
+            top -= 1
+        if top < 0:
+            return v
+        # its left half is done: keep it, then the right half
+        s_left[top], s_state[top] = v, 2
+        h = _left_part(s_n[top])
+        s_lo[top + 1], s_n[top + 1], s_state[top + 1] = s_lo[top] + h, s_n[top] - h, 0
+        top += 1
+
+
+@njit(cache=True, nogil=True)
 def block_batch(net, data, draw, rows_out, opt, sched):
     """One batch, steps 1-7: ``_forward_backward`` and, when every sample's loss is finite,
-    ``_update``. Returns whether it was applied. The per-sample loops' chunk size is restored
-    to Numba's default on return."""
+    ``_update``. Returns (whether it was applied, the mean loss as ``losses.mean()`` gives
+    it, the mean size of the output layer's active sets). The per-sample loops' chunk size
+    is restored to Numba's default on return."""
     ok = _forward_backward(net, data, draw, sched)
     if ok:
         _update(net, data, rows_out, opt, sched)
     set_chunk_size(0)
-    return ok
+    rows, sc, losses = data[2], net[3], net[6]
+    nb = rows.shape[0]
+    active = 0
+    for s in range(nb):
+        active += sc.n_act[s, sc.n_act.shape[1] - 1]
+    return ok, pairwise_sum(losses, 0, nb) / nb, active / nb
 
 
 def train_batch(net, X, Y, rows, seed, serial, optimizer):
-    """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns the
-    per-sample losses (NaN for a sample that could not be computed: then nothing was applied
-    and the optimizer's step count is as before). ``frows`` is the batch's listing the row
+    """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns (mean loss,
+    mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
+    finite: nothing was applied and the optimizer's step count is as before). ``frows`` is the batch's listing the row
     steps read; ``listed`` what block_forward still fills (none where the draw listed it)."""
     nb = rows.shape[0]
-    if net.sc.codes.shape[0] < numba.get_num_threads():
+    n_threads = numba.get_num_threads()
+    if net.sc.codes.shape[0] < n_threads:
         # the per-thread scratch rows are indexed by numba.get_thread_id()
         batch_size, _, max_labels = net._scratch_key
-        net.prepare(batch_size, numba.get_num_threads(), max_labels)
+        net.prepare(batch_size, n_threads, max_labels)
     Xc, Yc = csr(X), csr(Y)
     frows = _block._feature_rows(net, X, rows)
-    drawn, listed = _block._draw(net, seed, serial, Xc, rows, frows)
+    drawn, listed = _block._draw(net, seed, serial, Xc, rows, frows, n_threads)
     neg = net.negatives.bundle(drawn)
     model = (net.params, net.spec, net.tables, net.sc, net.block, net.store, net.losses)
     draw = (np.uint64(seed), np.int64(serial), drawn, neg, listed, net.correct,
             net.loss_marker)
-    sched = (_block.chunk_size(nb), _block.product_parts(drawn.shape[0]),
+    sched = (_block.chunk_size(nb, n_threads), _block.product_parts(drawn.shape[0], n_threads),
              _extras.EXTRAS_TASK, (_optim.ROW_CHUNK, _optim.ROW_CHUNKS_PER_THREAD,
                                    _optim.MIN_ROW_CHUNK))
     # the first layer's deltas, sliced here: a slice made inside the compiled step is typed
@@ -190,8 +258,8 @@ def train_batch(net, X, Y, rows, seed, serial, optimizer):
     rows_out = (net.touched_rows, net.row_off, net.row_path, net.out_rows, net.out_stamp,
                 np.int64(serial), drawn, frows, net.block.dels[:nb, a0:a1])
     opt = optimizer.compiled_step_args()
-    ok = block_batch(model, (Xc, Yc, rows), draw, rows_out, opt, sched)
+    ok, loss, active = block_batch(model, (Xc, Yc, rows), draw, rows_out, opt, sched)
     if not ok:
         optimizer.cancel_step()
     net.block_shared = drawn
-    return net.losses[:nb]
+    return loss, active

@@ -280,20 +280,20 @@ class Network:
         output neurons). A diverged batch (non-finite loss) is reported, never applied."""
         if self.batched and _block_step.applies(self):
             # the whole batch in one compiled call, applied when every loss is finite
-            losses = _block_step.train_batch(self, X, Y, rows, seed, serial, optimizer)
-            loss = float(losses.mean())
+            loss, active = _block_step.train_batch(self, X, Y, rows, seed, serial, optimizer)
         else:
             losses = self.forward_backward(X, Y, rows, seed, serial)
             loss = float(losses.mean())
             if math.isfinite(loss):
                 self.update(X, rows, serial, optimizer)
+            active = float(self.sc.n_act[:rows.shape[0], -1].mean())
         if not math.isfinite(loss):
             # the batch's finite samples left their gradient in the shared buffers (the
             # optimizer step zeroes them, and it does not run): a fit resumed after the
             # DivergenceError would add it to its next step. Rare, so all of them.
             self.GW[:] = 0.0
             self.GB[:] = 0.0
-        return loss, float(self.sc.n_act[:rows.shape[0], -1].mean())
+        return loss, active
 
     def train_batch_dense(self, X, Y, rows, serial, optimizer):
         """The dense (full softmax) network's batch (``slide.network.dense``)."""

@@ -90,6 +90,7 @@ class SparseOptimizer:
         self._powers = block_powers(self.beta1, self.beta2)
         self._power_tables = power_tables(self.beta1, self.beta2)
         self._t = 0
+        self._compiled_static = None     # compiled_step_args' bundles of the moments
         self._rates = np.zeros(RATE_BLOCK, np.float64)
         self._rate_sums = np.zeros(RATE_BLOCK, np.float64)
 
@@ -217,10 +218,20 @@ class SparseOptimizer:
         records, the first layer's step records) -- ``step``'s and ``step_batch_rows``'s
         arguments. ``cancel_step`` undoes the advance when the batch is not applied."""
         self.next_step()
-        lay = self.layout
-        tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] else self.TW
-        mom_out, h, kind = self._output_args()
-        return (self.moments, h, kind, SERIAL_IDS, self.learning_rate, mom_out, tw)
+        arrays = (self.MW, self.VW, self.MB, self.VB, self.TW, self.TB)
+        static = getattr(self, "_compiled_static", None)
+        # the bundles of the moments change only with the arrays (a new array cannot take a
+        # cached one's id: the cache holds those alive); rebuilt, they cost ~20 us a batch
+        # on the caches the previous batch swept
+        if static is None or static[0] != tuple(id(a) for a in arrays):
+            lay = self.layout
+            tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] \
+                else self.TW
+            mom_out, _, kind = self._output_args()
+            static = (tuple(id(a) for a in arrays), self.moments, kind, mom_out, tw)
+            self._compiled_static = static
+        _, mom, kind, mom_out, tw = static
+        return (mom, self._hyper(), kind, SERIAL_IDS, self.learning_rate, mom_out, tw)
 
     def cancel_step(self):
         """Take back the step ``compiled_step_args`` advanced (its batch diverged and applied

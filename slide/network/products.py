@@ -46,10 +46,11 @@ def _gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc):
             max(lda, 1), B.ctypes, max(ldb, 1), ab[1:].ctypes, C.ctypes, max(ldc, 1))
 
 
-def product_parts(n_columns):
-    """How many BLAS calls the batch's products are split into: one per Numba thread, each of
-    at least MIN_PART_COLUMNS columns of S."""
-    return max(1, min(numba.get_num_threads(), n_columns // MIN_PART_COLUMNS))
+def product_parts(n_columns, n_threads=None):
+    """How many BLAS calls the batch's products are split into: one per Numba thread
+    (``n_threads``; None: Numba's count), each of at least MIN_PART_COLUMNS columns of S."""
+    n_threads = numba.get_num_threads() if n_threads is None else n_threads
+    return max(1, min(n_threads, n_columns // MIN_PART_COLUMNS))
 
 
 @njit(cache=True, nogil=True, inline="always")
