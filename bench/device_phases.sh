@@ -10,7 +10,8 @@
 # each change alone, in one process on the same batches), on Numba's TBB and OpenMP threading
 # layers (COMPARE=0 skips these); then at THREADS on TBB the row steps as one loop and as three
 # (--compare-steps; STEPS=0 skips it); last, the engine beside a busy core on each layer. First
-# the fork and join of one parallel loop on each threading layer (probe_fork_join.py). Where
+# the fork and join of one parallel loop on each threading layer (probe_fork_join.py) and a
+# batch's time in and between its kernels (probe_batch_overheads.py). Where
 # Numba cannot load TBB, a libtbb.so.12 carried in .carry/tbb/ is preloaded. machine.txt has
 # the cores' round trip between a few pairs (bench/crosscore.py). Logs go to $OUT,
 # and all of them into $OUT/device_phases.tar.gz.
@@ -40,6 +41,9 @@ for layer in tbb omp workqueue; do
       --threads "$T" --work "$work" --calls 1000 2>&1 | tail -n 1
   done
 done > "$OUT/fork_join_t$T.log"
+# what a batch costs beyond its work at THREADS: its kernels' time and the time between them
+timeout 120 "$PY" bench/probes/probe_batch_overheads.py --threads "$T" --batches 60 \
+  > "$OUT/batch_overheads_xc200k_t$T.log" 2>&1
 SETS=("xc200k|")
 [ -e .carry/debcontents/train.txt ] && SETS+=("debcontents|--data .carry/debcontents/train.txt")
 for entry in "${SETS[@]}"; do

@@ -10,7 +10,8 @@ softmax, backward, row steps) runs on shuffled batches of each size in turn, rou
 that the host's drift falls on every size alike. Every kernel the engine's modules call is
 wrapped in a timer, so each batch splits into its kernels' time (dispatch, fork and join
 included) and the rest: Python and numpy between the kernels, which after a kernel has swept
-the caches runs on cold data. The per-batch cost at one sample (the block's own rows, the
+the caches runs on cold data (since ``slide.network.block_step`` the batched engine's batch is
+one call, ``block_batch``, and the rest is its wrapper's Python). The per-batch cost at one sample (the block's own rows, the
 draw, a dozen loops' fork and join, the Python) is what a larger batch amortises; the rest of
 the batch scales with its samples. Prints, per size, the median ms a batch, in kernels and
 outside them, and the kernels' medians.
@@ -27,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 # the modules whose module-level kernels a batch calls (wrapped by name: the engine's Python
 # looks them up there at every call)
-ENGINE_MODULES = ("slide.network.block", "slide.network.optim", "slide.network.batch",
+ENGINE_MODULES = ("slide.network.block_step", "slide.network.block", "slide.network.optim",
+                  "slide.network.batch",
                   "slide.network.network", "slide.network.products", "slide.network.extras",
                   "slide.kernels.negatives", "slide.kernels.touched")
 
