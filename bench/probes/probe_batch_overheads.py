@@ -11,10 +11,10 @@ that the host's drift falls on every size alike. Every kernel the engine's modul
 wrapped in a timer, so each batch splits into its kernels' time (dispatch, fork and join
 included) and the rest: Python and numpy between the kernels, which after a kernel has swept
 the caches runs on cold data (since ``slide.network.block_step`` the batched engine's batch is
-one call, ``block_batch``, and the rest is its wrapper's Python). The per-batch cost at one sample (the block's own rows, the
-draw, a dozen loops' fork and join, the Python) is what a larger batch amortises; the rest of
-the batch scales with its samples. Prints, per size, the median ms a batch, in kernels and
-outside them, and the kernels' medians.
+one call, ``block_batch``, and the rest is its wrapper's Python). The per-batch cost at one
+sample (the block's own rows, the draw, a dozen loops' fork and join, the Python) is what a
+larger batch amortises; the rest of the batch scales with its samples. Prints, per size, the
+median ms a batch, in kernels and outside them, and the kernels' medians.
 """
 import argparse
 import importlib

@@ -1,6 +1,9 @@
 """Where the time of a batched-engine batch goes: each step of ``slide.network.block`` timed on
 its own, over ``--batches`` shuffled batches of a data set (after a warm-up fit that compiles
-every kernel), BLAS single-threaded as in training (``--blas-threads`` to compare).
+every kernel), BLAS single-threaded as in training (``--blas-threads`` to compare). The steps
+are called from Python one by one, as ``block.forward_backward`` and ``block.update`` do; a fit
+calls the same kernels from one compiled function (``slide.network.block_step``), without the
+Python and dispatch between them (``probe_batch_overheads.py``).
 
     python bench/probes/probe_block_phases.py [--data datasets/debcontents] [--batches 150]
 

@@ -9,15 +9,15 @@ full-softmax path), ``infer`` (hidden layer, exact / serving / sparse top-k), ``
 ``diagnostics.every`` logs it from a ``fit`` callback). The per-sample kernels and bundles
 they call are ``slide.kernels``'.
 
-Two Numba facts the layout depends on: (1) ``cache=True`` invalidates a kernel's cache only
+Three Numba facts the layout depends on: (1) ``cache=True`` invalidates a kernel's cache only
 when its own file changes, not when a helper it calls from another module does, so after
 editing e.g. ``kernels/negatives.py`` delete ``slide/**/__pycache__/*.nbi`` and ``*.nbc``
 before trusting a result;
 (2) inside a ``prange`` body, a store made directly through a bundle attribute
 (``bundle.arr[i] = v``) is lost (Numba 0.68): parallel kernels take the arrays out of their
 bundles before the loop, or store through a called function; (3) a recursive kernel called
-from a cached one crashes the process when the caller is loaded from the cache (Numba 0.63-0.68
-here): ``block_step.pairwise_sum`` keeps an explicit stack instead.
+from a cached one crashes the process when the caller is loaded from the cache (Numba 0.68):
+``block_step.pairwise_sum`` keeps an explicit stack instead.
 """
 from slide.network.network import LOSSES, Network
 

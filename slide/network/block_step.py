@@ -53,9 +53,10 @@ def all_finite(a):
 @njit(cache=True, nogil=True)
 def _forward_backward(net, data, draw, sched):
     """``block.forward_backward``'s kernels (steps 1-6) for the batch ``data`` = (X, Y, rows)
-    with the negatives ``draw`` = (seed, serial, shared, neg, frows, correct, each); ``net`` =
-    (params, spec, tables, sc, blk, store, losses); ``sched`` = (per-sample chunk, BLAS parts, extras
-    a task, ...). False as soon as a sample's loss is not finite (nothing is applied then)."""
+    with the negatives ``draw`` = (seed, serial, shared, neg, frows, correct, each); ``net``
+    = (params, spec, tables, sc, blk, store, losses); ``sched`` = (per-sample chunk, BLAS
+    parts, extras a task, ...). False as soon as a sample's loss is not finite (nothing is
+    applied then)."""
     params, spec, tables, sc, blk, store, all_losses = net
     Xc, Yc, rows = data
     seed, serial, shared, neg, frows, correct, each = draw
@@ -224,6 +225,8 @@ def block_batch(net, data, draw, rows_out, opt, sched):
     set_chunk_size(0)
     rows, sc, losses = data[2], net[3], net[6]
     nb = rows.shape[0]
+    if nb == 0:
+        return ok, np.nan, np.nan
     active = 0
     for s in range(nb):
         active += sc.n_act[s, sc.n_act.shape[1] - 1]
@@ -233,8 +236,9 @@ def block_batch(net, data, draw, rows_out, opt, sched):
 def train_batch(net, X, Y, rows, seed, serial, optimizer):
     """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns (mean loss,
     mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
-    finite: nothing was applied and the optimizer's step count is as before). ``frows`` is the batch's listing the row
-    steps read; ``listed`` what block_forward still fills (none where the draw listed it)."""
+    finite: nothing was applied and the optimizer's step count is as before). ``frows`` is
+    the batch's listing the row steps read; ``listed`` what block_forward still fills (none
+    where the draw listed it)."""
     nb = rows.shape[0]
     n_threads = numba.get_num_threads()
     if net.sc.codes.shape[0] < n_threads:
