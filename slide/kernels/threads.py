@@ -111,7 +111,9 @@ def on_row_slices(n_rows, run, min_rows=1):
 
 def _call_layer_symbol(builder, name, ret, args, values):
     """Call the threading layer's C function ``name`` by its symbol (Numba registers the
-    symbols when its threads start: call ``numba.get_num_threads()`` first)."""
+    symbols when its threads start: call ``numba.get_num_threads()`` first). The thread count
+    a kernel needs is passed in instead (Numba's ``get_num_threads`` inside a kernel goes
+    through a ctypes pointer too)."""
     fnty = ir.FunctionType(ret, args)
     fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name=name)
     return builder.call(fn, values)
@@ -133,16 +135,3 @@ def set_chunk_size(typingctx, n):
 
     return sig, codegen
 
-
-@intrinsic
-def thread_count(typingctx):
-    """``numba.get_num_threads()`` inside a kernel, by the layer's symbol (cacheable:
-    ``set_chunk_size``)."""
-    sig = types.intp()
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        n = _call_layer_symbol(builder, "get_num_threads", i32, [], [])
-        return builder.sext(n, context.get_value_type(types.intp))
-
-    return sig, codegen

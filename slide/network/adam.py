@@ -328,6 +328,33 @@ def adam_ids_serial(B, M, V, G, T, ids, n, hyper):
         _adam_id(B, M, V, G, T, ids[r], k, hyper)
 
 
+@njit(cache=True, nogil=True)
+def touched_step(params, tb, n_rows, n_bias, opt):
+    """One step on the rows and biases a batch touched (``tb``: the ``Touched`` bundle, its
+    first ``n_rows`` / ``n_bias`` entries), after the step count advanced: ``opt`` = (moments,
+    hyper, kind, the most biases stepped on the calling thread -- ``SparseOptimizer``'s
+    SERIAL_IDS beyond 2 threads, else -1 --, SGD's learning rate). A parallel loop costs its
+    threads' fork and join even over nothing (~60-90 us at 16 threads on TBB,
+    bench/results/device_phases_*/fork_join_t16.log): none runs without rows (the batched
+    engine's first layer has its own step)."""
+    W, B, GW, GB = params
+    mom, hyper, kind, serial_most, lr = opt[0], opt[1], opt[2], opt[3], opt[4]
+    if kind == KIND_ADAM:
+        if n_rows > 0:
+            adam_rows(W, mom.MW, mom.VW, GW, mom.TW, tb.starts, tb.lens, tb.rowids, n_rows,
+                      hyper)
+        if n_bias > 0:
+            if n_bias <= serial_most:
+                adam_ids_serial(B, mom.MB, mom.VB, GB, mom.TB, tb.bias_ids, n_bias, hyper)
+            else:
+                adam_ids(B, mom.MB, mom.VB, GB, mom.TB, tb.bias_ids, n_bias, hyper)
+    else:
+        if n_rows > 0:
+            sgd_rows(W, GW, tb.starts, tb.lens, n_rows, lr)
+        if n_bias > 0:
+            sgd_ids(B, GB, tb.bias_ids, n_bias, lr)
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def sgd_rows(W, G, starts, lens, n, lr):
     """Plain SGD on the touched rows; zeroes their gradient."""

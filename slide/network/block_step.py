@@ -22,14 +22,13 @@ import numpy as np
 from numba import njit
 
 from slide.kernels.arrays import Extras, csr
-from slide.kernels.threads import set_chunk_size, thread_count
+from slide.kernels.threads import set_chunk_size
 from slide.kernels.touched import collect_touched, output_entries
 from slide.network import block as _block
-from slide.network.adam import (KIND_ADAM, adam_ids, adam_ids_serial, adam_rows, sgd_ids,
-                                sgd_rows)
+from slide.network.adam import touched_step
 from slide.network.extras import extras_tasks
 from slide.network import extras as _extras
-from slide.network import optim as _optim
+from slide.network.optim import row_chunk_sizes, rows_a_chunk
 from slide.network.block import (block_backward, block_forward, block_loss, block_offsets,
                                  split_backward_products, split_forward_product)
 from slide.network.row_steps import batch_row_steps
@@ -37,7 +36,8 @@ from slide.network.row_steps import batch_row_steps
 
 def applies(net):
     """Whether ``net``'s batches take the compiled step: the batched engine with a dense
-    first layer (fused into the row steps) and no oracle or chosen block."""
+    first layer (fused into the row steps: ``fused_first`` implies ``batched``) and no oracle
+    or chosen block."""
     return net.fused_first and net.oracle_m == 0
 
 
@@ -55,8 +55,8 @@ def _forward_backward(net, data, draw, sched):
     """``block.forward_backward``'s kernels (steps 1-6) for the batch ``data`` = (X, Y, rows)
     with the negatives ``draw`` = (seed, serial, shared, neg, frows, correct, each); ``net``
     = (params, spec, tables, sc, blk, store, losses); ``sched`` = (per-sample chunk, BLAS
-    parts, extras a task, ...). False as soon as a sample's loss is not finite (nothing is
-    applied then)."""
+    parts, extras a task, ``optim.row_chunk_sizes()``, threads). False as soon as a sample's
+    loss is not finite (nothing is applied then)."""
     params, spec, tables, sc, blk, store, all_losses = net
     Xc, Yc, rows = data
     seed, serial, shared, neg, frows, correct, each = draw
@@ -93,58 +93,25 @@ def _forward_backward(net, data, draw, sched):
 
 
 @njit(cache=True, nogil=True)
-def _hidden_step(params, tb, nr, nbias, opt):
-    """``SparseOptimizer.step``'s kernels after its step count advanced: the buffered layers'
-    touched rows and biases (``tb``: the ``Touched`` bundle). ``opt`` = (moments, hyper,
-    kind, ``optim.SERIAL_IDS``, SGD's learning rate, ...)."""
-    W, B, GW, GB = params
-    mom, hyper, kind, serial_most, lr = opt[0], opt[1], opt[2], opt[3], opt[4]
-    # as ``SparseOptimizer.step``: a few biases on the calling thread where threads are many
-    serial_ids = nbias <= serial_most and thread_count() > 2
-    if kind == KIND_ADAM:
-        if nr > 0:
-            adam_rows(W, mom.MW, mom.VW, GW, mom.TW, tb.starts, tb.lens, tb.rowids, nr, hyper)
-        if nbias > 0:
-            if serial_ids:
-                adam_ids_serial(B, mom.MB, mom.VB, GB, mom.TB, tb.bias_ids, nbias, hyper)
-            else:
-                adam_ids(B, mom.MB, mom.VB, GB, mom.TB, tb.bias_ids, nbias, hyper)
-    else:
-        if nr > 0:
-            sgd_rows(W, GW, tb.starts, tb.lens, nr, lr)
-        if nbias > 0:
-            sgd_ids(B, GB, tb.bias_ids, nbias, lr)
-
-
-@njit(cache=True, nogil=True)
-def _row_chunk(n_rows, sizes):
-    """``optim.row_chunk`` with its constants ``sizes`` = (ROW_CHUNK, ROW_CHUNKS_PER_THREAD,
-    MIN_ROW_CHUNK) as the caller read them."""
-    per = n_rows // (sizes[1] * thread_count())
-    return max(sizes[2], min(sizes[0], per))
-
-
-@njit(cache=True, nogil=True)
 def _update(net, data, rows_out, opt, sched):
     """``block.update``'s kernels (step 7): the touched rows' listing, the hidden layers' step,
     the extras' listing and the three row steps in one loop. ``rows_out`` = (touched bundle,
     row offsets, row path, output rows, their stamps, serial, S, the first layer's listed
-    rows and deltas); ``opt`` as
-    ``_hidden_step``'s, then the output layer's moments and the first layer's step records."""
+    rows and deltas); ``opt`` = ``SparseOptimizer.compiled_step_args()``."""
     params, spec, sc, blk, store = net[0], net[1], net[3], net[4], net[5]
     Xc, rows = data[0], data[2]
     tb, row_off, row_path, out_rows, out_stamp, serial, shared, frows, dels = rows_out
     nb = rows.shape[0]
     nr, nbias = collect_touched(spec, row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb], Xc, rows,
                                 tb, serial, row_path, False)
-    _hidden_step(params, tb, nr, nbias, opt)
+    touched_step(params, tb, nr, nbias, opt)
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, store.d_store.shape[1],
                         out_rows, serial)
     nf = frows.count[0]
     ns = shared.shape[0]
     last = spec.n_layers - 1
     mom_out, tw_first = opt[5], opt[6]
-    set_chunk_size(_row_chunk(nf + nu + ns, sched[3]))
+    set_chunk_size(rows_a_chunk(nf + nu + ns, sched[3], sched[4]))
     batch_row_steps(params.W, params.B, mom_out, opt[1], opt[2], np.int64(spec.w_off[last]),
                     np.int64(spec.b_off[last]), frows,
                     (np.int64(nf), Xc.dat, dels, np.int64(spec.w_off[0]),
@@ -253,15 +220,14 @@ def train_batch(net, X, Y, rows, seed, serial, optimizer):
     draw = (np.uint64(seed), np.int64(serial), drawn, neg, listed, net.correct,
             net.loss_marker)
     sched = (_block.chunk_size(nb, n_threads), _block.product_parts(drawn.shape[0], n_threads),
-             _extras.EXTRAS_TASK, (_optim.ROW_CHUNK, _optim.ROW_CHUNKS_PER_THREAD,
-                                   _optim.MIN_ROW_CHUNK))
+             _extras.EXTRAS_TASK, row_chunk_sizes(), n_threads)
     # the first layer's deltas, sliced here: a slice made inside the compiled step is typed
     # non-contiguous whatever its extent, and the row steps compiled for that layout ran the
     # first layer's rows 1.9x slower (unvectorised); numpy's view of whole rows is contiguous
     a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
     rows_out = (net.touched_rows, net.row_off, net.row_path, net.out_rows, net.out_stamp,
                 np.int64(serial), drawn, frows, net.block.dels[:nb, a0:a1])
-    opt = optimizer.compiled_step_args()
+    opt = optimizer.compiled_step_args(n_threads)
     ok, loss, active = block_batch(model, (Xc, Yc, rows), draw, rows_out, opt, sched)
     if not ok:
         optimizer.cancel_step()

@@ -278,7 +278,7 @@ class Network:
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active
         output neurons). A diverged batch (non-finite loss) is reported, never applied."""
-        if self.batched and _block_step.applies(self):
+        if _block_step.applies(self):
             # the whole batch in one compiled call, applied when every loss is finite
             loss, active = _block_step.train_batch(self, X, Y, rows, seed, serial, optimizer)
         else:

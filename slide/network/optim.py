@@ -5,14 +5,15 @@ arithmetic and its semantics (dense Adam's trajectory at sparse cost) are docume
 """
 import numba
 import numpy as np
+from numba import njit
 
 from slide.kernels.arrays import Store, make_feature_rows, make_output_rows
 from slide.kernels.layers import zeros_touched
 
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
-                                adam_flush_rows, adam_ids, adam_ids_serial, adam_lr, adam_rows,
+                                adam_flush_rows, adam_ids, adam_ids_serial, adam_lr,
                                 block_powers, discounted_rate_sum, extend_rate_sums,
-                                power_tables, sgd_ids, sgd_rows)
+                                power_tables, touched_step)
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
 # rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
@@ -41,8 +42,20 @@ _NO_BLOCK_ROWS = (np.zeros(0, np.int32), np.zeros((0, 1), np.float32), np.zeros(
 
 def row_chunk(n_rows):
     """Rows a thread takes at a time from a fused row step over ``n_rows`` rows."""
-    per = int(n_rows) // (ROW_CHUNKS_PER_THREAD * numba.get_num_threads())
-    return max(MIN_ROW_CHUNK, min(ROW_CHUNK, per))
+    return rows_a_chunk(int(n_rows), row_chunk_sizes(), numba.get_num_threads())
+
+
+def row_chunk_sizes():
+    """(ROW_CHUNK, ROW_CHUNKS_PER_THREAD, MIN_ROW_CHUNK) as they stand (the probes set them)."""
+    return ROW_CHUNK, ROW_CHUNKS_PER_THREAD, MIN_ROW_CHUNK
+
+
+@njit(cache=True, nogil=True)
+def rows_a_chunk(n_rows, sizes, n_threads):
+    """``row_chunk`` over ``n_threads`` with ``sizes`` = ``row_chunk_sizes()`` (the compiled
+    batch's too, ``slide.network.block_step``)."""
+    per = n_rows // (sizes[1] * n_threads)
+    return max(sizes[2], min(sizes[0], per))
 
 # re-exported: the optimizer's public names live here
 __all__ = ["SparseOptimizer", "OPTIMIZERS", "RATE_BLOCK", "adam_lr", "block_powers",
@@ -190,33 +203,22 @@ class SparseOptimizer:
     def step(self, params, touched, n_rows, n_bias):
         """One step on the rows and biases a batch touched: ``params`` (W, B, GW, GB) and
         ``touched`` (starts, lens, rowids, bias_ids) are ``slide.kernels.arrays`` bundles;
-        the first ``n_rows`` / ``n_bias`` entries are used."""
+        the first ``n_rows`` / ``n_bias`` entries are used (``adam.touched_step``)."""
         self.next_step()
-        W, B, GW, GB = params.W, params.B, params.GW, params.GB
-        # a parallel loop costs its threads' fork and join even over nothing (~60-90 us at 16
-        # threads on TBB, bench/results/device_phases_*/fork_join_t16.log): the batched
-        # engine's first layer has no rows here (its own step takes them)
-        if self._adam:
-            h = self._hyper()
-            if n_rows > 0:
-                adam_rows(W, self.MW, self.VW, GW, self.TW, touched.starts, touched.lens,
-                          touched.rowids, n_rows, h)
-            if n_bias > 0:
-                serial = n_bias <= SERIAL_IDS and numba.get_num_threads() > 2
-                (adam_ids_serial if serial else adam_ids)(
-                    B, self.MB, self.VB, GB, self.TB, touched.bias_ids, n_bias, h)
-        else:
-            if n_rows > 0:
-                sgd_rows(W, GW, touched.starts, touched.lens, n_rows, self.learning_rate)
-            if n_bias > 0:
-                sgd_ids(B, GB, touched.bias_ids, n_bias, self.learning_rate)
+        touched_step(params, touched, n_rows, n_bias,
+                     self._touched_args(self.moments, numba.get_num_threads()))
 
-    def compiled_step_args(self):
+    def _touched_args(self, moments, n_threads):
+        """``adam.touched_step``'s ``opt`` at the current step over ``n_threads``."""
+        return (moments, self._hyper(), KIND_ADAM if self._adam else KIND_SGD,
+                SERIAL_IDS if n_threads > 2 else -1, self.learning_rate)
+
+    def compiled_step_args(self, n_threads):
         """Advance the step count (``next_step``) and return what the compiled batch
-        (``slide.network.block_step.block_batch``) takes for its optimizer steps: (moments,
-        hyper, kind, SERIAL_IDS, SGD's learning rate, the output layer's moments with its step
-        records, the first layer's step records) -- ``step``'s and ``step_batch_rows``'s
-        arguments. ``cancel_step`` undoes the advance when the batch is not applied."""
+        (``slide.network.block_step.block_batch``) takes for its optimizer steps over
+        ``n_threads``: ``adam.touched_step``'s ``opt``, then the output layer's moments with
+        its step records and the first layer's step records (``step_batch_rows``'s).
+        ``cancel_step`` undoes the advance when the batch is not applied."""
         self.next_step()
         arrays = (self.MW, self.VW, self.MB, self.VB, self.TW, self.TB)
         static = getattr(self, "_compiled_static", None)
@@ -227,11 +229,10 @@ class SparseOptimizer:
             lay = self.layout
             tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] \
                 else self.TW
-            mom_out, _, kind = self._output_args()
-            static = (tuple(id(a) for a in arrays), self.moments, kind, mom_out, tw)
+            static = (tuple(id(a) for a in arrays), self.moments, self._output_args()[0], tw)
             self._compiled_static = static
-        _, mom, kind, mom_out, tw = static
-        return (mom, self._hyper(), kind, SERIAL_IDS, self.learning_rate, mom_out, tw)
+        _, mom, mom_out, tw = static
+        return self._touched_args(mom, n_threads) + (mom_out, tw)
 
     def cancel_step(self):
         """Take back the step ``compiled_step_args`` advanced (its batch diverged and applied
