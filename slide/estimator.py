@@ -141,6 +141,11 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)
         batches.
     n_threads : int or None (all cores)
+    batches_in_flight : int or "auto"
+        Batches trained at the same time by workers over the shared weights, without locks
+        (``slide.network.inflight``); 1: one batch at a time on every thread. Above 1 the
+        results vary from run to run, like any HOGWILD training, and ``callback`` runs once
+        per wave of batches trained together.
     random_state : int or None
     verbose : int (0 silent, 1 per epoch, 2 every 100 batches)
     """
@@ -162,7 +167,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                  rebuild_period=500, rehash_decay=0.02, n_threads=None, random_state=None,
                  verbose=0,
                  time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True,
-                 engine="batched"):
+                 engine="batched", batches_in_flight="auto"):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
         self.K = K
@@ -196,6 +201,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self.rehash_decay = rehash_decay
         self.n_threads = n_threads
         self.engine = engine
+        self.batches_in_flight = batches_in_flight
         self.random_state = random_state
         self.verbose = verbose
         self.time_budget = time_budget
@@ -293,8 +299,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         resume=False: fresh initialisation. resume=True: continue a model that was stopped by
         its callback (or loaded from a checkpoint) exactly where it stopped, until ``epochs``
         epochs are complete. ``callback(model, info)`` runs after every batch (after the
-        epoch's closing sync when the batch ends an epoch); a true return value stops training
-        after that batch. Before training, the kernels the run uses are compiled (once per
+        epoch's closing sync when the batch ends an epoch; with several batches in flight,
+        once a wave, as after its last batch, ``info["batches"]`` its size); a true return
+        value stops training after that batch. Before training, the kernels the run uses are compiled (once per
         process and configuration, ``slide.warmup``): ``compile_seconds_`` holds that time,
         ``train_seconds_`` never includes it.
 

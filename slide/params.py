@@ -235,6 +235,14 @@ TABLE = (
     _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores (Numba's TBB "
        "threads where the tbb package is installed; on another layer the user did not choose, "
        "fit warns once: a busy core would stall every batch)", ge=1),
+    _p("batches_in_flight", "train.batches_in_flight", "int_or_auto", "auto", "batches trained "
+       "at the same time by workers that update the shared weights without locks (HOGWILD "
+       "across batches: slide.network.inflight), each on n_threads / batches_in_flight "
+       "threads; 1: one batch at a time on every thread (bit-reproducible with one thread); "
+       "above 1 results vary from run to run. auto: one a thread from 2 threads on (measured "
+       "in bench/results/inflight_2core.md). At most the batches of an epoch; 1 where the "
+       "compiled batch does not apply (a sparse first layer, engine per_sample, sampler dense)",
+       ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
     _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch, 2 also every 100 batches",
        ge=0),

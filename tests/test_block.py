@@ -197,7 +197,7 @@ def test_draw_beside_the_listing_is_the_draw_and_the_listing(head, ahead, monkey
     net.prepare(32, 2, 8)
     ref = _net("batched", "random", "softmax", False, 0, head=head)
     for serial in (1, 2, 7):
-        frows = BK._feature_rows(net, X, rows)
+        frows = BK._feature_rows(net, net.layout, X, rows)
         ids, left = BK._draw(net, 5, serial, csr(X), rows, frows)
         if ahead:
             assert left is frows and not frows.mark.any()     # block_forward lists
@@ -339,8 +339,7 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
         net.W[:], net.B[:], net.out_stamp[:] = before[0], before[1], before[2]
         net.GW[:], net.GB[:] = before[4], before[5]         # the hidden layers' gradients
         opt = before[3]
-        monkeypatch.setattr(optim, "ROW_CHUNK", 4)
-        monkeypatch.setattr(optim, "MIN_ROW_CHUNK", 4)
+        monkeypatch.setattr(optim, "ROW_CHUNKS", optim.RowChunks(4, 8, 4))
         BK.update(net, X, rows, 5, opt)
         for w, g in zip(want, state(opt)):
             np.testing.assert_array_equal(g, w)
@@ -350,7 +349,8 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
 
 
 def test_row_chunk_gives_every_thread_several_chunks():
-    from slide.network.optim import MIN_ROW_CHUNK, ROW_CHUNK, row_chunk
+    from slide.network.optim import ROW_CHUNKS, row_chunk
+    ROW_CHUNK, MIN_ROW_CHUNK = ROW_CHUNKS.most, ROW_CHUNKS.least
     n = numba.get_num_threads()
     assert row_chunk(10 ** 7) == ROW_CHUNK
     assert row_chunk(0) == MIN_ROW_CHUNK

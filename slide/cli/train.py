@@ -265,15 +265,17 @@ class _Phase:
         # engine keeps it in its checkpoints, so a resumed run continues the same clock.
         self.train_seconds = float(info["train_seconds"])
         self.batch = int(info["batch"])
+        # batches this call reports: one, or a wave's with several batches in flight
+        n_new = int(info.get("batches", 1))
         self.epoch = int(info.get("epoch", 0))
         self.samples = int(info.get("samples", self.samples))
         loss = float(info["loss"])
         self.last_loss = loss
-        self.win_loss += loss
-        self.win_batches += 1
+        self.win_loss += loss * n_new
+        self.win_batches += n_new
         am = info.get("active_mean")
         if am is not None:
-            self.win_active += float(am)
+            self.win_active += float(am) * n_new
         if info.get("rehashed"):
             self.win_rehash += 1
             self.rehashes += 1
@@ -281,13 +283,13 @@ class _Phase:
             self.win_rebuild += 1
             self.rebuilds += 1
         last = self.batch >= self.total_batches
-        if (self.eval_every and self.batch % self.eval_every == 0) or last:
+        if (self.eval_every and _crossed(self.batch, n_new, self.eval_every)) or last:
             # the last batch is always evaluated: the network alone, before fit goes on to
             # the neighbour vote and the re-ranker (timed apart, ``_finish``)
             self._log_eval(m, self.epoch)
         if last:
             self.network_seconds, self.network_p1 = self.train_seconds, self.last_p1
-        if self.ckpt_every and self.batch % self.ckpt_every == 0:
+        if self.ckpt_every and _crossed(self.batch, n_new, self.ckpt_every):
             self._checkpoint(m)
         progress.p1 = self.last_p1
         progress.update(self.batch, self.epoch, loss, self.train_seconds, self.samples)
@@ -541,3 +543,8 @@ def _write_plot(run_dir):
         _info(f"no plot written: {e}")
         return
     _info(f"wrote {out} (P@1 against training seconds)")
+
+
+def _crossed(batch, n_new, every):
+    """Whether the ``n_new`` batches up to ``batch`` passed a multiple of ``every``."""
+    return batch // every > (batch - n_new) // every

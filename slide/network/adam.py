@@ -237,6 +237,15 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def later_step(last, t):
+    """A step record after step ``t`` touched a row last touched at step ``last``: ``t``, or
+    ``last`` where a later step already touched it. Several batches in flight claim their steps
+    in order but may finish out of order; a record that went back would make the next touch
+    catch up steps the row already had (``_missed_steps`` skips a gap of none or less)."""
+    return t if t > last else last
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _missed_steps(last, t, hyper):
     """Closed form of the zero-gradient Adam steps a row updated at step ``last`` missed before
     step ``t`` (steps last+1 .. t-1): (sum of c_k r^(k-last) over them, beta1^n, beta2^n, n)."""
@@ -292,7 +301,7 @@ def adam_rows(W, M, V, G, T, starts, lens, rowids, n, hyper):
         e = s + lens[r]
         if T.shape[0] > 0:
             _catch_up(W[s:e], M[s:e], V[s:e], T[rowids[r]], hyper.t, hyper)
-            T[rowids[r]] = hyper.t
+            T[rowids[r]] = later_step(T[rowids[r]], hyper.t)
         _adam_row(W[s:e], M[s:e], V[s:e], G[s:e], k, False)
         G[s:e] = 0.0
 
@@ -303,7 +312,7 @@ def _adam_id(B, M, V, G, T, e, k, hyper):
     zeroes its gradient: ``adam_ids``' and ``adam_ids_serial``'s one body."""
     if T.shape[0] > 0:
         _catch_up(B[e:e + 1], M[e:e + 1], V[e:e + 1], T[e], hyper.t, hyper)
-        T[e] = hyper.t
+        T[e] = later_step(T[e], hyper.t)
     _adam_row(B[e:e + 1], M[e:e + 1], V[e:e + 1], G[e:e + 1], k, False)
     G[e] = 0.0
 
@@ -328,17 +337,25 @@ def adam_ids_serial(B, M, V, G, T, ids, n, hyper):
         _adam_id(B, M, V, G, T, ids[r], k, hyper)
 
 
+class TouchedStep(NamedTuple):
+    """What ``touched_step`` needs of the optimizer at one step."""
+    moments: Moments         # the moments and step records of every layer
+    hyper: Hyper             # the step's rate, betas, eps, number and rate record
+    kind: int                # KIND_ADAM or KIND_SGD
+    serial_most: int         # the most biases stepped on the calling thread (-1: none)
+    lr: float                # SGD's learning rate
+
+
 @njit(cache=True, nogil=True)
 def touched_step(params, tb, n_rows, n_bias, opt):
     """One step on the rows and biases a batch touched (``tb``: the ``Touched`` bundle, its
-    first ``n_rows`` / ``n_bias`` entries), after the step count advanced: ``opt`` = (moments,
-    hyper, kind, the most biases stepped on the calling thread -- ``SparseOptimizer``'s
-    SERIAL_IDS beyond 2 threads, else -1 --, SGD's learning rate). A parallel loop costs its
-    threads' fork and join even over nothing (~60-90 us at 16 threads on TBB,
-    bench/results/device_phases_*/fork_join_t16.log): none runs without rows (the batched
-    engine's first layer has its own step)."""
-    W, B, GW, GB = params
-    mom, hyper, kind, serial_most, lr = opt[0], opt[1], opt[2], opt[3], opt[4]
+    first ``n_rows`` / ``n_bias`` entries), after the step count advanced, as ``opt``
+    (``TouchedStep``) describes it. A parallel loop costs its threads' fork and join even
+    over nothing: none runs without rows (the batched engine's first layer has its own
+    step)."""
+    W, B, GW, GB = params.W, params.B, params.GW, params.GB
+    mom, hyper, kind, serial_most, lr = opt.moments, opt.hyper, opt.kind, \
+        opt.serial_most, opt.lr
     if kind == KIND_ADAM:
         if n_rows > 0:
             adam_rows(W, mom.MW, mom.VW, GW, mom.TW, tb.starts, tb.lens, tb.rowids, n_rows,

@@ -493,7 +493,8 @@ def forward_backward(net, X, Y, rows, seed, serial):
         net.prepare(batch_size, n_threads, max_labels)
     sc, blk = net.sc, net.block
     Xc, Yc = csr(X), csr(Y)
-    frows = _feature_rows(net, X, rows) if net.fused_first else _NO_FEATURE_ROWS
+    frows = _feature_rows(net, net.layout, X, rows) if net.fused_first \
+        else _NO_FEATURE_ROWS
     drawn, frows = _draw(net, seed, serial, Xc, rows, frows)
     neg = net.negatives.bundle(drawn)
     exact = drawn[:0]
@@ -568,14 +569,14 @@ def row_step_parts(net, x_val, nb, n_extras, shared, serial):
 _NO_FEATURE_ROWS = make_feature_rows(0, 1, 1, 1)
 
 
-def _feature_rows(net, X, rows):
-    """The network's ``FeatureRows``, grown (doubled) when batch ``rows`` has more input
-    values than it holds."""
+def _feature_rows(work, layout, X, rows):
+    """The ``FeatureRows`` of ``work`` (a worker, or the network as its own), grown (doubled)
+    when batch ``rows`` has more input values than it holds."""
     n_e = int(batch_entries(X.indptr, rows))
-    frows = net.feature_rows
+    frows = work.feature_rows
     if frows is None or frows.ent_p.shape[0] < n_e:
         cap = max(n_e, 2 * (frows.ent_p.shape[0] if frows is not None else 0))
-        frows = make_feature_rows(net.layout.sizes[0], net.layout.n_out[0], cap,
+        frows = make_feature_rows(layout.sizes[0], layout.n_out[0], cap,
                                   numba.config.NUMBA_NUM_THREADS)
-        net.feature_rows = frows
+        work.feature_rows = frows
     return frows

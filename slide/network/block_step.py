@@ -1,37 +1,98 @@
 """The batched engine's batch as one compiled call: ``slide.network.block``'s steps 1-7, the
-same kernels in the same order with the same arguments, called from a Numba function instead
-of from Python.
+same kernels in the same order with the same arguments, called from a Numba function.
 
-Run from Python, a batch made a dozen kernel calls with Python between them: each call
-fingerprints and unboxes its bundles of arrays (8.6 us warm, 22 us after the previous kernel
-swept the caches, at the 200k-label shape), the Python between them (views, bundles, the
-offsets of S's columns, finiteness checks, chunk-size contexts) ran on those swept caches
-(0.20-0.26 ms a batch at 200k labels against 0.08 on a set that fits in the caches), and
-TBB's workers, asleep after those gaps, took 8 us instead of 1.5 to wake at each loop
-(``bench/probes/probe_batch_overheads.py``, ``bench/results/batch_overheads_*.log``). Here
-Python draws the negatives (numpy's generator), sizes the buffers and advances the
-optimizer's step count, then makes one call. The results are the same bits: the golden
-fixtures did not move.
+A batch reads and writes three things, each a bundle here: the model (``BatchModel``: the
+weights and biases every batch shares, with the hidden layers' gradient buffers of the
+worker that trains it), the worker's scratch (``BatchWork``, ``RowLists``: see
+``slide.network.worker``) and the batch itself (``BatchInput``, ``BatchDraw``). Python draws
+the negatives, sizes the buffers and claims the optimizer's step (``prepare``), in batch
+order; the compiled call (``run``) releases the GIL, so several batches prepared this way can
+run at once on several threads (``slide.network.inflight``). A batch run by itself
+(``train_batch``) is the same bits as the Python sequence of ``slide.network.block``.
 
 ``applies(net)`` says which networks take it (the batched engine with a dense first layer
 and no oracle block, the defaults); the others keep ``slide.network.block``'s Python
-sequence, which stays the reference the probes time phase by phase.
+sequence.
 """
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from numba import njit
 
-from slide.kernels.arrays import Extras, csr
+from slide.kernels.arrays import Csr, Extras, Params, csr
 from slide.kernels.threads import set_chunk_size
 from slide.kernels.touched import collect_touched, output_entries
 from slide.network import block as _block
 from slide.network.adam import touched_step
-from slide.network.extras import extras_tasks
-from slide.network import extras as _extras
-from slide.network.optim import row_chunk_sizes, rows_a_chunk
+from slide.network.extras import EXTRAS_TASK, extras_tasks
+from slide.network.optim import ROW_CHUNKS, BatchStep, RowChunks, rows_a_chunk
 from slide.network.block import (block_backward, block_forward, block_loss, block_offsets,
                                  split_backward_products, split_forward_product)
 from slide.network.row_steps import batch_row_steps
+
+
+class BatchModel(NamedTuple):
+    """The model as one batch sees it."""
+    params: Params           # W, B (shared); GW, GB (the worker's gradient buffers)
+    spec: object             # the layers' ``Spec``
+    tables: object           # the LSH ``Tables`` (None without)
+
+
+class BatchWork(NamedTuple):
+    """The worker's per-sample and per-thread scratch (``slide.network.worker``)."""
+    sc: object               # ``Scratch``
+    blk: object              # ``Block``
+    store: object            # ``Store``
+    losses: np.ndarray       # [batch] float64
+
+
+class BatchInput(NamedTuple):
+    X: Csr
+    Y: Csr
+    rows: np.ndarray         # the batch's row ids
+
+
+class BatchDraw(NamedTuple):
+    """The batch's shared negatives and the loss's settings."""
+    seed: np.uint64
+    serial: np.int64         # the batch's number (1-based over the run)
+    shared: np.ndarray       # sorted int32 ids of the shared block S
+    neg: object              # ``SharedDraw``: the correction's offsets
+    listed: object           # ``FeatureRows`` block_forward still fills (empty: listed)
+    correct: bool            # the sampling correction
+    each: object             # the loss's marker (``losses.loss_marker``)
+
+
+class Schedule(NamedTuple):
+    """How the batch's loops deal their work to ``n_threads`` threads."""
+    chunk: int               # samples a thread takes at a time
+    n_parts: int             # the products' BLAS parts
+    extras_task: int         # extras a task (``slide.network.extras``)
+    row_chunks: RowChunks    # the row steps' chunks
+    n_threads: int
+
+
+class RowLists(NamedTuple):
+    """The worker's listings of the rows the batch updates."""
+    touched: object          # ``Touched``: the hidden layers' rows and biases
+    row_off: np.ndarray      # the layout's row offsets
+    row_path: bool           # the output layer takes the per-row path
+    out_rows: object         # ``OutputRows``: the extras' rows, per row
+    out_stamp: np.ndarray    # per output neuron: the last batch that updated it
+    frows: object            # ``FeatureRows``: the batch's input by feature
+    dels: np.ndarray         # [batch, h1] the first layer's deltas (contiguous rows)
+
+
+class BatchCall(NamedTuple):
+    """Everything ``block_batch`` takes for one batch (``prepare``)."""
+    model: BatchModel
+    work: BatchWork
+    data: BatchInput
+    draw: BatchDraw
+    lists: RowLists
+    step: BatchStep
+    sched: Schedule
 
 
 def applies(net):
@@ -51,72 +112,63 @@ def all_finite(a):
 
 
 @njit(cache=True, nogil=True)
-def _forward_backward(net, data, draw, sched):
-    """``block.forward_backward``'s kernels (steps 1-6) for the batch ``data`` = (X, Y, rows)
-    with the negatives ``draw`` = (seed, serial, shared, neg, frows, correct, each); ``net``
-    = (params, spec, tables, sc, blk, store, losses); ``sched`` = (per-sample chunk, BLAS
-    parts, extras a task, ``optim.row_chunk_sizes()``, threads). False as soon as a sample's
-    loss is not finite (nothing is applied then)."""
-    params, spec, tables, sc, blk, store, all_losses = net
-    Xc, Yc, rows = data
-    seed, serial, shared, neg, frows, correct, each = draw
-    chunk, n_parts, extras_task = sched[0], sched[1], sched[2]
+def _forward_backward(model, work, data, draw, sched):
+    """``block.forward_backward``'s kernels (steps 1-6). False as soon as a sample's loss is
+    not finite (nothing is applied then)."""
+    params, spec, sc, blk = model.params, model.spec, work.sc, work.blk
+    rows, shared = data.rows, draw.shared
     nb = rows.shape[0]
-    H, losses, d_store = store.h_store[:nb], all_losses[:nb], store.d_store[:nb]
-    set_chunk_size(chunk)
-    block_forward(params, spec, tables, sc, blk, Xc, Yc, rows, seed, serial, shared, shared[:0],
-                  H, losses, frows)
+    H, losses, d_store = work.store.h_store[:nb], work.losses[:nb], work.store.d_store[:nb]
+    set_chunk_size(sched.chunk)
+    block_forward(params, spec, model.tables, sc, blk, data.X, data.Y, rows, draw.seed,
+                  draw.serial, shared, shared[:0], H, losses, draw.listed)
     if not all_finite(losses):
         return False
     ns = shared.shape[0]
     WS, bS = blk.WS[:ns], blk.bS[:ns]
     Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
     last = spec.n_layers - 1
-    tasks, ptr = extras_tasks(blk.counts, nb, extras_task)
+    tasks, ptr = extras_tasks(blk.counts, nb, sched.extras_task)
     xt = Extras(params.W, params.B, np.int64(spec.w_off[last]), np.int64(spec.b_off[last]),
                 blk.extra[:nb], H, d_store, tasks, ptr,
                 np.empty((tasks.shape[0], H.shape[1]), np.float32))
     set_chunk_size(1)
-    split_forward_product(xt, shared, WS, bS, Z, n_parts)
-    offs = block_offsets(bS, shared, neg)
-    set_chunk_size(chunk)
-    block_loss(params, spec, sc, blk, Yc, rows, neg, Z, offs, xt, losses, np.float32(1.0 / nb),
-               correct, each)
+    split_forward_product(xt, shared, WS, bS, Z, sched.n_parts)
+    offs = block_offsets(bS, shared, draw.neg)
+    set_chunk_size(sched.chunk)
+    block_loss(params, spec, sc, blk, data.Y, rows, draw.neg, Z, offs, xt, losses,
+               np.float32(1.0 / nb), draw.correct, draw.each)
     if not all_finite(losses):
         return False
     dH = blk.dH[:nb]
     set_chunk_size(1)
-    split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns], n_parts)
-    set_chunk_size(chunk)
-    block_backward(params, spec, sc, blk, Xc, rows, dH, xt, False)
+    split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns], sched.n_parts)
+    set_chunk_size(sched.chunk)
+    block_backward(params, spec, sc, blk, data.X, rows, dH, xt, False)
     return True
 
 
 @njit(cache=True, nogil=True)
-def _update(net, data, rows_out, opt, sched):
+def _update(model, work, data, draw, lists, step, sched):
     """``block.update``'s kernels (step 7): the touched rows' listing, the hidden layers' step,
-    the extras' listing and the three row steps in one loop. ``rows_out`` = (touched bundle,
-    row offsets, row path, output rows, their stamps, serial, S, the first layer's listed
-    rows and deltas); ``opt`` = ``SparseOptimizer.compiled_step_args()``."""
-    params, spec, sc, blk, store = net[0], net[1], net[3], net[4], net[5]
-    Xc, rows = data[0], data[2]
-    tb, row_off, row_path, out_rows, out_stamp, serial, shared, frows, dels = rows_out
+    the extras' listing and the three row steps in one loop."""
+    params, spec, sc, blk, store = model.params, model.spec, work.sc, work.blk, work.store
+    rows, serial, shared, frows = data.rows, draw.serial, draw.shared, lists.frows
     nb = rows.shape[0]
-    nr, nbias = collect_touched(spec, row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb], Xc, rows,
-                                tb, serial, row_path, False)
-    touched_step(params, tb, nr, nbias, opt)
+    nr, nbias = collect_touched(spec, lists.row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb],
+                                data.X, rows, lists.touched, serial, lists.row_path, False)
+    touched_step(params, lists.touched, nr, nbias, step.touched)
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, store.d_store.shape[1],
-                        out_rows, serial)
+                        lists.out_rows, serial)
     nf = frows.count[0]
     ns = shared.shape[0]
     last = spec.n_layers - 1
-    mom_out, tw_first = opt[5], opt[6]
-    set_chunk_size(rows_a_chunk(nf + nu + ns, sched[3], sched[4]))
-    batch_row_steps(params.W, params.B, mom_out, opt[1], opt[2], np.int64(spec.w_off[last]),
-                    np.int64(spec.b_off[last]), frows,
-                    (np.int64(nf), Xc.dat, dels, np.int64(spec.w_off[0]),
-                     tw_first), out_rows, np.int64(nu), store,
-                    (shared, blk.dWS[:ns], blk.dbS[:ns], out_stamp, serial))
+    set_chunk_size(rows_a_chunk(nf + nu + ns, sched.row_chunks, sched.n_threads))
+    batch_row_steps(params.W, params.B, step.out_moments, step.touched.hyper, step.touched.kind,
+                    np.int64(spec.w_off[last]), np.int64(spec.b_off[last]), frows,
+                    (np.int64(nf), data.X.dat, lists.dels, np.int64(spec.w_off[0]),
+                     step.first_records), lists.out_rows, np.int64(nu), store,
+                    (shared, blk.dWS[:ns], blk.dbS[:ns], lists.out_stamp, serial))
 
 
 @njit(cache=True, nogil=True)
@@ -181,17 +233,17 @@ def pairwise_sum(a, lo, n):
 
 
 @njit(cache=True, nogil=True)
-def block_batch(net, data, draw, rows_out, opt, sched):
+def block_batch(call):
     """One batch, steps 1-7: ``_forward_backward`` and, when every sample's loss is finite,
     ``_update``. Returns (whether it was applied, the mean loss as ``losses.mean()`` gives
     it, the mean size of the output layer's active sets). The per-sample loops' chunk size
     is restored to Numba's default on return."""
-    ok = _forward_backward(net, data, draw, sched)
+    ok = _forward_backward(call.model, call.work, call.data, call.draw, call.sched)
     if ok:
-        _update(net, data, rows_out, opt, sched)
+        _update(call.model, call.work, call.data, call.draw, call.lists, call.step, call.sched)
     set_chunk_size(0)
-    rows, sc, losses = data[2], net[3], net[6]
-    nb = rows.shape[0]
+    sc, losses = call.work.sc, call.work.losses
+    nb = call.data.rows.shape[0]
     if nb == 0:
         return ok, np.nan, np.nan
     active = 0
@@ -200,36 +252,46 @@ def block_batch(net, data, draw, rows_out, opt, sched):
     return ok, pairwise_sum(losses, 0, nb) / nb, active / nb
 
 
-def train_batch(net, X, Y, rows, seed, serial, optimizer):
-    """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns (mean loss,
-    mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
-    finite: nothing was applied and the optimizer's step count is as before). ``frows`` is
-    the batch's listing the row steps read; ``listed`` what block_forward still fills (none
-    where the draw listed it)."""
+def prepare(net, X, Y, rows, seed, serial, optimizer, worker=None, n_threads=None):
+    """The ``BatchCall`` of batch ``rows`` (number ``serial``) for ``worker`` (None: the
+    network's own scratch) on ``n_threads`` threads (None: Numba's count on this thread):
+    its negatives drawn, its buffers sized, the optimizer's step claimed. Batches in flight
+    are prepared in batch order, so that their draws and steps are those of one batch after
+    another."""
     nb = rows.shape[0]
-    n_threads = numba.get_num_threads()
-    if net.sc.codes.shape[0] < n_threads:
+    n_threads = numba.get_num_threads() if n_threads is None else int(n_threads)
+    work = net if worker is None else worker
+    if work.sc.codes.shape[0] < n_threads:
         # the per-thread scratch rows are indexed by numba.get_thread_id()
         batch_size, _, max_labels = net._scratch_key
         net.prepare(batch_size, n_threads, max_labels)
     Xc, Yc = csr(X), csr(Y)
-    frows = _block._feature_rows(net, X, rows)
+    frows = _block._feature_rows(work, net.layout, X, rows)
     drawn, listed = _block._draw(net, seed, serial, Xc, rows, frows, n_threads)
-    neg = net.negatives.bundle(drawn)
-    model = (net.params, net.spec, net.tables, net.sc, net.block, net.store, net.losses)
-    draw = (np.uint64(seed), np.int64(serial), drawn, neg, listed, net.correct,
-            net.loss_marker)
-    sched = (_block.chunk_size(nb, n_threads), _block.product_parts(drawn.shape[0], n_threads),
-             _extras.EXTRAS_TASK, row_chunk_sizes(), n_threads)
+    draw = BatchDraw(np.uint64(seed), np.int64(serial), drawn, net.negatives.bundle(drawn),
+                     listed, net.correct, net.loss_marker)
+    sched = Schedule(_block.chunk_size(nb, n_threads),
+                     _block.product_parts(drawn.shape[0], n_threads), EXTRAS_TASK, ROW_CHUNKS,
+                     n_threads)
     # the first layer's deltas, sliced here: a slice made inside the compiled step is typed
     # non-contiguous whatever its extent, and the row steps compiled for that layout ran the
     # first layer's rows 1.9x slower (unvectorised); numpy's view of whole rows is contiguous
-    a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
-    rows_out = (net.touched_rows, net.row_off, net.row_path, net.out_rows, net.out_stamp,
-                np.int64(serial), drawn, frows, net.block.dels[:nb, a0:a1])
-    opt = optimizer.compiled_step_args(n_threads)
-    ok, loss, active = block_batch(model, (Xc, Yc, rows), draw, rows_out, opt, sched)
+    a0, a1 = int(work.sc.a_off[0]), int(work.sc.a_off[1])
+    lists = RowLists(work.touched_rows, net.row_off, net.row_path, work.out_rows,
+                     work.out_stamp, frows, work.block.dels[:nb, a0:a1])
+    model = BatchModel(Params(net.W, net.B, work.GW, work.GB), net.spec, net.tables)
+    return BatchCall(model, BatchWork(work.sc, work.block, work.store, work.losses),
+                     BatchInput(Xc, Yc, rows), draw, lists,
+                     optimizer.compiled_step_args(n_threads), sched)
+
+
+def train_batch(net, X, Y, rows, seed, serial, optimizer):
+    """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns (mean loss,
+    mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
+    finite: nothing was applied and the optimizer's step count is as before)."""
+    call = prepare(net, X, Y, rows, seed, serial, optimizer)
+    ok, loss, active = block_batch(call)
     if not ok:
         optimizer.cancel_step()
-    net.block_shared = drawn
+    net.block_shared = call.draw.shared
     return loss, active

@@ -94,6 +94,9 @@ class Network:
         self.out_stamp = np.zeros(int(lay.n_out[-1]) if self.row_path else 1, np.int64)
         self._scratch_key = None
         self.feature_rows = None
+        # the other workers of a run with several batches in flight (``slide.network.worker``;
+        # the network is the first): their output stamps count for the incremental rehash
+        self.workers = []
         # slide.kernels.lsh.serving.ServingIndex over the output layer: built on demand by sparse
         # inference, dropped whenever training changes the weights (slide.network.trainer.train)
         self.serving = None
@@ -176,7 +179,10 @@ class Network:
         for l, idx in self.indices.items():
             dirty = None
             if self._incremental(l) and idx.codes is not None:
-                dirty = np.flatnonzero(self.out_stamp > self._hashed_at.get(l, 0))
+                stamp = self.out_stamp
+                for w in self.workers:
+                    stamp = np.maximum(stamp, w.out_stamp)
+                dirty = np.flatnonzero(stamp > self._hashed_at.get(l, 0))
                 self.last_dirty = int(dirty.size)
             idx.refresh(self.weight_rows(l), dirty)
             if self._incremental(l):
@@ -288,12 +294,17 @@ class Network:
                 self.update(X, rows, serial, optimizer)
             active = float(self.sc.n_act[:rows.shape[0], -1].mean())
         if not math.isfinite(loss):
-            # the batch's finite samples left their gradient in the shared buffers (the
-            # optimizer step zeroes them, and it does not run): a fit resumed after the
-            # DivergenceError would add it to its next step. Rare, so all of them.
-            self.GW[:] = 0.0
-            self.GB[:] = 0.0
+            self.clear_gradients()
         return loss, active
+
+    def clear_gradients(self):
+        """Zero every worker's gradient buffers after a diverged batch: its finite samples
+        left their gradient there (the optimizer step zeroes them, and it did not run), and a
+        fit resumed after the DivergenceError would add it to its next step. Rare, so all of
+        them."""
+        for w in [self] + list(self.workers):
+            w.GW[:] = 0.0
+            w.GB[:] = 0.0
 
     def train_batch_dense(self, X, Y, rows, serial, optimizer):
         """The dense (full softmax) network's batch (``slide.network.dense``)."""

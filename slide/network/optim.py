@@ -10,19 +10,25 @@ from numba import njit
 from slide.kernels.arrays import Store, make_feature_rows, make_output_rows
 from slide.kernels.layers import zeros_touched
 
+from typing import NamedTuple
+
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
-                                adam_flush_rows, adam_ids, adam_ids_serial, adam_lr,
+                                TouchedStep, adam_flush_rows, adam_ids, adam_ids_serial, adam_lr,
                                 block_powers, discounted_rate_sum, extend_rate_sums,
                                 power_tables, touched_step)
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
-# rows a thread takes at a time from the batched engine's fused row steps (``row_chunk``): at
-# most ROW_CHUNK, fewer where a thread would get fewer than ROW_CHUNKS_PER_THREAD chunks, at
-# least MIN_ROW_CHUNK. On 2 threads, the same batches in one process: chunks of 64-256 rows the
-# same, 8-32 slower (per-chunk scheduling, and the next row's prefetch stops at a chunk's end)
-ROW_CHUNK = 256
-ROW_CHUNKS_PER_THREAD = 8
-MIN_ROW_CHUNK = 16
+class RowChunks(NamedTuple):
+    """How a fused row step deals its rows to threads (``rows_a_chunk``)."""
+    most: int                # at most this many rows a chunk
+    per_thread: int          # fewer where a thread would get fewer chunks than this
+    least: int               # at least this many
+
+
+# the batched engine's fused row steps (``row_chunk``). On 2 threads, the same batches in one
+# process: chunks of 64-256 rows the same, 8-32 slower (per-chunk scheduling, and the next
+# row's prefetch stops at a chunk's end)
+ROW_CHUNKS = RowChunks(most=256, per_thread=8, least=16)
 # biases a step updates on the calling thread (``adam_ids_serial``, ~0.08 us a bias) rather
 # than in a parallel loop, beyond 2 threads: the batched engine's first layer has a bias step of
 # its own every batch (128 biases at the default hidden size). At 2 threads the loop took 7.1 us
@@ -42,20 +48,22 @@ _NO_BLOCK_ROWS = (np.zeros(0, np.int32), np.zeros((0, 1), np.float32), np.zeros(
 
 def row_chunk(n_rows):
     """Rows a thread takes at a time from a fused row step over ``n_rows`` rows."""
-    return rows_a_chunk(int(n_rows), row_chunk_sizes(), numba.get_num_threads())
-
-
-def row_chunk_sizes():
-    """(ROW_CHUNK, ROW_CHUNKS_PER_THREAD, MIN_ROW_CHUNK) as they stand (the probes set them)."""
-    return ROW_CHUNK, ROW_CHUNKS_PER_THREAD, MIN_ROW_CHUNK
+    return rows_a_chunk(int(n_rows), ROW_CHUNKS, numba.get_num_threads())
 
 
 @njit(cache=True, nogil=True)
 def rows_a_chunk(n_rows, sizes, n_threads):
-    """``row_chunk`` over ``n_threads`` with ``sizes`` = ``row_chunk_sizes()`` (the compiled
-    batch's too, ``slide.network.block_step``)."""
-    per = n_rows // (sizes[1] * n_threads)
-    return max(sizes[2], min(sizes[0], per))
+    """Rows a thread takes at a time from a fused row step over ``n_rows`` rows on
+    ``n_threads`` threads, dealt as ``sizes`` (``RowChunks``) says."""
+    per = n_rows // (sizes.per_thread * n_threads)
+    return max(sizes.least, min(sizes.most, per))
+
+
+class BatchStep(NamedTuple):
+    """The optimizer's part of one compiled batch (``SparseOptimizer.compiled_step_args``)."""
+    touched: TouchedStep     # the hidden layers' touched rows and biases
+    out_moments: Moments     # the moments with the output layer's step records
+    first_records: np.ndarray  # the first layer's row step records (empty: no catch-up)
 
 # re-exported: the optimizer's public names live here
 __all__ = ["SparseOptimizer", "OPTIMIZERS", "RATE_BLOCK", "adam_lr", "block_powers",
@@ -210,15 +218,15 @@ class SparseOptimizer:
 
     def _touched_args(self, moments, n_threads):
         """``adam.touched_step``'s ``opt`` at the current step over ``n_threads``."""
-        return (moments, self._hyper(), KIND_ADAM if self._adam else KIND_SGD,
-                SERIAL_IDS if n_threads > 2 else -1, self.learning_rate)
+        return TouchedStep(moments, self._hyper(), KIND_ADAM if self._adam else KIND_SGD,
+                           SERIAL_IDS if n_threads > 2 else -1, self.learning_rate)
 
     def compiled_step_args(self, n_threads):
         """Advance the step count (``next_step``) and return what the compiled batch
         (``slide.network.block_step.block_batch``) takes for its optimizer steps over
-        ``n_threads``: ``adam.touched_step``'s ``opt``, then the output layer's moments with
-        its step records and the first layer's step records (``step_batch_rows``'s).
-        ``cancel_step`` undoes the advance when the batch is not applied."""
+        ``n_threads``: a ``BatchStep``. ``cancel_step`` undoes the advance when the batch is
+        not applied. Several batches in flight claim their steps here in batch order, each
+        with its own rate (``Hyper``)."""
         self.next_step()
         arrays = (self.MW, self.VW, self.MB, self.VB, self.TW, self.TB)
         static = getattr(self, "_compiled_static", None)
@@ -232,7 +240,7 @@ class SparseOptimizer:
             static = (tuple(id(a) for a in arrays), self.moments, self._output_args()[0], tw)
             self._compiled_static = static
         _, mom, mom_out, tw = static
-        return self._touched_args(mom, n_threads) + (mom_out, tw)
+        return BatchStep(self._touched_args(mom, n_threads), mom_out, tw)
 
     def cancel_step(self):
         """Take back the step ``compiled_step_args`` advanced (its batch diverged and applied

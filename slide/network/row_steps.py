@@ -12,7 +12,7 @@ from numba import njit, prange
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
 from slide.network.adam import (KIND_ADAM, _adam_row, _adam_row_scaled, _apply_missed,
-                                _catch_up, _consts, _missed_steps)
+                                _catch_up, _consts, _missed_steps, later_step)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -82,8 +82,8 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
             if TB[j] != last:
                 missed = _missed_steps(TB[j], t, hyper)
             _apply_missed(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], missed, hyper)
-            TW[j] = t
-            TB[j] = t
+            TW[j] = later_step(last, t)
+            TB[j] = later_step(TB[j], t)
         _adam_row(w, mw, vw, g, k, True)
         _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
     else:
@@ -114,7 +114,7 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
         mw, vw = MW[base:base + n_h], VW[base:base + n_h]
         if TW.shape[0] > 0:
             _catch_up(w, mw, vw, TW[f], hyper.t, hyper)
-            TW[f] = hyper.t
+            TW[f] = later_step(TW[f], hyper.t)
         if e1 - e0 == 1:
             # one entry (most rows): the gradient is x_value * delta, formed as read
             _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)

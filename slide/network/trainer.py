@@ -16,6 +16,8 @@ from threadpoolctl import threadpool_limits
 from slide import defaults
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
+from slide.network import block_step
+from slide.network.inflight import InFlight, resolve_batches_in_flight
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -188,6 +190,16 @@ class NetworkSteps:
     def after_step(self):
         return maybe_rehash(self.model)
 
+    def in_flight(self, n_threads, n_batches):
+        """The workers of a run with several batches in flight (``slide.network.inflight``),
+        or None for one batch at a time."""
+        model = self.model
+        net = model.network_
+        n_workers = resolve_batches_in_flight(
+            getattr(model, "batches_in_flight", 1), n_threads, n_batches,
+            net.sparse.any() and block_step.applies(net))
+        return InFlight(net, n_workers, n_threads) if n_workers > 1 else None
+
 
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
     """``_train`` with BLAS single-threaded for the whole run: the batched engine's and the
@@ -218,6 +230,13 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
+    in_flight = getattr(steps, "in_flight", lambda *a: None)(n_threads, n_batches)
+    if in_flight is not None:
+        try:
+            return _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
+                                in_flight, n_batches, total_batches)
+        finally:
+            in_flight.close()
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_
         t_epoch = time.perf_counter()
@@ -262,6 +281,68 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
                             samples=model.samples_, loss=loss,
                             train_seconds=model.train_seconds_, active_mean=act,
                             rehashed=rehashed, rebuilt=rebuilt, **extra)
+                if callback(model, info):
+                    model.stopped_ = True
+                    return
+
+
+def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, in_flight,
+                 n_batches, total_batches):
+    """``_train``'s loop with several batches in flight (``slide.network.inflight``): the
+    batches of an epoch in waves; between waves nothing is in flight, and there the loop
+    does what ``_train`` does after every batch. The callback runs once a wave, as after the
+    wave's last batch, with the wave's mean loss and active size and its number of batches
+    (``batches``)."""
+    bs = int(model.batch_size)
+    n = X.shape[0] if rows is None else rows.shape[0]
+    budget = getattr(model, "time_budget", None)
+    while model.epoch_ < end_epoch_index:
+        epoch = model.epoch_
+        t_epoch = time.perf_counter()
+        batches = list(iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_))
+        for lo in range(0, len(batches), in_flight.wave_size()):
+            if budget and model.train_seconds_ >= budget:
+                model.budget_spent_ = True
+                model.sync()
+                return
+            t0 = time.perf_counter()
+            wave = []
+            for i, batch in enumerate(batches[lo:lo + in_flight.wave_size()]):
+                serial = model.batches_ + 1 + i
+                lr = scheduled_learning_rate(
+                    float(model.learning_rate), model.lr_schedule, model.warmup_batches,
+                    serial, total_batches, model.train_seconds_ / budget if budget else 0.0)
+                wave.append((batch if rows is None else rows[batch], serial, lr))
+            results = in_flight.run_wave(X, Y, wave, model.seed_, model.optimizer_)
+            for (batch_rows, serial, _), (loss, _) in zip(wave, results):
+                if not math.isfinite(loss):
+                    # the wave's other batches were applied; the gradient buffers the
+                    # diverged one filled are cleared (``Network.train_batch``)
+                    model.network_.clear_gradients()
+                    raise DivergenceError(serial, epoch, loss)
+            rehashed = rebuilt = False
+            for batch_rows, serial, _ in wave:
+                model.batches_ = serial
+                model.samples_ += batch_rows.shape[0]
+                r1, r2 = steps.after_step()
+                rehashed, rebuilt = rehashed or r1, rebuilt or r2
+            model.train_seconds_ += time.perf_counter() - t0
+            model.batch_in_epoch_ += len(wave)
+            if model.batch_in_epoch_ >= n_batches:
+                model.epoch_ += 1
+                model.batch_in_epoch_ = 0
+                end_epoch(model, epoch, t_epoch, eval_set)
+            loss = float(np.mean([r[0] for r in results]))
+            act = float(np.mean([r[1] for r in results]))
+            if model.verbose >= 2 and serial // 100 > (serial - len(wave)) // 100:
+                print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
+            if callback is not None:
+                info = dict(batch=serial, epoch=epoch,
+                            batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
+                            if model.batch_in_epoch_ else n_batches - 1,
+                            samples=model.samples_, loss=loss,
+                            train_seconds=model.train_seconds_, active_mean=act,
+                            rehashed=rehashed, rebuilt=rebuilt, batches=len(wave))
                 if callback(model, info):
                     model.stopped_ = True
                     return

@@ -1,0 +1,115 @@
+"""Several batches in flight: ``W`` workers train whole batches at the same time over the
+model's shared weights, without locks (HOGWILD across batches).
+
+One batch at a time runs every step of a batch as a parallel loop over all threads, and each
+loop ends at a join: on many cores those joins and the serial pieces between them bound the
+speed-up (``docs/design.md``, "Many cores"). Here each worker runs whole batches on its own
+threads (``n_threads // W`` each, one where threads and workers are as many), so a batch's
+steps need no join with another's.
+
+The batches are grouped into waves. A wave's batches are prepared on the calling thread in
+batch order (their negatives drawn and their optimizer steps claimed one after another:
+``block_step.prepare``), dealt round-robin to the workers, each of which trains its share one
+batch after another, and the wave ends when every worker is done. Between waves nothing is in
+flight: the trainer reports the wave, runs the rehash schedule, ends epochs, checks the time
+budget and calls the callback there, so a checkpoint never holds a half-applied batch. While
+a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
+updating: the staleness of a read is at most ``W - 1`` batches, and results vary from run to
+run like any HOGWILD training.
+"""
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+
+from slide.network import block_step
+from slide.network.worker import Worker
+
+# a wave gives each worker this many batches: every wave ends at a join of the workers and
+# prepares its batches on one thread, so longer waves spread those costs over more batches
+# (a batch's staleness stays W - 1: a worker trains its batches one after another)
+BATCHES_A_WORKER = 4
+
+
+def check_batches_in_flight(value):
+    """``value`` if it is "auto" or a positive integer, else ValueError."""
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+    elif isinstance(value, (int,)) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    elif hasattr(value, "__index__") and not isinstance(value, bool) and int(value) >= 1:
+        return int(value)
+    raise ValueError(f"batches_in_flight must be a positive integer or 'auto', got {value!r}")
+
+
+def resolve_batches_in_flight(value, n_threads, n_batches, applies):
+    """The number of workers ``value`` stands for: ``"auto"`` one a thread (each batch then
+    runs on one thread: no join inside a batch); an integer itself. Clamped to the batches
+    of an epoch (a wave never spans two: more workers would idle) and to 1 where the network
+    does not take the compiled batch (``applies`` False: a sparse first layer, the per-sample
+    engine, a dense network)."""
+    value = check_batches_in_flight(value)
+    workers = max(1, int(n_threads)) if value == "auto" else value
+    if not applies:
+        return 1
+    return max(1, min(workers, int(n_batches)))
+
+
+class InFlight:
+    """``n_workers`` workers over ``net`` (a network the compiled batch applies to), sharing
+    ``n_threads`` threads; ``run_wave`` trains a list of batches. The network is the first
+    worker (its own scratch); ``close`` ends the workers' threads."""
+
+    def __init__(self, net, n_workers, n_threads):
+        self.net = net
+        self.threads_each = max(1, int(n_threads) // int(n_workers))
+        batch_size, _, max_labels = net._scratch_key
+        if net.sc.codes.shape[0] < self.threads_each:
+            net.prepare(batch_size, self.threads_each, max_labels)
+        self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
+                                                 max_labels)
+                                 for _ in range(int(n_workers) - 1)]
+        net.workers = self.workers[1:]
+        # one thread a worker: its batches run in the order they were dealt
+        self.pools = [ThreadPoolExecutor(1) for _ in self.workers]
+
+    @property
+    def n_workers(self):
+        return len(self.workers)
+
+    def _run(self, call):
+        numba.set_num_threads(self.threads_each)
+        return block_step.block_batch(call)
+
+    def run_wave(self, X, Y, batches, seed, optimizer):
+        """Train ``batches``, a list of (rows, serial, learning rate) in batch order, worker
+        ``i % W`` taking the i-th. Returns, in the same order, each batch's (mean loss, mean
+        active size); a batch whose loss is not finite applied nothing (its optimizer step
+        stays claimed: the later batches' steps were claimed after it)."""
+        futures = []
+        for i, (rows, serial, lr) in enumerate(batches):
+            optimizer.learning_rate = lr
+            w = i % self.n_workers
+            call = block_step.prepare(self.net, X, Y, rows, seed, serial, optimizer,
+                                      worker=self.workers[w], n_threads=self.threads_each)
+            futures.append(self.pools[w].submit(self._run, call))
+        results = []
+        for f in futures:
+            _, loss, active = f.result()
+            results.append((loss, active))
+        return results
+
+    def wave_size(self):
+        return BATCHES_A_WORKER * self.n_workers
+
+    def close(self):
+        for pool in self.pools:
+            pool.shutdown(wait=True)
+        self.net.workers = []
+
+
+def wave_loss(results):
+    """The mean loss of a wave's batches (NaN if any diverged)."""
+    losses = [r[0] for r in results]
+    return math.fsum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.nan
