@@ -1,0 +1,167 @@
+"""Batches in flight against one batch at a time: training speed and accuracy of slide's
+network (no neighbour vote, no re-ranker) for each (threads, batches_in_flight) layout, all in
+one process, layouts interleaved seed by seed so that drift hits them alike.
+
+On the 2-core machine (the README's figures; about 10 minutes):
+
+    flock /tmp/slide-bench.lock python bench/many_core.py --threads 2 \\
+        --layouts 1,2,4,8,16 --seeds 0,1,2 --out bench/results/inflight_2core
+
+On a 16-core machine (the prepared command; at most ~8 minutes):
+
+    python bench/many_core.py --threads 1,2,4,8,16 --layouts 1,auto,half --seeds 0 \\
+        --out bench/results/many_core
+
+``--layouts``: batches_in_flight values; ``auto`` one a thread, ``half`` one per two threads
+(groups of two threads). Writes ``<out>_<commit>.json`` (``{"machine", "commit", "rows":
+[{"data", "threads", "batches_in_flight", "seed", "samples_per_s", "p_at_1", "p_at_5",
+"psp_at_5", ...}]}``) and a Markdown table beside it (mean and standard deviation over seeds,
+the ratio to one batch at a time on the same threads and to one thread). Compile time is
+excluded for every layout: a warm-up fit on each data set runs first. Data: ``xc200k`` (the
+200k-label synthetic set, ``--n-train`` rows) and any XC-format train/test pair given with
+``--real NAME=TRAIN,TEST``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import git_commit, machine_description  # noqa: E402
+
+
+def load_sets(args):
+    """{name: (X_train, Y_train, X_test, Y_test)}."""
+    from slide.data import read_xc
+    from slide.synthetic import generate
+    sets = {}
+    if args.synthetic:
+        Xtr, Ytr, Xte, Yte = generate("xc200k", scale=1.0, seed=0,
+                                      n_train=args.n_train, n_test=args.n_test)
+        sets["xc200k"] = (Xtr, Ytr, Xte, Yte)
+    for spec in args.real:
+        name, paths = spec.split("=", 1)
+        tr, te = paths.split(",")
+        Xtr, Ytr = read_xc(tr)
+        Xte, Yte = read_xc(te)
+        n_f = max(Xtr.shape[1], Xte.shape[1])
+        n_l = max(Ytr.shape[1], Yte.shape[1])
+        Xtr.resize((Xtr.shape[0], n_f)), Xte.resize((Xte.shape[0], n_f))
+        Ytr.resize((Ytr.shape[0], n_l)), Yte.resize((Yte.shape[0], n_l))
+        sets[name] = (Xtr, Ytr, Xte, Yte)
+    return sets
+
+
+def layout_value(name, threads):
+    """The batches_in_flight a --layouts entry stands for at ``threads`` threads."""
+    if name == "auto":
+        return max(1, threads)
+    if name == "half":
+        return max(1, threads // 2)
+    return int(name)
+
+
+def one_fit(data, threads, in_flight, seed, epochs):
+    """Train the network alone; its speed (samples/s over train_seconds_, compile excluded)
+    and accuracy on the test rows."""
+    from slide import SlideClassifier
+    from slide.metrics import evaluate, inverse_propensity
+    Xtr, Ytr, Xte, Yte = data
+    m = SlideClassifier(random_state=seed, neighbours=0, rerank=False, epochs=epochs,
+                        n_threads=threads, batches_in_flight=in_flight)
+    m.fit(Xtr, Ytr)
+    topk = m.predict_topk(Xte, k=5)
+    ev = evaluate(Yte, topk, ks=(1, 5), inv_propensity=inverse_propensity(Ytr))
+    return {"threads": threads, "batches_in_flight": in_flight, "seed": seed,
+            "train_seconds": m.train_seconds_, "samples": int(m.samples_),
+            "samples_per_s": m.samples_ / m.train_seconds_, "p_at_1": float(ev["P@1"]),
+            "p_at_5": float(ev["P@5"]), "psp_at_5": float(ev.get("PSP@5", np.nan))}
+
+
+def table(rows):
+    """Markdown: per data set and threads, each layout's mean (sd) over seeds."""
+    out = ["| data | threads | batches_in_flight | samples/s | x one at a time | x 1 thread "
+           "| P@1 | P@5 | PSP@5 | seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["data"], r["threads"], r["batches_in_flight"]) for r in rows})
+    base1 = {}
+    for d, t, w in keys:
+        sel = [r for r in rows if (r["data"], r["threads"], r["batches_in_flight"]) == (d, t, w)]
+        sps = np.array([r["samples_per_s"] for r in sel])
+        if w == 1:
+            base1[(d, t)] = sps.mean()
+
+    def ms(a, f):
+        a = np.asarray(a, float)
+        return f"{a.mean():{f}} ({a.std(ddof=1) if a.size > 1 else 0:{f}})"
+
+    for d, t, w in keys:
+        sel = [r for r in rows if (r["data"], r["threads"], r["batches_in_flight"]) == (d, t, w)]
+        sps = np.array([r["samples_per_s"] for r in sel])
+        one, thread1 = base1.get((d, t)), base1.get((d, 1))
+        ratio_one = f"{sps.mean() / one:.2f}" if one else "-"
+        ratio_thread1 = f"{sps.mean() / thread1:.2f}" if thread1 else "-"
+        out.append(f"| {d} | {t} | {w} | {ms(sps, '.0f')} | {ratio_one} | {ratio_thread1} | "
+                   f"{ms([r['p_at_1'] for r in sel], '.4f')} | "
+                   f"{ms([r['p_at_5'] for r in sel], '.4f')} | "
+                   f"{ms([r['psp_at_5'] for r in sel], '.4f')} | {len(sel)} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", default="2", help="comma-separated thread counts")
+    ap.add_argument("--layouts", default="1,2,4,8,16",
+                    help="comma-separated batches_in_flight values (or auto, half)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--n-train", type=int, default=100_000)
+    ap.add_argument("--n-test", type=int, default=5_000)
+    ap.add_argument("--no-synthetic", dest="synthetic", action="store_false")
+    ap.add_argument("--real", action="append", default=[],
+                    help="NAME=TRAIN,TEST: an XC-format data set (repeatable)")
+    ap.add_argument("--out", default="bench/results/inflight")
+    args = ap.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    layouts = args.layouts.split(",")
+    commit = git_commit()
+    t_start = time.time()
+    sets = load_sets(args)
+    rows = []
+    for name, data in sets.items():
+        # compile once, outside every clock (the fit's own warm-up then finds the cache)
+        small = tuple(a[:2000] for a in data)
+        one_fit(small, threads[0], 1, 0, 1)
+        one_fit(small, max(threads), 2, 0, 1)
+        for seed in seeds:
+            for t in threads:
+                done = set()
+                for lay in layouts:
+                    w = layout_value(lay, t)
+                    if w in done:
+                        continue
+                    done.add(w)
+                    r = one_fit(data, t, w, seed, args.epochs)
+                    r["data"] = name
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+    result = {"machine": machine_description(), "commit": commit, "args": vars(args),
+              "seconds": time.time() - t_start, "rows": rows}
+    out = Path(f"{args.out}_{commit}")
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    md = table(rows)
+    out.with_suffix(".md").write_text(
+        f"# Batches in flight ({commit})\n\nMachine: {result['machine']}\n\n"
+        f"`python bench/many_core.py {' '.join(argv or sys.argv[1:])}`\n\n{md}\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
