@@ -66,7 +66,7 @@ def layer_warning(n_threads, layer):
     ``layer`` (None: nothing to say). Not TBB where the user did not choose it means the tbb
     package is missing (no wheel for this platform, or slide run from a source tree without
     its dependencies): OpenMP's loops wait for every thread, and beside one busy core a batch
-    at 16 threads took 17x TBB's time (bench/results/device_phases_3ded589/)."""
+    at 16 threads took 17x TBB's time (bench/results/device_phases_3ded589/README.md)."""
     chosen = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
     if n_threads < 2 or layer in (None, "tbb") or chosen not in ("default", "tbb", "safe"):
         return None
