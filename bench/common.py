@@ -101,8 +101,8 @@ def blas_kernels():
     (0.3.31); OPENBLAS_CORETYPE unset``: numpy's and scipy's libraries (slide's products go
     through scipy's; ``slide.environment``, which ``slide info`` prints). Some hosts set
     OPENBLAS_CORETYPE=Haswell for older builds, which runs AVX2 kernels on an AVX-512 CPU: the
-    block's products took 1.8x as long at debcontents' shape (bench/probes/probe_blas_kernels.py,
-    bench/results/blas_kernels_*.md). A figure is only comparable under the same kernels."""
+    block's products took 1.8x as long at debcontents' shape
+    (bench/results/blas_kernels_bafb825.md). A figure is only comparable under the same kernels."""
     from slide.environment import blas_libraries
     libs = [f"{b['kernel']} ({b['version']})" for b in blas_libraries()
             if b["library"] == "openblas"]
@@ -560,7 +560,7 @@ def prefault(gib):
     On a virtual machine whose host backs guest memory lazily, the first touch of a page the
     host has taken back costs far more than the kernel's own page fault (this project's machine:
     2.3 s per GiB after 25 s of idle, 0.25-0.35 s for memory another process freed moments
-    before; bench/probes/probe_first_touch.py). A system that allocates its model inside its
+    before). A system that allocates its model inside its
     clock then times the host. Freed pages go back to the kernel's free lists and are handed out
     first to the next allocation, so a process that touches and frees about its peak memory
     right before its clock starts gets pages the host already backs (TensorFlow builds its

@@ -9,7 +9,7 @@ development VM the two cores sometimes share a die and a last-level cache (a rou
 the two every minute or so. Single-threaded rates (a GEMM call, a memory stream) do not see
 the difference; a two-thread training step, whose threads hand the batch's data to each
 other between its phases, does: every line one core wrote and the other reads next crosses
-the dies (``docs/history.md``, twenty-second session). ``bench/roofline.py`` records this
+the dies (``docs/design.md``). ``bench/roofline.py`` records this
 reading in every round, so that a round's fraction can be read with the placement it ran in.
 
 Two Python threads, each pinned to one core, bounce a counter: each atomically adds one when

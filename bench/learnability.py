@@ -97,7 +97,17 @@ def run(spec, seed=0):
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="+", metavar="PRESET[:KEY=VALUE,...]",
+                    help="a synthetic preset, e.g. tiny or amazon670k:n_train=50000,n_test=5000")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
     print(f"commit: {common.git_commit()}", flush=True)
-    for spec in sys.argv[1:]:
-        run(spec)
+    for spec in args.specs:
+        run(spec, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,8 +49,29 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.common import git_commit, machine_description  # noqa: E402,F401
 from bench.crosscore import median_round_trip_ns, placement  # noqa: E402
-from bench.engine_ab import _machine, load  # noqa: E402
 from slide.kernels.prefetch import prefetch_row  # noqa: E402
+
+
+def load(data, n_train, n_test, seed=0):
+    """``data``: a directory of XC files (train.txt, test.txt) or a synthetic preset name;
+    the first ``n_train`` training rows and ``n_test`` shuffled test rows."""
+    import slide
+    from slide import synthetic
+    if os.path.isdir(data):
+        X, Y = slide.read_xc(os.path.join(data, "train.txt"))
+        Xt, Yt = slide.read_xc(os.path.join(data, "test.txt"))
+    else:
+        X, Y, Xt, Yt = synthetic.generate(data, seed=0, n_train=n_train, n_test=n_test)
+    if n_train and X.shape[0] > n_train:
+        X, Y = X[:n_train], Y[:n_train]
+    order = np.random.default_rng(seed).permutation(Xt.shape[0])[:n_test]
+    return X, Y, Xt[order], Yt[order]
+
+
+def _machine():
+    m = machine_description()
+    return (f"{m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM; BLAS "
+            f"kernels {m['blas']}")
 
 
 @njit(parallel=True, cache=True)

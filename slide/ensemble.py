@@ -8,10 +8,10 @@ another, each on all the cores, each with its own re-ranker when the estimator h
 
 ``predict_topk``: members with a re-ranker (the default) each rank their ``FUSE_DEPTH`` best
 labels (``SlideClassifier.predict_topk_scored``), and a label's score is the sum over the
-members of its log-probability, ``FUSE_FLOOR`` where a member did not list it. On debcontents
-(``bench/results/accuracy_debcontents_ensemble_*.md``) this is what the members' re-rankers
-are worth: until round 3 the members trained without them and their blends were averaged,
-below one re-ranked model. Members without a re-ranker: the mean of their probabilities.
+members of its log-probability, ``FUSE_FLOOR`` where a member did not list it: averaging the
+members' blends without their re-rankers ranked below one re-ranked model on debcontents
+(``bench/results/accuracy_debcontents_ensemble_2855027.md``). Members without a re-ranker: the
+mean of their probabilities.
 ``predict_proba``: always the mean of the members' probabilities (``SlideClassifier.
 predict_proba``: softmax, or sigmoid for ``loss="sigmoid"``, blended with the member's own
 neighbour vote), every label scored.

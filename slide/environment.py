@@ -8,7 +8,7 @@ Some hosts set it for older OpenBLAS builds that misbehaved on newer CPUs (this 
 ``Haswell``: AVX2 kernels on an AVX-512 CPU), and then the products run at the named kernel's
 speed: 1.8x as long as with OpenBLAS's own choice at the Debian 133k-label set's shape
 (``bench/results/blas_kernels_bafb825.md``), 6-11 % of the network's training time
-(``bench/results/tf_sampled_seeds_*_afd06c4_{skylakex,haswell}/``).
+(``bench/results/tf_sampled_seeds_*_afd06c4_{skylakex,haswell}/summary.md``).
 """
 import os
 import platform

@@ -144,7 +144,7 @@ def test_batched_adam_run_follows_per_sample_run(sampler):
 
 
 def test_oracle_ids_join_every_samples_exact_set():
-    """The oracle study hook (bench/oracle_bound.py): the batch's exact top logits enter every
+    """The oracle study hook (``Network.oracle_m``): the batch's exact top logits enter every
     sample's exact set C (after its labels, no importance weight) and the block's columns."""
     rng = np.random.default_rng(11)
     X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)

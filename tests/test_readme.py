@@ -1,5 +1,7 @@
 """The README quotes what the quickstart prints, in the CLI's format, from the log it cites; it
-stays a user's page (<= 250 lines) whose every cited result file and local link exists."""
+stays a user's page (<= 150 lines, at most 3 commit hashes) whose every cited result file and
+local link exists; docs/results.md, which holds the tables and their methods, cites only files
+that exist."""
 import os
 import re
 
@@ -11,11 +13,24 @@ from slide.cli.train import summary_lines
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 LOG = os.path.join(ROOT, "bench", "results", "quickstart.log")
+RESULTS_DOC = os.path.join(ROOT, "docs", "results.md")
 
 
 def readme():
     with open(README) as f:
         return f.read()
+
+
+def results_doc():
+    with open(RESULTS_DOC) as f:
+        return f.read()
+
+
+def commit_hashes(text):
+    """Distinct abbreviated commit hashes (7-40 hex digits, at least one digit and one letter,
+    not inside a longer word) anywhere in ``text``, results files' names included."""
+    found = re.findall(r"(?<![0-9A-Za-z])[0-9a-f]{7,40}(?![0-9A-Za-z])", text)
+    return {h[:7] for h in found if re.search(r"\d", h) and re.search(r"[a-f]", h)}
 
 
 def skeleton(lines):
@@ -41,7 +56,23 @@ def cli_lines():
 
 
 def test_readme_is_a_users_page():
-    assert len(readme().splitlines()) <= 250
+    text = readme()
+    assert len(text.splitlines()) <= 150
+    assert len(commit_hashes(text)) <= 3, sorted(commit_hashes(text))
+    for section in ("## Two commands", "## Python API", "## Command line", "## Results",
+                    "## Many cores"):
+        assert section in text, section
+    assert "python -m pytest -q" in text
+    assert "docs/results.md" in text
+
+
+def test_results_doc_names_machines_not_commits_in_its_prose():
+    """docs/results.md cites results files (whose names may carry the commit they ran at) but
+    its prose names no commit: a results file records its own."""
+    text = results_doc()
+    prose = re.sub(r"`[^`]*`", "", text)
+    assert not commit_hashes(prose), sorted(commit_hashes(prose))
+    assert "AMD EPYC" in text and "Xeon" in text
 
 
 def test_readme_quotes_the_cli_format():
@@ -64,17 +95,21 @@ def test_readme_quotes_the_log_it_cites():
     assert "exit 0" in header
 
 
-def test_cited_result_files_and_links_exist():
-    text = readme()
-    results = text[text.index("## Results"):]
-    cited = set(re.findall(r"`([\w./-]+(?:\.md|\.jsonl|\.log|/))`", results))
-    assert len(cited) >= 8
+@pytest.mark.parametrize("doc, at_least", [("README.md", 5), ("docs/results.md", 20)])
+def test_cited_result_files_and_links_exist(doc, at_least):
+    with open(os.path.join(ROOT, doc)) as f:
+        text = f.read()
+    start = text.index("## Results") if doc == "README.md" else 0
+    cited = set(re.findall(r"`([\w./-]+(?:\.md|\.jsonl|\.json|\.log|/))`", text[start:]))
+    cited = {c for c in cited if not c.startswith(("docs/", "bench/", "runs/", "tests/"))
+             and c not in ("metrics.jsonl", "summary.md")}
+    assert len(cited) >= at_least
     for name in cited:
         path = os.path.join(ROOT, "bench", "results", name)
         assert os.path.exists(path), name
     for target in re.findall(r"\]\(([^)#\s]+)\)", text):
         if not target.startswith("http"):
-            assert os.path.exists(os.path.join(ROOT, target)), target
+            assert os.path.exists(os.path.join(ROOT, os.path.dirname(doc), target)), target
 
 
 def _expand_braces(pattern):
@@ -86,14 +121,15 @@ def _expand_braces(pattern):
             for e in _expand_braces(pattern[:m.start()] + alt + pattern[m.end():])]
 
 
-def test_cited_result_patterns_match_files():
+@pytest.mark.parametrize("doc", ["docs/results.md", "docs/design.md"])
+def test_cited_result_patterns_match_files(doc):
     """A citation with a wildcard or a brace group (``roofline_*_rounds_{a,b}.md``) names at
     least one file for each of its brace alternatives."""
     import glob
-    text = readme()
-    results = text[text.index("## Results"):]
+    with open(os.path.join(ROOT, doc)) as f:
+        text = f.read()
     patterns = set(re.findall(r"`([\w./*{},-]*[*{][\w./*{},-]*(?:\.md|\.jsonl|\.log|/))`",
-                              results))
+                              text))
     assert patterns
     for pattern in patterns:
         for name in _expand_braces(pattern):
@@ -101,7 +137,8 @@ def test_cited_result_patterns_match_files():
             assert glob.glob(os.path.join(base, name)), (pattern, name)
 
 
-@pytest.mark.parametrize("doc", ["docs/history.md", "docs/design.md", "docs/model.md"])
+@pytest.mark.parametrize("doc", ["CHANGELOG.md", "docs/results.md", "docs/design.md",
+                                 "docs/model.md", "bench/README.md"])
 def test_docs_links_exist(doc):
     with open(os.path.join(ROOT, doc)) as f:
         text = f.read()

@@ -352,7 +352,7 @@ def cap_row_labels(Y, cap, seed):
     frequency draws, the neighbour vote and the linear classifiers, so a few rows of
     thousands of labels (debcontents' longest hold 9,076; its rows of over 1,000 labels hold
     37 % of its label occurrences) weighed on all of them; cut to 256, P@1 rose by a point
-    and fit took 12 % less (bench/results/label_cap_debcontents_*.log)."""
+    and fit took 12 % less (bench/results/label_cap_debcontents_b493e94.log)."""
     cap = int(cap)
     lengths = np.diff(Y.indptr)
     long_rows = np.flatnonzero(lengths > cap) if cap > 0 else lengths[:0]

@@ -4,9 +4,8 @@ Numba keys a cached kernel by the contents of the one file that defines it. But 
 machine code also holds what it calls or inlines from other files: the optimizer's Adam
 arithmetic (``slide.network.adam``) inlined into the row steps of ``slide.network.row_steps``,
 the samplers' and the layers' helpers in every batch kernel. After an edit to such a file
-alone (a ``git pull`` in an editable install, a developer's change), the cache went on
-serving the old code, silently: with only ``adam.py`` edited, the golden tests ran in 11 s
-from the cache, and in 168 s once it was cleared (round 3, twenty-first session).
+alone (a ``git pull`` in an editable install, a developer's change), Numba's own keys would
+go on serving the old code from the cache, silently.
 
 So every kernel defined in slide is keyed by its own file (as Numba does) and by a digest of
 all of slide's Python sources: any change to any of them recompiles every kernel, once.

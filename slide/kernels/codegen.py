@@ -5,10 +5,8 @@ tuning: early AVX-512 parts lowered their clock under heavy 512-bit code), so Nu
 use half the registers' width. slide's hot loops run over rows of 128 floats (the first
 layer's gather-sums and row steps, the output rows' steps): full-width vectors issue half
 as many loads, stores and multiply-adds for them (Adam's square roots and divisions cost the
-same per float at either width). On this project's machine (2 cores, AVX-512) a batch at 670k
-labels went from 4.75 to 4.57 ms (``bench/results/block_phases_amazon670k_width_ce14f79.log``)
-and the network's training time by 0.90x-1.00x over four data sets
-(``bench/results/vector_width_da9a682.md``).
+same per float at either width). On a 2-core AVX-512 machine the network's training time went
+by 0.90x-1.00x over four data sets (``bench/results/vector_width_da9a682.md``).
 
 The choice is made once, before Numba builds its code generator (at the first compilation or
 cache load in the process), by setting ``NUMBA_CPU_FEATURES`` to the host's features with the

@@ -1,8 +1,8 @@
 """A vectorisable exp for the softmax over a row of logits.
 
 ``math.exp`` in a Numba loop is a call into libm per element: LLVM cannot vectorise it (this
-build has no SVML), and the batched engine's corrected softmax spent most of its time there
-(2.2 of 7.9 ms a batch at 200k labels, ``bench/results/block_phases_*.log``). Here exp is
+build has no SVML), and the batched engine's corrected softmax, one exp per active column of
+every sample, spent most of its time there. Here exp is
 plain arithmetic that LLVM turns into SIMD code: e^x = (e^(x/128))^128, e^(x/128) from its
 Taylor series to degree 11 and seven squarings (relative error ~3e-9 in float64; a table of
 2^k after an integer range reduction is an indexed load, which kept the loop scalar). Inputs
@@ -51,8 +51,7 @@ def max_and_finite(z):
     """(largest entry of the float32 row z, whether every entry is finite): the shift of a
     softmax over a row of S's logits and its divergence check (an inf or NaN there is an
     overflow: S's offsets are finite). Eight independent maxima, which the compiler packs
-    into one vector max (a single running max stays scalar without "nnan": 5x slower,
-    measured), and a sum of z * 0 (0 unless some entry is inf or NaN). The maximum is the
+    into one vector max (a single running max stays scalar without "nnan"), and a sum of z * 0 (0 unless some entry is inf or NaN). The maximum is the
     same whatever the order. -inf for an empty row."""
     n = z.shape[0]
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)

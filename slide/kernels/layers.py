@@ -39,8 +39,8 @@ class Layout:
 
     def __post_init__(self):
         # the flat offsets, computed once: the training loop reads them several times a
-        # batch (a cumsum each, ~0.1 ms a batch in all, measured at Amazon-670K's shape);
-        # the properties hand out copies, so no caller can change them
+        # batch, and a cumsum each time was a measurable share of a batch; the properties
+        # hand out copies, so no caller can change them
         n_rows = self.n_rows if len(self.sizes) > 1 else self.n_out
         for name, per_layer in (("_w_off", self.n_in * self.n_out), ("_b_off", self.n_out),
                                 ("_row_off", n_rows)):
@@ -116,8 +116,7 @@ INIT_CHUNK = 4096
 def _normal_pairs(W, i0, n_pairs, std, seed, stream):
     """W[i0:i0 + 2 n_pairs] = the Box-Muller pairs of those positions. The stores go through a
     view indexed from 0 by the loop counter: Numba then knows the index is not negative and
-    emits no wraparound test, which (with ``W[i0 + 2 p]``) kept the loop scalar (5 vs 18 ns
-    a pair, measured)."""
+    emits no wraparound test, which (with ``W[i0 + 2 p]``) kept the loop scalar."""
     V = W[i0:i0 + 2 * n_pairs]
     for p in range(n_pairs):
         a, b = normal_pair(seed, stream, i0 + 2 * p, std)
@@ -149,8 +148,8 @@ def _fill_zero(a):
 def zeros_touched(n, dtype):
     """``np.zeros(n, dtype)`` with every page written now, by every thread. np.zeros leaves
     the pages to be faulted in by their first use; for Adam's moments that is the scattered
-    rows of the first few hundred batches (Amazon-670K shape: ~1 s of faults, ~1.3 s a GB on
-    the development VM, spread over the epoch's batches). Touched here they cost the same but
+    rows of the first few hundred batches, a page fault each, spread over the epoch's batches
+    (on a VM whose host backs memory on first touch, about a second a GB). Touched here they cost the same but
     belong to building the model, where a framework's ``zeros_like`` moments pay them too."""
     a = np.empty(int(n), dtype)
     if a.shape[0]:
@@ -182,7 +181,7 @@ PREFETCH_AHEAD = 2
 # ----------------------------------------------------------------------------------------------
 
 # Row loops index a slice of the flat array (``row = W[base:base + n]``), not ``W[base + i]``:
-# LLVM vectorises the former (measured 2-6x faster on 128-float rows), not the latter.
+# LLVM vectorises the former, not the latter (which gets a wraparound test per index).
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def first_forward_dense(W, B, w_off, b_off, n_out, x_idx, x_val, out):

@@ -3,9 +3,9 @@ sin/cos, plain float64 arithmetic that LLVM turns into SIMD code.
 
 Box-Muller needs log(u1), cos(2 pi u2) and sin(2 pi u2) per pair of normals. ``math.log`` /
 ``math.cos`` in a Numba loop are calls into libm, one element at a time: the weights' init
-took 0.87 s of the fit at the Amazon-670K shape (103M weights, 2 threads) -- a third of the
-time before the first batch. Written out as polynomials after an exact range reduction they
-vectorise (measured ~3 ns a log, ~3 ns a sin/cos pair on one core, against ~12 ns for libm's):
+was a third of the time before the first batch at the Amazon-670K shape (103M weights).
+Written out as polynomials after an exact range reduction they vectorise, several times faster
+than libm's calls:
 
 * log(u1), u1 = m 2^-53 with the integer m in [1, 2^53]: m = 2^e f with f in [sqrt(1/2),
   sqrt(2)) (e from the float's exponent bits), log f = 2 atanh(s), s = (f - 1) / (f + 1),

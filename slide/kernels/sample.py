@@ -94,8 +94,7 @@ def _append_shared(out, n_c, shared, pos, write):
     merged into S (``_merge_shared``); any other C has its ids looked up in S (a galloping
     search), and the walk over S is a plain copy between their positions, where stamping
     every id of S in the per-neuron ``mark`` array costs a cache miss per id at hundreds of
-    thousands of neurons (S's share of the batched engine's per-sample forward at 670k
-    labels: 0.22 -> 0.19 of 0.66 ms a batch, measured). The copy itself runs by segments, the
+    thousands of neurons. The copy itself runs by segments, the
     runs of S between C's positions, each a slice assignment (a vectorised copy, where a walk
     testing every id against the next skipped position was scalar)."""
     if not write:
@@ -112,7 +111,7 @@ def _append_shared(out, n_c, shared, pos, write):
         hi = pos[q] if q < n_in else shared.shape[0]
         m = min(hi - lo, cap - n)
         # an element loop, not a slice assignment: the slice's shape check compiles an error
-        # path of its own (~1.5 s of a cold compile each, measured with numba's event log)
+        # path of its own, seconds of a cold compile
         for e in range(m):
             out[n + e] = shared[lo + e]
         n += m
@@ -126,8 +125,7 @@ def _count_shared(out, n_c, shared, pos):
     capacity aside), and C's sorted positions in S into ``pos``, without writing S: the
     batched engine's softmax takes a sample's S from the batch's block and reads only C's
     entries, so the copy of S's ~1,000 ids (and their columns, ``block._active_columns``)
-    was a sample's largest piece of bookkeeping (debdeps: 0.37 -> 0.15 ms of a batch's
-    forward, measured alone with the caches evicted)."""
+    was a sample's largest piece of bookkeeping."""
     return n_c + shared.shape[0] - _positions_in_shared(out, n_c, shared, pos)
 
 

@@ -2,11 +2,11 @@
 
 Numba's OpenMP layer ends every parallel loop at a barrier that waits for every one of its
 threads. When another job holds one of the cores, the thread parked there joins each barrier
-a scheduler time slice late, and a batch has a dozen parallel loops: with one single-threaded
-job beside it on 2 cores, a batch at 670k labels took 40 ms instead of 5.1 (8x). TBB steals:
-the chunks a parked thread has not started run on the threads that are awake, and nothing
-waits for it. The same batch took 8.6 ms beside that job, 5.2 ms alone
-(``bench/probes/probe_block_phases.py``; ``docs/design.md``).
+a scheduler time slice late, and a batch has a dozen parallel loops. TBB steals: the chunks a
+parked thread has not started run on the threads that are awake, and nothing waits for it.
+Beside one busy loop on 2 cores the network trained in 0.12-0.25x OpenMP's time on TBB, and
+alone in the same time (``bench/results/threading_layer_{quiet,busy}_51cf439.md``;
+``docs/design.md``).
 
 Numba prefers TBB when it can load ``libtbb.so.12`` (its default layer order is TBB, OpenMP,
 workqueue), but the ``tbb`` wheel puts the library in ``<prefix>/lib``, where the dynamic
@@ -65,9 +65,8 @@ def layer_warning(n_threads, layer):
     """The warning for a run on ``n_threads`` threads whose parallel loops run on Numba's
     ``layer`` (None: nothing to say). Not TBB where the user did not choose it means the tbb
     package is missing (no wheel for this platform, or slide run from a source tree without
-    its dependencies: the lent 16-core machine of bench/results/device_phases_* was such a
-    case): OpenMP's loops wait for every thread, and beside one busy core a batch there took
-    43.2 ms instead of TBB's 2.51 at 16 threads."""
+    its dependencies): OpenMP's loops wait for every thread, and beside one busy core a batch
+    at 16 threads took 17x TBB's time (bench/results/device_phases_3ded589/README.md)."""
     chosen = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
     if n_threads < 2 or layer in (None, "tbb") or chosen not in ("default", "tbb", "safe"):
         return None

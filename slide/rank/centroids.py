@@ -3,19 +3,20 @@ index over them: a third source of the re-ranker's candidates, measured and left
 
 The re-ranker's candidates are the network's top labels and the labels of a row's nearest rows
 in the hidden layer. On debcontents (133k labels) they hold a true label for 85.9 % of the test
-rows where Omikuji's first 100 labels hold one for 89.2 % (``hit_at_k_debcontents_f868c9b.log``),
+rows where Omikuji's first 100 labels hold one for 89.2 %
+(``bench/results/hit_at_k_debcontents_f868c9b.log``),
 so the gap in P@1 looked partly one of recall. The centroids find labels by the input words, the
 trees' kind of evidence: each row's ``N_CANDIDATES`` best labels by the index raised that share
 to 88.4-88.6 %, but with the re-ranker fitted on them P@1 and P@5 stayed where they were (the
 rows only the index finds are hard rows whose retrieved labels score low on every feature;
-``bench/probes/probe_retrieval.py``, ``retrieval_debcontents_501f85e.log``). So
+``bench/results/retrieval_debcontents_501f85e.log``). So
 ``RERANK_CENTROID_CANDIDATES`` is 0; a re-ranker fitted with them records how many
 (``ReRanker.n_retrieved``) and checkpoints keep that count.
 
-Scoring every centroid is a sparse product that common words make nearly dense (19 s for the
-test rows of debcontents), so both sides are pruned: a row queries with its ``n_terms``
-largest entries, and each word's list keeps the ``per_feature`` labels whose centroids weigh
-it most (0.3 s). The index is derived from the centroids, so checkpoints store nothing more.
+Scoring every centroid is a sparse product that common words make nearly dense, so both
+sides are pruned: a row queries with its ``n_terms`` largest entries, and each word's list
+keeps the ``per_feature`` labels whose centroids weigh it most. The index is derived from the
+centroids, so checkpoints store nothing more.
 """
 from typing import NamedTuple
 

@@ -38,9 +38,9 @@ label a negative of every row, so that any word can argue against any label. Its
 Adagrad with the squared-gradient sums factored into a sum per feature and one per label
 (G[f, j] ~ R[f] C[j] / sum(R), as Adafactor does for its moments) and each step clipped to
 Adagrad's own bound, the learning rate (the factored sum can be far below a weight's own: a
-rare feature with a rarely wrong label; unclipped, two of three fits on 2 threads diverged,
-``bench/probes/probe_ovr_alone.py``). A per-weight sum was twice the memory and 2.5 times
-the time, for a lower P@1 and P@5 (round 9).
+rare feature with a rarely wrong label; unclipped, two of three fits on 2 threads diverged).
+A per-weight sum was twice the memory and 2.5 times the time, for a lower P@1 and P@5
+(``bench/results/accuracy_summary.md``, round 9).
 """
 import numpy as np
 import scipy.sparse as sp

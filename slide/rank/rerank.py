@@ -26,9 +26,9 @@ similarity, the cosine between the row's input and j's input centroid (the unit-
 the inputs of the training rows labelled j, keeping its ``centroid_terms`` largest entries),
 and j's score by a linear classifier over the input (``slide.rank.linear``, fitted on the
 fitting rows: one-vs-rest where the labels are few, else against the network's hard negatives).
-The last two are the trees' kind of evidence: without the centroid the re-ranker gained nothing
-in the probe (``bench/results/accuracy_summary.md``, round 5); the hard-negative linear score
-added ~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
+The last two are the trees' kind of evidence (``bench/results/accuracy_summary.md``): without
+the centroid the re-ranker gained nothing (its round 5); the hard-negative linear score added
+~0.6 points of P@1 on debdeps and debtags (round 7), one-vs-rest on debtags ~0.5 more
 (round 9). Where the hashed classifiers serve (many labels), the frequent labels also get a
 one-vs-rest classifier over (at most 40,000 of) the fitting rows, its score the twelfth
 feature ``head_score`` (0 for the other labels; ``slide.rank.head``): on debcontents, paired

@@ -1,0 +1,75 @@
+"""Every script of bench/ starts as a script and parses its arguments (``--help``), and the
+cheap ones run end to end on a tiny set. The harness itself (compare, scaling, roofline,
+accuracy, ablation, fuzz, the data builders, the baselines) has deeper tests of its own
+(tests/test_bench_*.py, test_accuracy_smoke.py, test_ablation_smoke.py, test_fuzz.py)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+
+# library modules of the harness, not scripts: they take no command line of their own
+LIBRARIES = {"__init__.py", "common.py", "dense_loop.py", "slide_runner.py", "worker.py"}
+
+
+def scripts():
+    return sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and f not in LIBRARIES)
+
+
+def test_every_bench_script_has_a_line_in_bench_readme():
+    with open(os.path.join(BENCH, "README.md")) as f:
+        text = f.read()
+    for name in scripts() + ["baselines/"]:
+        assert f"`{name}`" in text, name
+
+
+def test_every_bench_script_answers_help():
+    # one interpreter for all of them: each runs as ``python bench/NAME.py --help`` would
+    code = (
+        "import contextlib, io, json, runpy, sys\n"
+        "out = {}\n"
+        "for path in sys.argv[1:]:\n"
+        "    sys.argv = [path, '--help']\n"
+        "    buf = io.StringIO()\n"
+        "    try:\n"
+        "        with contextlib.redirect_stdout(buf):\n"
+        "            runpy.run_path(path, run_name='__main__')\n"
+        "        code = 0\n"
+        "    except SystemExit as e:\n"
+        "        code = e.code\n"
+        "    out[path] = [code, buf.getvalue()]\n"
+        "print(json.dumps(out))\n")
+    paths = [os.path.join(BENCH, f) for f in scripts()]
+    res = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    for path in paths:
+        rc, text = got[path]
+        assert rc in (0, None), (path, rc, text)
+        assert "usage:" in text, (path, text)
+
+
+def test_make_data_writes_a_frozen_set(tmp_path):
+    from bench import make_data
+    from slide import read_xc
+    out = tmp_path / "tiny"
+    make_data.main(["tiny", str(out), "--n-train", "120", "--n-test", "40"])
+    X, Y = read_xc(str(out / "train.txt"))
+    Xt, Yt = read_xc(str(out / "test.txt"))
+    assert X.shape[0] == 120 and Xt.shape[0] == 40
+    source = json.loads((out / "source.json").read_text())
+    assert source["preset"] == "tiny" and source["shapes"]["X_train"][0] == 120
+
+
+def test_learnability_prints_the_baselines_rows(capsys):
+    from bench import learnability
+    learnability.run("tiny:n_train=300,n_test=100")
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| tiny")]
+    assert [r.split("|")[2].strip() for r in rows] == ["most_frequent", "centroid", "knn"]
+    for r in rows:
+        p1 = float(r.split("|")[3])
+        assert 0.0 <= p1 <= 1.0
