@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from slide import metrics
 from slide.kernels import threads, topk
-from slide.network.block import row_step_parts
+from slide.network.block import NO_FEATURE_ROWS
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -228,9 +228,15 @@ def _warm_output_steps(copy):
         if net.block is None:
             opt.step_output(net.W, net.B, net.out_rows, 0, net.store)
         else:
-            opt.step_batch_rows(net.W, net.B, *row_step_parts(
-                net, np.zeros(0, np.float32), int(copy.batch_size), 0,
-                np.empty(0, np.int32), 0))
+            # the types of a fit's calls (block_step._update), on no rows
+            a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
+            nb = int(copy.batch_size)
+            opt.step_batch_rows(net.W, net.B,
+                                (NO_FEATURE_ROWS, 0, np.zeros(0, np.float32),
+                                 net.block.dels[:nb, a0:a1]),
+                                (net.out_rows, 0, net.store),
+                                (np.empty(0, np.int32), net.block.dWS[:0], net.block.dbS[:0],
+                                 net.out_stamp, 0))
     opt.warm_bias_steps(net.params, net.touched_rows)
     opt.flush(net.W, net.B)
 

@@ -75,32 +75,18 @@ def test_extras_cut_into_tasks_give_the_per_sample_step(sampler, loss, min_activ
     """Samples with more than ``EXTRAS_TASK`` extras have their extras' logits and dH share
     computed as tasks beside the products (``extras_tasks``): the step is still the
     per-sample path's, and tasks really ran."""
-    from slide.network import extras as EX
+    from slide.network import block_step
+    from slide.network.extras import extras_tasks
     args = (sampler, loss, False, min_active)
     ref, l_ref = _train("per_sample", *args, "sgd", 1)
-    seen = []
-    real = EX.extras_tasks
-
-    def spy(counts, nb, size):
-        tasks, ptr = real(counts, nb, size)
-        seen.append(tasks.shape[0])
-        return tasks, ptr
-
-    from slide.network import block_step
-    monkeypatch.setattr(EX, "EXTRAS_TASK", 2)
-    # the compiled batch (block_step) takes EXTRAS_TASK as it stands and calls the compiled
-    # extras_tasks; the spy sees the Python sequence's calls
-    compiled, l_compiled = _train("batched", *args, "sgd", 1)
-    monkeypatch.setattr(EX, "extras_tasks", spy)
-    monkeypatch.setattr(block_step, "applies", lambda net: False)
+    monkeypatch.setattr(block_step, "EXTRAS_TASK", 2)
     got, l_got = _train("batched", *args, "sgd", 1)
-    assert seen and seen[0] > 10
+    # the batch's samples have extras enough for many tasks of two
+    assert extras_tasks(got.block.counts, 32, 2)[0].shape[0] > 10
     moved = np.abs(ref.W - _net("per_sample", *args).W).max()
-    for net, losses in ((got, l_got), (compiled, l_compiled)):
-        np.testing.assert_allclose(losses, l_ref, rtol=1e-5)
-        np.testing.assert_allclose(net.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
-        np.testing.assert_allclose(net.B, ref.B, rtol=0, atol=2e-5)
-    np.testing.assert_array_equal(compiled.W, got.W)
+    np.testing.assert_allclose(l_got, l_ref, rtol=1e-5)
+    np.testing.assert_allclose(got.W, ref.W, rtol=0, atol=2e-5 * max(1.0, moved))
+    np.testing.assert_allclose(got.B, ref.B, rtol=0, atol=2e-5)
 
 
 def test_extras_tasks_cover_each_heavy_samples_extras_once():
@@ -143,48 +129,11 @@ def test_batched_adam_run_follows_per_sample_run(sampler):
     np.testing.assert_array_equal(got.out_stamp, ref.out_stamp)
 
 
-def test_oracle_ids_join_every_samples_exact_set():
-    """The oracle study hook (``Network.oracle_m``): the batch's exact top logits enter every
-    sample's exact set C (after its labels, no importance weight) and the block's columns."""
-    rng = np.random.default_rng(11)
-    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
-    net = _net("batched", "random", "softmax", False, 0)
-    net.oracle_m, net.oracle_per_sample = 12, 2
-    opt = SparseOptimizer("sgd", net.layout, 1.0)
-    old = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        net.prepare(32, 1, 8)
-        rows = np.arange(32, dtype=np.int64)
-        loss, _ = net.train_batch(X, Y, rows, 5, 1, opt)
-    finally:
-        numba.set_num_threads(old)
-    assert np.isfinite(loss) and net.oracle_seconds > 0
-    shared = net.block_shared
-    drawn = net.negatives.draw(5, 1)
-    exact = np.setdiff1d(shared, drawn)          # oracle ids the draw did not bring
-    assert 0 < len(exact) <= 12
-    last = net.layout.n_layers - 1
-    for s in range(32):
-        n_c = int(net.block.counts[s, 0])
-        c_ids = net.sc.ids[s, net.sc.s_off[last]:net.sc.s_off[last] + n_c]
-        labels = Y.indices[Y.indptr[s]:Y.indptr[s + 1]]
-        assert set(labels) <= set(c_ids)
-        assert set(exact) <= set(c_ids)          # exact for every sample, not estimated
-        # every sample's set holds all of the block (its row pass reads S from the block's
-        # columns; S minus C is not copied into sc.ids, sample.select_active)
-        assert net.sc.n_act[s, last] - net.block.counts[s, 2] == len(shared)
-        assert net.block.counts[s, 1] - n_c == len(np.setdiff1d(shared, c_ids))
-
-
-@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("head", [0, 10])
-def test_draw_beside_the_listing_is_the_draw_and_the_listing(head, ahead, monkeypatch):
-    """``block._draw``: the frequency draw run beside the first layer's listing
-    (``draw_and_list``, two threads) gives the ids and inclusion weights of
-    ``SharedNegatives.draw`` and the entry lists of ``touched.feature_entries``; block_forward
-    is then left nothing to list. Drawn ahead (``DRAW_AHEAD``), the same ids and weights, and
-    the listing is left to block_forward."""
+def test_draw_ahead_is_the_draw_and_leaves_the_listing(head):
+    """``block._draw``: the frequency draw made ahead gives the ids and inclusion weights of
+    ``SharedNegatives.draw``; the first layer's listing is block_forward's
+    (``touched.feature_entries``)."""
     from slide.kernels.arrays import csr
     from slide.kernels.negatives import inclusion_weights
     from slide.kernels.touched import feature_entries
@@ -192,16 +141,14 @@ def test_draw_beside_the_listing_is_the_draw_and_the_listing(head, ahead, monkey
     rng = np.random.default_rng(4)
     X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
     rows = rng.permutation(96)[:32].astype(np.int64)
-    monkeypatch.setattr(BK, "DRAW_AHEAD", ahead)
     net = _net("batched", "random", "softmax", False, 0, head=head)
     net.prepare(32, 2, 8)
     ref = _net("batched", "random", "softmax", False, 0, head=head)
     for serial in (1, 2, 7):
         frows = BK._feature_rows(net, net.layout, X, rows)
-        ids, left = BK._draw(net, 5, serial, csr(X), rows, frows)
-        if ahead:
-            assert left is frows and not frows.mark.any()     # block_forward lists
-            frows.count[0] = feature_entries(csr(X), rows, frows)
+        ids = BK._draw(net, 5, serial)
+        assert not frows.mark.any()
+        frows.count[0] = feature_entries(csr(X), rows, frows)
         # the reference in numpy: searchsorted over the cdf, the inclusion weights'
         # arithmetic on arrays, the union with the head
         neg = ref.negatives
@@ -214,7 +161,6 @@ def test_draw_beside_the_listing_is_the_draw_and_the_listing(head, ahead, monkey
         assert np.array_equal(net.negatives.corr[tail], corr)
         assert np.array_equal(net.negatives.corr_mix[tail], corr_mix)
         assert head == 0 or not net.negatives.corr[neg.head].any()
-        assert ahead or left.mark.shape[0] == 0           # nothing left for block_forward
         got = [a.copy() for a in (frows.uniq, frows.row_ptr, frows.ent_p, frows.ent_s)]
         n = int(frows.count[0])
         assert n == feature_entries(csr(X), rows, frows) > 0
@@ -301,8 +247,7 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
     that gave rows idle steps to catch up."""
     import copy
     from slide.kernels.touched import output_entries
-    from slide.network import block as BK
-    from slide.network import optim
+    from slide.network import block_step, optim
     rng = np.random.default_rng(5)
     X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
     net = _net("batched", "random", "softmax", False, 0)
@@ -315,6 +260,8 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
         for b in range(4):
             net.train_batch(X, Y, (np.arange(32) * 3 + b) % 96, 5, b + 1, opt)
         rows = np.arange(32, 64, dtype=np.int64)
+        # the fused loop below deals its rows in small chunks (several a thread)
+        monkeypatch.setattr(block_step, "ROW_CHUNKS", optim.RowChunks(4, 8, 4))
         assert np.isfinite(net.forward_backward(X, Y, rows, 5, 5)).all()
         before = (net.W.copy(), net.B.copy(), net.out_stamp.copy(), copy.deepcopy(opt),
                   net.GW.copy(), net.GB.copy())
@@ -329,7 +276,12 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
         opt.step(net.params, net.touched_rows, nr, nbias)
         nu = output_entries(blk.extra[:32], blk.counts[:32, 2:3], 0,
                             net.store.d_store.shape[1], net.out_rows, np.int64(5))
-        first, extras, block = BK.row_step_parts(net, X.data, 32, nu, net.block_shared, 5)
+        frows = net.feature_rows
+        a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
+        ns = net.block_shared.shape[0]
+        first = (frows, int(frows.count[0]), X.data, blk.dels[:32, a0:a1])
+        extras = (net.out_rows, nu, net.store)
+        block = (net.block_shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp, 5)
         assert first[1] > 0 and nu > 0 and block[0].shape[0] > 0
         opt.step_first(net.W, *first)
         opt.step_output(net.W, net.B, *extras)
@@ -339,8 +291,7 @@ def test_fused_row_steps_equal_the_three_steps(optimizer, n_threads, monkeypatch
         net.W[:], net.B[:], net.out_stamp[:] = before[0], before[1], before[2]
         net.GW[:], net.GB[:] = before[4], before[5]         # the hidden layers' gradients
         opt = before[3]
-        monkeypatch.setattr(optim, "ROW_CHUNKS", optim.RowChunks(4, 8, 4))
-        BK.update(net, X, rows, 5, opt)
+        net.update(X, rows, 5, opt)
         for w, g in zip(want, state(opt)):
             np.testing.assert_array_equal(g, w)
         assert not np.array_equal(want[0], before[0])

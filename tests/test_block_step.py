@@ -1,7 +1,7 @@
-"""The batched engine's batch as one compiled call (slide.network.block_step) against the
-Python sequence of the same kernels (slide.network.block.forward_backward and update): the
-same bits in every weight, moment, step record and stamp, and nothing applied when a loss is
-not finite."""
+"""The batched engine's batch as one compiled call (slide.network.block_step): the same bits
+as its two halves run apart (``forward_backward``, then ``update``) and on another worker's
+scratch (``slide.network.worker``), in every weight, moment, step record and stamp; nothing
+applied when a loss is not finite."""
 import copy
 
 import numba
@@ -21,8 +21,8 @@ def _state(net, opt):
 
 
 def _python_sequence(net, X, Y, rows, seed, serial, opt):
-    """What ``Network.train_batch`` ran before the compiled step (and runs for the networks
-    ``block_step.applies`` leaves out)."""
+    """The batch's two halves, apart (what tests and diagnostics run to read the gradients
+    in between)."""
     losses = net.forward_backward(X, Y, rows, seed, serial)
     loss = float(losses.mean())
     if np.isfinite(loss):
@@ -117,13 +117,50 @@ def test_compiled_batch_applies_nothing_when_a_loss_is_not_finite():
     assert not net.GW.any() and not net.GB.any()
 
 
-def test_compiled_batch_leaves_the_oracle_and_a_sparse_first_layer_to_python():
+def test_every_batched_network_takes_the_compiled_batch():
     net = _net("batched", "random", "softmax", False, 0)
     assert block_step.applies(net)
-    net.oracle_m = 4
-    assert not block_step.applies(net)
     sparse_first = _net("batched", "vanilla", "softmax", True, 0)
-    assert not sparse_first.fused_first and not block_step.applies(sparse_first)
+    assert not sparse_first.fused_first and block_step.applies(sparse_first)
+    assert not block_step.applies(_net("per_sample", "random", "softmax", False, 0))
+
+
+@pytest.mark.parametrize("sparse_first", [False, True])
+def test_a_worker_trains_a_batch_as_the_network_does_bit_for_bit(sparse_first):
+    """A batch bound to another worker's scratch (``Worker.allocate``, as a run with several
+    batches in flight binds it) leaves the model where the network's own scratch leaves it:
+    the worker holds every array the batch writes besides the model, gradients included
+    (a sparse first layer: its rows' gradient goes through the worker's GW)."""
+    from slide.network.worker import Worker
+    rng = np.random.default_rng(12)
+    X, Y = _data(rng, 96, 40, 300, nnz=8, ny=3)
+    sampler = "vanilla" if sparse_first else "random"
+    net, ref_net = (_net("batched", sampler, "softmax", sparse_first, 0) for _ in range(2))
+    opt, ref_opt = (SparseOptimizer("adam", net.layout, 1e-2) for _ in range(2))
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for n in (net, ref_net):
+            n.prepare(32, 1, 8)
+            if n.uses_tables:
+                n.build_indices()
+        worker = Worker.allocate(net, 32, 1, 8)
+        for b in range(4):
+            rows = ((np.arange(32) * (b + 2)) % 96).astype(np.int64)
+            call = block_step.bind(net, block_step.claim(net, X, Y, rows, 5, b + 1, opt), X,
+                                   worker)
+            ok, loss, _ = block_step.block_batch(call)
+            ref_loss, _ = ref_net.train_batch(X, Y, rows, 5, b + 1, ref_opt)
+            assert ok and loss == ref_loss
+        got, want = _state(net, opt), _state(ref_net, ref_opt)
+        for name in want:
+            if name not in ("out_stamp", "GW", "GB"):
+                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        # the worker's own stamps and (cleared) gradient buffers; the network's untouched
+        np.testing.assert_array_equal(worker.out_stamp, ref_net.out_stamp)
+        assert not net.out_stamp.any() and not worker.GW.any() and not worker.GB.any()
+    finally:
+        numba.set_num_threads(old)
 
 
 def test_the_compiled_mean_is_numpys_to_the_bit():

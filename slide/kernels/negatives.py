@@ -311,8 +311,8 @@ class SharedNegatives:
     no importance weight), and the other ``n_shared - n_head`` draws come from the remaining
     labels (q renormalised over them). The head holds much of the softmax's mass, and drawn
     it would bring the estimate of the normaliser its largest variance
-    (``bench/results/lsh_block_debcontents.md``: the block's exact top logits, an oracle, are
-    97 % head labels)."""
+    (``bench/results/lsh_block_debcontents.md``: the block's exact top logits are 97 % head
+    labels)."""
 
     def __init__(self, n_shared, power, n_out, n_head=0):
         self.n_shared = int(n_shared)

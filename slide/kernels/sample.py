@@ -53,8 +53,8 @@ def _pad_random(ids, n, target, n_neurons, rng, mark, serial):
 @njit(cache=True, nogil=True)
 def _add_labels(labels, out, mark, serial):
     """out[:n] = the distinct ``labels``, in order of first occurrence; returns n. Sorted
-    labels (every caller's: CSR rows are canonical, and an oracle block's exact ids join them
-    by a sorted union) are copied with equal neighbours once, unstamped: a stamp in the
+    labels (every caller's: CSR rows are canonical, and exact ids join them by a sorted
+    union) are copied with equal neighbours once, unstamped: a stamp in the
     per-neuron ``mark`` array for each label (a cache miss each, thousands on a long
     debcontents row) only served the random fill, and ``_random_active`` stamps the whole
     set before one. Unsorted labels are deduplicated through ``mark`` (``_add_marked``)."""

@@ -1,4 +1,4 @@
-"""The batched engine: a sampled output layer's shared block through BLAS.
+"""The batched engine's kernels: a sampled output layer's shared block through BLAS.
 
 Every sample of a batch has the batch's shared negatives S in its output active set (the
 frequency draw of ``slide.kernels.negatives``). The per-sample path (``slide.network.batch``)
@@ -30,6 +30,7 @@ paths optimise the same objective; they differ only in the order of float32 sums
 few samples at a time, fewer where the threads are many), so a core that is busy with another
 job does not hold the batch. The frequency draw of S is made ahead for the next batches, one
 batch a thread (``_draw``): on many cores a batch's own draw was a serial step.
+``slide.network.block_step`` calls these steps in order, as one compiled call a batch.
 """
 import math
 
@@ -37,19 +38,17 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.arrays import csr, make_feature_rows
+from slide.kernels.arrays import make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,
-                                     correction_kind, finish_draw, seek_sorted, sorted_union)
+                                     correction_kind, seek_sorted, sorted_union)
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
-from slide.kernels.touched import batch_entries, feature_entries, output_entries
-from slide.network.diagnostics import oracle_ids
-from slide.network.extras import (add_delta_rows, extras_bundle, extras_logits, fill_offsets,
-                                  row_logit)
+from slide.kernels.touched import batch_entries, feature_entries
+from slide.network.extras import add_delta_rows, extras_logits, fill_offsets, row_logit
 from slide.network.products import (product_parts, split_backward_products,  # noqa: F401
                                     split_forward_product)
 
@@ -148,8 +147,7 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos, lazy):
     the row pass, which reads C's columns only. ``out``: a
     sample's output active set [C | S minus C | fill]; ``pos``: the sorted positions in S of
     C's ids that ``sample._append_shared`` left there for this active set. C's ids come in
-    ascending order (the sample's sorted labels; an oracle block's exact ids join them by a
-    sorted union), so the ones in S take those positions in turn, each checked against S; an
+    ascending order (the sample's sorted labels; exact ids join them by a sorted union), so the ones in S take those positions in turn, each checked against S; an
     id that does not match is looked up (an extra, or an LSH candidate out of order: then the
     positions are collected again). The same columns as a lookup of every id, without a
     search per id of C."""
@@ -407,166 +405,35 @@ def block_offsets(bS, shared, neg):
     return offs
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def draw_and_list(tables, u, ids, out, n_out, X, rows, frows):
-    """Two tasks on two threads: the batch's shared negatives from their sorted uniforms
-    (``negatives.finish_draw``; the union's size into ``n_out[0]``) and the first layer's
-    per-feature listing (``touched.feature_entries``). Both are serial, neither reads the
-    weights, and each would leave the other core idle (~0.2 ms each a batch at 670k labels,
-    mostly cache misses)."""
-    for task in prange(2):
-        if task == 0:
-            n_out[0] = finish_draw(tables, u, ids, out)
-        else:
-            feature_entries(X, rows, frows)
-
-
-def _draw(net, seed, serial, Xc, rows, frows, n_threads=None):
-    """The batch's shared negatives, and the ``FeatureRows`` block_forward still has to fill.
-    A frequency draw comes from the draws made ahead for the next batches, one batch a thread
-    (``SharedNegatives.draw_ahead``; ``DRAW_AHEAD`` False: this batch's alone, beside the
-    listing, ``draw_and_list``); then block_forward lists the features beside its samples."""
+def _draw(net, seed, serial, n_threads=None):
+    """The batch's shared negatives. A frequency draw comes from the draws made ahead for the
+    next batches, one batch a thread (``SharedNegatives.draw_ahead``): each call's Python
+    (numpy's generator and sort for every batch, the kernel's dispatch) runs on caches the
+    batches' kernels swept, so at least ``DRAWS_AHEAD`` batches are drawn at a time."""
     neg = net.negatives
-    frequency = neg.power > 0 and neg.n_shared > 0
-    if frequency and DRAW_AHEAD:
+    if neg.power > 0 and neg.n_shared > 0:
         n_threads = numba.get_num_threads() if n_threads is None else n_threads
-        return neg.draw_ahead(seed, serial, max(DRAWS_AHEAD, n_threads)), frows
-    u = neg.uniforms(seed, serial) if frequency else None
-    if u is None:
-        return neg.draw(seed, serial), frows
-    if frows.mark.shape[0] == 0:
-        return neg.finish(u), frows         # nothing to list: the uniforms drawn once
-    out = np.empty(u.shape[0] + neg.head.shape[0], np.int32)
-    n_out = np.zeros(1, np.int64)
-    with numba.parallel_chunksize(1):       # one task a chunk: the two go to two threads
-        draw_and_list(neg.tables(), u, np.empty(u.shape[0], np.int32), out, n_out, Xc, rows,
-                      frows)
-    return out[:int(n_out[0])], _NO_FEATURE_ROWS
+        return neg.draw_ahead(seed, serial, max(DRAWS_AHEAD, n_threads))
+    return neg.draw(seed, serial)
 
 
-# draw the shared negatives of the next batches together, one batch a thread (``_draw``)
-DRAW_AHEAD = True
-# at least this many batches at a time: each call's Python (numpy's generator and sort for
-# every batch, the kernel's dispatch) runs on caches the batch's kernels swept, ~0.1 ms
-# a call at 200k labels, whatever the number of batches it draws
 DRAWS_AHEAD = 16
 
 
-def _parallel_chunks(nb):
-    """Dynamic scheduling for the per-sample loops over a batch of ``nb`` samples: a thread
-    takes CHUNK samples at a time (a busy core takes fewer chunks), fewer where the threads
-    are many, so that each thread has at least ``CHUNKS_PER_THREAD`` chunks to balance (on
-    debcontents one row in a hundred has 500+ labels, one in a thousand 2,700+)."""
-    return numba.parallel_chunksize(chunk_size(nb))
-
-
-# chunks each thread should find in a per-sample loop (``chunk_size``; 0: always CHUNK)
+# chunks each thread should find in a per-sample loop (``chunk_size``): on debcontents one
+# row in a hundred has 500+ labels, one in a thousand 2,700+, and a thread that drew one
+# must not hold the others
 CHUNKS_PER_THREAD = 8
 
 
-def chunk_size(nb, n_threads=None):
-    """Samples a thread takes at a time from a per-sample loop of ``nb`` (over ``n_threads``;
-    None: Numba's count)."""
-    if CHUNKS_PER_THREAD <= 0:
-        return CHUNK
-    n_threads = numba.get_num_threads() if n_threads is None else n_threads
-    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * n_threads)))
-
-
-def _one_task_a_chunk():
-    """The products' loops deal their tasks one at a time: by default a parallel loop is cut
-    into one equal range a thread, which gave the first thread every BLAS call and left the
-    extras' tasks to the others (2.7x slower products at 8 threads on a lent 16-core Xeon,
-    ``device_phases``)."""
-    return numba.parallel_chunksize(1)
-
-
-def forward_backward(net, X, Y, rows, seed, serial):
-    """Steps 1-6 of one batch: per-sample losses (NaN for a sample that could not be
-    computed: then nothing else is done), gradients of the hidden layers in GW/GB, S's
-    gradient in ``net.block.dWS``/``dbS`` and the extras' deltas in ``net.store``."""
-    nb = rows.shape[0]
-    n_threads = numba.get_num_threads()
-    if net.sc.codes.shape[0] < n_threads:
-        # the per-thread scratch rows are indexed by numba.get_thread_id()
-        batch_size, _, max_labels = net._scratch_key
-        net.prepare(batch_size, n_threads, max_labels)
-    sc, blk = net.sc, net.block
-    Xc, Yc = csr(X), csr(Y)
-    frows = _feature_rows(net, net.layout, X, rows) if net.fused_first \
-        else _NO_FEATURE_ROWS
-    drawn, frows = _draw(net, seed, serial, Xc, rows, frows)
-    neg = net.negatives.bundle(drawn)
-    exact = drawn[:0]
-    shared = drawn
-    if net.oracle_m > 0:
-        chooser = net.block_chooser if net.block_chooser is not None else oracle_ids
-        exact = chooser(net, X, rows)
-        shared = np.union1d(drawn, exact).astype(np.int32)
-    ns = shared.shape[0]
-    H = net.store.h_store[:nb]
-    losses = net.losses[:nb]
-    with _parallel_chunks(nb):
-        block_forward(net.params, net.spec, net.tables, sc, blk, Xc, Yc, rows, np.uint64(seed),
-                      np.int64(serial), shared, exact, H, losses, frows)
-    if not np.isfinite(losses).all():
-        return losses
-    WS, bS = blk.WS[:ns], blk.bS[:ns]
-    # a C-contiguous [nb, ns] view of the buffer whatever ns (a [:nb, :ns] slice is
-    # non-contiguous when ns is below the buffer's width: a second compiled block_loss)
-    Z = blk.Z.reshape(-1)[:nb * ns].reshape(nb, ns)
-    xt = extras_bundle(net, nb, H, net.store.d_store[:nb])
-    # a diverging run overflows here; the loss below reports it (DivergenceError)
-    with _one_task_a_chunk():
-        split_forward_product(xt, shared, WS, bS, Z, product_parts(ns))
-    offs = block_offsets(bS, shared, neg)
-    with _parallel_chunks(nb):
-        block_loss(net.params, net.spec, sc, blk, Yc, rows, neg, Z, offs, xt, losses,
-                   np.float32(1.0 / nb), net.correct, net.loss_marker)
-    if not np.isfinite(losses).all():
-        return losses
-    dH = blk.dH[:nb]
-    with _one_task_a_chunk():
-        split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns], product_parts(ns))
-    with _parallel_chunks(nb):
-        block_backward(net.params, net.spec, sc, blk, Xc, rows, dH, xt, not net.fused_first)
-    net.block_shared = shared
-    return losses
-
-
-def update(net, X, rows, serial, optimizer):
-    """Step 7: the optimizer on every row the batch touched: the hidden layers' rows and
-    biases (``step``), then the first layer's rows, the extras' and the block's in one
-    parallel loop (``step_batch_rows``)."""
-    nb = rows.shape[0]
-    blk = net.block
-    nr, nbias = net.touched(X, rows, serial)
-    optimizer.step(net.params, net.touched_rows, nr, nbias)
-    nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, net.store.d_store.shape[1],
-                        net.out_rows, np.int64(serial))
-    optimizer.step_batch_rows(net.W, net.B, *row_step_parts(net, X.data, nb, nu,
-                                                            net.block_shared, serial))
-
-
-def row_step_parts(net, x_val, nb, n_extras, shared, serial):
-    """(first, extras, block) of ``SparseOptimizer.step_batch_rows`` after a batch of ``nb``
-    samples whose input values are ``x_val``: the first layer's rows as listed (none when the
-    layer is not fused), ``n_extras`` extras' rows (``output_entries``), the block ``shared``.
-    One place builds them, so that the warm-up compiles the types a fit uses."""
-    blk = net.block
-    # listed by draw_and_list or block_forward when the first layer is fused (none before
-    # the first batch: the warm-up)
-    frows = net.feature_rows if net.fused_first and net.feature_rows is not None \
-        else _NO_FEATURE_ROWS
-    nf = int(frows.count[0]) if frows is not _NO_FEATURE_ROWS else 0
-    a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
-    ns = shared.shape[0]
-    return ((frows, nf, x_val, blk.dels[:nb, a0:a1]), (net.out_rows, n_extras, net.store),
-            (shared, blk.dWS[:ns], blk.dbS[:ns], net.out_stamp, serial))
+def chunk_size(nb, n_threads):
+    """Samples a thread takes at a time from a per-sample loop of ``nb`` over ``n_threads``
+    threads: CHUNK, fewer where a thread would find fewer than CHUNKS_PER_THREAD chunks."""
+    return max(1, min(CHUNK, int(nb) // (CHUNKS_PER_THREAD * int(n_threads))))
 
 
 # block_forward's ``frows`` when the first layer is not fused: nothing to list
-_NO_FEATURE_ROWS = make_feature_rows(0, 1, 1, 1)
+NO_FEATURE_ROWS = make_feature_rows(0, 1, 1, 1)
 
 
 def _feature_rows(work, layout, X, rows):

@@ -5,14 +5,16 @@ A batch reads and writes three things, each a bundle here: the model (``BatchMod
 weights and biases every batch shares, with the hidden layers' gradient buffers of the
 worker that trains it), the worker's scratch (``BatchWork``, ``RowLists``: see
 ``slide.network.worker``) and the batch itself (``BatchInput``, ``BatchDraw``). Python draws
-the negatives, sizes the buffers and claims the optimizer's step (``prepare``), in batch
-order; the compiled call (``run``) releases the GIL, so several batches prepared this way can
-run at once on several threads (``slide.network.inflight``). A batch run by itself
+the negatives and claims the optimizer's step (``claim``), in batch order, then gives the
+batch a worker's scratch (``bind``); the compiled call (``block_batch``) releases the GIL, so
+several batches claimed this way run at once on several threads
+(``slide.network.inflight``). A batch run by itself
 (``train_batch``) is the same bits as the Python sequence of ``slide.network.block``.
 
-``applies(net)`` says which networks take it (the batched engine with a dense first layer
-and no oracle block, the defaults); the others keep ``slide.network.block``'s Python
-sequence.
+``applies(net)`` says which networks take it: every batched network (the per-sample engine
+``slide.network.batch`` is the reference the tests hold it to, and the dense network has its
+own batch, ``slide.network.dense``). ``forward_backward`` and ``update`` run the two halves
+apart, for tests and diagnostics that read the gradients in between.
 """
 from typing import NamedTuple
 
@@ -37,6 +39,7 @@ class BatchModel(NamedTuple):
     params: Params           # W, B (shared); GW, GB (the worker's gradient buffers)
     spec: object             # the layers' ``Spec``
     tables: object           # the LSH ``Tables`` (None without)
+    first_fused: bool        # a dense first layer: its rows stepped from the deltas
 
 
 class BatchWork(NamedTuple):
@@ -59,7 +62,6 @@ class BatchDraw(NamedTuple):
     serial: np.int64         # the batch's number (1-based over the run)
     shared: np.ndarray       # sorted int32 ids of the shared block S
     neg: object              # ``SharedDraw``: the correction's offsets
-    listed: object           # ``FeatureRows`` block_forward still fills (empty: listed)
     correct: bool            # the sampling correction
     each: object             # the loss's marker (``losses.loss_marker``)
 
@@ -84,8 +86,16 @@ class RowLists(NamedTuple):
     dels: np.ndarray         # [batch, h1] the first layer's deltas (contiguous rows)
 
 
+class Claim(NamedTuple):
+    """A batch as ``claim`` readies it, before a worker takes it (``bind``)."""
+    data: BatchInput
+    draw: BatchDraw
+    step: BatchStep
+    sched: Schedule
+
+
 class BatchCall(NamedTuple):
-    """Everything ``block_batch`` takes for one batch (``prepare``)."""
+    """Everything ``block_batch`` takes for one batch (``bind``)."""
     model: BatchModel
     work: BatchWork
     data: BatchInput
@@ -96,10 +106,9 @@ class BatchCall(NamedTuple):
 
 
 def applies(net):
-    """Whether ``net``'s batches take the compiled step: the batched engine with a dense
-    first layer (fused into the row steps: ``fused_first`` implies ``batched``) and no oracle
-    or chosen block."""
-    return net.fused_first and net.oracle_m == 0
+    """Whether ``net``'s batches take the compiled step: the batched engine (a sampled output
+    layer after hidden layers, ``engine="batched"``)."""
+    return net.batched
 
 
 @njit(cache=True, nogil=True)
@@ -112,16 +121,17 @@ def all_finite(a):
 
 
 @njit(cache=True, nogil=True)
-def _forward_backward(model, work, data, draw, sched):
-    """``block.forward_backward``'s kernels (steps 1-6). False as soon as a sample's loss is
-    not finite (nothing is applied then)."""
+def _forward_backward(model, work, data, draw, frows, sched):
+    """``block.forward_backward``'s kernels (steps 1-6); block_forward lists the batch's input
+    by feature into ``frows`` beside its samples. False as soon as a sample's loss is not
+    finite (nothing is applied then)."""
     params, spec, sc, blk = model.params, model.spec, work.sc, work.blk
     rows, shared = data.rows, draw.shared
     nb = rows.shape[0]
     H, losses, d_store = work.store.h_store[:nb], work.losses[:nb], work.store.d_store[:nb]
     set_chunk_size(sched.chunk)
     block_forward(params, spec, model.tables, sc, blk, data.X, data.Y, rows, draw.seed,
-                  draw.serial, shared, shared[:0], H, losses, draw.listed)
+                  draw.serial, shared, shared[:0], H, losses, frows)
     if not all_finite(losses):
         return False
     ns = shared.shape[0]
@@ -144,7 +154,7 @@ def _forward_backward(model, work, data, draw, sched):
     set_chunk_size(1)
     split_backward_products(Z, WS, xt, dH, blk.dWS[:ns], blk.dbS[:ns], sched.n_parts)
     set_chunk_size(sched.chunk)
-    block_backward(params, spec, sc, blk, data.X, rows, dH, xt, False)
+    block_backward(params, spec, sc, blk, data.X, rows, dH, xt, not model.first_fused)
     return True
 
 
@@ -156,7 +166,8 @@ def _update(model, work, data, draw, lists, step, sched):
     rows, serial, shared, frows = data.rows, draw.serial, draw.shared, lists.frows
     nb = rows.shape[0]
     nr, nbias = collect_touched(spec, lists.row_off, sc.s_off, sc.ids[:nb], sc.n_act[:nb],
-                                data.X, rows, lists.touched, serial, lists.row_path, False)
+                                data.X, rows, lists.touched, serial, lists.row_path,
+                                not model.first_fused)
     touched_step(params, lists.touched, nr, nbias, step.touched)
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, store.d_store.shape[1],
                         lists.out_rows, serial)
@@ -238,7 +249,8 @@ def block_batch(call):
     ``_update``. Returns (whether it was applied, the mean loss as ``losses.mean()`` gives
     it, the mean size of the output layer's active sets). The per-sample loops' chunk size
     is restored to Numba's default on return."""
-    ok = _forward_backward(call.model, call.work, call.data, call.draw, call.sched)
+    ok = _forward_backward(call.model, call.work, call.data, call.draw, call.lists.frows,
+                           call.sched)
     if ok:
         _update(call.model, call.work, call.data, call.draw, call.lists, call.step, call.sched)
     set_chunk_size(0)
@@ -252,46 +264,84 @@ def block_batch(call):
     return ok, pairwise_sum(losses, 0, nb) / nb, active / nb
 
 
-def prepare(net, X, Y, rows, seed, serial, optimizer, worker=None, n_threads=None):
-    """The ``BatchCall`` of batch ``rows`` (number ``serial``) for ``worker`` (None: the
-    network's own scratch) on ``n_threads`` threads (None: Numba's count on this thread):
-    its negatives drawn, its buffers sized, the optimizer's step claimed. Batches in flight
-    are prepared in batch order, so that their draws and steps are those of one batch after
-    another."""
+def claim(net, X, Y, rows, seed, serial, optimizer, n_threads=None):
+    """Batch ``rows`` (number ``serial``) readied for any worker on ``n_threads`` threads
+    (None: Numba's count on this thread): its negatives drawn, the optimizer's step claimed
+    (at its current ``learning_rate``; None: no step, for ``forward_backward``). Batches in
+    flight are claimed in batch order, so that
+    their draws and steps are those of one batch after another."""
     nb = rows.shape[0]
     n_threads = numba.get_num_threads() if n_threads is None else int(n_threads)
-    work = net if worker is None else worker
-    if work.sc.codes.shape[0] < n_threads:
-        # the per-thread scratch rows are indexed by numba.get_thread_id()
-        batch_size, _, max_labels = net._scratch_key
-        net.prepare(batch_size, n_threads, max_labels)
-    Xc, Yc = csr(X), csr(Y)
-    frows = _block._feature_rows(work, net.layout, X, rows)
-    drawn, listed = _block._draw(net, seed, serial, Xc, rows, frows, n_threads)
+    drawn = _block._draw(net, seed, serial, n_threads)
     draw = BatchDraw(np.uint64(seed), np.int64(serial), drawn, net.negatives.bundle(drawn),
-                     listed, net.correct, net.loss_marker)
+                     net.correct, net.loss_marker)
     sched = Schedule(_block.chunk_size(nb, n_threads),
                      _block.product_parts(drawn.shape[0], n_threads), EXTRAS_TASK, ROW_CHUNKS,
                      n_threads)
+    step = optimizer.compiled_step_args(n_threads) if optimizer is not None else None
+    return Claim(BatchInput(csr(X), csr(Y), rows), draw, step, sched)
+
+
+def bind(net, claimed, X, worker=None):
+    """The ``BatchCall`` of the claimed batch ``claimed`` (``X``: its input matrix) on
+    ``worker``'s scratch (None: the network's own)."""
+    work = net if worker is None else worker
+    rows = claimed.data.rows
+    nb = rows.shape[0]
+    if work.sc.codes.shape[0] < claimed.sched.n_threads:
+        # the per-thread scratch rows are indexed by numba.get_thread_id()
+        batch_size, _, max_labels = net._scratch_key
+        net.prepare(batch_size, claimed.sched.n_threads, max_labels)
+    frows = _block._feature_rows(work, net.layout, X, rows) if net.fused_first \
+        else _block.NO_FEATURE_ROWS
     # the first layer's deltas, sliced here: a slice made inside the compiled step is typed
     # non-contiguous whatever its extent, and the row steps compiled for that layout ran the
     # first layer's rows 1.9x slower (unvectorised); numpy's view of whole rows is contiguous
     a0, a1 = int(work.sc.a_off[0]), int(work.sc.a_off[1])
     lists = RowLists(work.touched_rows, net.row_off, net.row_path, work.out_rows,
                      work.out_stamp, frows, work.block.dels[:nb, a0:a1])
-    model = BatchModel(Params(net.W, net.B, work.GW, work.GB), net.spec, net.tables)
+    model = BatchModel(Params(net.W, net.B, work.GW, work.GB), net.spec, net.tables,
+                       net.fused_first)
     return BatchCall(model, BatchWork(work.sc, work.block, work.store, work.losses),
-                     BatchInput(Xc, Yc, rows), draw, lists,
-                     optimizer.compiled_step_args(n_threads), sched)
+                     claimed.data, claimed.draw, lists, claimed.step, claimed.sched)
 
 
 def train_batch(net, X, Y, rows, seed, serial, optimizer):
     """Steps 1-7 of batch ``rows`` in one compiled call (``block_batch``); returns (mean loss,
     mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
     finite: nothing was applied and the optimizer's step count is as before)."""
-    call = prepare(net, X, Y, rows, seed, serial, optimizer)
+    call = bind(net, claim(net, X, Y, rows, seed, serial, optimizer), X)
     ok, loss, active = block_batch(call)
     if not ok:
         optimizer.cancel_step()
     net.block_shared = call.draw.shared
     return loss, active
+
+
+@njit(cache=True, nogil=True)
+def _default_chunks():
+    set_chunk_size(0)
+
+
+def forward_backward(net, X, Y, rows, seed, serial):
+    """Steps 1-6 of batch ``rows`` on the network's own scratch, nothing applied (tests and
+    diagnostics): the per-sample losses (NaN where a sample could not be computed). The
+    gradients stay in the scratch for ``update``."""
+    call = bind(net, claim(net, X, Y, rows, seed, serial, None), X)
+    _forward_backward(call.model, call.work, call.data, call.draw, call.lists.frows,
+                      call.sched)
+    _default_chunks()
+    net.block_shared = call.draw.shared
+    net.pending_batch = call
+    return call.work.losses[:rows.shape[0]]
+
+
+def update(net, optimizer):
+    """Step 7 of the batch ``forward_backward`` left pending: one optimizer step (claimed
+    here) over the rows it touched."""
+    call = net.pending_batch
+    call = call._replace(step=optimizer.compiled_step_args(call.sched.n_threads))
+    net.pending_batch = None
+    _update(call.model, call.work, call.data, call.draw, call.lists, call.step, call.sched)
+    _default_chunks()
+

@@ -20,12 +20,10 @@ Only an output layer after dense hidden layers is supported (the default ``spars
 Everything here runs outside the training kernels: switching it on costs one dense forward
 pass of the sampled rows, nothing per batch.
 """
-import time
 
 import numpy as np
 import scipy.sparse as sp
 
-from slide.data.inputs import take_rows
 
 from slide.kernels.arrays import SharedDraw, capacity, make_scratch
 from slide.kernels.lsh.hashes import hash_dense_batch
@@ -371,26 +369,6 @@ def every(n_batches, X, Y, n_rows=200, log=print, k=32, seed=0):
 
     callback.history = []
     return callback
-
-
-def oracle_ids(net, X, rows):
-    """The batched engine's study hook (``net.oracle_m`` > 0, ``bench/lsh_block.py``): the
-    union of every sample's top ``oracle_per_sample`` logits over ALL labels under the
-    current weights (dense products, not counted as training: their seconds go to
-    ``net.oracle_seconds``), at most ``oracle_m`` of them, as the block's exact ids."""
-    t0 = time.perf_counter()
-    Wo, bo = net.output_view()
-    Hx = net.hidden(take_rows(X, rows))
-    Z = Hx @ Wo.T + bo
-    t = int(net.oracle_per_sample)
-    top = np.argpartition(-Z, t - 1, axis=1)[:, :t]
-    ids = np.unique(top).astype(np.int32)
-    if ids.shape[0] > net.oracle_m:
-        # keep the ids with the highest logit anywhere in the batch
-        best = Z[:, ids].max(axis=0)
-        ids = np.sort(ids[np.argsort(-best)[:net.oracle_m]]).astype(np.int32)
-    net.oracle_seconds += time.perf_counter() - t0
-    return ids
 
 
 def first_layer_gradient(net, X, rows):

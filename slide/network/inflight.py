@@ -7,17 +7,19 @@ speed-up (``docs/design.md``, "Many cores"). Here each worker runs whole batches
 threads (``n_threads // W`` each, one where threads and workers are as many), so a batch's
 steps need no join with another's.
 
-The batches are grouped into waves. A wave's batches are prepared on the calling thread in
+The batches are grouped into waves. A wave's batches are claimed on the calling thread in
 batch order (their negatives drawn and their optimizer steps claimed one after another:
-``block_step.prepare``), dealt round-robin to the workers, each of which trains its share one
-batch after another, and the wave ends when every worker is done. Between waves nothing is in
-flight: the trainer reports the wave, runs the rehash schedule, ends epochs, checks the time
+``block_step.claim``) and queued; each worker takes the next batch from the queue as soon as
+it is free, binds it to its scratch (``block_step.bind``) and trains it, so a slow batch does
+not hold the others; the wave ends when the queue is empty and every worker is done.
+Between waves nothing is in flight: the trainer reports the wave, runs the rehash schedule, ends epochs, checks the time
 budget and calls the callback there, so a checkpoint never holds a half-applied batch. While
 a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
 updating: the staleness of a read is at most ``W - 1`` batches, and results vary from run to
 run like any HOGWILD training.
 """
 import math
+import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -25,10 +27,10 @@ import numba
 from slide.network import block_step
 from slide.network.worker import Worker
 
-# a wave gives each worker this many batches: every wave ends at a join of the workers and
-# prepares its batches on one thread, so longer waves spread those costs over more batches
-# (a batch's staleness stays W - 1: a worker trains its batches one after another)
-BATCHES_A_WORKER = 4
+# a wave holds this many batches a worker: every wave ends at a join of the workers, so
+# longer waves spread its cost over more batches (a batch's staleness stays W - 1: a worker
+# trains its batches one after another); the callback and the checkpoints come once a wave
+BATCHES_A_WORKER = 16
 
 
 def check_batches_in_flight(value):
@@ -71,41 +73,46 @@ class InFlight:
                                                  max_labels)
                                  for _ in range(int(n_workers) - 1)]
         net.workers = self.workers[1:]
-        # one thread a worker: its batches run in the order they were dealt
-        self.pools = [ThreadPoolExecutor(1) for _ in self.workers]
+        self.pool = ThreadPoolExecutor(len(self.workers))
 
     @property
     def n_workers(self):
         return len(self.workers)
 
-    def _run(self, call):
+    def _work(self, worker, X, claims, results):
+        """One worker's share of a wave: the next claimed batch from ``claims`` until it
+        holds None, each result into ``results`` at the batch's place."""
         numba.set_num_threads(self.threads_each)
-        return block_step.block_batch(call)
+        while True:
+            item = claims.get()
+            if item is None:
+                return
+            i, claimed = item
+            results[i] = block_step.block_batch(block_step.bind(self.net, claimed, X, worker))
 
     def run_wave(self, X, Y, batches, seed, optimizer):
-        """Train ``batches``, a list of (rows, serial, learning rate) in batch order, worker
-        ``i % W`` taking the i-th. Returns, in the same order, each batch's (mean loss, mean
-        active size); a batch whose loss is not finite applied nothing (its optimizer step
-        stays claimed: the later batches' steps were claimed after it)."""
-        futures = []
+        """Train ``batches``, a list of (rows, serial, learning rate) in batch order. Returns,
+        in the same order, each batch's (mean loss, mean active size); a batch whose loss is
+        not finite applied nothing (its optimizer step stays claimed: the later batches'
+        steps were claimed after it)."""
+        claims = queue.SimpleQueue()
+        results = [None] * len(batches)
+        done = [self.pool.submit(self._work, w, X, claims, results) for w in self.workers]
         for i, (rows, serial, lr) in enumerate(batches):
             optimizer.learning_rate = lr
-            w = i % self.n_workers
-            call = block_step.prepare(self.net, X, Y, rows, seed, serial, optimizer,
-                                      worker=self.workers[w], n_threads=self.threads_each)
-            futures.append(self.pools[w].submit(self._run, call))
-        results = []
-        for f in futures:
-            _, loss, active = f.result()
-            results.append((loss, active))
-        return results
+            claims.put((i, block_step.claim(self.net, X, Y, rows, seed, serial, optimizer,
+                                            self.threads_each)))
+        for _ in self.workers:
+            claims.put(None)
+        for f in done:
+            f.result()
+        return [(loss, active) for _, loss, active in results]
 
     def wave_size(self):
         return BATCHES_A_WORKER * self.n_workers
 
     def close(self):
-        for pool in self.pools:
-            pool.shutdown(wait=True)
+        self.pool.shutdown(wait=True)
         self.net.workers = []
 
 

@@ -20,8 +20,7 @@ from slide.kernels.lsh.serving import ServingIndex
 from slide.kernels.negatives import SharedNegatives
 from slide.kernels.output import OutputLayer
 from slide.kernels.rng import STREAM_LAYER_SEED, derived_seed
-from slide.network import batch as _batch, block as _block, block_step as _block_step, \
-    infer as _infer
+from slide.network import batch as _batch, block_step as _block_step, infer as _infer
 from slide.network.dense import train_batch_dense
 from slide.network.state import network_from_state
 
@@ -69,17 +68,8 @@ class Network:
         # batch (slide.network.block); "per_sample": every sample scores them in its own loops
         # (slide.network.batch, the reference the batched engine is tested against)
         self.engine = engine
-        # a study hook (bench/oracle_bound.py): > 0 puts the union of every sample's top
-        # ``oracle_per_sample`` exact logits (up to ``oracle_m`` ids, computed densely, its
-        # seconds in ``oracle_seconds``) into the batched engine's block, as exact ids
         self.block_shared = None     # the batched engine's block of the latest batch
-        self.oracle_m = 0
-        self.oracle_per_sample = 0
-        self.oracle_seconds = 0.0
-        # the same hook with another chooser: a callable (net, X, rows) -> sorted int32 ids
-        # (at most ``oracle_m``) in place of the oracle; its seconds count as training
-        # (bench/lsh_block.py: the LSH choosing part of the block)
-        self.block_chooser = None
+        self.pending_batch = None    # a batch block_step.forward_backward left for update
         self.negatives = SharedNegatives(int(shared_negatives) if self.sparse[-1] else 0,
                                          negative_power, int(lay.n_out[-1]), int(shared_head))
         self.n_in, self.n_out = lay.n_in, lay.n_out
@@ -219,9 +209,7 @@ class Network:
             return
         lay = self.layout
         self.sc = sc = make_scratch(self.spec, self.lsh, self.uses_tables, batch_size, n_chunks,
-                                    # the forced list is (labels + exact ids) + the block,
-                                    # and the block holds the exact ids too: twice oracle_m
-                                    int(max_labels) + self.n_shared + 2 * self.oracle_m,
+                                    int(max_labels) + self.n_shared,
                                     self.min_active, self.n_shared)
         self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
         if self.row_path:
@@ -237,7 +225,7 @@ class Network:
             # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
             self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
                                     max(int(n_chunks), numba.config.NUMBA_NUM_THREADS),
-                                    self.n_shared + self.oracle_m, int(max_labels) + self.oracle_m)
+                                    self.n_shared, int(max_labels))
         self._scratch_key = key
 
     def release_scratch(self):
@@ -267,8 +255,9 @@ class Network:
         return self.batched and not self.sparse[0]
 
     def forward_backward(self, X, Y, rows, seed, serial):
+        """Steps 1-6 of a batch, nothing applied (tests, diagnostics): per-sample losses."""
         if self.batched:
-            return _block.forward_backward(self, X, Y, rows, seed, serial)
+            return _block_step.forward_backward(self, X, Y, rows, seed, serial)
         return _batch.forward_backward(self, X, Y, rows, seed, serial)
 
     def touched(self, X, rows, serial):
@@ -276,15 +265,16 @@ class Network:
         return _batch.touched(self, X, rows, serial)
 
     def update(self, X, rows, serial, optimizer):
+        """Step 7 of the batch ``forward_backward`` computed: the optimizer's step."""
         if self.batched:
-            _block.update(self, X, rows, serial, optimizer)
+            _block_step.update(self, optimizer)
         else:
             _batch.update(self, X, rows, serial, optimizer)
 
     def train_batch(self, X, Y, rows, seed, serial, optimizer):
         """One batch: kernel, touched rows, optimizer step. Returns (mean loss, mean active
         output neurons). A diverged batch (non-finite loss) is reported, never applied."""
-        if _block_step.applies(self):
+        if self.batched:
             # the whole batch in one compiled call, applied when every loss is finite
             loss, active = _block_step.train_batch(self, X, Y, rows, seed, serial, optimizer)
         else:
