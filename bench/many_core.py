@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -145,7 +144,8 @@ def main(argv=None):
                 done = set()
                 for lay in layouts:
                     w = layout_value(lay, t)
-                    if w in done:
+                    if w in done or (t == 1 and w > 1):
+                        # one thread: a worker each would use more cores than asked
                         continue
                     done.add(w)
                     r = one_fit(data, t, w, seed, args.epochs)
