@@ -45,14 +45,21 @@ def check_batches_in_flight(value):
     raise ValueError(f"batches_in_flight must be a positive integer or 'auto', got {value!r}")
 
 
+# "auto" keeps at most this many batches in flight: on 2 cores, 2 and 4 batches in flight kept
+# one batch at a time's P@1, P@5 and PSP@5 within noise, 8 lost 1.6 points of P@1 at 200k labels
+# and 16 lost 3.7 (bench/results/inflight_2core_*.md)
+AUTO_MOST_IN_FLIGHT = 4
+
+
 def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     """The number of workers ``value`` stands for: ``"auto"`` one a thread (each batch then
-    runs on one thread: no join inside a batch); an integer itself. Clamped to the batches
+    runs on one thread: no join inside a batch), at most AUTO_MOST_IN_FLIGHT (beyond, the
+    threads are shared out among them); an integer itself. Clamped to the batches
     of an epoch (a wave never spans two: more workers would idle) and to 1 where the network
     does not take the compiled batch (``applies`` False: a sparse first layer, the per-sample
     engine, a dense network)."""
     value = check_batches_in_flight(value)
-    workers = max(1, int(n_threads)) if value == "auto" else value
+    workers = min(max(1, int(n_threads)), AUTO_MOST_IN_FLIGHT) if value == "auto" else value
     if not applies:
         return 1
     return max(1, min(workers, int(n_batches)))

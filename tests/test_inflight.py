@@ -1,0 +1,127 @@
+"""Several batches in flight (slide.network.inflight): the setting's checks and resolution,
+a run's counters and callbacks, its accuracy against one batch at a time, a run stopped and
+resumed, divergence, and step records that only move forward."""
+import math
+
+import numba
+import numpy as np
+import pytest
+
+from slide import SlideClassifier
+from slide.network.adam import later_step
+from slide.network.inflight import check_batches_in_flight, resolve_batches_in_flight
+from slide.synthetic import generate
+from slide.network.trainer import DivergenceError
+
+
+@pytest.fixture(scope="module")
+def data():
+    return generate("tiny", scale=8, seed=0)
+
+
+def _model(**kw):
+    base = dict(random_state=0, neighbours=0, rerank=False, epochs=2, batch_size=64,
+                shared_negatives=128, n_threads=2)
+    base.update(kw)
+    return SlideClassifier(**base)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "many", True, None, "2"])
+def test_bad_batches_in_flight_is_a_clear_value_error(bad, data):
+    with pytest.raises(ValueError, match="batches_in_flight"):
+        _model(batches_in_flight=bad).fit(data[0], data[1])
+    if not isinstance(bad, bool) and bad is not None:
+        with pytest.raises(ValueError, match="batches_in_flight"):
+            check_batches_in_flight(bad)
+
+
+def test_resolution_clamps_to_the_epoch_and_to_the_compiled_batch():
+    assert resolve_batches_in_flight(8, 16, 100, True) == 8
+    assert resolve_batches_in_flight(8, 16, 3, True) == 3          # batches of an epoch
+    assert resolve_batches_in_flight(8, 16, 100, False) == 1       # no compiled batch
+    assert resolve_batches_in_flight(np.int64(4), 16, 100, True) == 4
+    # auto: one a thread, at most AUTO_MOST_IN_FLIGHT (the threads then shared among them)
+    assert resolve_batches_in_flight("auto", 1, 100, True) == 1
+    assert resolve_batches_in_flight("auto", 2, 100, True) == 2
+    assert resolve_batches_in_flight("auto", 16, 100, True) == 4
+
+
+def test_later_step_never_goes_back():
+    assert later_step(3, 5) == 5
+    assert later_step(7, 5) == 7
+    assert later_step(0, 1) == 1
+
+
+def test_a_run_in_flight_counts_every_batch_once_and_calls_back_once_a_wave(data):
+    Xtr, Ytr, Xte, Yte = data
+    calls = []
+    m = _model(batches_in_flight=3)
+    m.fit(Xtr, Ytr, callback=lambda model, info: calls.append(dict(info)) and False)
+    n_batches = math.ceil(Xtr.shape[0] / 64)
+    assert m.batches_ == 2 * n_batches == m.optimizer_.t
+    assert m.samples_ == 2 * Xtr.shape[0] and m.epoch_ == 2 and m.batch_in_epoch_ == 0
+    assert sum(c["batches"] for c in calls) == m.batches_
+    assert [c["batch"] for c in calls] == sorted(c["batch"] for c in calls)
+    assert calls[-1]["batch"] == m.batches_ and len(calls) < m.batches_
+    assert all(np.isfinite(c["loss"]) for c in calls)
+    # nothing is left in flight: the workers went, every step record is at most the count
+    net = m.network_
+    assert net.workers == []
+    assert (m.optimizer_.TW <= m.optimizer_.t).all() and (m.optimizer_.TB <= m.optimizer_.t).all()
+    assert not net.GW.any() and not net.GB.any()
+
+
+def test_in_flight_learns_what_one_batch_at_a_time_learns(data):
+    Xtr, Ytr, Xte, Yte = data
+    one = _model(batches_in_flight=1, epochs=4).fit(Xtr, Ytr)
+    four = _model(batches_in_flight=4, epochs=4).fit(Xtr, Ytr)
+    p1, p4 = one.score(Xte, Yte), four.score(Xte, Yte)
+    assert p1 > 0.2 and abs(p4 - p1) < 0.05, (p1, p4)
+
+
+def test_one_batch_in_flight_is_one_batch_at_a_time_bit_for_bit(data):
+    """batches_in_flight=1 takes the loop of one batch at a time: with one thread two fits
+    are the same bits (the golden fixtures' promise)."""
+    Xtr, Ytr, _, _ = data
+    a = _model(batches_in_flight=1, n_threads=1).fit(Xtr, Ytr)
+    b = _model(batches_in_flight="auto", n_threads=1).fit(Xtr, Ytr)
+    np.testing.assert_array_equal(a.network_.W, b.network_.W)
+    np.testing.assert_array_equal(a.network_.B, b.network_.B)
+
+
+def test_a_run_in_flight_stopped_and_resumed_finishes_its_batches(data):
+    """A callback stops the run between waves (nothing in flight); the model resumes from
+    there and ends where a run that went on ends, every batch counted once."""
+    Xtr, Ytr, Xte, Yte = data
+    m = _model(batches_in_flight=2)
+    m.fit(Xtr, Ytr, callback=lambda model, info: info["batch"] >= 10)
+    stopped_at = m.batches_
+    assert m.stopped_ and 10 <= stopped_at < 2 * math.ceil(Xtr.shape[0] / 64)
+    assert m.optimizer_.t == stopped_at
+    m.fit(Xtr, Ytr, resume=True)
+    assert m.batches_ == 2 * math.ceil(Xtr.shape[0] / 64) == m.optimizer_.t
+    assert m.samples_ == 2 * Xtr.shape[0]
+    assert m.score(Xte, Yte) > 0.2
+
+
+def test_a_diverged_run_in_flight_raises_and_leaves_no_gradient(data):
+    Xtr, Ytr, _, _ = data
+    m = _model(batches_in_flight=2, optimizer="sgd", learning_rate=1e30, lr_schedule="constant")
+    with pytest.raises(DivergenceError):
+        m.fit(Xtr, Ytr)
+    assert m.network_.workers == []
+    assert not m.network_.GW.any() and not m.network_.GB.any()
+
+
+def test_each_worker_runs_its_share_of_the_threads(data):
+    from slide.network.inflight import InFlight
+    Xtr, Ytr, _, _ = data
+    m = _model(batches_in_flight=1, epochs=1).fit(Xtr, Ytr)
+    old = numba.get_num_threads()
+    try:
+        fl = InFlight(m.network_, 2, 2)
+        assert fl.threads_each == 1 and fl.n_workers == 2 and len(m.network_.workers) == 1
+        fl.close()
+        assert m.network_.workers == []
+    finally:
+        numba.set_num_threads(old)
