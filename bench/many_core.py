@@ -9,11 +9,11 @@ On the 2-core machine (the README's figures; about 10 minutes):
 
 On a 16-core machine (the prepared command; at most ~8 minutes):
 
-    python bench/many_core.py --threads 1,2,4,8,16 --layouts 1,auto,half --seeds 0 \\
+    python bench/many_core.py --threads 1,2,4,8,16 --layouts 1,auto,half,16 --seeds 0 \\
         --out bench/results/many_core
 
-``--layouts``: batches_in_flight values; ``auto`` one a thread, ``half`` one per two threads
-(groups of two threads). Writes ``<out>_<commit>.json`` (``{"machine", "commit", "rows":
+``--layouts``: batches_in_flight values; ``auto`` what the estimator's "auto" resolves to,
+``half`` one per two threads (groups of two threads). Writes ``<out>_<commit>.json`` (``{"machine", "commit", "rows":
 [{"data", "threads", "batches_in_flight", "seed", "samples_per_s", "p_at_1", "p_at_5",
 "psp_at_5", ...}]}``) and a Markdown table beside it (mean and standard deviation over seeds,
 the ratio to one batch at a time on the same threads and to one thread). Compile time is
@@ -61,7 +61,8 @@ def load_sets(args):
 def layout_value(name, threads):
     """The batches_in_flight a --layouts entry stands for at ``threads`` threads."""
     if name == "auto":
-        return max(1, threads)
+        from slide.network.inflight import resolve_batches_in_flight
+        return resolve_batches_in_flight("auto", threads, 1 << 30, True)
     if name == "half":
         return max(1, threads // 2)
     return int(name)
@@ -82,6 +83,35 @@ def one_fit(data, threads, in_flight, seed, epochs):
             "train_seconds": m.train_seconds_, "samples": int(m.samples_),
             "samples_per_s": m.samples_ / m.train_seconds_, "p_at_1": float(ev["P@1"]),
             "p_at_5": float(ev["P@5"]), "psp_at_5": float(ev.get("PSP@5", np.nan))}
+
+
+def read_bandwidth(threads, gib=1.0, rounds=3):
+    """This machine's read bandwidth (GB/s) on ``threads`` threads: the best of ``rounds``
+    parallel sums over ``gib`` GiB of float32 (touched first, so no page is mapped inside
+    the clock)."""
+    import numba
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True)
+    def total(a):
+        s = 0.0
+        for i in prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    a = np.ones(int(gib * (1 << 30)) // 4, np.float32)
+    old = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        total(a[:1024])
+        best = 0.0
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            total(a)
+            best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    finally:
+        numba.set_num_threads(old)
+    return best
 
 
 def table(rows):
@@ -133,6 +163,8 @@ def main(argv=None):
     commit = git_commit()
     t_start = time.time()
     sets = load_sets(args)
+    bandwidth = {t: read_bandwidth(t) for t in threads}
+    print("read bandwidth GB/s:", {t: round(b, 1) for t, b in bandwidth.items()}, flush=True)
     rows = []
     for name, data in sets.items():
         # compile once, outside every clock (the fit's own warm-up then finds the cache)
@@ -153,13 +185,14 @@ def main(argv=None):
                     rows.append(r)
                     print(json.dumps(r), flush=True)
     result = {"machine": machine_description(), "commit": commit, "args": vars(args),
-              "seconds": time.time() - t_start, "rows": rows}
+              "seconds": time.time() - t_start, "read_bandwidth_gb_s": bandwidth, "rows": rows}
     out = Path(f"{args.out}_{commit}")
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = table(rows)
     out.with_suffix(".md").write_text(
         f"# Batches in flight ({commit})\n\nMachine: {result['machine']}\n\n"
-        f"`python bench/many_core.py {' '.join(argv or sys.argv[1:])}`\n\n{md}\n")
+        f"`python bench/many_core.py {' '.join(argv or sys.argv[1:])}`\n\n{md}\n\n"
+        f"Read bandwidth (GB/s, by threads): {bandwidth}\n")
     print(md)
 
 

@@ -4,8 +4,7 @@ The user-facing parameters' defaults live in ``slide.params.TABLE`` (one table d
 API, the TOML, the CLI help and docs/parameters.md); this module holds the constants inside
 the stages that no parameter exposes. The stage modules read them as their own module
 attributes (``slide.rank.rerank.MAX_HOLDOUT_ROWS`` is ``RERANK_MAX_HOLDOUT_ROWS``), so a
-probe or a test can still set one there. Figures cite ``bench/results/`` and the probes of
-``bench/probes/``.
+test can still set one there. Figures cite their files in ``bench/results/``.
 """
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +47,7 @@ RERANK_CENTROID_ENTRIES = 4 << 20
 # its QUERY_TERMS heaviest words, each word listing the LABELS_PER_FEATURE labels whose
 # centroids weigh it most, join its candidates. Off (0): on debcontents 50 of them raised the
 # share of test rows with a true candidate from 85.9 to 88.4 % but not P@1 or P@5
-# (bench/probes/probe_retrieval.py, bench/results/retrieval_debcontents_*.log)
+# (bench/results/retrieval_debcontents_*.log)
 RERANK_CENTROID_CANDIDATES = 0
 RERANK_CENTROID_QUERY_TERMS = 30
 RERANK_CENTROID_LABELS_PER_FEATURE = 100
@@ -58,7 +57,7 @@ RERANK_CENTROID_LABELS_PER_FEATURE = 100
 # WORD_MAX_ENTRIES input entries are indexed (a seeded subset of the rows beyond: 32 MB; at
 # Amazon-670K's shape 8M entries took the fit's peak from 2,509 to 2,577 MB, engine_runs.jsonl).
 # k and power: the word vote fused by hand with a fitted model on debcontents
-# (bench/probes/probe_word_vote.py); new rows: paired refits on two networks
+# (bench/results/word_vote_debcontents_*.md); new rows: paired refits on two networks
 # (bench/results/word_vote_debcontents_seed*_f11c4f9.md): P@1 +0.4 / +0.7 points with the vote
 # as a feature only, +0.2 / -0.6 when all 20 rows' labels joined the candidates
 WORD_NEIGHBOURS = 20
@@ -88,7 +87,7 @@ LINEAR_BLOCK_ENTRIES = 4 << 20
 LINEAR_CHUNK = 32768            # output rows per product
 # where the labels fit one chunk, at least this many rows a product: taller products keep BLAS
 # busier (debdeps' 25,880 labels: 162 -> 512 rows a block, the hard negatives of 34k rows
-# ~4.2 -> ~2.9 s on 2 cores, accuracy_probes.log; 53 MB of logits). Beyond one chunk
+# ~4.2 -> ~2.9 s on 2 cores; 53 MB of logits). Beyond one chunk
 # BLOCK_ENTRIES alone bounds it.
 LINEAR_MIN_BLOCK_ROWS = 512
 # one-vs-rest: where rows x row terms x labels x OVR_EPOCHS is at most MAX_OVR_WORK (debtags:

@@ -223,7 +223,7 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
     """``_adam_row`` of a row whose gradient is ``xv * d`` (a scalar times a vector: a feature
     row with one entry in the batch, most of them), formed as it is read: no gradient buffer
     to zero, fill and read back (the batched engine's first layer at the Amazon-670K shape:
-    85 % of a batch's rows; bench/results/block_phases_amazon670k_session7_b3fe520.log).
+    85 % of a batch's rows).
     The same operations in the same order as ``_adam_row`` on a buffer holding xv * d: the
     golden fixture's bits did not move."""
     b1, b2, c1, c2, lr, ep = k

@@ -33,7 +33,7 @@ ROW_CHUNKS = RowChunks(most=256, per_thread=8, least=16)
 # than in a parallel loop, beyond 2 threads: the batched engine's first layer has a bias step of
 # its own every batch (128 biases at the default hidden size). At 2 threads the loop took 7.1 us
 # and the calling thread 11.3 (scratch, after another parallel loop); at 16 a loop's fork and
-# join alone cost 80-93 us on TBB (bench/results/device_phases_3e37504/fork_join_t16.log)
+# join alone cost 80-93 us on TBB (bench/results/device_phases_3ded589/README.md)
 SERIAL_IDS = 512
 
 

@@ -4,7 +4,7 @@ blocks, with the extras' tasks (``slide.network.extras``) taken beside them.
 
 The gather of S's rows and the column sums of dZ run inside these loops, each BLAS task over
 its own block, instead of as a parallel loop and a numpy call of their own: a parallel loop's
-fork and join costs 57-93 us at 16 threads on TBB (``bench/probes/probe_fork_join.py``), and a
+fork and join costs 57-93 us at 16 threads on TBB (``docs/design.md``, "Many cores"), and a
 batch ran a dozen of them.
 
 Each task calls sgemm itself (``_gemm``: Numba's own BLAS entry, the one ``np.dot`` uses, with
@@ -78,7 +78,7 @@ def spread_parts(n_parts, n_tasks):
     loop by halving its range, the first thread taking the first half: with the parts in the
     loop's first slots one thread ran every BLAS call one after the other while the others
     took the tasks (debcontents, 2 threads: 0.25-0.3 ms more a batch in each product's
-    phase than without tasks, ``bench/probes/probe_block_phases.py --extras-task``)."""
+    phase than without tasks)."""
     n = n_parts + n_tasks
     slots = np.empty(n, np.int64)
     is_part = np.zeros(n, np.bool_)
