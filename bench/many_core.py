@@ -13,8 +13,8 @@ On a 16-core machine (the prepared command; at most ~8 minutes):
         --out bench/results/many_core
 
 ``--layouts``: batches_in_flight values; ``auto`` what the estimator's "auto" resolves to,
-``half`` one per two threads (groups of two threads). Writes ``<out>_<commit>.json`` (``{"machine", "commit", "rows":
-[{"data", "threads", "batches_in_flight", "seed", "samples_per_s", "p_at_1", "p_at_5",
+``half`` one per two threads (groups of two threads). Writes ``<out>_<commit>.json``
+(``{"machine", "commit", "rows": [{"data", "threads", "batches_in_flight", "seed", "samples_per_s", "p_at_1", "p_at_5",
 "psp_at_5", ...}]}``) and a Markdown table beside it (mean and standard deviation over seeds,
 the ratio to one batch at a time on the same threads and to one thread). Compile time is
 excluded for every layout: a warm-up fit on each data set runs first. Data: ``xc200k`` (the
@@ -68,19 +68,25 @@ def layout_value(name, threads):
     return int(name)
 
 
-def one_fit(data, threads, in_flight, seed, epochs):
-    """Train the network alone; its speed (samples/s over train_seconds_, compile excluded)
-    and accuracy on the test rows."""
+def one_fit(data, threads, in_flight, seed, epochs, whole=False):
+    """Train the network alone (``whole``: the default ``SlideClassifier()``, vote and
+    re-ranker too, its epochs "auto"); its speed (samples/s over train_seconds_, compile
+    excluded; ``fit_seconds``: the whole fit's wall time less its compile time) and accuracy
+    on the test rows."""
     from slide import SlideClassifier
     from slide.metrics import evaluate, inverse_propensity
     Xtr, Ytr, Xte, Yte = data
-    m = SlideClassifier(random_state=seed, neighbours=0, rerank=False, epochs=epochs,
-                        n_threads=threads, batches_in_flight=in_flight)
+    settings = {} if whole else dict(neighbours=0, rerank=False, epochs=epochs)
+    m = SlideClassifier(random_state=seed, n_threads=threads, batches_in_flight=in_flight,
+                        **settings)
+    t0 = time.perf_counter()
     m.fit(Xtr, Ytr)
+    fit_seconds = time.perf_counter() - t0 - getattr(m, "compile_seconds_", 0.0)
     topk = m.predict_topk(Xte, k=5)
     ev = evaluate(Yte, topk, ks=(1, 5), inv_propensity=inverse_propensity(Ytr))
     return {"threads": threads, "batches_in_flight": in_flight, "seed": seed,
-            "train_seconds": m.train_seconds_, "samples": int(m.samples_),
+            "train_seconds": m.train_seconds_, "fit_seconds": fit_seconds,
+            "samples": int(m.samples_),
             "samples_per_s": m.samples_ / m.train_seconds_, "p_at_1": float(ev["P@1"]),
             "p_at_5": float(ev["P@5"]), "psp_at_5": float(ev.get("PSP@5", np.nan))}
 
@@ -117,7 +123,7 @@ def read_bandwidth(threads, gib=1.0, rounds=3):
 def table(rows):
     """Markdown: per data set and threads, each layout's mean (sd) over seeds."""
     out = ["| data | threads | batches_in_flight | samples/s | x one at a time | x 1 thread "
-           "| P@1 | P@5 | PSP@5 | seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| fit s | P@1 | P@5 | PSP@5 | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["data"], r["threads"], r["batches_in_flight"]) for r in rows})
     base1 = {}
     for d, t, w in keys:
@@ -137,6 +143,7 @@ def table(rows):
         ratio_one = f"{sps.mean() / one:.2f}" if one else "-"
         ratio_thread1 = f"{sps.mean() / thread1:.2f}" if thread1 else "-"
         out.append(f"| {d} | {t} | {w} | {ms(sps, '.0f')} | {ratio_one} | {ratio_thread1} | "
+                   f"{ms([r['fit_seconds'] for r in sel], '.1f')} | "
                    f"{ms([r['p_at_1'] for r in sel], '.4f')} | "
                    f"{ms([r['p_at_5'] for r in sel], '.4f')} | "
                    f"{ms([r['psp_at_5'] for r in sel], '.4f')} | {len(sel)} |")
@@ -155,6 +162,9 @@ def main(argv=None):
     ap.add_argument("--no-synthetic", dest="synthetic", action="store_false")
     ap.add_argument("--real", action="append", default=[],
                     help="NAME=TRAIN,TEST: an XC-format data set (repeatable)")
+    ap.add_argument("--whole", action="store_true",
+                    help="the default SlideClassifier() (vote and re-ranker, epochs auto), "
+                         "not the network alone")
     ap.add_argument("--out", default="bench/results/inflight")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
@@ -169,8 +179,8 @@ def main(argv=None):
     for name, data in sets.items():
         # compile once, outside every clock (the fit's own warm-up then finds the cache)
         small = tuple(a[:2000] for a in data)
-        one_fit(small, threads[0], 1, 0, 1)
-        one_fit(small, max(threads), 2, 0, 1)
+        one_fit(small, threads[0], 1, 0, 1, args.whole)
+        one_fit(small, max(threads), 2, 0, 1, args.whole)
         for seed in seeds:
             for t in threads:
                 done = set()
@@ -180,7 +190,7 @@ def main(argv=None):
                         # one thread: a worker each would use more cores than asked
                         continue
                     done.add(w)
-                    r = one_fit(data, t, w, seed, args.epochs)
+                    r = one_fit(data, t, w, seed, args.epochs, args.whole)
                     r["data"] = name
                     rows.append(r)
                     print(json.dumps(r), flush=True)
