@@ -15,8 +15,9 @@ On a 16-core machine (the prepared command; at most ~8 minutes):
 ``--layouts``: batches_in_flight values; ``auto`` what the estimator's "auto" resolves to,
 ``half`` one per two threads (groups of two threads). Writes ``<out>_<commit>.json``
 (``{"machine", "commit", "rows": [{"data", "threads", "batches_in_flight", "seed",
-"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}]}``) and a Markdown table beside it (mean and standard deviation over seeds,
-the ratio to one batch at a time on the same threads and to one thread). Compile time is
+"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}]}``) and a Markdown table beside it
+(mean and standard deviation over seeds, the ratio to one batch at a time on the same threads
+and to one thread). Compile time is
 excluded for every layout: a warm-up fit on each data set runs first. Data: ``xc200k`` (the
 200k-label synthetic set, ``--n-train`` rows) and any XC-format train/test pair given with
 ``--real NAME=TRAIN,TEST``.
