@@ -13,7 +13,7 @@ On a 16-core machine (the prepared command; at most ~8 minutes):
         --out bench/results/many_core
 
 ``--layouts``: batches_in_flight values; ``auto`` what the estimator's "auto" resolves to,
-``half`` one per two threads (groups of two threads). Writes ``<out>_<commit>.json``
+``half`` one per two threads (groups of two threads). Writes ``<out>.json``
 (``{"machine", "commit", "rows": [{"data", "threads", "batches_in_flight", "seed",
 "samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}]}``) and a Markdown table beside it
 (mean and standard deviation over seeds, the ratio to one batch at a time on the same threads
@@ -197,7 +197,7 @@ def main(argv=None):
                     print(json.dumps(r), flush=True)
     result = {"machine": machine_description(), "commit": commit, "args": vars(args),
               "seconds": time.time() - t_start, "read_bandwidth_gb_s": bandwidth, "rows": rows}
-    out = Path(f"{args.out}_{commit}")
+    out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = table(rows)
     out.with_suffix(".md").write_text(

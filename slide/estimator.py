@@ -10,9 +10,8 @@ types, defaults and bounds ``slide.params``.
 """
 import time
 
-import numpy as np
-
 import numba
+import numpy as np
 # BaseEstimator gives get_params / set_params / clone / repr
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError
@@ -129,23 +128,17 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         the network on 90 % of the rows (seeded; all but 5,000 on large sets, fewer held out
         where labels and rows are many), trains per-label linear classifiers over the input
         on those rows (one-vs-rest where labels are few, else against the network's top
-        labels: ``slide.rank.linear``), fits a
-        logistic regression over features of each held-out row's candidates (the network's
-        top 10 and the neighbours' labels; their scores, counts, input-centroid cosine and
-        linear classifier score) and then builds the memory over every row
-        (``slide.rank.rerank``). Exact ``predict_topk`` ranks the candidates by it;
+        labels: ``slide.rank.linear``), fits a logistic regression over features of each
+        held-out row's candidates (the network's top 10 and the neighbours' labels; their
+        scores, counts, input-centroid cosine and linear classifier score) and then builds
+        the memory over every row (``slide.rank.rerank``). Exact ``predict_topk`` ranks the candidates by it;
         ``predict_proba`` stays the fixed blend. False (also after ``fit``, by
         ``set_params``): the fixed blend everywhere.
-    rehash_period, rebuild_period, rehash_decay :
-        Rehash the tables after T_t = rehash_period * exp(rehash_decay * t) batches (t = number
-        of rehashes so far) and rebuild the hash functions after rebuild_period * exp(...)
-        batches.
+    rehash_period, rebuild_period, rehash_decay : rehash the tables after T_t = rehash_period
+        * exp(rehash_decay * t) batches (t: rehashes so far), rebuild after rebuild_period * ...
     n_threads : int or None (all cores)
-    batches_in_flight : int or "auto"
-        Batches trained at the same time by workers over the shared weights, without locks
-        (``slide.network.inflight``); 1: one batch at a time on every thread. Above 1 the
-        results vary from run to run, like any HOGWILD training, and ``callback`` runs once
-        per wave of batches trained together.
+    batches_in_flight : int or "auto" (batches trained at once over the shared weights,
+        ``slide.network.inflight``; above 1 results vary from run to run)
     random_state : int or None
     verbose : int (0 silent, 1 per epoch, 2 every 100 batches)
     """
@@ -301,9 +294,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         epochs are complete. ``callback(model, info)`` runs after every batch (after the
         epoch's closing sync when the batch ends an epoch; with several batches in flight,
         once a wave, as after its last batch, ``info["batches"]`` its size); a true return
-        value stops training after that batch. Before training, the kernels the run uses are compiled (once per
-        process and configuration, ``slide.warmup``): ``compile_seconds_`` holds that time,
-        ``train_seconds_`` never includes it.
+        value stops training after that batch. Before training, the kernels the run uses are
+        compiled (once per process and configuration, ``slide.warmup``):
+        ``compile_seconds_`` holds that time, ``train_seconds_`` never includes it.
 
         Y: a 0/1 matrix, label lists of ids or of names, or a 1-D array of names
         (``slide.labels``: which is read how); ``classes``: the names of Y's labels (of a

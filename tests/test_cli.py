@@ -525,3 +525,23 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
     assert _quality(metrics(run)) == _quality(metrics(ref_run))
     a, b = _final_scores(run), _final_scores(ref_run)
     assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_batches_in_flight_evaluate_and_checkpoint_between_waves(tmp_path, capsys):
+    """With several batches in flight the callback comes once a wave: evaluations and
+    checkpoints still come whenever a wave passes their period, at the wave's last batch,
+    and the run ends with every batch counted once; the checkpoint resumes."""
+    cfg, run = tiny_config(tmp_path, "inflight", epochs=3, eval_every=5, ckpt_every=5)
+    with open(cfg) as f:
+        text = f.read().replace("threads = 1", "threads = 2\nbatches_in_flight = 2")
+    with open(cfg, "w") as f:
+        f.write(text)
+    code, out, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 0, err
+    batches = [m["batch"] for m in metrics(run) if "batch" in m]
+    assert batches[-1] == 3 * 19 and batches == sorted(batches)
+    assert checkpoints(run)
+    # the run ended: resuming it trains nothing more and succeeds
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 0, err
+    assert [m["batch"] for m in metrics(run) if "batch" in m][-1] == 3 * 19

@@ -47,7 +47,7 @@ def check_batches_in_flight(value):
 
 # "auto" keeps at most this many batches in flight: on 2 cores, 2 and 4 batches in flight kept
 # one batch at a time's P@1, P@5 and PSP@5 within noise, 8 lost 1.6 points of P@1 at 200k labels
-# and 16 lost 3.7 (bench/results/inflight_2core_*.md)
+# and 16 lost 3.7 (bench/results/inflight_2core.md)
 AUTO_MOST_IN_FLIGHT = 4
 
 

@@ -46,8 +46,8 @@ VOTE_SETTINGS = ("neighbours", "neighbour_weight", "rerank")
 
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
-FORMAT_VERSION = 5
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSION = 6
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 # The hyperparameters a checkpoint may not record, by the format version from which every file
 # records them: a file of an older version was written by code that may have predated some of
@@ -77,6 +77,9 @@ UNRECORDED_PARAMS = {
     },
     5: {
         "max_row_labels": 0,            # round 3: the network trained on every label of a row
+    },
+    6: {
+        "batches_in_flight": 1,         # round 4: one batch at a time
     },
 }
 
