@@ -5,11 +5,9 @@ scratch) and calls the engine's kernels: ``slide.kernels.sample`` (one sample),
 re-ranker read it through ``output_layer()`` (``slide.rank``)."""
 import math
 
-import numba
 import numpy as np
 
 from slide.kernels.arrays import (CFG_BUDGET, CFG_SAMPLER, SAMPLER_RANDOM, Params, Spec, i64,
-                                  make_block, make_output_rows, make_scratch, make_store,
                                   make_touched, pack_tables)
 from slide.kernels.layers import Layout, init_params
 from slide.kernels.losses import LOSS_SIGMOID, LOSS_SOFTMAX, LOSS_SOFTMAX_EACH, loss_marker
@@ -23,6 +21,7 @@ from slide.kernels.rng import STREAM_LAYER_SEED, derived_seed
 from slide.network import batch as _batch, block_step as _block_step, infer as _infer
 from slide.network.dense import train_batch_dense
 from slide.network.state import network_from_state
+from slide.network.worker import Worker
 
 
 LOSSES = {"softmax": LOSS_SOFTMAX, "sigmoid": LOSS_SIGMOID, "softmax_each": LOSS_SOFTMAX_EACH}
@@ -207,25 +206,12 @@ class Network:
         key = (int(batch_size), int(n_chunks), int(max_labels))
         if self._scratch_key == key:
             return
-        lay = self.layout
-        self.sc = sc = make_scratch(self.spec, self.lsh, self.uses_tables, batch_size, n_chunks,
-                                    int(max_labels) + self.n_shared,
-                                    self.min_active, self.n_shared)
-        self.store = make_store(sc, lay.n_layers, lay.n_in[-1], batch_size, self.row_path)
-        if self.row_path:
-            cap = int(sc.a_off[-1] - sc.a_off[-2])
-            # the row steps index the scratch by numba.get_thread_id(): one per pool thread
-            self.out_rows = make_output_rows(self.out_stamp, lay.n_out[-1], lay.n_in[-1],
-                                             batch_size, cap,
-                                             max(int(n_chunks), numba.config.NUMBA_NUM_THREADS))
-        self.losses = np.zeros(batch_size, np.float64)
-        self.block = None
-        self.feature_rows = None
-        if self.batched:
-            # per-thread rows are indexed by numba.get_thread_id(): one per pool thread
-            self.block = make_block(sc, lay.n_layers, lay.n_in[-1], batch_size,
-                                    max(int(n_chunks), numba.config.NUMBA_NUM_THREADS),
-                                    self.n_shared, int(max_labels))
+        # the network is its own first worker (slide.network.worker): its scratch, with the
+        # network's output stamps, touched-row lists and gradient buffers
+        own = Worker.allocate(self, batch_size, n_chunks, max_labels, out_stamp=self.out_stamp,
+                              touched_rows=self.touched_rows, gradients=(self.GW, self.GB))
+        self.sc, self.store, self.block = own.sc, own.store, own.block
+        self.losses, self.out_rows, self.feature_rows = own.losses, own.out_rows, None
         self._scratch_key = key
 
     def release_scratch(self):

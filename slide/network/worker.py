@@ -38,10 +38,11 @@ class Worker:
         self.feature_rows = None            # the input listed by feature (grown on demand)
 
     @classmethod
-    def allocate(cls, net, batch_size, n_threads, max_labels, out_stamp=None, gradients=None):
-        """A worker for batches of ``batch_size`` on up to ``n_threads`` threads over ``net``
-        (a batched network). ``out_stamp`` and ``gradients`` (GW, GB): arrays to use instead
-        of new ones (the network's own worker); new gradient buffers are zeros that the
+    def allocate(cls, net, batch_size, n_threads, max_labels, out_stamp=None, touched_rows=None,
+                 gradients=None):
+        """A worker for batches of ``batch_size`` on up to ``n_threads`` threads over ``net``.
+        ``out_stamp``, ``touched_rows`` and ``gradients`` (GW, GB): arrays to use instead of
+        new ones (the network's own worker); new gradient buffers are zeros that the
         operating system maps only where a batch writes."""
         lay = net.layout
         sc = make_scratch(net.spec, net.lsh, net.uses_tables, batch_size, n_threads,
@@ -61,5 +62,7 @@ class Worker:
                                net.n_shared, int(max_labels))
         if gradients is None:
             gradients = (np.zeros_like(net.GW), np.zeros_like(net.GB))
+        if touched_rows is None:
+            touched_rows = make_touched(lay)
         return cls(sc, store, block, np.zeros(batch_size, np.float64), out_rows, out_stamp,
-                   make_touched(lay), *gradients)
+                   touched_rows, *gradients)
