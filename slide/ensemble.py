@@ -30,11 +30,11 @@ except ImportError:  # pragma: no cover
 
 from sklearn.exceptions import NotFittedError
 
+from slide import labels as labels_mod
 from slide.data import as_feature_matrix
 from slide.estimator import SlideClassifier
 from slide.kernels.topk import fold_topk
-from slide.labels import (check_predict_k, encode, encode_known, fitted_on_1d,
-                          one_label_per_row, predictions, set_target)
+from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
 from slide.persist.checkpoint import save_ensemble
 
@@ -141,14 +141,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         member (the next one still trains). Y and ``classes``: as ``SlideClassifier.fit``
         takes them (read once; every member gets the same ``classes_``)."""
         members = self._members_to_fit(self._validate())
-        one_d = one_label_per_row(Y)
+        one_d = labels_mod.one_label_per_row(Y)
         Y, names = encode(Y, name="Y", classes=classes)
         fitted = []
         for k, member in enumerate(members):
             cb = None if callback is None else \
                 (lambda m, info, k=k: callback(m, dict(info, member=k)))
             fitted.append(member.fit(X, Y, eval_set=eval_set, callback=cb, classes=names))
-            set_target(member, one_d)       # each member was given Y as a matrix
+            labels_mod.set_target(member, one_d)    # each member was given Y as a matrix
         self._set_members(fitted)
         return self
 
@@ -159,7 +159,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         self.n_labels_ = first.n_labels_
         self.classes_ = first.classes_
         self.named_labels_ = first.named_labels_
-        set_target(self, fitted_on_1d(first))
+        labels_mod.set_target(self, labels_mod.fitted_on_1d(first))
         self.train_seconds_ = float(sum(m.train_seconds_ for m in self.members_))
         self.compile_seconds_ = float(sum(getattr(m, "compile_seconds_", 0.0)
                                           for m in self.members_))
@@ -249,8 +249,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         best label (``k`` must be 1). The top-1 names ``predict`` returned before:
         ``predict_topk(X, k=1, return_names=True)[:, 0]``."""
         self._check_fitted()
-        check_predict_k(self, k)
-        return predictions(self, self.predict_topk(X, k=k))
+        return labels_mod.predict(self, X, k)
 
     def score(self, X, y, exact=True, prior_candidates=256):
         """Precision@1 of the top prediction (y: the true labels, as ``fit`` takes its Y)."""

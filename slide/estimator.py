@@ -576,24 +576,12 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
             return self.network_.predict_scores(X)
 
     def predict(self, X, k=1):
-        """scikit-learn's multi-label ``predict``: a ``scipy.sparse.csr_matrix`` of shape
-        (n_samples, n_labels), int8, with a 1 at each row's ``k`` best labels (exact
-        ``predict_topk``: network, neighbour vote, re-ranker as fitted), its columns ordered as
-        ``classes_`` (``MultiLabelBinarizer(classes=model.classes_).fit([])
-        .inverse_transform(P)`` turns it into name tuples). ``sklearn.metrics`` takes it as it
-        takes a multi-label ``Y`` (``f1_score(Y, P, average="micro")``).
-
-        A model fitted on a 1-D ``y`` (one label per row: scikit-learn's binary / multiclass
-        target) answers as scikit-learn's classifiers answer such a target: a 1-D array of
-        the best label's ``classes_`` name per row (``k`` must be 1).
-
-        The ranking itself: ``predict_topk`` (ids, best first; ``return_names=True`` for
-        names); ``predict_topk(X, k=1, return_names=True)[:, 0]`` is the top-1 name array
-        ``predict`` returned before. ``k`` rather than a probability threshold: the softmax
-        shares a row's mass among all its labels, so one cut would keep fewer labels the more
-        a row has; ``predict_topk_scored`` (or ``predict_proba``) gives scores to cut at."""
-        labels_mod.check_predict_k(self, k)
-        return labels_mod.predictions(self, self.predict_topk(X, k=k))
+        """scikit-learn's multi-label form: a ``scipy.sparse.csr_matrix`` (n_samples, n_labels)
+        of int8 0/1, each row's ``k`` best labels of exact ``predict_topk``, columns ordered as
+        ``classes_``; for a model fitted on a 1-D ``y``, a 1-D array of names (k must be 1).
+        The top-1 array it returned before: ``predict_topk(X, 1, return_names=True)[:, 0]``
+        (``slide.labels.predict``)."""
+        return labels_mod.predict(self, X, k)
 
     def score(self, X, y, exact=True, prior_candidates=None):
         """Precision@1 of the top prediction (``predict_topk``'s inference options); y, the

@@ -254,14 +254,22 @@ def fitted_on_1d(model):
     return bool(getattr(model, "_y_1d", False))
 
 
-def check_predict_k(model, k):
-    """``predict``'s ``k`` (k >= 1 is checked by ``predict_topk``): a model fitted on a 1-D
-    target predicts one label per row."""
+def predict(model, X, k=1):
+    """``predict`` of a fitted ``model`` (``SlideClassifier``, ``SlideEnsemble``,
+    ``ShardedSlideClassifier``): scikit-learn's multi-label answer, the 0/1 indicator matrix
+    of each row's ``k`` best labels of ``model.predict_topk`` (``predictions``), which
+    ``sklearn.metrics`` takes as it takes a multi-label ``Y`` (``f1_score(Y, P,
+    average="micro")``) and ``MultiLabelBinarizer(classes=model.classes_).fit([])
+    .inverse_transform(P)`` turns into names; for a model fitted on a 1-D target, the 1-D
+    array of each row's best label (``k`` must be 1). ``k`` rather than a probability
+    threshold: the softmax shares a row's mass among all its labels, so one cut would keep
+    fewer labels the more a row has (``predict_topk_scored`` / ``predict_proba`` give scores
+    to cut at)."""
     if fitted_on_1d(model) and not (_is_int(k) and k == 1):
         raise ValueError(f"this model was fitted on a 1-D y (one label per row): predict "
                          f"returns that one label, so k must be 1, got {k!r}; "
                          f"predict_topk(X, k) ranks more labels")
-    return k
+    return predictions(model, model.predict_topk(X, k=k))
 
 
 def indicator(ids, n_labels):
