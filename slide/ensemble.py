@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
 
 from sklearn.exceptions import NotFittedError
 
+from slide import labels as labels_mod
 from slide.data import as_feature_matrix
 from slide.estimator import SlideClassifier
 from slide.kernels.topk import fold_topk
@@ -140,12 +141,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         member (the next one still trains). Y and ``classes``: as ``SlideClassifier.fit``
         takes them (read once; every member gets the same ``classes_``)."""
         members = self._members_to_fit(self._validate())
+        one_d = labels_mod.one_label_per_row(Y)
         Y, names = encode(Y, name="Y", classes=classes)
         fitted = []
         for k, member in enumerate(members):
             cb = None if callback is None else \
                 (lambda m, info, k=k: callback(m, dict(info, member=k)))
             fitted.append(member.fit(X, Y, eval_set=eval_set, callback=cb, classes=names))
+            labels_mod.set_target(member, one_d)    # each member was given Y as a matrix
         self._set_members(fitted)
         return self
 
@@ -156,6 +159,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         self.n_labels_ = first.n_labels_
         self.classes_ = first.classes_
         self.named_labels_ = first.named_labels_
+        labels_mod.set_target(self, labels_mod.fitted_on_1d(first))
         self.train_seconds_ = float(sum(m.train_seconds_ for m in self.members_))
         self.compile_seconds_ = float(sum(getattr(m, "compile_seconds_", 0.0)
                                           for m in self.members_))
@@ -238,9 +242,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                                     for m in self.members_], k, self.n_labels_))
         return np.vstack(out)
 
-    def predict(self, X):
-        """Top-1 label per row, as ``classes_`` names it."""
-        return self.predict_topk(X, k=1, return_names=True)[:, 0]
+    def predict(self, X, k=1):
+        """As ``SlideClassifier.predict``: a ``scipy.sparse.csr_matrix`` (n_samples, n_labels)
+        of int8 with a 1 at each row's ``k`` best labels of ``predict_topk``, columns ordered
+        as ``classes_``; for an ensemble fitted on a 1-D ``y``, the 1-D array of each row's
+        best label (``k`` must be 1). The top-1 names ``predict`` returned before:
+        ``predict_topk(X, k=1, return_names=True)[:, 0]``."""
+        self._check_fitted()
+        return labels_mod.predict(self, X, k)
 
     def score(self, X, y, exact=True, prior_candidates=256):
         """Precision@1 of the top prediction (y: the true labels, as ``fit`` takes its Y)."""

@@ -568,10 +568,11 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         with blas_single_thread():
             return self.network_.predict_scores(X)
 
-    def predict(self, X):
-        """The top-1 label per row, as ``classes_`` names it (scikit-learn's convention: the
-        label id itself for a model fitted on ids)."""
-        return self.predict_topk(X, k=1, return_names=True)[:, 0]
+    def predict(self, X, k=1):
+        """scikit-learn's multi-label form, a sparse int8 (n_samples, n_labels) indicator of each
+        row's ``k`` best labels, columns as ``classes_`` (a 1-D ``y``: 1-D names; k = 1);
+        ``slide.labels.predict``."""
+        return labels_mod.predict(self, X, k)
 
     def score(self, X, y, exact=True, prior_candidates=None):
         """Precision@1 of the top prediction (``predict_topk``'s inference options); y, the

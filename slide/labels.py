@@ -17,7 +17,14 @@ The rule (docs/text.md, "Labels: ids or names"):
   too).
 
 A fitted model keeps ``classes_`` (the name of each output column) and ``named_labels_``
-(whether ``Y`` was read as names). Later ``Y`` (``score``, ``partial_fit``, ``eval_set``,
+(whether ``Y`` was read as names).
+
+``predict`` answers in scikit-learn's form for the target ``fit`` was given (``predictions``):
+a multi-label ``Y`` (a matrix or label lists) gets a sparse 0/1 indicator matrix whose columns
+are ``classes_``; a 1-D ``y`` (one label per row: scikit-learn's binary / multiclass target)
+gets a 1-D array of ``classes_`` names, as every scikit-learn classifier answers such a
+target. Which of the two a model was fitted on travels with it (checkpoints, pickling,
+ensembles, shards). Later ``Y`` (``score``, ``partial_fit``, ``eval_set``,
 a resumed ``fit``) are read the same way; a name the model was not fitted with is refused
 (``ValueError`` naming the row and the name): its output layer has no neuron for it.
 """
@@ -221,3 +228,66 @@ def names_for_saving(model):
 def names_of(model, ids):
     """``classes_[ids]`` (ids of any shape)."""
     return np.asarray(model.classes_)[np.asarray(ids)]
+
+
+# ---------------------------------------------------------------------------------------------
+# predict's answer
+
+def one_label_per_row(Y):
+    """Whether ``Y`` is a 1-D target (one label per row: scikit-learn's binary / multiclass
+    ``y``, a 1-D array or a list of scalars) rather than a multi-label one."""
+    if not (sp.issparse(Y) or isinstance(Y, (list, tuple, np.ndarray))) and \
+            hasattr(Y, "__array__"):
+        Y = np.asarray(Y)
+    return _is_one_d(Y)
+
+
+def set_target(model, one_d):
+    """Record whether ``model`` was fitted on a 1-D target (``one_label_per_row``); what
+    ``predictions`` answers follows it."""
+    model._y_1d = bool(one_d)
+
+
+def fitted_on_1d(model):
+    """Whether ``model`` was fitted on a 1-D target (False for files and models from before
+    the flag existed: they answer with the indicator matrix)."""
+    return bool(getattr(model, "_y_1d", False))
+
+
+def predict(model, X, k=1):
+    """``predict`` of a fitted ``model`` (``SlideClassifier``, ``SlideEnsemble``,
+    ``ShardedSlideClassifier``): scikit-learn's multi-label answer, the 0/1 indicator matrix
+    of each row's ``k`` best labels of ``model.predict_topk`` (``predictions``), which
+    ``sklearn.metrics`` takes as it takes a multi-label ``Y`` (``f1_score(Y, P,
+    average="micro")``) and ``MultiLabelBinarizer(classes=model.classes_).fit([])
+    .inverse_transform(P)`` turns into names; for a model fitted on a 1-D target, the 1-D
+    array of each row's best label (``k`` must be 1). ``k`` rather than a probability
+    threshold: the softmax shares a row's mass among all its labels, so one cut would keep
+    fewer labels the more a row has (``predict_topk_scored`` / ``predict_proba`` give scores
+    to cut at)."""
+    if fitted_on_1d(model) and not (_is_int(k) and k == 1):
+        raise ValueError(f"this model was fitted on a 1-D y (one label per row): predict "
+                         f"returns that one label, so k must be 1, got {k!r}; "
+                         f"predict_topk(X, k) ranks more labels")
+    return predictions(model, model.predict_topk(X, k=k))
+
+
+def indicator(ids, n_labels):
+    """``scipy.sparse.csr_matrix`` (n, n_labels) of int8 ones at each row's ``ids`` (an
+    (n, k) id matrix; negative ids, a short row's padding, are left out), column indices
+    sorted within each row."""
+    ids = np.sort(np.asarray(ids, dtype=np.int64).reshape(len(ids), -1), axis=1)
+    keep = ids >= 0
+    ptr = np.zeros(ids.shape[0] + 1, np.int64)
+    np.cumsum(keep.sum(axis=1), out=ptr[1:])
+    return sp.csr_matrix((np.ones(int(ptr[-1]), np.int8), ids[keep], ptr),
+                         shape=(ids.shape[0], int(n_labels)))
+
+
+def predictions(model, ids):
+    """``predict``'s answer from the ranked ids (n, k) of ``predict_topk``: the 0/1 indicator
+    matrix of those labels, its columns ordered as ``classes_`` (``indicator``), or, for a
+    model fitted on a 1-D target, the best label's ``classes_`` name per row (1-D)."""
+    if fitted_on_1d(model):
+        return names_of(model, np.asarray(ids)[:, 0])
+    return indicator(ids, model.n_labels_)

@@ -34,7 +34,9 @@ class ScikitLearnAPI:
 
     def _check_training_data(self, X, Y, fitted, classes):
         """``(X, Y, names)`` of a ``fit`` / ``partial_fit``: ``names`` the ``classes_`` that a
-        fresh model takes from Y or ``classes`` (None: label ids; ``slide.labels``)."""
+        fresh model takes from Y or ``classes`` (None: label ids; ``slide.labels``). A fresh
+        model also records whether Y is a 1-D target (``slide.labels.set_target``: what
+        ``predict`` returns follows it)."""
         X = self._check_X(X, fitted)
         if fitted:
             if classes is not None and not np.array_equal(
@@ -42,7 +44,11 @@ class ScikitLearnAPI:
                 raise ValueError("classes differs from the fitted model's classes_")
             Y, names = labels_mod.encode_known(Y, self, n_rows=X.shape[0], name="Y"), None
         else:
+            one_d = labels_mod.one_label_per_row(Y)
             Y, names = labels_mod.encode(Y, n_rows=X.shape[0], name="Y", classes=classes)
+            Y = self._check_Y(Y, True)
+            labels_mod.set_target(self, one_d)
+            return X, Y, names
         return X, self._check_Y(Y, True), names
 
     def _check_X(self, X, fitted):

@@ -67,7 +67,9 @@ def test_topk_ranks_by_mean_probability(fitted, data, monkeypatch):
     rows = np.arange(X.shape[0])[:, None]
     assert np.all(np.diff(p[rows, top], axis=1) <= 0)
     assert np.all(p[rows, top[:, -1:]] >= np.sort(p, axis=1)[:, -4:-3] - 1e-7)
-    np.testing.assert_array_equal(fitted.predict(X), top[:, 0])
+    P = fitted.predict(X, k=4)          # the same top-4 as an indicator matrix
+    assert sp.isspmatrix_csr(P) and P.shape == (X.shape[0], fitted.n_labels_)
+    np.testing.assert_array_equal(P.toarray().nonzero()[1].reshape(-1, 4), np.sort(top, axis=1))
     hit = np.asarray(Y[np.arange(X.shape[0]), top[:, 0]]).ravel().mean()
     assert fitted.score(X, Y) == pytest.approx(hit)
 

@@ -219,7 +219,9 @@ def test_label_lists_partial_fit_and_predict(tiny):
         Ytr.shape[1] - 1 else lists)
     top = m3.predict_topk(Xte, k=4)
     assert top.shape == (Xte.shape[0], 4) and top.dtype.kind == "i"
-    assert m3.predict(Xte).shape == (Xte.shape[0],)
+    P = m3.predict(Xte)                 # the top-1 as an indicator matrix (tests/test_predict.py)
+    assert sp.isspmatrix_csr(P) and P.shape == (Xte.shape[0], m3.n_labels_)
+    np.testing.assert_array_equal(P.indices, top[:, 0])
     S = m3.predict_scores(Xte[:5])
     np.testing.assert_array_equal(np.argsort(-S, axis=1, kind="stable")[:, :4], top[:5])
 

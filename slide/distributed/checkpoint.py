@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from slide.fileio import atomic_write, write_text
-from slide.labels import names_for_saving, set_classes
+from slide.labels import fitted_on_1d, names_for_saving, set_classes, set_target
 from slide.persist.checkpoint import (VOTE_SETTINGS, CheckpointError, memory_from_arrays,
                                       pin_unrecorded_params)
 
@@ -49,6 +49,7 @@ def _driver_state(model):
     hid = model.hidden_
     meta = {"params": model.get_params(deep=False), "seed": model.seed_,
             "label_names": names_for_saving(model),
+            "one_label_per_row": fitted_on_1d(model),
             "n_features": model.n_features_in_, "n_labels": model.n_labels_,
             "bounds": [int(b) for b in model.bounds_], "opt_t": hid.optimizer.t,
             "batches": model.batches_, "samples": model.samples_, "epoch": model.epoch_,
@@ -174,6 +175,7 @@ def restore_driver(model, path, man):
         set_classes(model, meta.get("label_names"))
     except ValueError as exc:
         raise CheckpointError(path, f"label names: {exc}") from None
+    set_target(model, meta.get("one_label_per_row", False))
     model.extra_ = man.get("extra")
 
 

@@ -10,7 +10,7 @@ from slide.distributed.checkpoint import write_part
 from slide.distributed.estimator import ShardedSlideClassifier
 from slide.distributed.shard import OutputShard, shard_ranges
 from slide.estimator import SlideClassifier
-from slide.labels import set_classes
+from slide.labels import fitted_on_1d, set_classes, set_target
 
 
 def to_single(model):
@@ -48,6 +48,7 @@ def to_single(model):
     single._ensure_lsh()
     single.rank_.memory = model.rank_.memory
     set_classes(single, model.classes_ if model.named_labels_ else None)
+    set_target(single, fitted_on_1d(model))
     return single
 
 
@@ -105,4 +106,5 @@ def from_single(single, n_shards, backend="local", ray_address=None):
                         train_seconds=single.train_seconds_, history=list(single.history_))
     model.rank_.memory = single.rank_.memory
     set_classes(model, single.classes_ if single.named_labels_ else None)
+    set_target(model, fitted_on_1d(single))
     return model

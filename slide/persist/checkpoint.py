@@ -38,7 +38,7 @@ from slide import params as params_mod
 from slide.fileio import atomic_write
 from slide.kernels.lsh.index import LSHIndex
 from slide.kernels.lsh.serving import ServingIndex
-from slide.labels import names_for_saving, set_classes
+from slide.labels import fitted_on_1d, names_for_saving, set_classes, set_target
 from slide.rank.rerank import ReRanker
 from slide.rank.vote import NeighbourMemory
 
@@ -167,6 +167,8 @@ def _metadata(model, arrays, extra):
         "extra": extra,
         # optional (files before it load as label ids): slide.labels
         "label_names": names_for_saving(model),
+        # optional (files before it load as multi-label): fitted on a 1-D y (slide.labels)
+        "one_label_per_row": fitted_on_1d(model),
     }
     # the vote's settings as fitted (predictions use them; a set_params after fit does not)
     meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
@@ -433,6 +435,7 @@ def _restore(model, path, meta, arrays):
         set_classes(model, meta.get("label_names"))
     except ValueError as exc:
         raise CheckpointError(path, f"label names: {exc}") from None
+    set_target(model, meta.get("one_label_per_row", False))
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
 
