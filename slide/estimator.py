@@ -35,9 +35,8 @@ from slide.sklearn_api import ScikitLearnAPI, sklearn_constraints
 
 class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     """Extreme multi-label classifier: sparse input -> ReLU hidden layers -> softmax output,
-    trained by SLIDE (LSH-selected active neurons, sparse backprop, HOGWILD batches).
-
-    Types, defaults and bounds of every parameter: ``slide.params`` (docs/parameters.md).
+    trained by SLIDE (LSH-selected active neurons, sparse backprop, HOGWILD batches). Types,
+    defaults and bounds of every parameter: ``slide.params`` (docs/parameters.md).
 
     Parameters
     ----------
