@@ -185,16 +185,17 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
-def load_config(path=None, overrides=(), check_files=True) -> dict:
+def load_config(path=None, overrides=(), check_files=True, require_data=True) -> dict:
     """Load ``path`` (TOML), apply ``--set`` overrides, fill in defaults and validate.
 
     Returns the resolved configuration (defaults filled, data paths made absolute); raises
-    :class:`ConfigError` listing every problem found.
+    :class:`ConfigError` listing every problem found. ``require_data=False``: a configuration
+    without a data source is valid (``slide compile`` reads no data).
     """
     user = parse_toml_file(path) if path is not None else {}
     problems = apply_overrides(user, overrides)
     try:
-        cfg = validate(user, check_files=check_files, source=path)
+        cfg = validate(user, check_files=check_files, source=path, require_data=require_data)
     except ConfigError as e:
         raise ConfigError(problems + e.problems, source=path) from None
     if problems:
@@ -256,7 +257,7 @@ def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
             _walk(v, spec, out[k], dotted + ".", problems)
 
 
-def validate(user: dict, check_files=True, source=None) -> dict:
+def validate(user: dict, check_files=True, source=None, require_data=True) -> dict:
     """Validate a user configuration (as parsed from TOML plus overrides) and return the resolved
     configuration with defaults filled in. Raises :class:`ConfigError` with every problem."""
     problems: list = []
@@ -264,7 +265,7 @@ def validate(user: dict, check_files=True, source=None) -> dict:
     if not isinstance(user, dict):
         raise ConfigError([("config", "must be a table of keys")], source=source)
     _walk(user, SCHEMA, cfg, "", problems)
-    _check_cross(cfg, problems, check_files=check_files)
+    _check_cross(cfg, problems, check_files=check_files, require_data=require_data)
     if problems:
         raise ConfigError(problems, source=source)
     return cfg
@@ -305,7 +306,7 @@ def _fmt_bytes(n):
         n /= 1024
 
 
-def _check_data_source(cfg: dict, problems: list, check_files=True):
+def _check_data_source(cfg: dict, problems: list, check_files=True, require_data=True):
     """The data keys: one source, presets and overrides, files and their headers. Returns the
     label count when the header or the preset tells it (else None)."""
     data = cfg["data"]
@@ -315,7 +316,7 @@ def _check_data_source(cfg: dict, problems: list, check_files=True):
     if data["preset"] is not None and data["train"] is not None:
         problems.append(("data", "set either data.train (files) or data.preset (synthetic), "
                                  "not both"))
-    elif data["preset"] is None and data["train"] is None:
+    elif data["preset"] is None and data["train"] is None and require_data:
         problems.append(("data", "no data: set data.train (and data.test) to XC files, or "
                                  "data.preset to a synthetic preset (slide train --train "
                                  "path/train.txt --test path/test.txt, or --set "
@@ -380,10 +381,11 @@ def _check_data_source(cfg: dict, problems: list, check_files=True):
     return n_labels
 
 
-def _check_cross(cfg: dict, problems: list, check_files=True):
+def _check_cross(cfg: dict, problems: list, check_files=True, require_data=True):
     """Checks that involve several keys, the file system or other modules."""
     lsh, sampler = cfg["lsh"], cfg["sampler"]
-    n_labels = _check_data_source(cfg, problems, check_files=check_files)
+    n_labels = _check_data_source(cfg, problems, check_files=check_files,
+                                  require_data=require_data)
 
     # --- hash configuration: the engine's own rule, so the CLI never disagrees with it
     try:

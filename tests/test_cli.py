@@ -90,7 +90,7 @@ def test_python_m_entry_point_and_help():
     r = subprocess.run([sys.executable, "-m", "slide.cli", "--help"], capture_output=True,
                        text=True, env=env(), timeout=120)
     assert r.returncode == 0
-    for cmd in ("train", "evaluate", "predict", "generate", "plot"):
+    for cmd in ("train", "evaluate", "predict", "generate", "plot", "compile", "info"):
         assert cmd in r.stdout
     r = subprocess.run([sys.executable, "-m", "slide.cli", "train"], capture_output=True,
                        text=True, env=env(), timeout=120)
@@ -396,6 +396,35 @@ def test_predict_streams_k_labels_per_line(tmp_path, capsys):
     short.write_text("4 1500 200\n 1:1\n")
     code, out, err = run_cli(["predict", "--model", run, "--data", str(short)], capsys)
     assert code == 3 and "announces 4 points" in err
+
+
+def test_compile_fills_the_cache_ahead_of_a_run(tmp_path, capsys, monkeypatch):
+    """slide compile: the kernels of a configuration's fit (and of the XC reader, for a run
+    on files), reading no data; a second time in the process there is nothing left to do."""
+    from slide import warmup
+    monkeypatch.setattr(warmup, "_WARMED", {})     # as in a fresh process
+    cfg, run = tiny_config(tmp_path)
+    code, out, err = run_cli(["compile", "--config", cfg], capsys)
+    assert code == 0, err
+    # (what an earlier test compiled in this process is ready at once)
+    assert "[slide] compiling kernels ... " in out and ("kernel signatures: " in out or
+                                                        "already compiled" in out)
+    assert "[reader]" not in out and "done in" in out          # a synthetic set: no reader
+    assert not os.path.exists(run)                              # no run directory either
+    # the same fit on files that need not exist yet: only the reader is new
+    code, out, err = run_cli(["compile", "--config", cfg, "--set", "data.preset=",
+                              "--set", f"data.train={tmp_path / 'later' / 'train.txt'}"],
+                             capsys)
+    assert code == 0, err
+    assert "[reader] compiling kernels ... " in out
+    assert "[slide] compiling kernels ... already compiled in this process" in out
+    code, out, err = run_cli(["compile", "--config", cfg], capsys)
+    assert code == 0 and "already compiled in this process" in out
+    # no data source is fine; a bad key is not
+    from slide.config import load_config
+    assert load_config(None, require_data=False)["data"]["train"] is None
+    code, _, err = run_cli(["compile", "--set", "lsh.KK=3"], capsys)
+    assert code == 2 and "lsh.KK" in err
 
 
 def test_generate_writes_a_readable_set(tmp_path, capsys):

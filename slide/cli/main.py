@@ -8,6 +8,7 @@ import sys
 from slide import config as config_mod
 from slide.cli.common import (EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK,
                               EXIT_SIGINT, EXIT_USAGE, CliError, _err)
+from slide.cli.compile import cmd_compile
 from slide.cli.infer import cmd_evaluate, cmd_predict
 from slide.cli.info import cmd_info
 from slide.cli.plot import cmd_generate, cmd_plot
@@ -86,11 +87,28 @@ def build_parser():
     pl.add_argument("--out", "-o", help="PNG path (default RUN_DIR/time_to_accuracy.png)")
     pl.set_defaults(func=cmd_plot)
 
+    _add_compile_parser(sub)
+
     i = sub.add_parser("info", help="versions, threads, vector width and BLAS kernels: what a "
                                     "run's speed depends on, with advice on slow settings")
     i.add_argument("--json", action="store_true", help="print JSON instead of lines")
     i.set_defaults(func=cmd_info)
     return p
+
+
+def _add_compile_parser(sub):
+    """`slide compile`'s arguments (`slide.cli.compile`)."""
+    c = sub.add_parser("compile", help="compile the kernels a run of a configuration uses into "
+                                       "Numba's cache, ahead of the run (for deployments)",
+                       description="Compile (or load from Numba's on-disk cache) every kernel a "
+                                   "'slide train' of the configuration uses, so that the run "
+                                   "itself loads them in seconds. Reads no data; prints what "
+                                   "it compiled and how long it took.")
+    c.add_argument("--config", "-c", help="TOML run configuration (default: none, every key "
+                                          "at its default)")
+    c.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (dotted, e.g. sampler.kind=dense); repeatable")
+    c.set_defaults(func=cmd_compile)
 
 
 def _classify(exc):

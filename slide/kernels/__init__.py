@@ -5,7 +5,7 @@ numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``,
 ``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
 """
 # before any kernel is defined: its cache locator is chosen by its decorator (``cache``: keyed
-# by all of slide's sources)
+# by the sources its module imports)
 from slide.kernels import cache  # noqa: F401,E402
 # before any kernel runs: Numba's threads are started by the first parallel one, and its
 # code generator (whose CPU features set the vectors' width) by the first compilation
