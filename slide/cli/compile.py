@@ -17,6 +17,7 @@ import time
 
 from slide import config as config_mod
 from slide.cli.common import EXIT_OK, _engine, _fmt_seconds, _info
+from slide.fileio import write_text
 
 
 def _cache_counts():
@@ -59,8 +60,7 @@ def _warm_reader():
     from slide import data as data_mod
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tiny.txt")
-        with open(path, "w") as f:
-            f.write("2 4 3\n0,2 1:0.5 3:1\n 0:1\n")
+        write_text(path, "2 4 3\n0,2 1:0.5 3:1\n 0:1\n")
         data_mod.read_xc(path)
 
 
