@@ -80,7 +80,7 @@ def test_prior_candidates_add_the_highest_bias_labels_to_the_lsh_candidates(tiny
 def test_two_thread_hogwild_matches_one_thread(tiny, trained):
     assert numba.config.NUMBA_NUM_THREADS >= 2       # tests/conftest.py asks for 2
     Xtr, Ytr, Xte, Yte = tiny
-    m2 = SlideClassifier(epochs=8, random_state=0, n_threads=2, **SMALL)
+    m2 = SlideClassifier(epochs=8, random_state=0, n_threads=2, batches_in_flight=1, **SMALL)
     threads_seen = set()
     m2.fit(Xtr, Ytr, callback=lambda m, i: threads_seen.add(numba.get_num_threads()))
     assert threads_seen == {2}           # the run really was two-threaded
