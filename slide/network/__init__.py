@@ -9,10 +9,9 @@ full-softmax path), ``infer`` (hidden layer, exact / serving / sparse top-k), ``
 ``diagnostics.every`` logs it from a ``fit`` callback). The per-sample kernels and bundles
 they call are ``slide.kernels``'.
 
-Three Numba facts the layout depends on: (1) ``cache=True`` invalidates a kernel's cache only
-when its own file changes, not when a helper it calls from another module does, so after
-editing e.g. ``kernels/negatives.py`` delete ``slide/**/__pycache__/*.nbi`` and ``*.nbc``
-before trusting a result;
+Three Numba facts the layout depends on: (1) ``cache=True`` alone invalidates a kernel's cache
+only when its own file changes, not when a helper it calls from another module does, so slide
+keys each kernel by its module's import closure (``slide.kernels.cache``);
 (2) inside a ``prange`` body, a store made directly through a bundle attribute
 (``bundle.arr[i] = v``) is lost (Numba 0.68): parallel kernels take the arrays out of their
 bundles before the loop, or store through a called function; (3) a recursive kernel called
