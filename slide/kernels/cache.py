@@ -80,21 +80,25 @@ _keys = None
 _digest = None
 
 
+def _python_files(root):
+    """Every ``.py`` file under ``root``, in a fixed order (directories and names sorted)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                yield os.path.join(dirpath, name)
+
+
 def package_digest(root=PACKAGE_ROOT):
     """sha256 of every ``.py`` file under ``root``: their paths relative to it and their
     contents, in a fixed order. The key of a slide file that is no module of the import graph
     (none is: a safe fallback)."""
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, name)
-            h.update(os.path.relpath(path, root).encode() + b"\0")
-            with open(path, "rb") as f:
-                h.update(f.read())
-            h.update(b"\0")
+    for path in _python_files(root):
+        h.update(os.path.relpath(path, root).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
+        h.update(b"\0")
     return h.digest()
 
 
@@ -104,16 +108,11 @@ def package_modules(root=PACKAGE_ROOT):
     ``__init__.py`` the package itself."""
     package = os.path.basename(os.path.normpath(root))
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, name)
-            parts = [package] + os.path.relpath(path, root)[:-3].split(os.sep)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join(parts)] = path
+    for path in _python_files(root):
+        parts = [package] + os.path.relpath(path, root)[:-3].split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
     return out
 
 

@@ -12,19 +12,19 @@ batch order (their negatives drawn and their optimizer steps claimed one after a
 ``block_step.claim``) and queued; each worker takes the next batch from the queue as soon as
 it is free, binds it to its scratch (``block_step.bind``) and trains it, so a slow batch does
 not hold the others; the wave ends when the queue is empty and every worker is done.
-Between waves nothing is in flight: the trainer reports the wave, runs the rehash schedule, ends epochs, checks the time
-budget and calls the callback there, so a checkpoint never holds a half-applied batch. While
+Between waves nothing is in flight: the trainer reports the wave, runs the rehash schedule,
+ends epochs, checks the time budget and calls the callback there, so a checkpoint never holds a half-applied batch. While
 a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
 updating: the staleness of a read is at most ``W - 1`` batches, and results vary from run to
 run like any HOGWILD training.
 """
-import math
 import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
 
 from slide.network import block_step
+from slide.params import is_int
 from slide.network.worker import Worker
 
 # a wave holds this many batches a worker: every wave ends at a join of the workers, so
@@ -35,12 +35,9 @@ BATCHES_A_WORKER = 16
 
 def check_batches_in_flight(value):
     """``value`` if it is "auto" or a positive integer, else ValueError."""
-    if isinstance(value, str):
-        if value == "auto":
-            return value
-    elif isinstance(value, (int,)) and not isinstance(value, bool) and value >= 1:
-        return int(value)
-    elif hasattr(value, "__index__") and not isinstance(value, bool) and int(value) >= 1:
+    if isinstance(value, str) and value == "auto":
+        return value
+    if is_int(value) and value >= 1:
         return int(value)
     raise ValueError(f"batches_in_flight must be a positive integer or 'auto', got {value!r}")
 
@@ -56,8 +53,8 @@ def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     runs on one thread: no join inside a batch), at most AUTO_MOST_IN_FLIGHT (beyond, the
     threads are shared out among them); an integer itself. Clamped to the batches
     of an epoch (a wave never spans two: more workers would idle) and to 1 where the network
-    does not take the compiled batch (``applies`` False: a sparse first layer, the per-sample
-    engine, a dense network)."""
+    does not take the compiled batch (``applies`` False: the per-sample engine, a dense
+    network)."""
     value = check_batches_in_flight(value)
     workers = min(max(1, int(n_threads)), AUTO_MOST_IN_FLIGHT) if value == "auto" else value
     if not applies:
@@ -74,8 +71,6 @@ class InFlight:
         self.net = net
         self.threads_each = max(1, int(n_threads) // int(n_workers))
         batch_size, _, max_labels = net._scratch_key
-        if net.sc.codes.shape[0] < self.threads_each:
-            net.prepare(batch_size, self.threads_each, max_labels)
         self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
                                                  max_labels)
                                  for _ in range(int(n_workers) - 1)]
@@ -122,8 +117,3 @@ class InFlight:
         self.pool.shutdown(wait=True)
         self.net.workers = []
 
-
-def wave_loss(results):
-    """The mean loss of a wave's batches (NaN if any diverged)."""
-    losses = [r[0] for r in results]
-    return math.fsum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.nan

@@ -210,6 +210,15 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=Non
         return _train(model, X, Y, end_epoch_index, eval_set, callback, steps, rows)
 
 
+def _callback_info(model, serial, epoch, n_batches, loss, act, rehashed, rebuilt, **extra):
+    """What the callback gets after batch ``serial`` (of epoch ``epoch``)."""
+    return dict(batch=serial, epoch=epoch,
+                batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
+                if model.batch_in_epoch_ else n_batches - 1,
+                samples=model.samples_, loss=loss, train_seconds=model.train_seconds_,
+                active_mean=act, rehashed=rehashed, rebuilt=rebuilt, **extra)
+
+
 def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
     """Train ``model`` from its current position until ``end_epoch_index`` epochs are complete,
     its ``time_budget`` is spent (``model.budget_spent_``) or ``callback`` returns a true value
@@ -275,12 +284,8 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
             if model.verbose >= 2 and serial % 100 == 0:
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
-                info = dict(batch=serial, epoch=epoch,
-                            batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
-                            if model.batch_in_epoch_ else n_batches - 1,
-                            samples=model.samples_, loss=loss,
-                            train_seconds=model.train_seconds_, active_mean=act,
-                            rehashed=rehashed, rebuilt=rebuilt, **extra)
+                info = _callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
+                                      rebuilt, **extra)
                 if callback(model, info):
                     model.stopped_ = True
                     return
@@ -332,17 +337,13 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
                 model.epoch_ += 1
                 model.batch_in_epoch_ = 0
                 end_epoch(model, epoch, t_epoch, eval_set)
-            loss = float(np.mean([r[0] for r in results]))
-            act = float(np.mean([r[1] for r in results]))
+            loss = float(np.mean([loss for loss, _ in results]))
+            act = float(np.mean([active for _, active in results]))
             if model.verbose >= 2 and serial // 100 > (serial - len(wave)) // 100:
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
-                info = dict(batch=serial, epoch=epoch,
-                            batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
-                            if model.batch_in_epoch_ else n_batches - 1,
-                            samples=model.samples_, loss=loss,
-                            train_seconds=model.train_seconds_, active_mean=act,
-                            rehashed=rehashed, rebuilt=rebuilt, batches=len(wave))
+                info = _callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
+                                      rebuilt, batches=len(wave))
                 if callback(model, info):
                     model.stopped_ = True
                     return
