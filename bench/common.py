@@ -409,15 +409,29 @@ class Recorder:
 
     def after_batch(self, train_seconds, loss, epoch, last=False):
         """Record one batch; evaluate when due. Returns True when ``max_batches`` is reached."""
+        return self.after_batches(1, train_seconds, loss, epoch, last)
+
+    def after_batches(self, count, train_seconds, loss, epoch, last=False):
+        """Record ``count`` batches seen together at ``train_seconds`` (slide with several
+        batches in flight reports once a wave of batches, ``info["batches"]``): their ends are
+        spread evenly from the previous record (the clock's start for the first wave, so the
+        first wave's batches carry the setup: the steady epoch time counts most of it, never
+        less than its share), ``loss`` is the wave's mean. Evaluate once, after the last, when
+        any of them was due. Returns True when ``max_batches`` is reached."""
         cpu = time.process_time()
         if self.cpu_first is None:
             self.cpu_first = cpu
         self.cpu_last = cpu
-        self.batch_end.append(float(train_seconds))
-        self.losses.append(float(loss) if loss is not None else float("nan"))
+        before = len(self.batch_end)
+        start = self.batch_end[-1] if self.batch_end else 0.0
+        for i in range(1, count + 1):
+            self.batch_end.append(start + (float(train_seconds) - start) * i / count)
+            self.losses.append(float(loss) if loss is not None else float("nan"))
         n = len(self.batch_end)
         stop = self.max_batches is not None and n >= self.max_batches
-        if self.X_eval is not None and self.schedule.due(n, train_seconds, last or stop):
+        due = any(self.schedule.due(m, train_seconds, (last or stop) and m == n)
+                  for m in range(before + 1, n + 1))
+        if self.X_eval is not None and due:
             self.evaluate(n, train_seconds, epoch)
         return stop
 

@@ -90,22 +90,22 @@ def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
                    X_tr.shape[0], bs, spec.get("max_batches"))
     total_batches = bpe * int(spec["epochs"])
     active, infos = [], {"rehashed": 0, "rebuilt": 0}
-    state = {"t0": None, "first_batch": None}
+    state = {"t0": None}
 
     def callback(model, info):
         now = time.perf_counter()
         clf_ref[0] = model
         train_s = now - state["t0"] - rec.eval_seconds
-        if state["first_batch"] is None:
-            state["first_batch"] = train_s
         if info.get("active_mean") is not None:
             active.append(float(info["active_mean"]))
         for k in ("rehashed", "rebuilt"):
             infos[k] += int(bool(info.get(k)))
-        n = len(rec.batch_end) + 1
+        # with several batches in flight the callback comes once a wave of info["batches"]
+        count = int(info.get("batches", 1))
+        n = len(rec.batch_end) + count
         epoch = int(info.get("epoch", (n - 1) // bpe))
-        stop = rec.after_batch(train_s, info.get("loss"), epoch, last=n >= total_batches)
-        return stop
+        return rec.after_batches(count, train_s, info.get("loss"), epoch,
+                                 last=n >= total_batches)
 
     state["t0"] = time.perf_counter()
     clf.fit(X_tr, Y_tr, callback=callback)
@@ -116,7 +116,6 @@ def run(spec, meta, X_tr, Y_tr, X_te, Y_te, X_ev, Y_ev, threads):
              "slide_params": {k: (list(v) if isinstance(v, tuple) else v)
                               for k, v in params.items()},
              "warmup_seconds": warm, "warmup_error": warm_error,
-             "first_batch_end_seconds": state["first_batch"],
              "active_mean": float(np.mean(active)) if active else None,
              "rehashes": infos["rehashed"], "rebuilds": infos["rebuilt"],
              "numba_threads": numba.get_num_threads(),

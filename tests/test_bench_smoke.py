@@ -83,6 +83,27 @@ def test_eval_schedule_every_batches_and_epoch_ends():
     assert not s.due(3, 3.0, False) and s.due(4, 4.2, False) and s.due(5, 0.0, last=True)
 
 
+def test_a_wave_of_batches_is_spread_over_its_time_and_evaluated_once_when_due():
+    # slide with batches in flight reports once a wave (info["batches"]): waves of 4, 4, 2 in
+    # an epoch of 10, evaluation due at batch 5 (inside the second wave) and at the epoch's end
+    evaluated = []
+    rec = common.Recorder(common.EvalSchedule(batches_per_epoch=10, every_batches=5),
+                          np.zeros((1, 1)), None, lambda X: evaluated.append(1), 1280, 128)
+    rec.evaluate = lambda n, t, epoch: evaluated.append(n)
+    assert rec.after_batches(4, 4.0, 1.0, 0) is False
+    assert evaluated == []                        # batches 1-4: nothing due
+    rec.after_batches(4, 6.0, 0.5, 0)             # batches 5-8: batch 5 was due
+    assert evaluated == [8]
+    rec.after_batches(2, 7.0, 0.25, 0, last=True)
+    assert evaluated == [8, 10]
+    np.testing.assert_allclose(rec.batch_end, [1, 2, 3, 4, 4.5, 5, 5.5, 6, 6.5, 7])
+    assert rec.losses == [1.0] * 4 + [0.5] * 4 + [0.25] * 2
+    # max_batches stops at the wave that reaches it
+    rec = common.Recorder(common.EvalSchedule(batches_per_epoch=10), None, None, None, 1280,
+                          128, max_batches=6)
+    assert rec.after_batches(4, 1.0, 1.0, 0) is False and rec.after_batches(4, 2.0, 1.0, 0)
+
+
 def test_label_targets_are_one_over_label_count():
     Y = sp.csr_matrix(np.array([[1, 0, 1, 1], [0, 1, 0, 0]], dtype=np.float32))
     rows, labels, w = common.label_targets(Y)
