@@ -24,16 +24,19 @@ if int(os.environ.get("NUMBA_NUM_THREADS") or _cpus_available()) < 2:
 
 
 # A cold kernel cache (a fresh clone) makes most of the suite's time Numba compiling, one kernel
-# after another on one core. For a run of at least this many tests, a second process compiles
-# the kernels of a default ``SlideClassifier`` fit into the cache meanwhile (``warmup.warm_up``,
-# which starts its own helper for the stages after the network): the tests that reach them
-# later load them instead. SLIDE_TEST_PRECOMPILE=0 turns it off.
+# after another on one core. The README's test command runs the suite in one process a core
+# (pytest-xdist, ``-n auto``, a test file per process at a time), so that the kernels compile
+# on every core. Run in one process (no ``-n``), for at least this many tests, a second process
+# compiles the kernels of a default ``SlideClassifier`` fit into the cache meanwhile
+# (``warmup.warm_up``, which starts its own helper for the stages after the network): the
+# tests that reach them later load them instead. SLIDE_TEST_PRECOMPILE=0 turns it off.
 PRECOMPILE_MIN_TESTS = 200
 
 
 def pytest_collection_finish(session):
     if len(session.items) < PRECOMPILE_MIN_TESTS or _cpus_available() < 2 or \
-            os.environ.get("SLIDE_TEST_PRECOMPILE", "1") == "0":
+            os.environ.get("SLIDE_TEST_PRECOMPILE", "1") == "0" or \
+            os.environ.get("PYTEST_XDIST_WORKER"):
         return
     from slide import warmup
     if warmup.ranking_cached():
