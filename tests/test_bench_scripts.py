@@ -73,3 +73,16 @@ def test_learnability_prints_the_baselines_rows(capsys):
     for r in rows:
         p1 = float(r.split("|")[3])
         assert 0.0 <= p1 <= 1.0
+
+
+def test_memory_reads_the_peak_after_the_data_the_fit_and_the_prediction(tmp_path):
+    from bench import memory
+    out = str(tmp_path / "mem")
+    res = memory.main(["--preset", "tiny", "--n-test", "50", "--param", "neighbours=0",
+                       "--param", "hidden_sizes=[16]", "--out", out])
+    assert 0 < res["after_data"] <= res["after_fit"] <= res["after_predict"]
+    assert res["params"]["neighbours"] == 0 and res["labels"] > 0
+    with open(out + ".json") as f:
+        assert json.load(f)["after_fit"] == res["after_fit"]
+    with open(out + ".md") as f:
+        assert "| after fit |" in f.read()
