@@ -29,7 +29,8 @@ from slide.network.worker import Worker
 
 # a wave holds this many batches a worker: every wave ends at a join of the workers, so
 # longer waves spread its cost over more batches (a batch's staleness stays W - 1: a worker
-# trains its batches one after another); the callback and the checkpoints come once a wave
+# trains its batches one after another); the callback and the checkpoints come once a wave.
+# 64 trained no faster on 2 cores (docs/design.md, "Waves")
 BATCHES_A_WORKER = 16
 
 
