@@ -16,11 +16,12 @@ import json
 import resource
 import sys
 import time
+from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import blas_kernels, git_commit, machine_description  # noqa: E402
+from bench.common import git_commit, machine_description  # noqa: E402
 
 GIB = 2 ** 30
 
@@ -60,7 +61,7 @@ def main(argv=None):
     result = {"command": "python bench/memory.py " + " ".join(argv if argv is not None
                                                              else sys.argv[1:]),
               "commit": git_commit(), "machine": machine_description(),
-              "blas": blas_kernels(), "preset": args.preset, "rows": X.shape[0],
+              "preset": args.preset, "rows": X.shape[0],
               "labels": Y.shape[1], "params": params,
               "batches_in_flight": model.batches_in_flight,
               "compile_seconds": model.compile_seconds_, **row}

@@ -43,13 +43,12 @@ class ScikitLearnAPI:
                     labels_mod.classes_array(list(classes)), self.classes_):
                 raise ValueError("classes differs from the fitted model's classes_")
             Y, names = labels_mod.encode_known(Y, self, n_rows=X.shape[0], name="Y"), None
-        else:
-            one_d = labels_mod.one_label_per_row(Y)
-            Y, names = labels_mod.encode(Y, n_rows=X.shape[0], name="Y", classes=classes)
-            Y = self._check_Y(Y, True)
-            labels_mod.set_target(self, one_d)
-            return X, Y, names
-        return X, self._check_Y(Y, True), names
+            return X, self._check_Y(Y, True), names
+        one_d = labels_mod.one_label_per_row(Y)
+        Y, names = labels_mod.encode(Y, n_rows=X.shape[0], name="Y", classes=classes)
+        Y = self._check_Y(Y, True)
+        labels_mod.set_target(self, one_d)      # once Y is valid: a refused fit records nothing
+        return X, Y, names
 
     def _check_X(self, X, fitted):
         self._check_X_shape(X, fitted)

@@ -88,7 +88,7 @@ def test_a_wave_of_batches_is_spread_over_its_time_and_evaluated_once_when_due()
     # an epoch of 10, evaluation due at batch 5 (inside the second wave) and at the epoch's end
     evaluated = []
     rec = common.Recorder(common.EvalSchedule(batches_per_epoch=10, every_batches=5),
-                          np.zeros((1, 1)), None, lambda X: evaluated.append(1), 1280, 128)
+                          np.zeros((1, 1)), None, None, 1280, 128)
     rec.evaluate = lambda n, t, epoch: evaluated.append(n)
     assert rec.after_batches(4, 4.0, 1.0, 0) is False
     assert evaluated == []                        # batches 1-4: nothing due

@@ -12,6 +12,7 @@ compiles the one its data's sizes select).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -24,8 +25,6 @@ def _cache_counts():
     """``(kernels, loaded, compiled)`` over the Numba dispatchers of the loaded ``slide``
     modules: type signatures ready, and how many of them came from the on-disk cache or were
     compiled (Numba's per-dispatcher counters; zeros where they are missing)."""
-    import sys
-
     from numba.core.registry import CPUDispatcher
     kernels = loaded = compiled = 0
     for name, module in list(sys.modules.items()):

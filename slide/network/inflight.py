@@ -13,8 +13,8 @@ batch order (their negatives drawn and their optimizer steps claimed one after a
 it is free, binds it to its scratch (``block_step.bind``) and trains it, so a slow batch does
 not hold the others; the wave ends when the queue is empty and every worker is done.
 Between waves nothing is in flight: the trainer reports the wave, runs the rehash schedule,
-ends epochs, checks the time budget and calls the callback there, so a checkpoint never holds a half-applied batch. While
-a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
+ends epochs, checks the time budget and calls the callback there, so a checkpoint never holds
+a half-applied batch. While a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
 updating: the staleness of a read is at most ``W - 1`` batches, and results vary from run to
 run like any HOGWILD training.
 """
@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 
 from slide.network import block_step
-from slide.params import is_int
 from slide.network.worker import Worker
+from slide.params import is_int
 
 # a wave holds this many batches a worker: every wave ends at a join of the workers, so
 # longer waves spread its cost over more batches (a batch's staleness stays W - 1: a worker
