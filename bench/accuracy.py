@@ -22,7 +22,8 @@ Examples::
 bench's own key: ``"l2"`` L2-normalises every input row before training and testing).
 ``--defaults`` adds a run of ``SlideClassifier()`` with no hyperparameter but threads and seed.
 A run with ``"n_models": K`` trains a ``SlideEnsemble`` of K members (seeded from the run's
-seed); its curve is its final score on the test sample (members train one after another).
+seed; ``"fused": false`` one after another, else fused); its curve is its final score on the
+test sample.
 """
 import argparse
 import json
@@ -33,9 +34,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-# run keys that are the bench's, not the estimator's: "normalize" (see below) and "n_models"
+# run keys that are the bench's, not the estimator's: "normalize" (see below), "n_models"
 # (a slide.ensemble.SlideEnsemble of that many members, each built from the run's other keys)
-BENCH_KEYS = ("normalize", "n_models")
+# and "fused" (the ensemble's)
+BENCH_KEYS = ("normalize", "n_models", "fused")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,9 +114,10 @@ def run_slide(name, params, seed, data, args):
     elif normalize is not None:
         raise ValueError(f"normalize must be 'l2' or absent, got {normalize!r}")
     n_models = params.pop("n_models", None)
+    fused = params.pop("fused", True)
     if n_models is not None:
         split = (Xtr, Ytr, Xte, Yte, sample, inv_prop)
-        return run_ensemble(name, params, n_models, seed, split, args, normalize)
+        return run_ensemble(name, params, n_models, seed, split, args, normalize, fused)
     model = SlideClassifier(**params, n_threads=args.threads, random_state=seed)
     n_batches = -(-Xtr.shape[0] // int(model.batch_size))
     marks = {int(round(n_batches * (j + 1) / args.evals_per_epoch)) - 1
@@ -149,13 +152,13 @@ def run_slide(name, params, seed, data, args):
             "curve": curve, "final": final}
 
 
-def run_ensemble(name, params, n_models, seed, data, args, normalize):
+def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True):
     """Train one SlideEnsemble of ``n_models`` members built from ``params``; its record."""
     from slide import SlideClassifier
     from slide.ensemble import SlideEnsemble
     Xtr, Ytr, Xte, Yte, sample, inv_prop = data
     model = SlideEnsemble(SlideClassifier(**params, n_threads=args.threads), n_models=n_models,
-                          random_state=seed)
+                          random_state=seed, fused=fused)
     t0 = time.perf_counter()
     model.fit(Xtr, Ytr, callback=lambda m, info: m.train_seconds_ > args.max_seconds)
     wall = time.perf_counter() - t0
@@ -171,7 +174,8 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize):
     top = model.predict_topk(Xte, k=5)
     predict_s = time.perf_counter() - t0
     final = score_topk(Yte, top, inv_prop)
-    return {"system": "slide", "run": name, "params": dict(params, n_models=n_models),
+    return {"system": "slide", "run": name,
+            "params": dict(params, n_models=n_models, fused=bool(fused)),
             "normalize": normalize, "seed": seed, "train_seconds": model.train_seconds_,
             "predict_seconds": predict_s,
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,

@@ -19,6 +19,8 @@ neighbour vote), every label scored.
 One file holds the whole ensemble (``save`` / ``slide.load``): the members' checkpoints side
 by side in one archive (``slide.persist.checkpoint``, format tag ``slide-ensemble``).
 """
+import time
+
 import numpy as np
 
 try:  # scikit-learn is a dependency; BaseEstimator gives get_params/set_params/clone/repr
@@ -30,13 +32,16 @@ except ImportError:  # pragma: no cover
 
 from sklearn.exceptions import NotFittedError
 
+from slide import fused as fused_mod
 from slide import labels as labels_mod
-from slide.data import as_feature_matrix
+from slide.data import as_feature_matrix, cap_row_labels
 from slide.estimator import SlideClassifier
-from slide.kernels.topk import fold_topk
+from slide.kernels.topk import fold_topk, probabilities
 from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
+from slide.network.trainer import blas_single_thread
 from slide.persist.checkpoint import save_ensemble
+from slide.rank.stack import RankStack
 
 
 # rows scored at once: the block's dense probabilities stay near 64 MB at any label count
@@ -98,10 +103,16 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     ``seed_``, ``train_seconds_`` and ``compile_seconds_`` (sums over the members).
     """
 
-    def __init__(self, estimator=None, n_models=3, random_state=None):
+    def __init__(self, estimator=None, n_models=3, random_state=None, fused=True):
         self.estimator = estimator
         self.n_models = n_models
         self.random_state = random_state
+        self.fused = fused
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_stacked", None)         # a cache (n_labels x K h floats), rebuilt on use
+        return state
 
     # ------------------------------------------------------------------------------------------
     def _template(self):
@@ -119,6 +130,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                                               or self.random_state < 0):
             raise ValueError(f"random_state must be None or a non-negative integer, got "
                              f"{self.random_state!r}")
+        if not isinstance(self.fused, (bool, np.bool_)):
+            raise ValueError(f"fused must be True or False, got {self.fused!r}")
         template = self._template()
         template._checked_params()
         return template
@@ -136,13 +149,20 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                 for k in range(int(self.n_models))]
 
     def fit(self, X, Y, eval_set=None, callback=None, classes=None):
-        """Train the members one after another. ``callback(member, info)`` is each member's
-        ``fit`` callback, with ``info["member"]`` = its index; a true return value stops that
-        member (the next one still trains). Y and ``classes``: as ``SlideClassifier.fit``
-        takes them (read once; every member gets the same ``classes_``)."""
-        members = self._members_to_fit(self._validate())
+        """Train the members: fused (``fused=True``), in one pass side by side, ranked as one
+        stacked network (``slide.fused``); else one after another, each with its own ranking
+        stages. ``callback(member, info)`` is each member's ``fit`` callback, with
+        ``info["member"]`` = its index (fused: once a wave of batches); a true return value
+        stops that member (the others still train; a fused ensemble with a stopped member
+        fits no ranking stages). Y and ``classes``: as ``SlideClassifier.fit`` takes them
+        (read once; every member gets the same ``classes_``)."""
+        template = self._validate()
+        members = self._members_to_fit(template)
         one_d = labels_mod.one_label_per_row(Y)
         Y, names = encode(Y, name="Y", classes=classes)
+        if self.fused:
+            return self._fit_fused(members, X, Y, names, one_d, eval_set, callback)
+        self._drop_fused()
         fitted = []
         for k, member in enumerate(members):
             cb = None if callback is None else \
@@ -151,6 +171,107 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             labels_mod.set_target(member, one_d)    # each member was given Y as a matrix
         self._set_members(fitted)
         return self
+
+    # -- fused members (slide.fused) -------------------------------------------------------------
+    def _fit_fused(self, members, X, Y, names, one_d, eval_set, callback):
+        """``fit`` with ``fused=True``: the members built on one check of the data, trained
+        together (``slide.fused.train_members``) on the rows of member 0's held-out split, in
+        member 0's order of rows, then one ranking stack on their stacked network."""
+        self._drop_fused()
+        for m in members:
+            # the ensemble's clock and budget drive the pass; a member runs one batch at a
+            # time (the members are what is in flight)
+            m.set_params(time_budget=None, batches_in_flight=1)
+        fused_mod.check_same_shape(members)
+        first = members[0]
+        compile_seconds = first._warm_up(X, Y)
+        hs, sparse = first._checked_params()
+        X, Y, names = first._check_training_data(X, Y, False, names)
+        for m in members:
+            m._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(m, names)
+        order_seed = first.seed_
+        Y = cap_row_labels(Y, first.max_row_labels, order_seed)
+        if eval_set is not None:
+            eval_set = first._check_eval_set(eval_set, X, Y)
+        split = first._rerank_split(X.shape[0], Y.shape[1])
+        cb = None if callback is None else \
+            (lambda k, m, info: callback(m, dict(info, member=k)))
+        budget = self._template().time_budget
+        seconds = fused_mod.train_members(
+            members, X, Y, None if split is None else split[0], order_seed, first._threads(),
+            time_budget=budget, callback=cb, eval_set=eval_set)
+        for m in members:
+            labels_mod.set_target(m, one_d)
+        self._set_members(members)
+        self.order_seed_ = int(order_seed)
+        self.rank_ = RankStack()
+        if first.neighbours > 0 and not any(m.stopped_ for m in members):
+            t0 = time.perf_counter()
+            self._fit_ranking(X, Y, split)
+            seconds += time.perf_counter() - t0
+        self.train_seconds_ = float(seconds)
+        self.compile_seconds_ = float(compile_seconds)
+        return self
+
+    def _fit_ranking(self, X, Y, split):
+        """The stacked network's ranking stages (``RankStack``: with ``split``, the re-ranker
+        on its held-out rows, then the neighbour memory of every row)."""
+        first = self.members_[0]
+        first._threads()
+        for m in self.members_:
+            m.network_.release_scratch()
+        with blas_single_thread():
+            H = fused_mod.stacked_hidden(self.members_, X)
+            k_nn = int(first.neighbours)
+            if split is None:
+                self.rank_.fit(H, self._stacked_output(), X, Y, k_nn)
+            else:
+                self.rank_.fit(H, self._stacked_output(), X, Y, k_nn, split, self.order_seed_)
+
+    def _drop_fused(self):
+        for name in ("rank_", "order_seed_", "_stacked"):
+            self.__dict__.pop(name, None)
+
+    def _is_fused(self):
+        return hasattr(self, "rank_")
+
+    def _stacked_output(self):
+        if getattr(self, "_stacked", None) is None:
+            self._stacked = fused_mod.stacked_output(self.members_)
+        return self._stacked
+
+    def _stacked_rows(self, X):
+        """(X checked as the members read it, the stacked hidden layer of its rows)."""
+        first = self.members_[0]
+        X = first._check_data(self._rows(X), fitted=True)
+        first._threads()
+        return X, fused_mod.stacked_hidden(self.members_, X)
+
+    def _vote(self):
+        """The fused ranking's vote (k, weight), or None without its memory."""
+        first = self.members_[0]
+        if self.rank_.memory is None or first.neighbours_ <= 0:
+            return None
+        return int(first.neighbours_), float(first.neighbour_weight_)
+
+    def _fused_stacked_topk(self, X, k):
+        X, H = self._stacked_rows(X)
+        out = self._stacked_output()
+        with blas_single_thread():
+            if self.rank_.reranker is not None and self._vote() is not None:
+                return self.rank_.topk_reranked(H, out, X, k)[0]
+            if self._vote() is not None:
+                return self.rank_.topk_blended(H, out, k, *self._vote())[0]
+            return out.topk_lse(H, k)[0]
+
+    def _fused_proba(self, X):
+        X, H = self._stacked_rows(X)
+        out = self._stacked_output()
+        with blas_single_thread():
+            if self._vote() is not None:
+                return self.rank_.proba(H, out, *self._vote())
+            return probabilities(out.logits(H), out.sigmoid)
 
     def _set_members(self, members):
         self.members_ = list(members)
@@ -196,6 +317,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         """Mean member probabilities, dense [n, n_labels] float32 (mind the size at many
         labels: ``predict_topk`` works block by block)."""
         self._check_fitted()
+        if self._is_fused():
+            return self._fused_proba(X)
         return np.vstack(list(self._blocks(X)))
 
     def predict_scores(self, X):
@@ -217,6 +340,9 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         if not exact:
             raise ValueError("SlideEnsemble scores every label: exact=False is not supported "
                              "(serve a member with exact=False instead)")
+        if self._is_fused():
+            ids = self._fused_stacked_topk(X, k)
+            return np.asarray(self.classes_)[ids] if return_names else ids
         if self._reranked():
             ids = self._fused_topk(X, k)
             return np.asarray(self.classes_)[ids] if return_names else ids

@@ -22,7 +22,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def fitted(data):
-    return SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5).fit(*data)
+    return SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5, fused=False).fit(*data)
 
 
 def softmax(z):
@@ -51,7 +51,7 @@ def test_probabilities_are_the_mean_of_the_members_softmax(fitted, data):
 def test_sigmoid_members_average_their_sigmoids(data):
     X, Y = data
     ens = SlideEnsemble(SlideClassifier(**TINY, loss="sigmoid"), n_models=2,
-                        random_state=1).fit(X, Y)
+                        random_state=1, fused=False).fit(X, Y)
     expected = np.mean([1 / (1 + np.exp(-m.predict_scores(X).astype(np.float64)))
                         for m in ens.members_], axis=0)
     np.testing.assert_allclose(ens.predict_proba(X), expected, rtol=1e-5, atol=1e-7)
@@ -75,7 +75,7 @@ def test_topk_ranks_by_mean_probability(fitted, data, monkeypatch):
 
 
 def test_reproducible_with_a_seed(data, fitted):
-    again = SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5).fit(*data)
+    again = SlideEnsemble(SlideClassifier(**TINY), n_models=3, random_state=5, fused=False).fit(*data)
     for a, b in zip(fitted.members_, again.members_):
         np.testing.assert_array_equal(a.network_.W, b.network_.W)
 
@@ -86,7 +86,8 @@ def test_seed_falls_back_to_the_estimators(data):
 
 
 def test_time_budget_is_shared_by_the_members(data):
-    ens = SlideEnsemble(SlideClassifier(**TINY, time_budget=30.0), n_models=3, random_state=0)
+    ens = SlideEnsemble(SlideClassifier(**TINY, time_budget=30.0), n_models=3, random_state=0,
+                        fused=False)
     ens.fit(*data)
     assert [m.time_budget for m in ens.members_] == [10.0, 10.0, 10.0]
 

@@ -34,6 +34,7 @@ LAYERS = (
     ("slide.warmup",),
     ("slide.sklearn_api",),                     # scikit-learn conventions of the estimators
     ("slide.estimator",),                       # SlideClassifier = Network + RankStack
+    ("slide.fused",),                           # K estimators trained in one pass
     ("slide.ensemble",),
     ("slide.distributed",),                     # ShardedSlideClassifier and its shards
     ("slide.persist.models",),                  # load(): the one module knowing the models

@@ -183,7 +183,7 @@ def test_checkpoint_with_a_broken_memory_is_refused(tiny, trained, tmp_path, rew
 def test_ensemble_averages_the_members_blends(tiny):
     Xtr, Ytr, Xte, _ = tiny
     ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2,
-                              random_state=0).fit(Xtr, Ytr)
+                              random_state=0, fused=False).fit(Xtr, Ytr)
     assert all(m.rank_.memory is not None for m in ens.members_)
     want = (ens.members_[0].predict_proba(Xte) + ens.members_[1].predict_proba(Xte)) / 2
     np.testing.assert_allclose(ens.predict_proba(Xte), want, atol=1e-6)

@@ -330,7 +330,8 @@ def test_small_sets_partial_fit_and_fit_neighbours(data, tiny):
 
 def test_ensemble_members_rerank_and_their_ranked_lists_are_fused(data, tmp_path, monkeypatch):
     Xtr, Ytr, Xte, _ = data
-    ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
+    ens = slide.SlideEnsemble(slide.SlideClassifier(epochs=1, **SMALL), n_models=2,
+                              fused=False).fit(Xtr, Ytr)
     assert all(m.rerank_ and m.rank_.reranker is not None for m in ens.members_)
     monkeypatch.setattr(slide.ensemble, "_FUSE_ROWS", 150)          # three blocks of rows
     top = ens.predict_topk(Xte, k=5)

@@ -210,7 +210,7 @@ def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=Non
         return _train(model, X, Y, end_epoch_index, eval_set, callback, steps, rows)
 
 
-def _callback_info(model, serial, epoch, n_batches, loss, act, rehashed, rebuilt, **extra):
+def callback_info(model, serial, epoch, n_batches, loss, act, rehashed, rebuilt, **extra):
     """What the callback gets after batch ``serial`` (of epoch ``epoch``)."""
     return dict(batch=serial, epoch=epoch,
                 batch_in_epoch=(model.batch_in_epoch_ - 1) % n_batches
@@ -284,7 +284,7 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
             if model.verbose >= 2 and serial % 100 == 0:
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
-                info = _callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
+                info = callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
                                       rebuilt, **extra)
                 if callback(model, info):
                     model.stopped_ = True
@@ -342,7 +342,7 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
             if model.verbose >= 2 and serial // 100 > (serial - len(wave)) // 100:
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
-                info = _callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
+                info = callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
                                       rebuilt, batches=len(wave))
                 if callback(model, info):
                     model.stopped_ = True

@@ -130,6 +130,13 @@ def _model_arrays(model):
     return arrays
 
 
+def _settings(part):
+    """The entries of ``part.state_dict()`` that are not arrays (None for no part)."""
+    if part is None:
+        return None
+    return {k: v for k, v in part.state_dict().items() if not isinstance(v, np.ndarray)}
+
+
 def _add_arrays(arrays, prefix, part):
     """arrays[prefix + key] = each array of ``part.state_dict()`` (its other entries are
     settings, written with the metadata)."""
@@ -219,9 +226,19 @@ def save_ensemble(ensemble, path, extra=None):
         arrays.update({f"m{k}/{name}": a for name, a in own.items()})
     template = {k: list(v) if isinstance(v, tuple) else v
                 for k, v in ensemble._template().get_params(deep=False).items()}
+    fused = None
+    if ensemble._is_fused():
+        # the stacked network's ranking stages (slide.fused), under fused/
+        rank = ensemble.rank_
+        fused = {"order_seed": ensemble.order_seed_,
+                 "neighbours": _settings(rank.memory), "reranker": _settings(rank.reranker)}
+        for prefix, part in (("fused/nbr_", rank.memory), ("fused/rr_", rank.reranker)):
+            if part is not None:
+                _add_arrays(arrays, prefix, part)
     meta = {"format": ENSEMBLE_FORMAT, "version": FORMAT_VERSION,
             "n_models": len(members), "random_state": ensemble.random_state,
             "seed": ensemble.seed_, "estimator": template, "members": members,
+            "fused": fused,
             "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
             "extra": extra}
     with atomic_write(path, "wb") as f:
@@ -520,6 +537,22 @@ def memory_from_arrays(path, memory_meta, arrays, dim, n_labels):
     if not mem.fits(dim, n_labels):
         raise CheckpointError(path, "neighbour memory does not fit the network")
     return mem
+
+
+def fused_ranking_from_arrays(path, fused_meta, arrays, dim, n_labels, n_features):
+    """The (neighbour memory, re-ranker) of a fused ensemble's stacked network (``dim``: the
+    members' hidden widths summed), saved under ``fused/``; CheckpointError naming ``path``."""
+    own = {n[len("fused/"):]: a for n, a in arrays.items() if n.startswith("fused/")}
+    memory = memory_from_arrays(path, fused_meta.get("neighbours"), own, dim, n_labels)
+    d = _prefixed_state(path, fused_meta.get("reranker"), own, "rr_", "re-ranker")
+    if d is None:
+        return memory, None
+    if memory is None:
+        raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
+    try:
+        return memory, ReRanker.from_state(d, int(n_labels), int(n_features))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(path, f"re-ranker: {exc}") from None
 
 
 def _load_reranker(model, path, reranker_meta, arrays):

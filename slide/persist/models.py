@@ -12,8 +12,9 @@ from slide.ensemble import SlideEnsemble
 from slide.estimator import SlideClassifier
 from slide.text import pipeline_from_state
 from slide.persist.checkpoint import (ENSEMBLE_FORMAT, CheckpointError, _ArchiveArrays,
-                                      _check_listed_arrays, _open, load_model,
-                                      _Unreadable, pin_unrecorded_params)
+                                      _check_listed_arrays, _open, fused_ranking_from_arrays,
+                                      load_model, _Unreadable, pin_unrecorded_params)
+from slide.rank.stack import RankStack
 
 
 def load(path):
@@ -61,10 +62,18 @@ def _load_ensemble(path, meta, arrays):
     if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
         raise CheckpointError(path, "ensemble members differ in their input or label count")
     template = pin_unrecorded_params(path, meta["estimator"], meta["version"])
+    fused = meta.get("fused")       # files before fused ensembles have none
     ensemble = SlideEnsemble(estimator=_unfitted(template), n_models=n,
-                             random_state=meta["random_state"])
+                             random_state=meta["random_state"], fused=fused is not None)
     ensemble.seed_ = int(meta["seed"])
     ensemble._set_members(members)
+    if fused is not None:
+        dim = sum(int(m.network_.layout.n_in[-1]) for m in members)
+        memory, reranker = fused_ranking_from_arrays(path, fused, arrays, dim,
+                                                     members[0].n_labels_,
+                                                     members[0].n_features_in_)
+        ensemble.order_seed_ = int(fused["order_seed"])
+        ensemble.rank_ = RankStack(memory, reranker)
     ensemble.extra_ = meta.get("extra")
     return ensemble
 

@@ -1,0 +1,180 @@
+"""Fused members: K networks of one shape trained in one pass over the same batches, side by
+side on the threads, and ranked as one stacked network (``SlideEnsemble(fused=True)``).
+
+What the members share. One check of the data, one held-out split, one shuffled order of the
+rows (seeded by the ensemble: every member sees batch t's rows at step t, as HFTA's fused
+models do), one clock (the ensemble's ``time_budget`` and learning-rate schedule) and one
+ranking stack: the members' last hidden layers side by side, [H_1 ... H_K], under the output
+layer [W_1 ... W_K] / K with the mean of their biases, whose logits are the mean of the
+members' logits. The neighbour vote, the re-ranker and its linear classifiers are fitted once,
+on that stacked network, instead of once a member (on debcontents they are about 80 % of a
+``SlideClassifier`` fit: ``bench/results/fused_*``).
+
+What each member keeps. Its seed (initial weights, negatives), learning rate, schedule, loss
+and block settings; its network, optimizer and step records. Member k's training is the one
+it gets alone with the same order of rows: the same calls on the same state, one batch at a
+time (``test_fused``: bit for bit on one thread).
+
+How the pass runs. The batches of an epoch go in waves of ``WAVE_BATCHES``; in a wave each
+member trains the wave's batches one after another on a worker thread of its own (a member's
+batch is one compiled call that releases the GIL), ``n_threads / K`` Numba threads each (one
+where the members are as many as the threads or more). Between waves nothing runs: there the
+clock and the budget are checked, epochs end (each member's optimizer synced) and the
+callback is called once a member.
+
+What is not fused: the members' products and row steps stay one call a member. At the default
+shape a batch's time is mostly the three products of the shared block, whose flops are the
+same however the K members' products are arranged, so one kernel over all members was not
+built (``docs/design.md``, "Fused members").
+"""
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+from slide.data import iterate_minibatches
+from slide.data.inputs import take_rows
+from slide.kernels.output import OutputLayer
+from slide.network import trainer
+from slide.network.trainer import DivergenceError, NetworkSteps, scheduled_learning_rate
+
+# batches a member trains between two joins of the members: the callback and the budget are
+# checked once a wave (the same wave as ``slide.network.inflight``'s)
+WAVE_BATCHES = 16
+
+
+def check_same_shape(members):
+    """ValueError unless every member has the first one's layers, loss and batch size (what
+    one pass over shared batches and one stacked output layer need)."""
+    first = members[0]
+    for k, m in enumerate(members[1:], start=1):
+        for name in ("hidden_sizes", "batch_size", "loss", "epochs"):
+            a, b = getattr(first, name), getattr(m, name)
+            if (tuple(a) if isinstance(a, (list, tuple)) else a) != \
+                    (tuple(b) if isinstance(b, (list, tuple)) else b):
+                raise ValueError(f"fused members must agree in {name}: member 0 has {a!r}, "
+                                 f"member {k} has {b!r} (fit them with fused=False)")
+
+
+def stacked_output(members):
+    """The members' output layers as one ``OutputLayer`` over their stacked hidden layers:
+    W = [W_1 ... W_K] / K [n_labels, K h], b = the mean of the b_k, so its logits are the mean
+    of the members' (a new array of n_labels x K h floats)."""
+    outs = [m.network_.output_layer() for m in members]
+    W = np.hstack([o.W for o in outs])
+    W /= np.float32(len(outs))
+    b = np.mean([o.b for o in outs], axis=0).astype(outs[0].b.dtype)
+    return OutputLayer(np.ascontiguousarray(W), b, outs[0].sigmoid)
+
+
+def stacked_hidden(members, X):
+    """[H_1 ... H_K]: the members' last hidden layers of the rows of X side by side (float32
+    [n, K h])."""
+    return np.hstack([m.network_.hidden(X) for m in members])
+
+
+class _MemberRun:
+    """One member's part of the pass: its batch steps and whether it still trains."""
+
+    def __init__(self, index, model):
+        self.index = index
+        self.model = model
+        self.steps = NetworkSteps(model)
+        self.active = True
+
+    def train_wave(self, X, Y, wave, total_batches, time_done, n_threads):
+        """Train the wave's batches (row ids, in order) one after another on this thread.
+        Returns (mean loss, mean active size) of the wave."""
+        numba.set_num_threads(n_threads)
+        m = self.model
+        losses, actives = [], []
+        for rows in wave:
+            serial = m.batches_ + 1
+            lr = scheduled_learning_rate(float(m.learning_rate), m.lr_schedule,
+                                         m.warmup_batches, serial, total_batches, time_done)
+            loss, act, _ = self.steps.step(X, Y, rows, serial, lr, n_threads)
+            if not math.isfinite(loss):
+                m.network_.clear_gradients()
+                raise DivergenceError(serial, m.epoch_, f"{loss} (member {self.index})")
+            m.batches_ = serial
+            m.samples_ += rows.shape[0]
+            self.steps.after_step()
+            m.batch_in_epoch_ += 1
+            losses.append(loss)
+            actives.append(act)
+        return float(np.mean(losses)), float(np.mean(actives))
+
+
+def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
+                  callback=None, eval_set=None):
+    """Train the built ``members`` (``SlideClassifier``s of one shape, fresh) together over
+    the rows ``rows`` of (X, Y) (None: all), the rows shuffled by ``order_seed``, on
+    ``n_threads`` threads, within ``time_budget`` seconds if set (the learning-rate schedule
+    then ends with the budget, as a single model's does). ``callback(k, member, info)`` runs
+    once a wave for each member still training (``info`` as ``SlideClassifier.fit``'s, with
+    ``batches``: the wave's size); a true return value stops that member. ``eval_set``
+    (checked (X, Y)): each member's P@1 on it in its ``history_`` at every epoch's end. Returns the seconds
+    trained (one clock for all members; each member's ``train_seconds_`` is set to it)."""
+    first = members[0]
+    runs = [_MemberRun(k, m) for k, m in enumerate(members)]
+    n_threads = max(1, int(n_threads))
+    threads_each = max(1, n_threads // len(runs))
+    bs = int(first.batch_size)
+    n = X.shape[0] if rows is None else rows.shape[0]
+    n_batches = -(-n // bs)
+    epochs = trainer.resolve_epochs(first.epochs, X.shape[0], bs)
+    total_batches = epochs * n_batches
+    Y_train = Y if rows is None else take_rows(Y, rows)
+    for run in runs:
+        run.steps.start(X, Y_train, threads_each)
+        run.model.stopped_ = run.model.budget_spent_ = False
+    clock = 0.0
+    pool = ThreadPoolExecutor(min(len(runs), n_threads))
+    try:
+        with trainer.blas_single_thread():
+            for epoch in range(epochs):
+                t_epoch = time.perf_counter()
+                batches = list(iterate_minibatches(n, bs, int(order_seed), epoch))
+                for lo in range(0, n_batches, WAVE_BATCHES):
+                    active = [r for r in runs if r.active]
+                    if not active:
+                        return clock
+                    if time_budget and clock >= time_budget:
+                        for r in active:
+                            r.model.budget_spent_ = True
+                            r.model.sync()
+                        return clock
+                    t0 = time.perf_counter()
+                    wave = [b if rows is None else rows[b]
+                            for b in batches[lo:lo + WAVE_BATCHES]]
+                    time_done = clock / time_budget if time_budget else 0.0
+                    futures = [pool.submit(r.train_wave, X, Y, wave, total_batches,
+                                           time_done, threads_each) for r in active]
+                    results = [f.result() for f in futures]
+                    clock += time.perf_counter() - t0
+                    _after_wave(active, results, clock, epoch, t_epoch, n_batches, callback,
+                                len(wave), eval_set)
+    finally:
+        pool.shutdown(wait=True)
+        numba.set_num_threads(n_threads)
+    return clock
+
+
+def _after_wave(active, results, clock, epoch, t_epoch, n_batches, callback, wave_size,
+                eval_set):
+    """What ``trainer`` does between waves, for each member that trained the wave."""
+    for run, (loss, act) in zip(active, results):
+        m = run.model
+        m.train_seconds_ = clock
+        if m.batch_in_epoch_ >= n_batches:
+            m.epoch_ += 1
+            m.batch_in_epoch_ = 0
+            trainer.end_epoch(m, epoch, t_epoch, eval_set)
+        if callback is not None:
+            info = trainer.callback_info(m, m.batches_, epoch, n_batches, loss, act, False,
+                                         False, batches=wave_size)
+            if callback(run.index, m, info):
+                m.stopped_ = True
+                run.active = False

@@ -1,0 +1,152 @@
+"""Fused members (``slide.fused``, ``SlideEnsemble(fused=True)``): one pass over shared batches,
+each member trained as it would be alone, one ranking stack on the stacked network."""
+import pickle
+
+import numpy as np
+import pytest
+
+import slide
+from slide import fused
+from slide.ensemble import SlideEnsemble, member_seed
+from slide.estimator import SlideClassifier
+from slide.persist.checkpoint import CheckpointError
+from slide.warmup import tiny_data
+
+TINY = dict(hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
+            batch_size=8, epochs=2, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, Y = tiny_data()
+    return X, Y
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    return SlideEnsemble(SlideClassifier(**TINY, neighbours=0), n_models=3,
+                         random_state=5).fit(*data)
+
+
+def test_member_zero_trains_bit_for_bit_as_it_would_alone(data, fitted):
+    """Member 0's seed is the ensemble's order of rows: on one thread its network is the one
+    ``SlideClassifier.fit`` trains alone with that seed, one batch at a time."""
+    alone = SlideClassifier(**TINY, neighbours=0, batches_in_flight=1,
+                            random_state=member_seed(5, 0)).fit(*data)
+    m0 = fitted.members_[0]
+    assert m0.batches_ == alone.batches_ > 0
+    np.testing.assert_array_equal(m0.network_.W, alone.network_.W)
+    np.testing.assert_array_equal(m0.network_.B, alone.network_.B)
+
+
+def test_members_do_not_touch_each_other(data, fitted):
+    """Member 2 of three trains the same bits as member 2 trained with no other member beside
+    it (the same order of rows, its own seed)."""
+    X, Y = data
+    members = [SlideClassifier(**TINY, neighbours=0, batches_in_flight=1,
+                               random_state=member_seed(5, k)) for k in range(3)]
+    for m in members:
+        hs, sparse = m._checked_params()
+        m._build(X.shape[1], Y.shape[1], hs, sparse)
+    fused.train_members(members[2:], X, Y, None, fitted.order_seed_, 1)
+    np.testing.assert_array_equal(members[2].network_.W, fitted.members_[2].network_.W)
+    assert not np.array_equal(fitted.members_[1].network_.W, fitted.members_[2].network_.W)
+
+
+def test_two_threads_train_every_member_to_a_finite_useful_model(data):
+    X, Y = data
+    ens = SlideEnsemble(SlideClassifier(**dict(TINY, n_threads=2, epochs=30), neighbours=0),
+                        n_models=3, random_state=1).fit(X, Y)
+    for m in ens.members_:
+        assert m.epoch_ == 30 and np.isfinite(m.network_.W).all()
+        assert m.train_seconds_ == ens.members_[0].train_seconds_
+    # the mean of the members' logits ranks better than the members do on average
+    members = np.mean([m.score(X, Y) for m in ens.members_])
+    assert ens.score(X, Y) > max(members, 0.3)
+
+
+def test_stacked_output_is_the_mean_of_the_members_logits(data, fitted):
+    X, _ = data
+    out = fused.stacked_output(fitted.members_)
+    H = fused.stacked_hidden(fitted.members_, X)
+    expected = np.mean([m.predict_scores(X).astype(np.float64) for m in fitted.members_], axis=0)
+    np.testing.assert_allclose(out.logits(H), expected, rtol=1e-4, atol=1e-5)
+    # without the vote the ensemble ranks by those mean logits
+    top = fitted.predict_topk(X, k=3)
+    np.testing.assert_array_equal(top[:, 0], np.argmax(expected, axis=1))
+    np.testing.assert_allclose(fitted.predict_proba(X).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_one_ranking_stack_on_the_stacked_network(data):
+    X, Y = data
+    est = SlideClassifier(**TINY)
+    est._rerank_min_holdout = 10            # the tiny set holds out enough rows to re-rank
+    ens = SlideEnsemble(est, n_models=2, random_state=3).fit(X, Y)
+    width = sum(m.network_.layout.n_in[-1] for m in ens.members_)
+    assert ens.rank_.memory is not None and ens.rank_.memory.fits(width, ens.n_labels_)
+    assert all(m.rank_.memory is None for m in ens.members_)
+    ids = ens.predict_topk(X, k=2)
+    assert ids.shape == (X.shape[0], 2) and (ids >= 0).all()
+
+
+def test_save_load_and_pickle_keep_the_predictions(data, tmp_path):
+    X, Y = data
+    est = SlideClassifier(**TINY)
+    est._rerank_min_holdout = 10
+    ens = SlideEnsemble(est, n_models=2, random_state=3).fit(X, Y)
+    want = ens.predict_topk(X, k=3)
+    path = tmp_path / "fused.slide"
+    ens.save(path)
+    back = slide.load(path)
+    assert back.fused and back.order_seed_ == ens.order_seed_
+    np.testing.assert_array_equal(back.predict_topk(X, k=3), want)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(ens)).predict_topk(X, k=3), want)
+
+
+def test_a_corrupt_fused_ranking_is_refused(data, tmp_path):
+    X, Y = data
+    ens = SlideEnsemble(SlideClassifier(**TINY, neighbours=4), n_models=2,
+                        random_state=3).fit(X, Y)
+    assert ens.rank_.memory is not None
+    path = tmp_path / "fused.slide"
+    ens.save(path)
+    import zipfile
+    bad = tmp_path / "bad.slide"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            if not item.filename.startswith("fused/nbr_"):
+                dst.writestr(item, src.read(item.filename))
+    with pytest.raises(CheckpointError, match="bad.slide"):
+        slide.load(bad)
+
+
+def test_callback_stops_one_member_and_the_others_finish(data):
+    X, Y = data
+    seen = []
+
+    def stop_member_one(member, info):
+        seen.append((info["member"], info["batches"]))
+        return info["member"] == 1
+
+    ens = SlideEnsemble(SlideClassifier(**TINY, neighbours=0), n_models=3,
+                        random_state=2).fit(X, Y, callback=stop_member_one)
+    # the tiny set's epoch is one wave: member 1 stopped after its first epoch
+    assert ens.members_[1].stopped_ and ens.members_[1].epoch_ == 1
+    assert ens.members_[0].epoch_ == ens.members_[2].epoch_ == 2
+    assert {k for k, _ in seen} == {0, 1, 2} and all(b >= 1 for _, b in seen)
+
+
+def test_time_budget_is_the_ensembles(data):
+    X, Y = data
+    ens = SlideEnsemble(SlideClassifier(**dict(TINY, epochs=50), neighbours=0, time_budget=1e-9),
+                        n_models=2, random_state=2).fit(X, Y)
+    # the budget is checked between waves: each member trained the first wave (one epoch)
+    assert all(m.budget_spent_ and m.epoch_ == 1 for m in ens.members_)
+
+
+def test_bad_fused_flag_and_mismatched_members_are_named(data):
+    with pytest.raises(ValueError, match="fused must be True or False"):
+        SlideEnsemble(SlideClassifier(**TINY), fused="yes").fit(*data)
+    a, b = SlideClassifier(**TINY), SlideClassifier(**dict(TINY, hidden_sizes=(16,)))
+    with pytest.raises(ValueError, match="hidden_sizes.*member 1"):
+        fused.check_same_shape([a, b])
