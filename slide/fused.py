@@ -115,8 +115,9 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
     then ends with the budget, as a single model's does). ``callback(k, member, info)`` runs
     once a wave for each member still training (``info`` as ``SlideClassifier.fit``'s, with
     ``batches``: the wave's size); a true return value stops that member. ``eval_set``
-    (checked (X, Y)): each member's P@1 on it in its ``history_`` at every epoch's end. Returns the seconds
-    trained (one clock for all members; each member's ``train_seconds_`` is set to it)."""
+    (checked (X, Y)): each member's P@1 on it in its ``history_`` at every epoch's end.
+    Returns the seconds trained (one clock for all members; each member's ``train_seconds_``
+    is set to it)."""
     first = members[0]
     runs = [_MemberRun(k, m) for k, m in enumerate(members)]
     n_threads = max(1, int(n_threads))
