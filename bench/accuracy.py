@@ -36,8 +36,9 @@ import scipy.sparse as sp
 
 # run keys that are the bench's, not the estimator's: "normalize" (see below), "n_models"
 # (a slide.ensemble.SlideEnsemble of that many members, each built from the run's other keys)
-# and "fused" (the ensemble's)
-BENCH_KEYS = ("normalize", "n_models", "fused")
+# and "fused" (the ensemble's); "search" (a slide.SlideSearch of that param_grid over the run's
+# other keys)
+BENCH_KEYS = ("normalize", "n_models", "fused", "search")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,6 +116,10 @@ def run_slide(name, params, seed, data, args):
         raise ValueError(f"normalize must be 'l2' or absent, got {normalize!r}")
     n_models = params.pop("n_models", None)
     fused = params.pop("fused", True)
+    grid = params.pop("search", None)
+    if grid is not None:
+        return run_search(name, params, grid, seed, (Xtr, Ytr, Xte, Yte, sample, inv_prop),
+                          args, normalize)
     if n_models is not None:
         split = (Xtr, Ytr, Xte, Yte, sample, inv_prop)
         return run_ensemble(name, params, n_models, seed, split, args, normalize, fused)
@@ -181,6 +186,35 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,
             "stopped_early": any(bool(m.stopped_ or m.budget_spent_) for m in model.members_),
             "batches": sum(m.batches_ for m in model.members_), "curve": [point],
+            "final": final}
+
+
+def run_search(name, params, grid, seed, data, args, normalize):
+    """Fit one SlideSearch of ``grid`` over ``params``; the record of its winner (its test
+    metrics, the search's seconds, every trial's held-out P@1)."""
+    from slide import SlideClassifier, SlideSearch
+    Xtr, Ytr, Xte, Yte, sample, inv_prop = data
+    search = SlideSearch(SlideClassifier(**params, n_threads=args.threads, random_state=seed),
+                         grid)
+    t0 = time.perf_counter()
+    search.fit(Xtr, Ytr)
+    wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    top = search.predict_topk(Xte, k=5)
+    predict_s = time.perf_counter() - t0
+    final = score_topk(Yte, top, inv_prop)
+    trials = [{"params": p, "held_out_P@1": float(sc)} for p, sc in
+              zip(search.cv_results_["params"], search.cv_results_["mean_test_score"])]
+    if args.verbose:
+        print(f"  {name} seed {seed} {search.train_seconds_:.1f}s best {search.best_params_}",
+              flush=True)
+    return {"system": "slide", "run": name, "params": dict(params, search=grid),
+            "normalize": normalize, "seed": seed, "train_seconds": search.train_seconds_,
+            "predict_seconds": predict_s, "compile_seconds": search.compile_seconds_,
+            "fit_wall_seconds": wall, "stopped_early": False,
+            "best_params": search.best_params_, "trials": trials,
+            "curve": [dict(final, epoch=float(search.best_estimator_.epoch_),
+                           seconds=search.train_seconds_)],
             "final": final}
 
 

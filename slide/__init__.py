@@ -20,12 +20,14 @@ _EXPORTS = {
     "PRESETS": "slide.synthetic",
     "SlideClassifier": "slide.estimator",
     "SlideEnsemble": "slide.ensemble",
+    "SlideSearch": "slide.search",
     "load": "slide.persist.models",
     "save": "slide.text",
     "show_versions": "slide.environment",
 }
 _SUBMODULES = {"kernels", "network", "rank", "persist", "estimator", "ensemble", "distributed",
-               "data", "synthetic", "metrics", "params", "config", "cli", "labels", "text"}
+               "data", "synthetic", "metrics", "params", "config", "cli", "labels", "text",
+               "fused", "search"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -264,11 +264,73 @@ def validate(user: dict, check_files=True, source=None, require_data=True) -> di
     cfg = defaults()
     if not isinstance(user, dict):
         raise ConfigError([("config", "must be a table of keys")], source=source)
+    user = dict(user)
+    search = user.pop("search", None)
     _walk(user, SCHEMA, cfg, "", problems)
+    if search is not None:
+        cfg["search"] = _check_search(search, problems)
     _check_cross(cfg, problems, check_files=check_files, require_data=require_data)
     if problems:
         raise ConfigError(problems, source=source)
     return cfg
+
+
+# keys a [search] table may not list: the run's own settings and the ranking stages, fitted once
+# for the winner (slide.search.NOT_SEARCHED, by config key)
+_NOT_SEARCHED = ("train.seed", "train.threads", "model.neighbours", "model.neighbour_weight",
+                 "model.rerank", "train.batches_in_flight")
+
+
+def _check_search(search, problems: list) -> dict:
+    """The ``[search]`` table: dotted config keys of the estimator's parameters, each with a
+    non-empty array of values checked as the key's own value; ``{}`` after recording problems."""
+    if not isinstance(search, dict):
+        problems.append(("search", f"must be a table ([search]) of keys and arrays of values, "
+                                   f"got {_type_name(search)}"))
+        return {}
+    out = {}
+    for key, values in search.items():
+        where = f"search.{key}"
+        spec = params.BY_KEY.get(key)
+        if spec is None or spec.name is None:
+            known = [k for k, p in params.BY_KEY.items() if p.name]
+            problems.append((where, f"not a model parameter's config key{_suggest(key, known)}"))
+            continue
+        if key in _NOT_SEARCHED:
+            problems.append((where, "not searched (the run's own setting, or a ranking stage "
+                                    "fitted once for the winner)"))
+            continue
+        if not isinstance(values, list) or not values:
+            problems.append((where, f"must be a non-empty array of values, got {values!r}"))
+            continue
+        checked = [_check_value(f"{where}[{i}]", spec, v, problems)
+                   for i, v in enumerate(values)]
+        if all(v is not None for v in checked):
+            out[key] = checked
+    return out
+
+
+def search_grid(cfg: dict) -> dict:
+    """The ``[search]`` table as ``SlideSearch``'s ``param_grid`` (estimator keywords; {} for
+    none)."""
+    grid = {}
+    for key, values in cfg.get("search", {}).items():
+        name = params.BY_KEY[key].name
+        grid[name] = [tuple(v) if name == "hidden_sizes" else v for v in values]
+    return grid
+
+
+def with_values(cfg: dict, chosen: dict) -> dict:
+    """A copy of ``cfg`` with the dotted keys of ``chosen`` set to their values (a search's
+    winner)."""
+    out = copy.deepcopy(cfg)
+    for key, value in chosen.items():
+        *tables, leaf = key.split(".")
+        node = out
+        for t in tables:
+            node = node[t]
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def _header_shape(path):

@@ -2,17 +2,24 @@
 combined (the label trees do the same: Omikuji averages 3 trees by default).
 
 Each member is a clone of ``estimator`` with its own seed, so it differs in its initial
-weights, batch order, hash functions and sampled negatives; the members' errors are partly
-independent and their combination ranks better than any one of them. Members train one after
-another, each on all the cores, each with its own re-ranker when the estimator has one.
+weights, hash functions and sampled negatives; the members' errors are partly independent and
+their combination ranks better than any one of them.
 
-``predict_topk``: members with a re-ranker (the default) each rank their ``FUSE_DEPTH`` best
+Fused (``fused=True``, the default; ``slide.fused``): the members train in one pass over the
+same batches (member 0's order of rows and held-out split), side by side on the threads, and
+the ensemble fits one set of ranking stages (vote, re-ranker, linear classifiers) on their
+stacked network, whose logits are the mean of the members'; its predictions come from there
+(``rank_``). Sequential (``fused=False``): the members train one after another, each on all
+the cores, each in its own order and with its own re-ranker when the estimator has one, and
+are combined as below.
+
+Sequential ``predict_topk``: members with a re-ranker (the default) each rank their ``FUSE_DEPTH`` best
 labels (``SlideClassifier.predict_topk_scored``), and a label's score is the sum over the
 members of its log-probability, ``FUSE_FLOOR`` where a member did not list it: averaging the
 members' blends without their re-rankers ranked below one re-ranked model on debcontents
 (``bench/results/accuracy_debcontents_ensemble_2855027.md``). Members without a re-ranker: the
 mean of their probabilities.
-``predict_proba``: always the mean of the members' probabilities (``SlideClassifier.
+Sequential ``predict_proba``: always the mean of the members' probabilities (``SlideClassifier.
 predict_proba``: softmax, or sigmoid for ``loss="sigmoid"``, blended with the member's own
 neighbour vote), every label scored.
 
@@ -98,9 +105,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     random_state : int or None
         Member k is seeded ``member_seed(random_state, k)``; None: the estimator's
         ``random_state`` if set, else a fresh seed per fit.
+    fused : bool
+        Train the members in one pass and rank them as one stacked network (module
+        docstring); False: one after another, each ranked on its own.
 
     Fitted attributes: ``members_`` (the fitted members), ``n_features_in_``, ``n_labels_``,
-    ``seed_``, ``train_seconds_`` and ``compile_seconds_`` (sums over the members).
+    ``seed_``, ``train_seconds_`` and ``compile_seconds_`` (sequential: sums over the
+    members; fused: the pass's and the ranking stages' seconds); fused also ``rank_`` (the
+    stacked network's ``RankStack``) and ``order_seed_`` (the seed of its order of rows).
     """
 
     def __init__(self, estimator=None, n_models=3, random_state=None, fused=True):
@@ -182,7 +194,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             # the ensemble's clock and budget drive the pass; a member runs one batch at a
             # time (the members are what is in flight)
             m.set_params(time_budget=None, batches_in_flight=1)
-        fused_mod.check_same_shape(members)
         first = members[0]
         compile_seconds = first._warm_up(X, Y)
         hs, sparse = first._checked_params()

@@ -1,31 +1,31 @@
-"""Fused members: K networks of one shape trained in one pass over the same batches, side by
-side on the threads, and ranked as one stacked network (``SlideEnsemble(fused=True)``).
+"""Fused members: K networks trained in one pass over the same batches, side by side on the
+threads, and ranked as one stacked network (``SlideEnsemble(fused=True)``, ``SlideSearch``).
 
 What the members share. One check of the data, one held-out split, one shuffled order of the
-rows (seeded by the ensemble: every member sees batch t's rows at step t, as HFTA's fused
-models do), one clock (the ensemble's ``time_budget`` and learning-rate schedule) and one
-ranking stack: the members' last hidden layers side by side, [H_1 ... H_K], under the output
-layer [W_1 ... W_K] / K with the mean of their biases, whose logits are the mean of the
-members' logits. The neighbour vote, the re-ranker and its linear classifiers are fitted once,
-on that stacked network, instead of once a member (on debcontents they are about 80 % of a
-``SlideClassifier`` fit: ``bench/results/fused_*``).
+rows (every member sees batch t's rows at step t, as HFTA's fused models do), one clock (the
+``time_budget`` and the learning-rate schedule's share of it) and, in an ensemble, one ranking
+stack: the members' last hidden layers side by side, [H_1 ... H_K], under the output layer
+[W_1 ... W_K] / K with the mean of their biases, whose logits are the mean of the members'
+logits. The neighbour vote, the re-ranker and its linear classifiers are fitted once, on that
+stacked network, instead of once a member: they are most of a ``SlideClassifier`` fit on the
+real sets (``docs/design.md``, "Fused members").
 
-What each member keeps. Its seed (initial weights, negatives), learning rate, schedule, loss
-and block settings; its network, optimizer and step records. Member k's training is the one
-it gets alone with the same order of rows: the same calls on the same state, one batch at a
-time (``test_fused``: bit for bit on one thread).
+What each member keeps. Its seed (initial weights, negatives), layers, learning rate,
+schedule, loss and block settings; its network, optimizer and step records. Member k's
+training is the one it gets alone with the same order of rows: the same calls on the same
+state, one batch at a time (``tests/test_fused.py``: bit for bit on one thread).
 
 How the pass runs. The batches of an epoch go in waves of ``WAVE_BATCHES``; in a wave each
-member trains the wave's batches one after another on a worker thread of its own (a member's
-batch is one compiled call that releases the GIL), ``n_threads / K`` Numba threads each (one
-where the members are as many as the threads or more). Between waves nothing runs: there the
-clock and the budget are checked, epochs end (each member's optimizer synced) and the
-callback is called once a member.
+member trains the wave's batches one after another, as one task of a pool of ``min(K,
+n_threads)`` threads (a member's batch is one compiled call that releases the GIL), on
+``n_threads // K`` Numba threads (one where the members are as many as the threads or more).
+Between waves nothing runs: there the clock and the budget are checked, epochs end (each
+member's optimizer synced) and the callback is called once a member.
 
-What is not fused: the members' products and row steps stay one call a member. At the default
-shape a batch's time is mostly the three products of the shared block, whose flops are the
-same however the K members' products are arranged, so one kernel over all members was not
-built (``docs/design.md``, "Fused members").
+What is not fused: each member's batch stays its own compiled call (its products, row steps
+and optimizer). A batch's time is mostly its products of the shared block, whose flops are
+the same however the K members' products are arranged; the pass's measured cost against
+training the networks one after another is in ``docs/design.md``, "Fused members".
 """
 import math
 import time
@@ -45,23 +45,30 @@ from slide.network.trainer import DivergenceError, NetworkSteps, scheduled_learn
 WAVE_BATCHES = 16
 
 
-def check_same_shape(members):
-    """ValueError unless every member has the first one's layers, loss and batch size (what
-    one pass over shared batches and one stacked output layer need)."""
+# what members trained in one pass must agree in (the same batches, as many of them); their
+# layers may differ: each member's batch is its own call
+PASS_PARAMS = ("batch_size", "epochs")
+# and what members ranked as one stacked network must agree in besides
+STACK_PARAMS = PASS_PARAMS + ("loss",)
+
+
+def check_agree(members, names=STACK_PARAMS):
+    """ValueError unless every member has the first one's values of ``names``."""
     first = members[0]
     for k, m in enumerate(members[1:], start=1):
-        for name in ("hidden_sizes", "batch_size", "loss", "epochs"):
+        for name in names:
             a, b = getattr(first, name), getattr(m, name)
             if (tuple(a) if isinstance(a, (list, tuple)) else a) != \
                     (tuple(b) if isinstance(b, (list, tuple)) else b):
                 raise ValueError(f"fused members must agree in {name}: member 0 has {a!r}, "
-                                 f"member {k} has {b!r} (fit them with fused=False)")
+                                 f"member {k} has {b!r}")
 
 
 def stacked_output(members):
     """The members' output layers as one ``OutputLayer`` over their stacked hidden layers:
-    W = [W_1 ... W_K] / K [n_labels, K h], b = the mean of the b_k, so its logits are the mean
-    of the members' (a new array of n_labels x K h floats)."""
+    W = [W_1 ... W_K] / K [n_labels, sum of their widths], b = the mean of the b_k, so its
+    logits are the mean of the members' (a new array of that many floats)."""
+    check_agree(members, ("loss",))
     outs = [m.network_.output_layer() for m in members]
     W = np.hstack([o.W for o in outs])
     W /= np.float32(len(outs))
@@ -109,7 +116,8 @@ class _MemberRun:
 
 def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                   callback=None, eval_set=None):
-    """Train the built ``members`` (``SlideClassifier``s of one shape, fresh) together over
+    """Train the built ``members`` (fresh ``SlideClassifier``s that agree in ``PASS_PARAMS``)
+    together over
     the rows ``rows`` of (X, Y) (None: all), the rows shuffled by ``order_seed``, on
     ``n_threads`` threads, within ``time_budget`` seconds if set (the learning-rate schedule
     then ends with the budget, as a single model's does). ``callback(k, member, info)`` runs
@@ -118,6 +126,7 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
     (checked (X, Y)): each member's P@1 on it in its ``history_`` at every epoch's end.
     Returns the seconds trained (one clock for all members; each member's ``train_seconds_``
     is set to it)."""
+    check_agree(members, PASS_PARAMS)
     first = members[0]
     runs = [_MemberRun(k, m) for k, m in enumerate(members)]
     n_threads = max(1, int(n_threads))

@@ -574,3 +574,42 @@ def test_batches_in_flight_evaluate_and_checkpoint_between_waves(tmp_path, capsy
     code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
     assert code == 0, err
     assert [m["batch"] for m in metrics(run) if "batch" in m][-1] == 3 * 19
+
+
+def test_search_table_trains_the_winner_and_resume_keeps_it(tmp_path, capsys):
+    """[search]: the trials are searched (fused) before the run, written to search.json, and
+    the run trains the winner; a resumed run reads the winner back instead of searching."""
+    cfg, out = tiny_config(tmp_path, epochs=1, ckpt_every=0)
+    with open(cfg, "a") as f:
+        f.write('\n[search]\n"optimizer.learning_rate" = [1e-4, 2e-3]\n')
+    code, text, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 0, err
+    found = json.loads(open(os.path.join(out, "search.json")).read())
+    assert [t["values"]["optimizer.learning_rate"] for t in found["trials"]] == [1e-4, 2e-3]
+    assert found["held_out_rows"] > 0 and "search: 2 trials" in text
+    best = found["best"]["optimizer.learning_rate"]
+    assert max(found["trials"], key=lambda t: t["held_out_P@1"])["values"] == found["best"]
+    model = slide_load(os.path.join(out, "model.slide"))
+    assert model.learning_rate == best
+    code, text, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 0, err
+    assert "the winner of search.json" in text
+
+
+def slide_load(path):
+    import slide
+    return slide.load(path)
+
+
+def test_bad_search_tables_are_named(tmp_path, capsys):
+    cfg, _ = tiny_config(tmp_path)
+    with open(cfg, "a") as f:
+        f.write('\n[search]\n"optimizer.learning_rte" = [1e-3]\n"model.neighbours" = [5]\n'
+                '"train.batch_size" = []\n"optimizer.learning_rate" = [-1.0]\n')
+    code, _, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 2
+    for word in ("search.optimizer.learning_rte: not a model parameter",
+                 "did you mean 'optimizer.learning_rate'", "search.model.neighbours: not searched",
+                 "search.train.batch_size: must be a non-empty array",
+                 "search.optimizer.learning_rate[0]"):
+        assert word in err, err

@@ -11,6 +11,7 @@ from slide.ensemble import SlideEnsemble, member_seed
 from slide.estimator import SlideClassifier
 from slide.persist.checkpoint import CheckpointError
 from slide.warmup import tiny_data
+from tests.test_rerank import SMALL, keyword_data
 
 TINY = dict(hidden_sizes=(8,), L=2, K=2, range_pow=6, sampler_budget=16, shared_negatives=8,
             batch_size=8, epochs=2, n_threads=1)
@@ -77,30 +78,38 @@ def test_stacked_output_is_the_mean_of_the_members_logits(data, fitted):
     np.testing.assert_allclose(fitted.predict_proba(X).sum(axis=1), 1.0, rtol=1e-5)
 
 
-def test_one_ranking_stack_on_the_stacked_network(data):
-    X, Y = data
-    est = SlideClassifier(**TINY)
-    est._rerank_min_holdout = 10            # the tiny set holds out enough rows to re-rank
-    ens = SlideEnsemble(est, n_models=2, random_state=3).fit(X, Y)
+@pytest.fixture(scope="module")
+def reranked():
+    """A fused ensemble with the vote and the re-ranker (enough rows to hold some out)."""
+    Xtr, Ytr = keyword_data(2400, 0)
+    Xte, Yte = keyword_data(300, 1)
+    ens = SlideEnsemble(SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
+    return ens, Xte, Yte
+
+
+def test_one_ranking_stack_on_the_stacked_network(reranked):
+    ens, Xte, Yte = reranked
     width = sum(m.network_.layout.n_in[-1] for m in ens.members_)
     assert ens.rank_.memory is not None and ens.rank_.memory.fits(width, ens.n_labels_)
+    assert ens.rank_.reranker is not None
     assert all(m.rank_.memory is None for m in ens.members_)
-    ids = ens.predict_topk(X, k=2)
-    assert ids.shape == (X.shape[0], 2) and (ids >= 0).all()
+    # the re-ranked stacked network ranks at least as well as its members' networks alone
+    members = np.mean([m.score(Xte, Yte) for m in ens.members_])
+    assert ens.score(Xte, Yte) >= members
 
 
-def test_save_load_and_pickle_keep_the_predictions(data, tmp_path):
-    X, Y = data
-    est = SlideClassifier(**TINY)
-    est._rerank_min_holdout = 10
-    ens = SlideEnsemble(est, n_models=2, random_state=3).fit(X, Y)
-    want = ens.predict_topk(X, k=3)
+def test_save_load_and_pickle_keep_the_predictions(reranked, tmp_path):
+    ens, Xte, _ = reranked
+    want = ens.predict_topk(Xte, k=3)
     path = tmp_path / "fused.slide"
     ens.save(path)
     back = slide.load(path)
     assert back.fused and back.order_seed_ == ens.order_seed_
-    np.testing.assert_array_equal(back.predict_topk(X, k=3), want)
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(ens)).predict_topk(X, k=3), want)
+    assert back.rank_.reranker is not None
+    np.testing.assert_array_equal(back.predict_topk(Xte, k=3), want)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(ens)).predict_topk(Xte, k=3), want)
+    np.testing.assert_allclose(back.predict_proba(Xte[:5]), ens.predict_proba(Xte[:5]),
+                               rtol=1e-6)
 
 
 def test_a_corrupt_fused_ranking_is_refused(data, tmp_path):
@@ -147,6 +156,8 @@ def test_time_budget_is_the_ensembles(data):
 def test_bad_fused_flag_and_mismatched_members_are_named(data):
     with pytest.raises(ValueError, match="fused must be True or False"):
         SlideEnsemble(SlideClassifier(**TINY), fused="yes").fit(*data)
-    a, b = SlideClassifier(**TINY), SlideClassifier(**dict(TINY, hidden_sizes=(16,)))
-    with pytest.raises(ValueError, match="hidden_sizes.*member 1"):
-        fused.check_same_shape([a, b])
+    a, b = SlideClassifier(**TINY), SlideClassifier(**dict(TINY, batch_size=16))
+    with pytest.raises(ValueError, match="batch_size.*member 1"):
+        fused.train_members([a, b], *data, None, 0, 1)
+    with pytest.raises(ValueError, match="loss.*member 1"):
+        fused.check_agree([a, SlideClassifier(**dict(TINY, loss="sigmoid"))])

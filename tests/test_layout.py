@@ -35,7 +35,7 @@ LAYERS = (
     ("slide.sklearn_api",),                     # scikit-learn conventions of the estimators
     ("slide.estimator",),                       # SlideClassifier = Network + RankStack
     ("slide.fused",),                           # K estimators trained in one pass
-    ("slide.ensemble",),
+    ("slide.ensemble", "slide.search"),
     ("slide.distributed",),                     # ShardedSlideClassifier and its shards
     ("slide.persist.models",),                  # load(): the one module knowing the models
     ("slide.cli",),

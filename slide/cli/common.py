@@ -21,6 +21,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "time_to_accuracy.png"
 PROPENSITY_FILE = "inv_propensity.npy"
+SEARCH_FILE = "search.json"         # the [search] table's trials and winner
 CHECKPOINT_DIR = "checkpoints"
 BASELINE_DIR = "baseline-dense"
 KS = (1, 3, 5)

@@ -8,8 +8,8 @@ import shutil
 
 from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CHECKPOINT_DIR, CONFIG_FILE, EXIT_CHECKPOINT,
-                              METRICS_FILE, MODEL_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError,
-                              _engine, _err)
+                              METRICS_FILE, MODEL_FILE, PROPENSITY_FILE, SEARCH_FILE,
+                              SUMMARY_FILE, CliError, _engine, _err)
 from slide.fileio import write_text
 
 
@@ -111,7 +111,7 @@ def _clean_run_dir(run_dir):
     for name in (CHECKPOINT_DIR, BASELINE_DIR, "data"):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     for name in (METRICS_FILE, MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROPENSITY_FILE,
-                 "vectorizer.slide"):     # slide.cli.textdata.VECTORIZER_FILE
+                 SEARCH_FILE, "vectorizer.slide"):     # slide.cli.textdata.VECTORIZER_FILE
         try:
             os.remove(os.path.join(run_dir, name))
         except FileNotFoundError:

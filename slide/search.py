@@ -1,0 +1,252 @@
+"""``SlideSearch``: a grid search over a ``SlideClassifier``'s network parameters whose trials
+train fused (``slide.fused``) and are scored on held-out rows, with scikit-learn's search
+conventions (``best_params_``, ``best_estimator_``, ``cv_results_``, ``refit``).
+
+The trials share the template's seed, so they differ only in the searched parameters: the
+same initial weights where the shapes agree, the same order of rows, the same held-out rows.
+Trials that agree in what one pass needs (``fused.PASS_PARAMS``: the batch size and the
+epochs) train in one pass, side by side, whatever their layers; the groups train one after
+another. Each trial is scored by the precision at 1
+of its network alone (exact, every label scored) on the held-out rows, which no trial trained
+on: the rows the template's re-ranker would hold out (``slide.rank.rerank.holdout_rows``,
+the same draw a ``SlideClassifier`` fit makes), or ``validation_fraction`` of the rows for a
+template without a re-ranker. The winner is then finished as its own ``fit`` would finish it:
+its neighbour memory and re-ranker fitted once, on the same split (``refit=True``), so
+``best_estimator_`` is the model ``SlideClassifier(**best_params_).fit`` trains with one batch
+in flight. The ranking stages' parameters (``neighbours``, ``neighbour_weight``, ``rerank``)
+are not searched: they are fitted once, for the winner.
+"""
+import time
+
+import numpy as np
+
+try:
+    from sklearn.base import BaseEstimator, clone
+    from sklearn.model_selection import ParameterGrid
+except ImportError:  # pragma: no cover - scikit-learn is a dependency
+    BaseEstimator = object
+
+from sklearn.exceptions import NotFittedError
+
+from slide import fused as fused_mod
+from slide import labels as labels_mod
+from slide.data import cap_row_labels
+from slide.data.inputs import take_rows
+from slide.estimator import SlideClassifier
+from slide.labels import encode
+from slide.metrics import precision_at_k
+from slide.network.trainer import blas_single_thread
+from slide.params import is_int, is_real
+from slide.rank import rerank
+
+# the search's own settings, and the ranking stages fitted once for the winner: never searched
+NOT_SEARCHED = ("random_state", "n_threads", "time_budget", "verbose", "neighbours",
+                "neighbour_weight", "rerank", "batches_in_flight")
+
+
+def check_param_grid(param_grid, template):
+    """The list of trials (dicts) of ``param_grid`` (a dict of lists, or a list of such
+    dicts), each checked on a clone of ``template``; ValueError naming the bad key or value."""
+    if isinstance(param_grid, dict):
+        param_grid = [param_grid]
+    if not isinstance(param_grid, (list, tuple)) or not param_grid:
+        raise ValueError(f"param_grid must be a non-empty dict of lists or a list of them, "
+                         f"got {param_grid!r}")
+    known = set(template.get_params(deep=False))
+    for grid in param_grid:
+        if not isinstance(grid, dict) or not grid:
+            raise ValueError(f"param_grid: each grid must be a non-empty dict, got {grid!r}")
+        for key, values in grid.items():
+            if key not in known:
+                raise ValueError(f"param_grid: {key!r} is not a SlideClassifier parameter")
+            if key in NOT_SEARCHED:
+                raise ValueError(f"param_grid: {key!r} is not searched (the search's own "
+                                 f"setting, or a ranking stage fitted once for the winner)")
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") \
+                    or len(values) == 0:
+                raise ValueError(f"param_grid: {key!r} must list at least one value, "
+                                 f"got {values!r}")
+    trials = list(ParameterGrid(list(param_grid)))
+    for params in trials:
+        try:
+            clone(template).set_params(**params)._checked_params()
+        except ValueError as exc:
+            raise ValueError(f"param_grid: the trial {params!r} is invalid: {exc}") from None
+    return trials
+
+
+def _pass_key(model):
+    """What trials trained in one pass share (``fused.PASS_PARAMS``)."""
+    return tuple(getattr(model, name) for name in fused_mod.PASS_PARAMS)
+
+
+class SlideSearch(BaseEstimator):
+    """Grid search over ``SlideClassifier`` parameters, trials trained fused (module docstring).
+
+    Parameters
+    ----------
+    estimator : SlideClassifier or None
+        The template (unfitted); None: ``SlideClassifier()``. Its ``random_state`` seeds every
+        trial (None: a fresh seed per fit).
+    param_grid : dict or list of dicts
+        Parameter names to lists of values (scikit-learn's ``ParameterGrid``).
+    validation_fraction : float in (0, 0.5]
+        Share of the rows held out to score the trials when the template has no re-ranker
+        (with one, its held-out rows score them).
+    refit : bool
+        Finish the winner (its vote and re-ranker) as ``best_estimator_``.
+
+    Fitted attributes: ``cv_results_`` (``params``, ``param_<name>``, ``mean_test_score``:
+    held-out P@1 of the trial's network, ``rank_test_score``, ``mean_fit_time``: seconds of
+    the trial's pass, shared by the trials fused in it, ``fused_group``), ``best_index_``,
+    ``best_params_``, ``best_score_``, ``best_estimator_`` (``refit``), ``n_held_out_``,
+    ``train_seconds_`` (every pass and the winner's stages), ``seed_``.
+    """
+
+    def __init__(self, estimator=None, param_grid=None, validation_fraction=0.1, refit=True):
+        self.estimator = estimator
+        self.param_grid = param_grid
+        self.validation_fraction = validation_fraction
+        self.refit = refit
+
+    def _template(self):
+        if self.estimator is None:
+            return SlideClassifier()
+        if not isinstance(self.estimator, SlideClassifier):
+            raise ValueError(f"estimator must be a SlideClassifier or None, got "
+                             f"{type(self.estimator).__name__}")
+        return self.estimator
+
+    def _validate(self):
+        template = self._template()
+        template._checked_params()
+        if not is_real(self.validation_fraction) or \
+                not 0.0 < float(self.validation_fraction) <= 0.5:
+            raise ValueError(f"validation_fraction must be in (0, 0.5], got "
+                             f"{self.validation_fraction!r}")
+        if not isinstance(self.refit, (bool, np.bool_)):
+            raise ValueError(f"refit must be True or False, got {self.refit!r}")
+        return template, check_param_grid(self.param_grid, template)
+
+    def _split(self, model, n_rows, n_labels, seed):
+        """(training rows, held-out rows, whether the winner's re-ranker uses them), for the
+        trials of ``model`` (built with the search's seed)."""
+        if model._n_held(n_rows, n_labels) > 0:
+            fit_rows, held = model._rerank_split(n_rows, n_labels)
+            return fit_rows, held, True
+        n_held = max(1, int(round(float(self.validation_fraction) * n_rows)))
+        if n_held >= n_rows:
+            raise ValueError(f"{n_rows} rows are too few to hold some out for the search")
+        perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x5EA2]).permutation(n_rows)
+        return (np.sort(perm[n_held:]).astype(np.int64),
+                np.sort(perm[:n_held]).astype(np.int64), False)
+
+    def fit(self, X, Y, classes=None):
+        """Train every trial (fused by shape), score it on the held-out rows, and finish the
+        winner (``refit``). Y and ``classes``: as ``SlideClassifier.fit`` takes them."""
+        template, trials = self._validate()
+        seed = template.random_state
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0] & 0x7FFFFFFF)
+        self.seed_ = int(seed)
+        one_d = labels_mod.one_label_per_row(Y)
+        Y, names = encode(Y, name="Y", classes=classes)
+        models = [clone(template).set_params(**params, random_state=self.seed_,
+                                             batches_in_flight=1, time_budget=None)
+                  for params in trials]
+        first = models[0]
+        # every trial's kernels (a configuration compiled once per process: cheap when the
+        # trials differ in values only)
+        compile_seconds = sum(m._warm_up(X, Y) for m in models)
+        X, Y, names = first._check_training_data(X, Y, False, names)
+        Y = cap_row_labels(Y, first.max_row_labels, self.seed_)
+        groups = {}
+        for i, m in enumerate(models):
+            hs, sparse = m._checked_params()
+            m._build(X.shape[1], Y.shape[1], hs, sparse)
+            labels_mod.set_classes(m, names)
+            groups.setdefault(_pass_key(m), []).append(i)
+        fit_rows, held, for_rerank = self._split(first, X.shape[0], Y.shape[1], self.seed_)
+        seconds = np.zeros(len(models))
+        group_of = np.zeros(len(models), np.int64)
+        for g, members in enumerate(groups.values()):
+            took = fused_mod.train_members([models[i] for i in members], X, Y, fit_rows,
+                                           self.seed_, first._threads(),
+                                           time_budget=template.time_budget)
+            seconds[members] = took
+            group_of[members] = g
+        scores = self._held_out_scores(models, X, Y, held)
+        order = np.argsort(-scores, kind="stable")
+        ranks = np.empty(len(models), np.int64)
+        ranks[order] = np.arange(1, len(models) + 1)
+        for r in range(1, len(models)):         # ties share the better rank
+            if scores[order[r]] == scores[order[r - 1]]:
+                ranks[order[r]] = ranks[order[r - 1]]
+        self.cv_results_ = self._results(trials, scores, ranks, seconds, group_of)
+        self.best_index_ = int(order[0])
+        self.best_params_ = dict(trials[self.best_index_])
+        self.best_score_ = float(scores[self.best_index_])
+        self.n_held_out_ = int(held.shape[0])
+        self.compile_seconds_ = float(compile_seconds)
+        total = float(sum(seconds[members[0]] for members in groups.values()))
+        if self.refit:
+            best = models[self.best_index_]
+            labels_mod.set_target(best, one_d)
+            t0 = time.perf_counter()
+            if best.neighbours > 0 and not best.stopped_:
+                best._build_memory(X, Y, (fit_rows, held) if for_rerank else None)
+            total += time.perf_counter() - t0
+            best.set_params(time_budget=template.time_budget)
+            self.best_estimator_ = best
+        self.train_seconds_ = total
+        return self
+
+    @staticmethod
+    def _held_out_scores(models, X, Y, held):
+        """P@1 of each trial's network on the held-out rows."""
+        Xh, Yh = take_rows(X, held), take_rows(Y, held)
+        out = np.empty(len(models))
+        for i, m in enumerate(models):
+            m._threads()
+            with blas_single_thread():
+                top = m.network_.predict_topk_exact(Xh, 1)
+            out[i] = precision_at_k(Yh, top, 1)
+        return out
+
+    @staticmethod
+    def _results(trials, scores, ranks, seconds, group_of):
+        res = {"params": [dict(p) for p in trials], "mean_test_score": scores,
+               "rank_test_score": ranks, "mean_fit_time": seconds, "fused_group": group_of}
+        for key in sorted({k for p in trials for k in p}):
+            col = np.ma.masked_all(len(trials), dtype=object)
+            for i, p in enumerate(trials):
+                if key in p:
+                    col[i] = p[key]
+            res[f"param_{key}"] = col
+        return res
+
+    # -- the winner's predictions ----------------------------------------------------------------
+    def _best(self):
+        if not hasattr(self, "best_estimator_"):
+            raise NotFittedError("this SlideSearch has no best_estimator_: fit it (refit=True)")
+        return self.best_estimator_
+
+    @property
+    def classes_(self):
+        return self._best().classes_
+
+    def predict_topk(self, X, k=5, **kw):
+        return self._best().predict_topk(X, k=k, **kw)
+
+    def predict_proba(self, X, **kw):
+        return self._best().predict_proba(X, **kw)
+
+    def predict(self, X, k=1):
+        return self._best().predict(X, k=k)
+
+    def score(self, X, y, **kw):
+        return self._best().score(X, y, **kw)
+
+    def save(self, path, extra=None):
+        """The winner's checkpoint (``slide.load`` reads it back as a ``SlideClassifier``)."""
+        self._best().save(path, extra)
