@@ -13,9 +13,9 @@ stacked network, whose logits are the mean of the members'; its predictions come
 the cores, each in its own order and with its own re-ranker when the estimator has one, and
 are combined as below.
 
-Sequential ``predict_topk``: members with a re-ranker (the default) each rank their ``FUSE_DEPTH`` best
-labels (``SlideClassifier.predict_topk_scored``), and a label's score is the sum over the
-members of its log-probability, ``FUSE_FLOOR`` where a member did not list it: averaging the
+Sequential ``predict_topk``: members with a re-ranker (the default) each rank their
+``FUSE_DEPTH`` best labels (``SlideClassifier.predict_topk_scored``), and a label's score is
+the sum over the members of its log-probability, ``FUSE_FLOOR`` where a member did not list it: averaging the
 members' blends without their re-rankers ranked below one re-ranked model on debcontents
 (``bench/results/accuracy_debcontents_ensemble_2855027.md``). Members without a re-ranker: the
 mean of their probabilities.

@@ -36,8 +36,7 @@ from slide.estimator import SlideClassifier
 from slide.labels import encode
 from slide.metrics import precision_at_k
 from slide.network.trainer import blas_single_thread
-from slide.params import is_int, is_real
-from slide.rank import rerank
+from slide.params import is_real
 
 # the search's own settings, and the ranking stages fitted once for the winner: never searched
 NOT_SEARCHED = ("random_state", "n_threads", "time_budget", "verbose", "neighbours",
