@@ -310,29 +310,6 @@ def _check_search(search, problems: list) -> dict:
     return out
 
 
-def search_grid(cfg: dict) -> dict:
-    """The ``[search]`` table as ``SlideSearch``'s ``param_grid`` (estimator keywords; {} for
-    none)."""
-    grid = {}
-    for key, values in cfg.get("search", {}).items():
-        name = params.BY_KEY[key].name
-        grid[name] = [tuple(v) if name == "hidden_sizes" else v for v in values]
-    return grid
-
-
-def with_values(cfg: dict, chosen: dict) -> dict:
-    """A copy of ``cfg`` with the dotted keys of ``chosen`` set to their values (a search's
-    winner)."""
-    out = copy.deepcopy(cfg)
-    for key, value in chosen.items():
-        *tables, leaf = key.split(".")
-        node = out
-        for t in tables:
-            node = node[t]
-        node[leaf] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
 def _header_shape(path):
     """(n_points, n_features, n_labels) from an XC file's first line, or None if unreadable.
     Only the header is read: validation must not read data."""

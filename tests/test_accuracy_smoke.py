@@ -102,9 +102,10 @@ def test_ensemble_and_budget_runs_on_tiny(tmp_path):
     records = accuracy.main([
         "--preset", "tiny", "--name", "tiny", "--no-base",
         "--base", '{"hidden_sizes": [16], "learning_rate": 1e-2, "epochs": 2}',
-        "--run", '{"n_models": 2}', "--run", '{"time_budget": 1e-6}', "--threads", "1",
+        "--run", '{"n_models": 2}', "--run", '{"time_budget": 1e-6}',
+        "--run", '{"search": {"learning_rate": [1e-3, 1e-2]}}', "--threads", "1",
         "--eval-points", "40", "--out", out, "--work-dir", str(tmp_path)])
-    ens, budget = records
+    ens, budget, search = records
     assert ens["run"] == "n_models=2" and ens["params"]["n_models"] == 2
     assert len(ens["curve"]) == 1 and ens["curve"][0]["epoch"] == pytest.approx(2.0)
     from slide.synthetic import PRESETS
@@ -114,4 +115,9 @@ def test_ensemble_and_budget_runs_on_tiny(tmp_path):
     # the budget is spent after the first batch: the run says it stopped early
     assert budget["stopped_early"] and budget["batches"] == 1
     md = (tmp_path / "acc.md").read_text()
-    assert "| slide | n_models=2 | hidden_sizes=[16] learning_rate=0.01 epochs=2 n_models=2 |" in md
+    assert ("| slide | n_models=2 | hidden_sizes=[16] learning_rate=0.01 epochs=2 n_models=2 "
+            "fused=true |") in md
+    # the search's record: every trial's held-out P@1, the winner among them
+    assert [t["params"]["learning_rate"] for t in search["trials"]] == [1e-3, 1e-2]
+    best = max(search["trials"], key=lambda t: t["held_out_P@1"])
+    assert search["best_params"] == best["params"] and 0.0 <= search["final"]["P@1"] <= 1.0

@@ -10,8 +10,8 @@ import time
 from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED,
                               EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE, MODEL_FILE,
-                              PLOT_FILE, PROPENSITY_FILE, SEARCH_FILE, SUMMARY_FILE, CliError,
-                              Stopped, _engine, _err, _fmt_seconds, _has_neighbour_memory, _info)
+                              PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError, Stopped, _engine,
+                              _err, _fmt_seconds, _has_neighbour_memory, _info)
 from slide.cli.infer import _scores
 from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
@@ -420,7 +420,8 @@ def _train(cfg, run_dir, args, stop):
 
     data = (X_tr, Y_tr, X_ev, Y_ev)
     if cfg.get("search"):
-        cfg = _search(cfg, run_dir, X_tr, Y_tr, args.resume)
+        from slide.cli.search import run_search
+        cfg = run_search(cfg, run_dir, X_tr, Y_tr, args.resume)
     import shlex
     hint = shlex.join(["slide", "train", "--config", args.config]
                       + [a for kv in args.set for a in ("--set", kv)] + ["--resume"])
@@ -449,58 +450,6 @@ def _train(cfg, run_dir, args, stop):
     _info(f"run directory: {run_dir}  (model: {MODEL_FILE}, metrics: {METRICS_FILE}, "
           f"summary: {SUMMARY_FILE})")
     return EXIT_OK
-
-
-def _search(cfg, run_dir, X_tr, Y_tr, resume):
-    """The ``[search]`` step: a ``SlideSearch`` over the table's values on the training rows
-    (its trials fused, scored on held-out rows), its trials and winner written to
-    ``search.json``; returns the configuration with the winner's values, which the run then
-    trains. A resumed run reads the winner back instead of searching again."""
-    path = os.path.join(run_dir, SEARCH_FILE)
-    if resume and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            chosen = json.load(f)["best"]
-        _info(f"search: the winner of {SEARCH_FILE}: {_fmt_chosen(chosen)}")
-        return config_mod.with_values(cfg, chosen)
-    from slide.search import SlideSearch
-    est = _engine()
-    grid = config_mod.search_grid(cfg)
-    keys = {_params_key(name, cfg): name for name in grid}
-    search = SlideSearch(est.SlideClassifier(**config_mod.estimator_kwargs(cfg)), grid,
-                         refit=False)
-    n_trials = math.prod(len(v) for v in grid.values())
-    _info(f"search: {n_trials} trials of {', '.join(keys)} (fused where their shapes agree)")
-    search.fit(X_tr, Y_tr)
-    res = search.cv_results_
-    trials = []
-    for i, p in enumerate(res["params"]):
-        trials.append({"values": {k: _plain(p[n]) for k, n in keys.items()},
-                       "held_out_P@1": float(res["mean_test_score"][i]),
-                       "rank": int(res["rank_test_score"][i]),
-                       "pass_seconds": round(float(res["mean_fit_time"][i]), 3)})
-        _info(f"  {_fmt_chosen(trials[-1]['values'])}: held-out P@1 "
-              f"{trials[-1]['held_out_P@1']:.4f}")
-    chosen = trials[search.best_index_]["values"]
-    write_text(path, json.dumps({"held_out_rows": search.n_held_out_,
-                                 "seconds": round(search.train_seconds_, 3),
-                                 "trials": trials, "best": chosen}, indent=2) + "\n")
-    _info(f"search: {_fmt_chosen(chosen)} wins in {_fmt_seconds(search.train_seconds_)}; "
-          f"training it")
-    return config_mod.with_values(cfg, chosen)
-
-
-def _params_key(name, cfg):
-    """The config key of the estimator keyword ``name`` among the ``[search]`` table's."""
-    from slide import params
-    return next(k for k in cfg["search"] if params.BY_KEY[k].name == name)
-
-
-def _plain(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
-def _fmt_chosen(values):
-    return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def _network_records(path):
