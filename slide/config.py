@@ -268,7 +268,7 @@ def validate(user: dict, check_files=True, source=None, require_data=True) -> di
     search = user.pop("search", None)
     _walk(user, SCHEMA, cfg, "", problems)
     if search is not None:
-        cfg["search"] = _check_search(search, problems)
+        cfg["search"] = _check_search(search, problems, cfg["distributed"]["shards"])
     _check_cross(cfg, problems, check_files=check_files, require_data=require_data)
     if problems:
         raise ConfigError(problems, source=source)
@@ -281,13 +281,15 @@ _NOT_SEARCHED = ("train.seed", "train.threads", "model.neighbours", "model.neigh
                  "model.rerank", "train.batches_in_flight")
 
 
-def _check_search(search, problems: list) -> dict:
+def _check_search(search, problems: list, shards: int) -> dict:
     """The ``[search]`` table: dotted config keys of the estimator's parameters, each with a
     non-empty array of values checked as the key's own value; ``{}`` after recording problems."""
     if not isinstance(search, dict):
         problems.append(("search", f"must be a table ([search]) of keys and arrays of values, "
                                    f"got {_type_name(search)}"))
         return {}
+    if shards:
+        problems.append(("search", "trains its trials in one process: not with distributed.shards"))
     out = {}
     for key, values in search.items():
         where = f"search.{key}"
@@ -303,8 +305,7 @@ def _check_search(search, problems: list) -> dict:
         if not isinstance(values, list) or not values:
             problems.append((where, f"must be a non-empty array of values, got {values!r}"))
             continue
-        checked = [_check_value(f"{where}[{i}]", spec, v, problems)
-                   for i, v in enumerate(values)]
+        checked = [_check_value(f"{where}[{i}]", spec, v, problems) for i, v in enumerate(values)]
         if all(v is not None for v in checked):
             out[key] = checked
     return out

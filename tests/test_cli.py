@@ -613,3 +613,8 @@ def test_bad_search_tables_are_named(tmp_path, capsys):
                  "search.train.batch_size: must be a non-empty array",
                  "search.optimizer.learning_rate[0]"):
         assert word in err, err
+    cfg, _ = tiny_config(tmp_path, name="sharded")
+    with open(cfg, "a") as f:
+        f.write('\n[distributed]\nshards = 2\n[search]\n"optimizer.learning_rate" = [1e-3]\n')
+    code, _, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 2 and "search: trains its trials in one process" in err, err

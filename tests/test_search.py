@@ -107,3 +107,16 @@ def test_bad_settings_are_named(data):
         SlideSearch(SlideClassifier(**TINY), {"learning_rate": [1e-3]}, refit="yes").fit(*data)
     with pytest.raises(ValueError, match="estimator"):
         SlideSearch("model", {"learning_rate": [1e-3]}).fit(*data)
+
+
+def test_label_names_and_pickling(data):
+    import pickle
+    X, Y = data
+    names = [[f"tag{j}" for j in Y.indices[Y.indptr[i]:Y.indptr[i + 1]]] for i in range(X.shape[0])]
+    s = SlideSearch(SlideClassifier(**TINY), {"learning_rate": [1e-3, 1e-2]}).fit(X, names)
+    top = s.predict_topk(X, k=2, return_names=True)
+    assert str(top[0, 0]).startswith("tag") and list(s.classes_) == list(
+        s.best_estimator_.classes_)
+    back = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(back.predict_topk(X, k=2), s.predict_topk(X, k=2))
+    assert back.best_params_ == s.best_params_
