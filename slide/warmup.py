@@ -35,6 +35,7 @@ from threadpoolctl import threadpool_limits
 from slide import metrics
 from slide.kernels import threads, topk
 from slide.network.block import NO_FEATURE_ROWS
+from slide.network.block_step import first_deltas
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -229,11 +230,9 @@ def _warm_output_steps(copy):
             opt.step_output(net.W, net.B, net.out_rows, 0, net.store)
         else:
             # the types of a fit's calls (block_step._update), on no rows
-            a0, a1 = int(net.sc.a_off[0]), int(net.sc.a_off[1])
-            nb = int(copy.batch_size)
+            dels, _ = first_deltas(net.block, net.sc.a_off, int(copy.batch_size))
             opt.step_batch_rows(net.W, net.B,
-                                (NO_FEATURE_ROWS, 0, np.zeros(0, np.float32),
-                                 net.block.dels[:nb, a0:a1]),
+                                (NO_FEATURE_ROWS, 0, np.zeros(0, np.float32), dels),
                                 (net.out_rows, 0, net.store),
                                 (np.empty(0, np.int32), net.block.dWS[:0], net.block.dbS[:0],
                                  net.out_stamp, 0))

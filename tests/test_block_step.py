@@ -171,3 +171,45 @@ def test_the_compiled_mean_is_numpys_to_the_bit():
         for _ in range(5):
             a = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
             assert block_step.pairwise_sum(a, 0, n) / n == a.mean(), n
+
+
+def test_two_hidden_layers_take_the_one_layer_compiled_batch():
+    """With two hidden layers the first layer's deltas reach the row steps as whole rows (the
+    block's copy, ``block_step.first_deltas``): the batch is the compiled specialisation one
+    hidden layer uses (a column slice of the deltas was a second one, with unvectorised row
+    steps), and its update is the per-sample reference's to float32 tolerance."""
+    from slide.network import Network
+    from test_block import C, LSH
+    rng = np.random.default_rng(3)
+    X, Y = _data(rng, 96, 40, C, nnz=8, ny=3)
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one = _net("batched", "random", "softmax", False, 0)
+        one.prepare(32, 1, 8)
+        one.train_batch(X, Y, np.arange(32, dtype=np.int64), 5, 1,
+                        SparseOptimizer("adam", one.layout, 1e-2))
+        n_compiled = len(block_step.block_batch.signatures)
+        nets = {engine: Network((40, 16, 12, C), [False, False, True], [0, 0, 0], seed=3,
+                                lsh=dict(LSH, sampler="random"), shared_negatives=30,
+                                correct=True, negative_power=1.0, engine=engine)
+                for engine in ("batched", "per_sample")}
+        opts = {e: SparseOptimizer("adam", n.layout, 1e-2) for e, n in nets.items()}
+        for net in nets.values():
+            net.prepare(32, 1, 8)
+        first, _ = block_step.first_deltas(nets["batched"].block, nets["batched"].sc.a_off, 32)
+        assert first.flags.c_contiguous and first.shape == (32, 16)
+        for b in range(3):
+            rows = ((np.arange(32) * (b + 2)) % 96).astype(np.int64)
+            losses = [net.train_batch(X, Y, rows, 5, b + 1, opts[e])[0]
+                      for e, net in nets.items()]
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        assert len(block_step.block_batch.signatures) == n_compiled
+        np.testing.assert_allclose(nets["batched"].W, nets["per_sample"].W, rtol=1e-4,
+                                   atol=1e-6)
+        assert not np.array_equal(nets["batched"].W[:16 * 40], Network(
+            (40, 16, 12, C), [False, False, True], [0, 0, 0], seed=3, engine="batched",
+            lsh=dict(LSH, sampler="random"), shared_negatives=30, correct=True,
+            negative_power=1.0).W[:16 * 40])
+    finally:
+        numba.set_num_threads(old)

@@ -95,6 +95,8 @@ class Block(NamedTuple):
     dWS: np.ndarray          # [n_shared, h] float32
     dbS: np.ndarray          # [n_shared] float32
     forced: np.ndarray       # [threads, most labels + exact ids] int32: a sample's C ids
+    dels1: np.ndarray        # [batch, h1] float32: the first layer's deltas as whole rows
+                             # (2+ hidden layers, copied from dels; else empty)
 
 
 class Extras(NamedTuple):
@@ -276,7 +278,9 @@ def make_block(sc, n_layers, n_in_last, batch_size, n_threads, n_shared, max_for
                  Z=np.zeros((batch_size, ns), np.float32),
                  dH=np.zeros((batch_size, h), np.float32),
                  dWS=np.zeros((ns, h), np.float32), dbS=np.zeros(ns, np.float32),
-                 forced=np.zeros((n_threads, max(int(max_forced), 1)), np.int32))
+                 forced=np.zeros((n_threads, max(int(max_forced), 1)), np.int32),
+                 dels1=np.zeros((batch_size, int(sc.a_off[1] - sc.a_off[0])) if last > 1
+                                else (0, 0), np.float32))
 
 
 def make_output_rows(stamp, n_out_last, n_in_last, batch_size, cap, n_chunks):

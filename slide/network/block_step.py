@@ -83,7 +83,8 @@ class RowLists(NamedTuple):
     out_rows: object         # ``OutputRows``: the extras' rows, per row
     out_stamp: np.ndarray    # per output neuron: the last batch that updated it
     frows: object            # ``FeatureRows``: the batch's input by feature
-    dels: np.ndarray         # [batch, h1] the first layer's deltas (contiguous rows)
+    dels: np.ndarray         # [batch, h1] the first layer's deltas (``first_deltas``)
+    copy_first: bool         # dels is the block's copy, filled from its deltas (2+ layers)
 
 
 class Claim(NamedTuple):
@@ -172,6 +173,8 @@ def _update(model, work, data, draw, lists, step, sched):
     nu = output_entries(blk.extra[:nb], blk.counts[:nb, 2:3], 0, store.d_store.shape[1],
                         lists.out_rows, serial)
     nf = frows.count[0]
+    if lists.copy_first and nf > 0:
+        _copy_first_deltas(blk.dels, sc.a_off[0], lists.dels, nb)
     ns = shared.shape[0]
     last = spec.n_layers - 1
     set_chunk_size(rows_a_chunk(nf + nu + ns, sched.row_chunks, sched.n_threads))
@@ -180,6 +183,26 @@ def _update(model, work, data, draw, lists, step, sched):
                     (np.int64(nf), data.X.dat, lists.dels, np.int64(spec.w_off[0]),
                      step.first_records), lists.out_rows, np.int64(nu), store,
                     (shared, blk.dWS[:ns], blk.dbS[:ns], lists.out_stamp, serial))
+
+
+@njit(cache=True, nogil=True)
+def _copy_first_deltas(dels, a0, out, nb):
+    """out[s] = the first layer's deltas of sample s (``dels[s, a0:a0 + h1]``), s < nb."""
+    for s in range(nb):
+        for i in range(out.shape[1]):
+            out[s, i] = dels[s, a0 + i]
+
+
+def first_deltas(block, a_off, nb):
+    """The first layer's deltas of a batch of nb samples as whole rows, and whether the
+    compiled step copies them there: with one hidden layer a view of the block's deltas; with
+    more, the block's copy (``Block.dels1``). A column slice of the deltas would be typed
+    non-contiguous: a second compiled batch, and its row steps ran the first layer's rows 1.9x
+    slower (unvectorised); numpy's view of whole rows is contiguous."""
+    a0, a1 = int(a_off[0]), int(a_off[1])
+    if a1 - a0 == block.dels.shape[1]:
+        return block.dels[:nb], False
+    return block.dels1[:nb], True
 
 
 @njit(cache=True, nogil=True)
@@ -294,12 +317,9 @@ def bind(net, claimed, X, worker=None):
         net.prepare(batch_size, claimed.sched.n_threads, max_labels)
     frows = _block._feature_rows(work, net.layout, X, rows) if net.fused_first \
         else _block.NO_FEATURE_ROWS
-    # the first layer's deltas, sliced here: a slice made inside the compiled step is typed
-    # non-contiguous whatever its extent, and the row steps compiled for that layout ran the
-    # first layer's rows 1.9x slower (unvectorised); numpy's view of whole rows is contiguous
-    a0, a1 = int(work.sc.a_off[0]), int(work.sc.a_off[1])
+    dels, copy_first = first_deltas(work.block, work.sc.a_off, nb)
     lists = RowLists(work.touched_rows, net.row_off, net.row_path, work.out_rows,
-                     work.out_stamp, frows, work.block.dels[:nb, a0:a1])
+                     work.out_stamp, frows, dels, copy_first)
     model = BatchModel(Params(net.W, net.B, work.GW, work.GB), net.spec, net.tables,
                        net.fused_first)
     return BatchCall(model, BatchWork(work.sc, work.block, work.store, work.losses),
