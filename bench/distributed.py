@@ -13,7 +13,10 @@ between the 1-shard and the 4-shard need, once with 1 shard (expected to fail) a
     flock /tmp/slide-bench.lock python bench/distributed.py --labels 200000 --n-train 8000
     flock /tmp/slide-bench.lock python bench/distributed.py --labels 670091 --n-train 8000
 
-Writes bench/results/distributed_<labels>.json and appends the table to
+``--latency-ms 0,0.5,2,5`` runs each sharded configuration once per simulated latency (every
+message delayed that long each way: ``ShardedSlideClassifier(simulated_latency_ms=...)``).
+
+Writes bench/results/distributed_<labels><tag>.json and appends the table to
 bench/results/distributed.md. Timings on a shared 2-core machine are noisy; compare the ratios
 of one run only.
 """
@@ -56,7 +59,8 @@ def run_one(cfg):
         # the driver and the shards take turns (the driver waits for the shards): the driver
         # gets both cores, the shards share them
         model = ShardedSlideClassifier(n_shards=S, backend="ray", shard_cpus=max(1, 2 // S),
-                                       shard_memory_cap=cfg.get("cap"), **kw)
+                                       shard_memory_cap=cfg.get("cap"),
+                                       simulated_latency_ms=cfg.get("latency_ms", 0.0), **kw)
     times, sent = [], []
     last = [time.perf_counter()]
 
@@ -130,6 +134,10 @@ def main():
     ap.add_argument("--shards", default="0,1,2,4", help="0 = the single-process engine")
     ap.add_argument("--cap-mb", type=float, default=0.0,
                     help="also run 1 and 4 shards under this per-actor RLIMIT_DATA (MB)")
+    ap.add_argument("--latency-ms", default="0",
+                    help="comma list: each sharded run once per simulated latency (ms each way "
+                         "of every message: ShardedSlideClassifier(simulated_latency_ms))")
+    ap.add_argument("--tag", default="", help="appended to the .json file's name")
     ap.add_argument("--timeout", type=int, default=600)
     args = ap.parse_args()
     if args.one:
@@ -140,12 +148,16 @@ def main():
     commit = common.git_commit()
     rows = []
     base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test)
+    latencies = [float(v) for v in args.latency_ms.split(",") if v.strip()]
     for S in [int(s) for s in args.shards.split(",") if s.strip()]:
-        r = _sub({**base, "shards": S}, args.timeout)
-        r["config"] = "single process" if S == 0 else f"{S} shard{'s' * (S > 1)} (Ray)"
-        r["commit"] = commit
-        print(r, flush=True)
-        rows.append(r)
+        for lat in ([0.0] if S == 0 else latencies):
+            r = _sub({**base, "shards": S, "latency_ms": lat}, args.timeout)
+            r["config"] = "single process" if S == 0 else \
+                f"{S} shard{'s' * (S > 1)} (Ray)" + (f", {lat:g} ms latency" if lat else "")
+            r["latency_ms"] = lat
+            r["commit"] = commit
+            print(r, flush=True)
+            rows.append(r)
     if args.cap_mb:
         for S in (1, 4):
             r = _sub({**base, "shards": S, "cap": int(args.cap_mb * 2**20)}, args.timeout)
@@ -155,7 +167,7 @@ def main():
             rows.append(r)
     from slide.fileio import write_text
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / f"distributed_{args.labels}.json", json.dumps(rows, indent=1))
+    write_text(RESULTS / f"distributed_{args.labels}{args.tag}.json", json.dumps(rows, indent=1))
     md = RESULTS / "distributed.md"
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"

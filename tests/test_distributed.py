@@ -514,3 +514,20 @@ def test_a_sharded_checkpoint_without_the_later_parameters_keeps_its_behaviour(t
         np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
     with pytest.raises(CheckpointError, match="'batch_size'"):
         slide.load(tmp_path / "ck")
+
+
+def test_simulated_latency_delays_every_call_and_changes_nothing_else(tiny):
+    """``simulated_latency_ms``: each call to the shards waits that long before it is sent and
+    after its replies (two calls a batch: four waits), and the model trains the same bits."""
+    Xtr, Ytr, _, _ = tiny
+    kw = dict(SMALL, n_shards=2, backend="local", epochs=1, random_state=0)
+    plain = ShardedSlideClassifier(**kw).fit(Xtr, Ytr)
+    slow = ShardedSlideClassifier(**kw, simulated_latency_ms=5.0).fit(Xtr, Ytr)
+    assert slow.batches_ == plain.batches_ > 0
+    np.testing.assert_array_equal(slow.hidden_.W, plain.hidden_.W)
+    np.testing.assert_array_equal(slow.predict_topk(Xtr[:20], 3), plain.predict_topk(Xtr[:20], 3))
+    # 4 waits of 5 ms a batch, at least (time.sleep never returns early)
+    assert slow.train_seconds_ - plain.train_seconds_ >= 0.9 * slow.batches_ * 4 * 0.005
+    for bad in (-1.0, "fast", float("nan")):
+        with pytest.raises(ValueError, match="simulated_latency_ms"):
+            ShardedSlideClassifier(**dict(kw, simulated_latency_ms=bad)).fit(Xtr, Ytr)

@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 from sklearn.exceptions import NotFittedError
 
-from slide.distributed.backend import LocalBackend
+from slide.distributed.backend import LocalBackend, SimulatedLatency
 from slide.distributed.checkpoint import load_directory, read_manifest, restore_driver, save
 from slide.distributed.driver import HiddenLayer, train_batch
 from slide.distributed.ray_backend import RayBackend, ShardFailure
@@ -25,7 +25,7 @@ from slide.estimator import SlideClassifier
 from slide.kernels.topk import probabilities
 from slide.network import trainer
 from slide.network.schedule import RehashSchedule
-from slide.params import is_int
+from slide.params import is_int, is_real
 from slide.rank.stack import RankStack
 
 
@@ -47,21 +47,26 @@ class ShardedSlideClassifier(SlideClassifier):
     shard_memory_cap : None, or bytes: each shard actor's data-segment limit
         (``resource.setrlimit(RLIMIT_DATA)``: heap and private mappings, where the shard's
         arrays live), to show a model that does not fit one process
+    simulated_latency_ms : float >= 0; every message between the driver and the shards is
+        delayed this long each way (``backend.SimulatedLatency``), to measure on one machine
+        what a cluster's network costs; 0 (the default): no delay
     Every other keyword: ``SlideClassifier``.
     """
 
     _BUILT_ATTR = "hidden_"      # the driver's hidden layer, set by _build
 
-    _extra_params = ("n_shards", "ray_address", "backend", "shard_cpus", "shard_memory_cap")
+    _extra_params = ("n_shards", "ray_address", "backend", "shard_cpus", "shard_memory_cap",
+                     "simulated_latency_ms")
 
     def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
-                 shard_memory_cap=None, **params):
+                 shard_memory_cap=None, simulated_latency_ms=0.0, **params):
         super().__init__(**params)
         self.n_shards = n_shards
         self.ray_address = ray_address
         self.backend = backend
         self.shard_cpus = shard_cpus
         self.shard_memory_cap = shard_memory_cap
+        self.simulated_latency_ms = simulated_latency_ms
 
     @classmethod
     def _get_param_names(cls):
@@ -85,6 +90,9 @@ class ShardedSlideClassifier(SlideClassifier):
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if not is_int(self.shard_cpus) or self.shard_cpus < 1:
             raise ValueError(f"shard_cpus must be a positive integer, got {self.shard_cpus!r}")
+        if not is_real(self.simulated_latency_ms) or not self.simulated_latency_ms >= 0:
+            raise ValueError(f"simulated_latency_ms must be a number >= 0, got "
+                             f"{self.simulated_latency_ms!r}")
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ValueError(f"ray_address must be None, 'auto' or 'host:port', got "
                              f"{self.ray_address!r}")
@@ -105,9 +113,12 @@ class ShardedSlideClassifier(SlideClassifier):
 
     def _make_backend(self):
         if self.backend == "local":
-            return LocalBackend()
-        # each actor runs its kernels on the shard_cpus threads Ray reserved for it
-        return RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
+            backend = LocalBackend()
+        else:
+            # each actor runs its kernels on the shard_cpus threads Ray reserved for it
+            backend = RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
+        latency = getattr(self, "simulated_latency_ms", 0.0)    # None in files before it
+        return SimulatedLatency(backend, latency) if latency else backend
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
