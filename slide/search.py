@@ -86,7 +86,8 @@ class SlideSearch(BaseEstimator):
     ----------
     estimator : SlideClassifier or None
         The template (unfitted); None: ``SlideClassifier()``. Its ``random_state`` seeds every
-        trial (None: a fresh seed per fit).
+        trial (None: a fresh seed per fit); its ``time_budget``, if set, is the whole search's
+        training (each pass an equal share; the winner's ranking stages come after it).
     param_grid : dict or list of dicts
         Parameter names to lists of values (scikit-learn's ``ParameterGrid``).
     validation_fraction : float in (0, 0.5]
@@ -168,10 +169,12 @@ class SlideSearch(BaseEstimator):
         fit_rows, held, for_rerank = self._split(first, X.shape[0], Y.shape[1], self.seed_)
         seconds = np.zeros(len(models))
         group_of = np.zeros(len(models), np.int64)
+        # the template's time_budget is the whole search's: each pass gets an equal share
+        budget = template.time_budget
+        share = None if budget is None else float(budget) / len(groups)
         for g, members in enumerate(groups.values()):
             took = fused_mod.train_members([models[i] for i in members], X, Y, fit_rows,
-                                           self.seed_, first._threads(),
-                                           time_budget=template.time_budget)
+                                           self.seed_, first._threads(), time_budget=share)
             seconds[members] = took
             group_of[members] = g
         scores = self._held_out_scores(models, X, Y, held)

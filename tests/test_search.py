@@ -120,3 +120,13 @@ def test_label_names_and_pickling(data):
     back = pickle.loads(pickle.dumps(s))
     np.testing.assert_array_equal(back.predict_topk(X, k=2), s.predict_topk(X, k=2))
     assert back.best_params_ == s.best_params_
+
+
+def test_time_budget_is_the_searchs_shared_by_its_passes(data):
+    X, Y = data
+    s = SlideSearch(SlideClassifier(**dict(TINY, epochs=50), time_budget=1e-9),
+                    [{"learning_rate": [1e-3, 1e-2]}, {"batch_size": [16]}]).fit(X, Y)
+    # two passes; each stopped at its first check after one wave (an epoch of the tiny set)
+    assert len(set(s.cv_results_["fused_group"])) == 2
+    assert s.best_estimator_.budget_spent_ and s.best_estimator_.epoch_ == 1
+    assert s.best_estimator_.time_budget == 1e-9
