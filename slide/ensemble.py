@@ -15,8 +15,9 @@ are combined as below.
 
 Sequential ``predict_topk``: members with a re-ranker (the default) each rank their
 ``FUSE_DEPTH`` best labels (``SlideClassifier.predict_topk_scored``), and a label's score is
-the sum over the members of its log-probability, ``FUSE_FLOOR`` where a member did not list it: averaging the
-members' blends without their re-rankers ranked below one re-ranked model on debcontents
+the sum over the members of its log-probability, ``FUSE_FLOOR`` where a member did not list
+it: averaging the members' blends without their re-rankers ranked below one re-ranked model on
+debcontents
 (``bench/results/accuracy_debcontents_ensemble_2855027.md``). Members without a re-ranker: the
 mean of their probabilities.
 Sequential ``predict_proba``: always the mean of the members' probabilities (``SlideClassifier.
@@ -42,7 +43,6 @@ from sklearn.exceptions import NotFittedError
 from slide import fused as fused_mod
 from slide import labels as labels_mod
 from slide.data import as_feature_matrix, cap_row_labels
-from slide.estimator import SlideClassifier
 from slide.kernels.topk import fold_topk, probabilities
 from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
@@ -128,12 +128,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------------------------------
     def _template(self):
-        if self.estimator is None:
-            return SlideClassifier()
-        if not isinstance(self.estimator, SlideClassifier):
-            raise ValueError(f"estimator must be a SlideClassifier or None, got "
-                             f"{type(self.estimator).__name__}")
-        return self.estimator
+        return fused_mod.template_estimator(self.estimator)
 
     def _validate(self):
         if not is_int(self.n_models) or self.n_models < 1:
@@ -173,7 +168,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         one_d = labels_mod.one_label_per_row(Y)
         Y, names = encode(Y, name="Y", classes=classes)
         if self.fused:
-            return self._fit_fused(members, X, Y, names, one_d, eval_set, callback)
+            return self._fit_fused(members, X, Y, names, one_d, eval_set, callback,
+                                   template.time_budget)
         self._drop_fused()
         fitted = []
         for k, member in enumerate(members):
@@ -185,10 +181,11 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return self
 
     # -- fused members (slide.fused) -------------------------------------------------------------
-    def _fit_fused(self, members, X, Y, names, one_d, eval_set, callback):
+    def _fit_fused(self, members, X, Y, names, one_d, eval_set, callback, budget):
         """``fit`` with ``fused=True``: the members built on one check of the data, trained
-        together (``slide.fused.train_members``) on the rows of member 0's held-out split, in
-        member 0's order of rows, then one ranking stack on their stacked network."""
+        together (``slide.fused.train_members``, within the template's ``budget``) on the rows
+        of member 0's held-out split, in member 0's order of rows, then one ranking stack on
+        their stacked network."""
         self._drop_fused()
         for m in members:
             # the ensemble's clock and budget drive the pass; a member runs one batch at a
@@ -208,7 +205,6 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         split = first._rerank_split(X.shape[0], Y.shape[1])
         cb = None if callback is None else \
             (lambda k, m, info: callback(m, dict(info, member=k)))
-        budget = self._template().time_budget
         seconds = fused_mod.train_members(
             members, X, Y, None if split is None else split[0], order_seed, first._threads(),
             time_budget=budget, callback=cb, eval_set=eval_set)
@@ -234,11 +230,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             m.network_.release_scratch()
         with blas_single_thread():
             H = fused_mod.stacked_hidden(self.members_, X)
-            k_nn = int(first.neighbours)
-            if split is None:
-                self.rank_.fit(H, self._stacked_output(), X, Y, k_nn)
-            else:
-                self.rank_.fit(H, self._stacked_output(), X, Y, k_nn, split, self.order_seed_)
+            self.rank_.fit(H, self._stacked_output(), X, Y, int(first.neighbours), split,
+                           self.order_seed_)
 
     def _drop_fused(self):
         for name in ("rank_", "order_seed_", "_stacked"):
@@ -268,21 +261,21 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
 
     def _fused_stacked_topk(self, X, k):
         X, H = self._stacked_rows(X)
-        out = self._stacked_output()
+        out, vote = self._stacked_output(), self._vote()
         with blas_single_thread():
-            if self.rank_.reranker is not None and self._vote() is not None:
+            if vote is None:
+                return out.topk_lse(H, k)[0]
+            if self.rank_.reranker is not None:
                 return self.rank_.topk_reranked(H, out, X, k)[0]
-            if self._vote() is not None:
-                return self.rank_.topk_blended(H, out, k, *self._vote())[0]
-            return out.topk_lse(H, k)[0]
+            return self.rank_.topk_blended(H, out, k, *vote)[0]
 
     def _fused_proba(self, X):
         X, H = self._stacked_rows(X)
-        out = self._stacked_output()
+        out, vote = self._stacked_output(), self._vote()
         with blas_single_thread():
-            if self._vote() is not None:
-                return self.rank_.proba(H, out, *self._vote())
-            return probabilities(out.logits(H), out.sigmoid)
+            if vote is None:
+                return probabilities(out.logits(H), out.sigmoid)
+            return self.rank_.proba(H, out, *vote)
 
     def _set_members(self, members):
         self.members_ = list(members)

@@ -23,9 +23,9 @@ Between waves nothing runs: there the clock and the budget are checked, epochs e
 member's optimizer synced) and the callback is called once a member.
 
 What is not fused: each member's batch stays its own compiled call (its products, row steps
-and optimizer). A batch's time is mostly its products of the shared block, whose flops are
-the same however the K members' products are arranged; the pass's measured cost against
-training the networks one after another is in ``docs/design.md``, "Fused members".
+and optimizer): a member's flops and touched rows are its own however the members are laid
+out. The pass's measured cost against training the networks one after another is in
+``docs/design.md``, "Fused members".
 """
 import math
 import time
@@ -36,6 +36,7 @@ import numpy as np
 
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
+from slide.estimator import SlideClassifier
 from slide.kernels.output import OutputLayer
 from slide.network import trainer
 from slide.network.trainer import DivergenceError, NetworkSteps, scheduled_learning_rate
@@ -52,14 +53,24 @@ PASS_PARAMS = ("batch_size", "epochs")
 STACK_PARAMS = PASS_PARAMS + ("loss",)
 
 
+def template_estimator(estimator):
+    """The members' template of an ensemble or a search: ``estimator`` (an unfitted
+    ``SlideClassifier``), or ``SlideClassifier()`` for None; ValueError for anything else."""
+    if estimator is None:
+        return SlideClassifier()
+    if not isinstance(estimator, SlideClassifier):
+        raise ValueError(f"estimator must be a SlideClassifier or None, got "
+                         f"{type(estimator).__name__}")
+    return estimator
+
+
 def check_agree(members, names=STACK_PARAMS):
-    """ValueError unless every member has the first one's values of ``names``."""
+    """ValueError unless every member has the first one's values of ``names`` (scalars)."""
     first = members[0]
     for k, m in enumerate(members[1:], start=1):
         for name in names:
             a, b = getattr(first, name), getattr(m, name)
-            if (tuple(a) if isinstance(a, (list, tuple)) else a) != \
-                    (tuple(b) if isinstance(b, (list, tuple)) else b):
+            if a != b:
                 raise ValueError(f"fused members must agree in {name}: member 0 has {a!r}, "
                                  f"member {k} has {b!r}")
 
@@ -117,8 +128,7 @@ class _MemberRun:
 def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                   callback=None, eval_set=None):
     """Train the built ``members`` (fresh ``SlideClassifier``s that agree in ``PASS_PARAMS``)
-    together over
-    the rows ``rows`` of (X, Y) (None: all), the rows shuffled by ``order_seed``, on
+    together over the rows ``rows`` of (X, Y) (None: all), shuffled by ``order_seed``, on
     ``n_threads`` threads, within ``time_budget`` seconds if set (the learning-rate schedule
     then ends with the budget, as a single model's does). ``callback(k, member, info)`` runs
     once a wave for each member still training (``info`` as ``SlideClassifier.fit``'s, with

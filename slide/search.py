@@ -32,7 +32,6 @@ from slide import fused as fused_mod
 from slide import labels as labels_mod
 from slide.data import cap_row_labels
 from slide.data.inputs import take_rows
-from slide.estimator import SlideClassifier
 from slide.labels import encode
 from slide.metrics import precision_at_k
 from slide.network.trainer import blas_single_thread
@@ -109,16 +108,8 @@ class SlideSearch(BaseEstimator):
         self.validation_fraction = validation_fraction
         self.refit = refit
 
-    def _template(self):
-        if self.estimator is None:
-            return SlideClassifier()
-        if not isinstance(self.estimator, SlideClassifier):
-            raise ValueError(f"estimator must be a SlideClassifier or None, got "
-                             f"{type(self.estimator).__name__}")
-        return self.estimator
-
     def _validate(self):
-        template = self._template()
+        template = fused_mod.template_estimator(self.estimator)
         template._checked_params()
         if not is_real(self.validation_fraction) or \
                 not 0.0 < float(self.validation_fraction) <= 0.5:
