@@ -117,7 +117,8 @@ class ShardedSlideClassifier(SlideClassifier):
         else:
             # each actor runs its kernels on the shard_cpus threads Ray reserved for it
             backend = RayBackend(self.ray_address, int(self.shard_cpus), self.shard_memory_cap)
-        latency = getattr(self, "simulated_latency_ms", 0.0)    # None in files before it
+        # absent from models pickled before it
+        latency = getattr(self, "simulated_latency_ms", 0.0)
         return SimulatedLatency(backend, latency) if latency else backend
 
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):

@@ -162,14 +162,9 @@ def _metadata(model, arrays, extra):
         "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
                          if not isinstance(v, np.ndarray)}
                 for l, idx in net.indices.items()},
-        "serving": None if net.serving is None else
-        {k: v for k, v in net.serving.state_dict().items() if not isinstance(v, np.ndarray)},
-        "neighbours": None if model.rank_.memory is None else
-        {k: v for k, v in model.rank_.memory.state_dict().items()
-         if not isinstance(v, np.ndarray)},
-        "reranker": None if model.rank_.reranker is None else
-        {k: v for k, v in model.rank_.reranker.state_dict().items()
-         if not isinstance(v, np.ndarray)},
+        "serving": _settings(net.serving),
+        "neighbours": _settings(model.rank_.memory),
+        "reranker": _settings(model.rank_.reranker),
         "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
         "extra": extra,
         # optional (files before it load as label ids): slide.labels
@@ -544,29 +539,29 @@ def fused_ranking_from_arrays(path, fused_meta, arrays, dim, n_labels, n_feature
     members' hidden widths summed), saved under ``fused/``; CheckpointError naming ``path``."""
     own = {n[len("fused/"):]: a for n, a in arrays.items() if n.startswith("fused/")}
     memory = memory_from_arrays(path, fused_meta.get("neighbours"), own, dim, n_labels)
-    d = _prefixed_state(path, fused_meta.get("reranker"), own, "rr_", "re-ranker")
-    if d is None:
-        return memory, None
-    if memory is None:
-        raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
-    try:
-        return memory, ReRanker.from_state(d, int(n_labels), int(n_features))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(path, f"re-ranker: {exc}") from None
+    return memory, _reranker_from_arrays(path, fused_meta.get("reranker"), own, memory,
+                                         n_labels, n_features)
 
 
 def _load_reranker(model, path, reranker_meta, arrays):
     """Restore the re-ranker (``slide.rank.rerank``), if the file has one (files written before it
     existed, or by a model fitted without one, have none). It needs the neighbour memory."""
     net = model.network_
+    model.rank_.reranker = _reranker_from_arrays(path, reranker_meta, arrays,
+                                                 model.rank_.memory, net.layout.n_out[-1],
+                                                 net.layout.sizes[0])
+
+
+def _reranker_from_arrays(path, reranker_meta, arrays, memory, n_labels, n_features):
+    """The ``ReRanker`` saved as the ``rr_*`` arrays and ``reranker_meta`` settings (None when
+    the file has none), over ``memory`` (the neighbour memory it needs); CheckpointError
+    naming ``path`` otherwise."""
     d = _prefixed_state(path, reranker_meta, arrays, "rr_", "re-ranker")
     if d is None:
-        model.rank_.reranker = None
-        return
-    if model.rank_.memory is None:
+        return None
+    if memory is None:
         raise CheckpointError(path, "re-ranker without the neighbour memory it ranks")
     try:
-        model.rank_.reranker = ReRanker.from_state(d, int(net.layout.n_out[-1]),
-                                           int(net.layout.sizes[0]))
+        return ReRanker.from_state(d, int(n_labels), int(n_features))
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(path, f"re-ranker: {exc}") from None
