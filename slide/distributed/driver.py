@@ -7,12 +7,13 @@ import math
 
 import numpy as np
 
-from slide.distributed.kernels import (combine_partials, hidden_backward_batch,
-                                       hidden_forward_batch, init_rows_like_global)
+from slide.distributed.kernels import (combine_partials, hidden_deltas, hidden_forward_batch,
+                                       init_rows_like_global, split_labels)
 from slide.kernels.arrays import Params, Spec, csr, i64, make_touched
 from slide.kernels.layers import Layout
 from slide.kernels.rng import init_stream
-from slide.kernels.touched import collect_touched
+from slide.kernels.touched import collect_touched, feature_entries
+from slide.network.block import _feature_rows
 from slide.network.optim import SparseOptimizer
 
 
@@ -31,13 +32,15 @@ class HiddenLayer:
             # init_params' Glorot std of layer 0 (fan-in: the input features)
             std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
             init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(init_stream(0)))
-        self.GW = np.zeros_like(self.W)
+        # no weight gradient buffer: the rows' step forms each row's gradient itself
+        self.GW = np.zeros(0, np.float32)
         self.GB = np.zeros_like(self.B)
         lay = self.layout
         self.spec = Spec(1, lay.n_in, lay.n_out, lay.w_off, lay.b_off, np.zeros(1, np.bool_),
                          i64([0]), 0, np.zeros(7, np.int64))
         self.touched = make_touched(lay)
         self.optimizer = SparseOptimizer(optimizer, lay, learning_rate, beta1, beta2, epsilon)
+        self.feature_rows = None      # the batch's input by feature (grown on demand)
         self._no_ids = np.zeros((1, 1), np.int32)
         self._no_act = np.zeros((1, 1), np.int64)
 
@@ -51,15 +54,20 @@ class HiddenLayer:
         hidden_forward_batch(self.W, self.B, self.n_hidden, csr(X), rows, H)
         return H
 
-    def backward(self, X, rows, H, dH, serial, n_chunks):
-        """Gradient of the batch from dL/dh (the shards' sum), then the optimizer step on the
-        touched input features and the biases."""
+    def backward(self, X, rows, H, dH, serial):
+        """The optimizer step of the batch from dL/dh (the shards' sum; masked here in place):
+        the biases from their summed gradient, the input features' rows as the batched
+        engine steps its first layer (each row's gradient formed from the deltas, no
+        gradient buffer: ``row_steps.first_layer_step``)."""
         Xc = csr(X)
-        hidden_backward_batch(self.GW, self.GB, self.n_hidden, Xc, rows, H, dH, int(n_chunks))
-        nr, nbias = collect_touched(self.spec, self.layout.row_off, i64([0, 0]), self._no_ids,
-                                    self._no_act, Xc, rows, self.touched, np.int64(serial),
-                                    False, True)
-        self.optimizer.step(self.params, self.touched, nr, nbias)
+        hidden_deltas(H, dH, self.GB)
+        _, nbias = collect_touched(self.spec, self.layout.row_off, i64([0, 0]), self._no_ids,
+                                   self._no_act, Xc, rows, self.touched, np.int64(serial),
+                                   False, False)
+        self.optimizer.step(self.params, self.touched, 0, nbias)
+        frows = _feature_rows(self, self.layout, X, rows)
+        n_uniq = feature_entries(Xc, rows, frows)
+        self.optimizer.step_first(self.W, frows, n_uniq, Xc.dat, dH)
 
     def reset_stamps(self):
         """Forget which rows the past batches touched (before batch serials are reused)."""
@@ -76,20 +84,15 @@ class HiddenLayer:
 
 def local_labels(Y, rows, bounds):
     """Per shard, the batch's labels in its range as a local CSR (ptr int64, ind int32), and
-    each sample's global label count. ``bounds``: the shards' boundaries (lo_0, ..., hi_last)."""
-    Yb = Y[rows]
-    Yb.sort_indices()
-    nb = rows.shape[0]
-    ind = Yb.indices.astype(np.int64)
-    row_of = np.repeat(np.arange(nb), np.diff(Yb.indptr))
-    owner = np.searchsorted(bounds, ind, side="right") - 1
-    out = []
-    for q in range(len(bounds) - 1):
-        sel = owner == q
-        ptr = np.zeros(nb + 1, np.int64)
-        np.cumsum(np.bincount(row_of[sel], minlength=nb), out=ptr[1:])
-        out.append((ptr, (ind[sel] - bounds[q]).astype(np.int32)))
-    return out, np.diff(Yb.indptr).astype(np.int64)
+    each sample's global label count. ``bounds``: the shards' boundaries (lo_0, ..., hi_last);
+    Y's label ids sorted in each row (slide's canonical form)."""
+    n_sh, nb = len(bounds) - 1, rows.shape[0]
+    n_max = int(Y.indptr[rows + 1].sum() - Y.indptr[rows].sum())
+    ptr = np.zeros((n_sh, nb + 1), np.int64)
+    ind = np.zeros((n_sh, max(n_max, 1)), np.int32)
+    n_labels = np.zeros(nb, np.int64)
+    split_labels(csr(Y), rows, np.asarray(bounds, np.int64), ptr, ind, n_labels)
+    return [(ptr[q], ind[q, :ptr[q, -1]]) for q in range(n_sh)], n_labels
 
 
 def combine(stats, n_labels):
@@ -105,7 +108,7 @@ def combine(stats, n_labels):
     return log_z, float(per.mean())
 
 
-def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_chunks):
+def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate):
     """One batch across the shards; returns (mean loss, bytes exchanged with the shards, mean
     active output neurons per sample over all shards). A non-finite loss is returned before
     anything is updated (the caller raises)."""
@@ -125,5 +128,5 @@ def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate, n_ch
     # back as read-only views of its object store
     dH = np.array(dHs[0], np.float32) if S == 1 else np.sum(dHs, axis=0, dtype=np.float32)
     sent += S * (log_z.nbytes + n_labels.nbytes) + sum(d.nbytes for d in dHs)
-    hidden.backward(X, rows, H, dH, serial, n_chunks)
+    hidden.backward(X, rows, H, dH, serial)
     return loss, sent, active

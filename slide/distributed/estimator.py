@@ -19,6 +19,7 @@ from sklearn.exceptions import NotFittedError
 from slide.distributed.backend import LocalBackend, SimulatedLatency
 from slide.distributed.checkpoint import load_directory, read_manifest, restore_driver, save
 from slide.distributed.driver import HiddenLayer, train_batch
+from slide.distributed.pipeline import ShardPipeline, check_pipeline_depth
 from slide.distributed.ray_backend import RayBackend, ShardFailure
 from slide.distributed.shard import shard_ranges
 from slide.estimator import SlideClassifier
@@ -50,16 +51,20 @@ class ShardedSlideClassifier(SlideClassifier):
     simulated_latency_ms : float >= 0; every message between the driver and the shards is
         delayed this long each way (``backend.SimulatedLatency``), to measure on one machine
         what a cluster's network costs; 0 (the default): no delay
+    pipeline_depth : int >= 1, batches in flight between the driver and the shards
+        (``slide.distributed.pipeline``): 1, the synchronous loop (two round trips a batch,
+        the same steps as one process); d >= 2, one message a batch and d - 1 of them in
+        flight, the hidden layer's input to the shards up to 2 d - 3 batches stale
     Every other keyword: ``SlideClassifier``.
     """
 
     _BUILT_ATTR = "hidden_"      # the driver's hidden layer, set by _build
 
     _extra_params = ("n_shards", "ray_address", "backend", "shard_cpus", "shard_memory_cap",
-                     "simulated_latency_ms")
+                     "simulated_latency_ms", "pipeline_depth")
 
     def __init__(self, n_shards=4, ray_address=None, backend="ray", shard_cpus=1,
-                 shard_memory_cap=None, simulated_latency_ms=0.0, **params):
+                 shard_memory_cap=None, simulated_latency_ms=0.0, pipeline_depth=1, **params):
         super().__init__(**params)
         self.n_shards = n_shards
         self.ray_address = ray_address
@@ -67,6 +72,7 @@ class ShardedSlideClassifier(SlideClassifier):
         self.shard_cpus = shard_cpus
         self.shard_memory_cap = shard_memory_cap
         self.simulated_latency_ms = simulated_latency_ms
+        self.pipeline_depth = pipeline_depth
 
     @classmethod
     def _get_param_names(cls):
@@ -93,6 +99,7 @@ class ShardedSlideClassifier(SlideClassifier):
         if not is_real(self.simulated_latency_ms) or not self.simulated_latency_ms >= 0:
             raise ValueError(f"simulated_latency_ms must be a number >= 0, got "
                              f"{self.simulated_latency_ms!r}")
+        check_pipeline_depth(self.pipeline_depth)
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ValueError(f"ray_address must be None, 'auto' or 'host:port', got "
                              f"{self.ray_address!r}")
@@ -264,6 +271,11 @@ class ShardedNetwork:
     def release_scratch(self):
         """Nothing to release in the driver (each shard keeps its own scratch)."""
 
+    def clear_gradients(self):
+        """Drop the bias gradient a diverged batch may have left (the pipeline stops before
+        the hidden layer's step of a batch whose loss is not finite)."""
+        self.model.hidden_.GB[:] = 0.0
+
     def predict_topk_exact(self, X, k, with_scores=False):
         m = self.model
         ids, scores = merge_parts(m.backend_.call_all("topk_exact", self.hidden(X), int(k)), k,
@@ -353,12 +365,19 @@ class _ShardSteps:
         m = self.model
         try:
             loss, sent, act = train_batch(m.hidden_, m.backend_, m.bounds_, X, Y, rows, serial,
-                                          lr, n_threads)
+                                          lr)
         except ShardFailure as exc:
             m._recover(exc, Y, n_threads)
             return None         # go on from the checkpoint's position
         m.bytes_per_batch_ = sent
         return loss, act, {"bytes_sent": sent}
+
+    def in_flight(self, n_threads, n_batches):
+        """The pipeline (``slide.distributed.pipeline``) of a model whose pipeline_depth is 2
+        or more, else None (the synchronous loop, ``step``)."""
+        # absent from models pickled before it
+        depth = getattr(self.model, "pipeline_depth", 1)
+        return ShardPipeline(self.model, depth, n_threads) if depth > 1 else None
 
     def after_step(self):
         m = self.model

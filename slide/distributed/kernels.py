@@ -6,21 +6,40 @@ A shard's output layer lives in a two-layer ``slide.network.Network`` of sizes
 (1, hidden, n_local): its layer 1 is the shard's rows, so the engine's active-set selection
 (``select_active``), sampling correction, scratch, row-path optimizer step and LSH
 maintenance apply to it unchanged; layer 0 is a 1 x hidden placeholder that is never used.
+A shard trains as the batched engine does (``slide.network.block``): the rows of its shared
+negatives S every sample holds are three BLAS products for the batch (Z = H W_S^T,
+dH = D W_S, dW_S = D^T H, in ``slide.distributed.shard``), and only what differs between
+samples -- its labels outside S, its random fill ("extras") -- goes through per-sample loops.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
-from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense,
-                                  rows_backward, rows_forward)
-from slide.kernels.negatives import corrected_logit, correction, is_label
+from slide.kernels.layers import FASTMATH, first_forward_dense
+from slide.kernels.expsum import max_and_finite, max_or_nan
+from slide.kernels.negatives import correction_kind, is_label
 from slide.kernels.normal import normal_pair
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import select_active
+from slide.network.extras import add_delta_rows, row_logit
 
 
 OUT = 1       # the output layer's index in a shard's (1, hidden, n_local) network
+
+
+class ShardForward(NamedTuple):
+    """A batch's forward pass on a shard, kept until its backward pass."""
+    H: np.ndarray            # [batch, hidden] float32: the driver's hidden activations
+    WS: np.ndarray           # [|S|, hidden] float32: the rows of S as the forward pass read them
+    Z: np.ndarray            # [batch, |S|] float32: H W_S^T, then exp(z - max) a sample
+    extra: np.ndarray        # [batch, capacity] int32: each sample's active ids outside S
+    n_extra: np.ndarray      # [batch, 1] int64: their number
+    dx: np.ndarray           # [batch, capacity] float32: exp(z - max) of the extras
+    slots: np.ndarray        # [batch, capacity] int32: each found label's column in S, or
+                             # -(1 + its place among the extras)
+    stats: np.ndarray        # [5, batch] float64: the partial statistics (module docstring)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -36,21 +55,42 @@ def hidden_forward_batch(W, B, n_hidden, X, rows, out):
                             X.dat[X.ptr[r]:X.ptr[r + 1]], out[s])
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
-def hidden_backward_batch(GW, GB, n_hidden, X, rows, H, dH, n_chunks):
-    """Add the gradient of the hidden layer (dH = dL/dh, masked here by the ReLU) into GW/GB,
-    HOGWILD over samples as the single-process batch kernel does. dH is overwritten."""
+@njit(cache=True, nogil=True, fastmath=FASTMATH)
+def hidden_deltas(H, dH, GB):
+    """dH (dL/dh, the shards' sum) masked by the ReLU in place: the hidden layer's deltas;
+    their sum over the batch is added into the bias gradient GB. (The weights' step forms
+    their gradient from the deltas: ``row_steps.first_layer_step``.)"""
+    for s in range(dH.shape[0]):
+        d = dH[s]
+        h = H[s]
+        for i in range(d.shape[0]):
+            if h[i] <= 0.0:
+                d[i] = 0.0
+            GB[i] += d[i]
+
+
+@njit(cache=True, nogil=True)
+def split_labels(Y, rows, bounds, ptr, ind, n_labels):
+    """The batch ``rows``' labels (``Y``, a ``Csr`` with sorted ids) by shard: shard q's as
+    local ids (global - bounds[q]) in ind[ptr[q, s]:ptr[q, s + 1]] for sample s (ptr
+    [shards, batch + 1], ind room for the batch's labels per shard); n_labels[s] = the
+    sample's global label count."""
+    n_sh = bounds.shape[0] - 1
     nb = rows.shape[0]
-    for c in prange(n_chunks):
-        for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
+    for q in range(n_sh):
+        lo, hi = bounds[q], bounds[q + 1]
+        n = 0
+        ptr[q, 0] = 0
+        for s in range(nb):
             r = rows[s]
-            d = dH[s]
-            h = H[s]
-            for i in range(n_hidden):
-                if h[i] <= 0.0:
-                    d[i] = 0.0
-            first_backward(GW, GB, 0, 0, n_hidden, X.ind[X.ptr[r]:X.ptr[r + 1]],
-                           X.dat[X.ptr[r]:X.ptr[r + 1]], True, rows[:0], 0, d)
+            for p in range(Y.ptr[r], Y.ptr[r + 1]):
+                j = Y.ind[p]
+                if lo <= j < hi:
+                    ind[q, n] = j - lo
+                    n += 1
+            ptr[q, s + 1] = n
+    for s in range(nb):
+        n_labels[s] = Y.ptr[rows[s] + 1] - Y.ptr[rows[s]]
 
 
 @njit(cache=True, nogil=True)
@@ -93,96 +133,166 @@ def init_rows_like_global(out, g_start, g_lo, std, seed, stream):
 
 
 # ----------------------------------------------------------------------------------------------
-# shard: training
+# shard: training (the batched engine's split: the products by BLAS, the rest per sample)
 # ----------------------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _column(shared, j):
+    """The position of id ``j`` in the sorted ids ``shared`` (-1: not there)."""
+    lo, hi = 0, shared.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if shared[mid] < j:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < shared.shape[0] and shared[lo] == j else -1
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _shard_sample_forward(params, spec, tables, sc, c, ids, n_act, h, labels, neg, rng, stamp,
-                          correct, z):
-    """Active set, corrected logits z[:n] (offset -inf: left out of the estimate) of one
-    sample; returns (n, max, sum of exp(z - max), sum of label logits, labels found)."""
+def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs, rng, stamp,
+                          correct, extra, dx, slots, cols, saved):
+    """One sample: its active set (``select_active``: [C | S minus C | fill]); its corrected
+    logits, S's in its row ``zs`` of H W_S^T (a column of S it does not hold: -inf), the
+    others' (its "extras": ids of C outside S, the fill; scored by dot products) in ``dx``
+    with their ids in ``extra``; both then replaced by exp(z - max). Returns (max, sum of
+    exp(z - max), sum of the label logits, labels found, active count, extras); each found
+    label's place in ``slots`` (its column, or -(1 + its place among the extras)). A logit
+    that is not finite gives the sum NaN (the driver then stops before any update).
+    ``cols``, ``saved``: the thread's scratch for C's columns and exact logits."""
     n_in = spec.n_in[OUT]
-    out = ids[sc.s_off[OUT]:sc.s_off[OUT + 1]]
+    out = sc.ids[c, sc.s_off[OUT]:sc.s_off[OUT + 1]]
+    shared = neg.ids
+    ns = shared.shape[0]
     cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, h, n_in, labels,
-                                       neg.ids, rng, stamp, out, True)
-    n_act[OUT] = cnt
-    z32 = sc.acts[c, sc.a_off[OUT]:sc.a_off[OUT + 1]]
-    rows_forward(params.W, params.B, spec.w_off[OUT], spec.b_off[OUT], n_in, True, out, h,
-                 n_in, False, out, cnt, False, z32)
-    ranges, corr = correction(spec, cnt, n_c, n_s, neg, correct)
-    zmax = -np.inf
+                                       shared, rng, stamp, out, False)
+    ranges, kind = correction_kind(spec, cnt, n_c, n_s, neg, correct)
+    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
+    W, B = params.W, params.B
+    w_off, b_off = spec.w_off[OUT], spec.b_off[OUT]
     lz = 0.0
     n_found = 0
-    for k in range(cnt):
-        zk = corrected_logit(np.float64(z32[k]), k, out, ranges, corr)
-        z[k] = zk
-        if zk > zmax:
-            zmax = zk
-        if is_label(labels, out[k]):
-            lz += zk
+    n_x = 0
+    in_s = 0
+    for k in range(n_c):
+        j = out[k]
+        q = _column(shared, j)
+        cols[k] = q
+        if q >= 0:
+            v = zs[q] + B[b_off + j]
+            saved[k] = v
+            in_s += 1
+        else:
+            v = row_logit(W, B, w_off, b_off, j, h)
+            extra[n_x] = j
+            dx[n_x] = v
+            n_x += 1
+        if is_label(labels, j):
+            lz += v
+            slots[n_found] = q if q >= 0 else -n_x
             n_found += 1
+    off = offs[kind]
+    if in_s + (n_s - n_c) == ns:
+        # every column of S is active (the rule: only a capacity cut leaves some out)
+        w1 = np.float32(log_w1)
+        for q in range(ns):
+            zs[q] += off[q] + w1
+    else:
+        # S minus C's ids were written (``select_active``): the columns they name, the others
+        # out of the softmax
+        cur = 0
+        for k in range(n_c, n_s):
+            while shared[cur] != out[k]:
+                zs[cur] = -np.inf
+                cur += 1
+            zs[cur] += off[cur] + np.float32(log_w1)
+            cur += 1
+        for q in range(cur, ns):
+            zs[q] = -np.inf
+    for k in range(n_c):
+        if cols[k] >= 0:
+            zs[cols[k]] = saved[k]
+    for k in range(n_s, cnt):             # the fill: [lo2, hi2)
+        j = out[k]
+        extra[n_x] = j
+        dx[n_x] = np.float32(np.float64(row_logit(W, B, w_off, b_off, j, h)) + log_w2)
+        n_x += 1
+    zmax, finite = max_and_finite(zs)
+    xmax, xbad = max_or_nan(dx[:n_x])
+    zmax = max(zmax, xmax)
+    if not finite or xbad or not math.isfinite(zmax):
+        # an overflowed logit (a diverging run): the driver stops before any update
+        return zmax, np.nan, lz, n_found, cnt, n_x
     ssum = 0.0
-    if np.isfinite(zmax):
-        for k in range(cnt):
-            ssum += math.exp(z[k] - zmax)
-    return cnt, zmax, ssum, lz, n_found
+    for q in range(ns):
+        v = zs[q]
+        zs[q] = math.exp(np.float64(v) - zmax) if v > -np.inf else 0.0
+        ssum += zs[q]
+    for e in range(n_x):
+        v = math.exp(np.float64(dx[e]) - zmax)        # a dropped fill (-inf) gets 0
+        dx[e] = v
+        ssum += v
+    return zmax, ssum, lz, n_found, cnt, n_x
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def shard_forward_kernel(params, spec, tables, sc, zbuf, H, lab_ptr, lab_ind, seed, serial,
-                         neg, correct, stats):
-    """Forward of a shard's output layer for a batch: per sample the active set (the shard's
-    local labels forced, its shared negatives, its fill), the corrected active logits (kept
-    in ``zbuf`` [batch, capacity] float64 for the backward pass) and stats[:, s] = (max,
-    sum of exp(z - max), sum of the label logits, number of labels found, active outputs).
+def shard_forward_kernel(params, spec, tables, sc, fw, labels, seed, serial, neg, offs,
+                         correct, cols, saved):
+    """Forward of a shard's output layer for a batch ``fw`` (a ``ShardForward`` whose Z is
+    H W_S^T; ``labels``: the batch's local labels, a ``Csr`` over its samples): per sample
+    the active set (the shard's local labels forced, its shared negatives S, its fill) and
+    ``_shard_sample_forward``'s exp(z - max) in Z and fw.dx; fw.stats[:, s] = (max, sum of
+    exp(z - max), sum of the label logits, number of labels found, active outputs).
+    ``offs``: ``block.block_offsets`` of S; ``cols``, ``saved``: [chunks, capacity] scratch.
     Random draws: the single-process engine's streams (seed, serial, sample position)."""
+    H, Z, extra, n_extra, dx, slots, stats = (fw.H, fw.Z, fw.extra, fw.n_extra, fw.dx,
+                                              fw.slots, fw.stats)
+    lab_ptr, lab_ind = labels.ptr, labels.ind
     nb = H.shape[0]
     n_chunks = sc.acts.shape[0]
     for c in prange(n_chunks):
         for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
-            cnt, mx, ssum, lz, nf = _shard_sample_forward(
-                params, spec, tables, sc, c, sc.ids[s], sc.n_act[s], H[s],
-                lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg, rng, serial * 1048576 + s + 1,
-                correct, zbuf[s])
+            mx, ssum, lz, nf, cnt, n_x = _shard_sample_forward(
+                params, spec, tables, sc, c, H[s], Z[s], lab_ind[lab_ptr[s]:lab_ptr[s + 1]],
+                neg, offs, rng, serial * 1048576 + s + 1, correct, extra[s], dx[s], slots[s],
+                cols[c], saved[c])
             stats[0, s] = mx
             stats[1, s] = ssum
             stats[2, s] = lz
             stats[3, s] = nf
             stats[4, s] = cnt
+            n_extra[s, 0] = n_x
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
-def shard_backward_kernel(params, spec, sc, store, zbuf, H, lab_ptr, lab_ind, log_z, n_labels,
-                          scale, dH):
+def shard_backward_kernel(W, w_off, fw, log_z, n_labels, scale, dH):
     """Deltas of the shard's active outputs from the global log normaliser ``log_z`` (per
     sample) and the sample's GLOBAL label count: delta = scale * (exp(z - log Z) - 1/|y| on
-    a label), stored in place of the logits for the row-path optimizer step; h_store = H;
-    dH[s] = W[active]^T delta (this shard's share of dL/dh, before the ReLU mask)."""
-    nb = H.shape[0]
-    n_in = spec.n_in[OUT]
-    n_chunks = sc.acts.shape[0]
-    s0 = sc.s_off[OUT]
-    h_store, d_store = store.h_store, store.d_store     # out of the bundle before the prange
-    ids_all, n_act = sc.ids, sc.n_act
-    for c in prange(n_chunks):
-        for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
-            cnt = n_act[s, OUT]
-            ids = ids_all[s, s0:s0 + cnt]
-            labels = lab_ind[lab_ptr[s]:lab_ptr[s + 1]]
-            d = d_store[s]
-            z = zbuf[s]
-            ny = n_labels[s]
-            w = 1.0 / ny if ny > 0 else 0.0
-            lzs = log_z[s]
-            for k in range(cnt):
-                v = 0.0
-                if ny > 0:
-                    v = math.exp(z[k] - lzs)
-                    if is_label(labels, ids[k]):
-                        v -= w
-                d[k] = v * scale
-            for i in range(n_in):
-                h_store[s, i] = H[s, i]
-            rows_backward(params.W, params.GW, params.GB, spec, OUT, True, ids, H[s], n_in, False,
-                          ids, cnt, d, dH[s], False)
+    a label), i.e. the forward pass's exp(z - max) times scale * exp(max - log Z). S's
+    replace fw.Z (D: BLAS then forms dH += D W_S and dW_S = D^T H), the extras' fw.dx (the
+    row path's deltas); dH[s] = the extras' rows times their deltas (their share of dL/dh,
+    before the ReLU mask)."""
+    Z, extra, n_extra, dx, slots, stats = fw.Z, fw.extra, fw.n_extra, fw.dx, fw.slots, fw.stats
+    nb = Z.shape[0]
+    for s in prange(nb):
+        ny = n_labels[s]
+        zs = Z[s]
+        d = dx[s]
+        n_x = n_extra[s, 0]
+        f = np.float32(scale * math.exp(stats[0, s] - log_z[s])) if ny > 0 else np.float32(0)
+        for q in range(zs.shape[0]):
+            zs[q] *= f
+        for e in range(n_x):
+            d[e] *= f
+        if ny > 0:
+            wl = np.float32(scale / ny)
+            for i in range(int(stats[3, s])):
+                q = slots[s, i]
+                if q >= 0:
+                    zs[q] -= wl
+                else:
+                    d[-1 - q] -= wl
+        g = dH[s]
+        g[:] = 0.0
+        add_delta_rows(W, w_off, extra[s], d, 0, n_x, g)

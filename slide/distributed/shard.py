@@ -14,13 +14,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from slide.distributed.checkpoint import read_part, write_part
-from slide.distributed.kernels import (OUT, init_rows_like_global, shard_backward_kernel,
-                                       shard_forward_kernel)
+from slide.distributed.kernels import (OUT, ShardForward, init_rows_like_global,
+                                       shard_backward_kernel, shard_forward_kernel)
+from slide.kernels.arrays import Csr, Store
 from slide.kernels.negatives import head_size
 from slide.kernels.rng import STREAM_SHARD_SEED, derived_seed, init_stream
 from slide.kernels.topk import topk_lse_of_logits, topk_of_logits
 from slide.kernels.touched import output_entries
 from slide.network import Network
+from slide.network.block import block_offsets
 from slide.network.optim import SparseOptimizer
 from slide.network.schedule import RehashSchedule
 from slide.persist.checkpoint import CheckpointError
@@ -87,7 +89,6 @@ class OutputShard:
                                        cfg["rehash_decay"])
         if init:
             self._init_rows()
-        self._nb = 0
 
     def _init_rows(self):
         """The single-process initial weights of rows [lo, hi) (zero biases)."""
@@ -100,11 +101,16 @@ class OutputShard:
     # -- setup ---------------------------------------------------------------------------------
     def prepare(self, batch_size, n_chunks, max_labels, counts, n_samples, log_prior):
         """Scratch, local label counts (shared negatives), the log-prior biases (first batch
-        only: ``log_prior``) and the LSH tables."""
+        only: ``log_prior``) and the LSH tables. Batches in flight from an earlier run (a
+        pipeline broken by a failure) are dropped."""
         self.net.prepare(int(batch_size), int(n_chunks), max(1, int(max_labels)))
-        # the corrected active logits between forward and backward, in float64 as the single
-        # process keeps them inside its sample kernel
-        self._z = np.zeros(self.net.store.d_store.shape, np.float64)
+        cap = self.net.store.d_store.shape[1]
+        n_chunks = self.net.sc.acts.shape[0]
+        # the threads' scratch of the forward pass: C's columns in S and exact logits
+        self._cols = np.zeros((n_chunks, cap), np.int64)
+        self._saved = np.zeros((n_chunks, cap), np.float32)
+        self._in_flight = {}         # serial -> (ShardForward, S)
+        self._free = []              # buffers of finished batches
         counts = np.asarray(counts, np.float64)
         self.net.set_label_counts(counts)
         if log_prior:
@@ -114,43 +120,82 @@ class OutputShard:
             self.net.build_indices()
         return True
 
+    def _buffers(self, nb):
+        """A batch's per-sample buffers (``ShardForward``'s extra, n_extra, dx, slots, stats):
+        a finished batch's, or new ones while more batches are in flight than ever before."""
+        if self._free:
+            buf = self._free.pop()
+        else:
+            bs, cap = self.net.store.d_store.shape
+            buf = (np.zeros((bs, cap), np.int32), np.zeros((bs, 1), np.int64),
+                   np.zeros((bs, cap), np.float32), np.zeros((bs, cap), np.int32),
+                   np.zeros((5, bs), np.float64))
+        extra, n_extra, dx, slots, stats = buf
+        return buf, (extra[:nb], n_extra[:nb], dx[:nb], slots[:nb], stats[:, :nb])
+
     # -- training ------------------------------------------------------------------------------
     def forward(self, serial, H, lab_ptr, lab_ind):
-        """Partial softmax statistics of the batch (see the module docstring)."""
+        """Partial softmax statistics of batch ``serial`` (see the module docstring); the
+        batch stays in flight until its ``backward``."""
         net = self.net
         H = np.ascontiguousarray(H, np.float32)
         nb = H.shape[0]
-        self._nb = nb
-        sc = net.sc
         shared = net.negatives.draw(self.seed, serial)
-        stats = np.zeros((5, nb), np.float64)
-        self._labels = (np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32))
-        self._H = H
-        shard_forward_kernel(net.params, net.spec, net.tables,
-                             sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), self._z, H,
-                             self._labels[0], self._labels[1], np.uint64(self.seed),
-                             np.int64(serial), net.negatives.bundle(shared), net.correct, stats)
-        return stats
+        neg = net.negatives.bundle(shared)
+        W, b = net.output_view()
+        WS = W[shared]                       # a copy: the rows as this pass read them
+        buf, (extra, n_extra, dx, slots, stats) = self._buffers(nb)
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging run: stats say NaN
+            Z = H @ WS.T
+        fw = ShardForward(H, WS, Z, extra, n_extra, dx, slots, stats)
+        labels = Csr(np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32),
+                     np.zeros(0, np.float32))
+        shard_forward_kernel(net.params, net.spec, net.tables, net.sc, fw, labels,
+                             np.uint64(self.seed), np.int64(serial), neg,
+                             block_offsets(b[shared], shared, neg), net.correct, self._cols,
+                             self._saved)
+        self._in_flight[int(serial)] = (fw, shared, buf)
+        self._active = float(stats[4].mean())
+        return stats.copy()
 
     def backward(self, serial, log_z, n_labels, learning_rate):
-        """Deltas from the global normaliser, this shard's dL/dh, then the row update and the
-        shard's rehash / rebuild when its schedule says so. Returns dH [nb, hidden]."""
-        net, nb = self.net, self._nb
+        """Deltas of batch ``serial`` from the global normaliser, this shard's dL/dh, then the
+        row update and the shard's rehash / rebuild when its schedule says so. Returns
+        dH [nb, hidden]. dH is formed from the rows of S as the forward pass read them (with
+        several batches in flight a later batch's update may have moved them since: the
+        weight stashing of PipeDream, for the block)."""
+        fw, shared, buf = self._in_flight.pop(int(serial))
+        net = self.net
+        nb = fw.H.shape[0]
         net.serving = None          # built from weights this step changes
-        sc = net.sc
-        dH = np.zeros((nb, self.n_hidden), np.float32)
-        shard_backward_kernel(net.params, net.spec,
-                              sc._replace(ids=sc.ids[:nb], n_act=sc.n_act[:nb]), net.store,
-                              self._z, self._H, self._labels[0], self._labels[1],
+        dH = np.empty((nb, self.n_hidden), np.float32)
+        shard_backward_kernel(net.W, np.int64(net.spec.w_off[OUT]), fw,
                               np.asarray(log_z, np.float64), np.asarray(n_labels, np.int64),
                               1.0 / nb, dH)
-        nu = output_entries(sc.ids[:nb], sc.n_act[:nb], sc.s_off[OUT],
-                            net.store.d_store.shape[1], net.out_rows, np.int64(serial))
+        D = fw.Z
+        dH += D @ fw.WS
+        dWS = D.T @ fw.H
+        dbS = D.sum(axis=0)
+        # the extras' rows by the row path: h_store is the batch's H, d_store their deltas
+        store = Store(fw.H, fw.dx)
+        nu = output_entries(fw.extra, fw.n_extra, 0, fw.dx.shape[1], net.out_rows,
+                            np.int64(serial))
         self.opt.learning_rate = float(learning_rate)
         self.opt.next_step()     # what the single-process optimizer.step does first
-        self.opt.step_output(net.W, net.B, net.out_rows, nu, net.store)
+        self.opt.step_output_rows(net.W, net.B, (net.out_rows, nu, store),
+                                  (shared, dWS, dbS, net.out_stamp, serial))
+        self._free.append(buf)
         self._maybe_rehash(serial)
         return dH
+
+    def step(self, backward, forward):
+        """One message of the pipelined protocol (``slide.distributed.pipeline``): the
+        backward pass of one batch, ``backward`` = (serial, log_z, n_labels, learning_rate),
+        then the forward pass of a later one, ``forward`` = (serial, H, lab_ptr, lab_ind);
+        either may be None. Returns (dH or None, stats or None)."""
+        dH = None if backward is None else self.backward(*backward)
+        stats = None if forward is None else self.forward(*forward)
+        return dH, stats
 
     def _maybe_rehash(self, serial):
         if not self.net.uses_tables:
@@ -173,7 +218,11 @@ class OutputShard:
             arrays += [a for a in getattr(net, name, ()) if isinstance(a, np.ndarray)]
         if net.negatives.q is not None:
             arrays += [net.negatives.q, net.negatives.cdf, net.negatives.cdf_lo]
-        arrays += [net.negatives.corr, net.negatives.corr_mix, getattr(self, "_z", net.B[:0])]
+        arrays += [net.negatives.corr, net.negatives.corr_mix]
+        for name in ("_cols", "_saved"):
+            arrays += [getattr(self, name, net.B[:0])]
+        for buf in getattr(self, "_free", []):
+            arrays += list(buf)
         n = sum(int(a.nbytes) for a in arrays)
         for idx in net.indices.values():
             n += idx.memory_bytes()
@@ -182,7 +231,8 @@ class OutputShard:
         return n
 
     def mean_active(self):
-        return float(self.net.sc.n_act[:self._nb, OUT].mean()) if self._nb else 0.0
+        """The mean active outputs a sample of the latest forward pass."""
+        return getattr(self, "_active", 0.0)
 
     def sync(self):
         """Apply the optimizer's pending zero-gradient steps (``SlideClassifier.sync``)."""

@@ -270,6 +270,12 @@ class SparseOptimizer:
         with no first-layer or extras' rows; after ``step`` of the same batch)."""
         self.step_batch_rows(W, B, _NO_FIRST_ROWS, _NO_EXTRA_ROWS, (rows, dW, db, stamp, serial))
 
+    def step_output_rows(self, W, B, extras, block):
+        """The sampled output layer's rows alone, the extras' and the block's
+        (``step_batch_rows`` with no first-layer rows; after ``step`` or ``next_step`` of the
+        same batch): a label shard's update."""
+        self.step_batch_rows(W, B, _NO_FIRST_ROWS, extras, block)
+
     def step_first(self, W, frows, n_uniq, x_val, dels):
         """The batched engine's fused first-layer step (``first_layer_step``; after ``step``
         of the same batch, which then had the first layer's biases but not its rows)."""

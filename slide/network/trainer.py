@@ -318,7 +318,10 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
                     float(model.learning_rate), model.lr_schedule, model.warmup_batches,
                     serial, total_batches, model.train_seconds_ / budget if budget else 0.0)
                 wave.append((batch if rows is None else rows[batch], serial, lr))
-            results = in_flight.run_wave(X, Y, wave, model.seed_, model.optimizer_)
+            results = in_flight.run_wave(X, Y, wave, model.seed_,
+                                         getattr(model, "optimizer_", None))
+            if results is None:
+                break           # back at an earlier position: go on from there
             for (batch_rows, serial, _), (loss, _) in zip(wave, results):
                 if not math.isfinite(loss):
                     # the wave's other batches were applied; the gradient buffers the

@@ -1,0 +1,138 @@
+"""Several batches in flight between the driver and the shards (pipeline parallelism).
+
+The synchronous loop (``driver.train_batch``) makes two round trips a batch: the shards'
+statistics for the driver's H, then the shards' dL/dh for the driver's log Z; the driver, the
+shards and the network between them take turns. Here one message a batch goes to each shard
+and carries two batches' work: the backward pass of batch j (its log Z, learning rate) and the
+forward pass of batch j + K (its H and labels). Its reply carries batch j's dL/dh and batch
+j + K's statistics. ``K = depth - 1`` messages are in flight at once, so the shards work on
+one message while the next ones travel and the driver forms the next H.
+
+    message m_j (j = -K .. n-1):  backward of batch j (j >= 0), forward of batch j + K (< n)
+    before m_j: the reply to m_{j-K} (batch j's statistics -> its log Z; batch j - K's dL/dh
+                -> the hidden layer's step of batch j - K), then H of batch j + K
+
+A shard runs its messages in order (``OutputShard.step``: backward first, then forward), so
+its rows see every earlier batch's update before a forward pass, except the K - 1 batches
+whose backward messages come later; its backward pass forms dL/dh from the rows of S as its
+forward pass read them (``OutputShard.backward``). The driver's H of batch j + K is formed
+after the hidden layer's step of batch j - K: it misses the steps of batches j - K + 1 ..
+j + K - 1, a delay of at most ``2 K - 1 = 2 depth - 3`` batches (depth 2: one batch). The
+batches come in waves (``slide.network.trainer._train_waves``); a wave ends with the pipeline
+drained, so checkpoints, the callback, the time budget and a shard's failure all meet a model
+with no batch in flight.
+"""
+import math
+from collections import deque
+
+import numpy as np
+
+from slide.distributed.driver import combine, local_labels
+from slide.distributed.ray_backend import ShardFailure
+from slide.params import is_int
+
+# batches of a wave: each wave fills and drains the pipeline (K round trips without overlap)
+WAVE_BATCHES = 64
+
+
+def check_pipeline_depth(value):
+    """``value`` if it is a positive integer (1: the synchronous loop), else ValueError."""
+    if is_int(value) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    raise ValueError(f"pipeline_depth must be a positive integer (1: no pipelining), got "
+                     f"{value!r}")
+
+
+class ShardPipeline:
+    """``slide.network.trainer``'s in-flight runner for a sharded model (``run_wave``,
+    ``wave_size``, ``close``) with ``depth`` batches in flight (depth >= 2)."""
+
+    def __init__(self, model, depth, n_threads):
+        self.model = model
+        self.k = int(depth) - 1
+        self.n_threads = n_threads
+
+    def wave_size(self):
+        return max(WAVE_BATCHES, 4 * self.k)
+
+    def close(self):
+        backend = getattr(self.model, "backend_", None)
+        if backend is not None:
+            backend.close_graphs()
+
+    def run_wave(self, X, Y, batches, seed=None, optimizer=None):
+        """Train ``batches``, a list of (rows, serial, learning rate) in batch order. Returns,
+        in the same order, each batch's (mean loss, mean active size); a batch whose loss is
+        not finite applied nothing, and the batches after it report NaN (the pipeline drains
+        first: the earlier batches are applied). None when a shard died: the model went back
+        to its last checkpoint (``ShardedSlideClassifier._recover``)."""
+        try:
+            return self._run(X, Y, batches)
+        except ShardFailure as exc:
+            self.model._recover(exc, Y, self.n_threads)
+            return None
+
+    def _run(self, X, Y, batches):
+        m, K, n = self.model, self.k, len(batches)
+        backend, hidden = m.backend_, m.hidden_
+        # once a fit (again after a failure tore the graph down): a no-op while it stands
+        backend.compile_graph("step", K + 1)
+        results = [(math.nan, 0.0)] * n
+        flight = {}          # batch index -> (rows, H, global label counts)
+        pending = deque()    # the messages in flight, oldest first
+        sent = [0]
+
+        def forward_part(i):
+            rows, serial, _ = batches[i]
+            H = hidden.forward(X, rows)
+            labels, n_labels = local_labels(Y, rows, m.bounds_)
+            flight[i] = (rows, H, n_labels)
+            sent[0] += len(labels) * H.nbytes + sum(p.nbytes + q.nbytes for p, q in labels)
+            return [(serial, H, p, q) for p, q in labels]
+
+        def receive():
+            replies, _ = backend.wait(pending.popleft())
+            sent[0] += sum(st.nbytes for _, st in replies if st is not None) + \
+                sum(d.nbytes for d, _ in replies if d is not None)
+            return replies
+
+        def apply(i, replies):
+            rows, H, _ = flight.pop(i)
+            dHs = [d for d, _ in replies]
+            # writable: Ray hands large results back as read-only views of its object store
+            dH = np.array(dHs[0], np.float32) if len(dHs) == 1 else \
+                np.sum(dHs, axis=0, dtype=np.float32)
+            hidden.optimizer.learning_rate = batches[i][2]
+            hidden.backward(X, rows, H, dH, batches[i][1])
+
+        for j in range(-K, n):
+            backward = None
+            if j >= 0:
+                replies = receive()                  # m_{j-K}: batch j's statistics
+                if j - K >= 0:
+                    apply(j - K, replies)
+                stats = [st for _, st in replies]
+                n_labels = flight[j][2]
+                log_z, loss = combine(stats, n_labels)
+                results[j] = (loss, float(sum(st[4].mean() for st in stats)))
+                if not math.isfinite(loss):
+                    # nothing of batch j is applied: the messages in flight carry the earlier
+                    # batches' backward passes, which are
+                    for i in range(j - K + 1, j):
+                        replies = receive()
+                        if i >= 0:
+                            apply(i, replies)
+                    return results
+                _, serial, lr = batches[j]
+                backward = (serial, log_z, n_labels, lr)
+                sent[0] += len(stats) * (log_z.nbytes + n_labels.nbytes)
+            forward = forward_part(j + K) if j + K < n else None
+            pending.append(backend.submit_each(
+                "step", [(backward, None if forward is None else forward[q])
+                         for q in range(len(m.bounds_) - 1)]))
+        for i in range(n - K, n):
+            replies = receive()
+            if i >= 0:
+                apply(i, replies)
+        m.bytes_per_batch_ = sent[0] / max(n, 1)
+        return results
