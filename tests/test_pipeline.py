@@ -115,15 +115,15 @@ def _wave_losses(model, X, Y, seen=None, on_wave=None):
 
 def test_pipelined_ray_shards_train_exactly_like_the_local_backend(tiny, ray_session):
     """The messages travel through a compiled graph (shared-memory channels) in the order the
-    local backend runs them: the same losses; the graph is torn down when the fit ends, and
-    the actors answer plain calls again."""
+    local backend runs them: the same losses; the graph stands for the next fit, and the
+    actors answer plain calls beside it."""
     Xtr, Ytr, Xte, _ = tiny
     kw = dict(KW, pipeline_depth=3)
     local = _wave_losses(ShardedSlideClassifier(**kw), Xtr, Ytr)
     m = ShardedSlideClassifier(**dict(kw, backend="ray"))
     remote = _wave_losses(m, Xtr, Ytr)
     np.testing.assert_allclose(remote, local, rtol=0, atol=1e-9)
-    assert not m.backend_._graphs
+    assert "step" in m.backend_._graphs
     assert m.predict_topk(Xte, 3).shape == (Xte.shape[0], 3)
     m.close()
 

@@ -1,7 +1,8 @@
 """The driver's side of the sharded network: the hidden layer (``HiddenLayer``: weights, sparse
 Adam over the touched input features, forward / backward kernels) and one training batch
 across the shards (``train_batch``): hidden activations out, partial softmax statistics in,
-global normalisers out, dL/dh in (see ``slide.distributed.shard`` for the shard's side).
+global normalisers out, dL/dh in (see ``slide.distributed.shard`` for the shard's side; with
+several batches in flight, ``slide.distributed.pipeline``).
 """
 import math
 
@@ -109,13 +110,15 @@ def combine(stats, n_labels):
 
 
 def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate):
-    """One batch across the shards; returns (mean loss, bytes exchanged with the shards, mean
-    active output neurons per sample over all shards). A non-finite loss is returned before
-    anything is updated (the caller raises)."""
+    """One batch across the shards, synchronously: the forward pass's message and its
+    replies, then the backward pass's (``OutputShard.step``); returns (mean loss, bytes
+    exchanged with the shards, mean active output neurons per sample over all shards). A
+    non-finite loss is returned before anything is updated (the caller raises)."""
     H = hidden.forward(X, rows)
     labels, n_labels = local_labels(Y, rows, bounds)
     S = len(labels)
-    stats = backend.call_each("forward", [(serial, H, p, i) for p, i in labels])
+    stats = [st for _, st in backend.call_each("step", [(None, (serial, H, p, i))
+                                                        for p, i in labels])]
     log_z, loss = combine(stats, n_labels)
     active = float(sum(st[4].mean() for st in stats))
     sent = S * H.nbytes + sum(p.nbytes + i.nbytes for p, i in labels) + \
@@ -123,7 +126,8 @@ def train_batch(hidden, backend, bounds, X, Y, rows, serial, learning_rate):
     if not math.isfinite(loss):
         return loss, sent, active
     hidden.optimizer.learning_rate = learning_rate
-    dHs = backend.call_all("backward", serial, log_z, n_labels, learning_rate)
+    backward = (serial, log_z, n_labels, learning_rate)
+    dHs = [d for d, _ in backend.call_each("step", [(backward, None)] * S)]
     # a writable copy: the backward kernel masks dH in place, and Ray hands large results
     # back as read-only views of its object store
     dH = np.array(dHs[0], np.float32) if S == 1 else np.sum(dHs, axis=0, dtype=np.float32)

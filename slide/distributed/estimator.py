@@ -19,7 +19,7 @@ from sklearn.exceptions import NotFittedError
 from slide.distributed.backend import LocalBackend, SimulatedLatency
 from slide.distributed.checkpoint import load_directory, read_manifest, restore_driver, save
 from slide.distributed.driver import HiddenLayer, train_batch
-from slide.distributed.pipeline import ShardPipeline, check_pipeline_depth
+from slide.distributed.pipeline import GRAPH_IN_FLIGHT, ShardPipeline, check_pipeline_depth
 from slide.distributed.ray_backend import RayBackend, ShardFailure
 from slide.distributed.shard import shard_ranges
 from slide.estimator import SlideClassifier
@@ -183,6 +183,7 @@ class ShardedSlideClassifier(SlideClassifier):
         self.backend_.reload([os.path.join(path, f) for f in man["shards"]])
         restore_driver(self, path, man)
         self._prepare_shards(Y, n_threads)
+        self.backend_.compile_graph("step", GRAPH_IN_FLIGHT)   # the failure tore it down
         self.recoveries_ = getattr(self, "recoveries_", 0) + 1
 
     def _prepare_shards(self, Y, n_threads):
@@ -359,6 +360,8 @@ class _ShardSteps:
 
     def start(self, X, Y, n_threads):
         self.model._prepare_shards(Y, n_threads)
+        # the messages through Ray's compiled graph (``RayBackend.compile_graph``)
+        self.model.backend_.compile_graph("step", GRAPH_IN_FLIGHT)
         self.model.rank_.clear()    # the neighbour memory was built from weights this changes
 
     def step(self, X, Y, rows, serial, lr, n_threads):

@@ -31,6 +31,10 @@ from slide.distributed.driver import combine, local_labels
 from slide.distributed.ray_backend import ShardFailure
 from slide.params import is_int
 
+# executions a shard graph keeps in flight at least (``RayBackend.compile_graph``): room for
+# the usual depths without a second compile
+GRAPH_IN_FLIGHT = 8
+
 # batches of a wave: each wave fills and drains the pipeline (K round trips without overlap)
 WAVE_BATCHES = 64
 
@@ -56,9 +60,7 @@ class ShardPipeline:
         return max(WAVE_BATCHES, 4 * self.k)
 
     def close(self):
-        backend = getattr(self.model, "backend_", None)
-        if backend is not None:
-            backend.close_graphs()
+        """Nothing to close: the backend's graph stands for the next fit."""
 
     def run_wave(self, X, Y, batches, seed=None, optimizer=None):
         """Train ``batches``, a list of (rows, serial, learning rate) in batch order. Returns,
@@ -75,8 +77,8 @@ class ShardPipeline:
     def _run(self, X, Y, batches):
         m, K, n = self.model, self.k, len(batches)
         backend, hidden = m.backend_, m.hidden_
-        # once a fit (again after a failure tore the graph down): a no-op while it stands
-        backend.compile_graph("step", K + 1)
+        # once (again after a failure tore the graph down): a no-op while it stands
+        backend.compile_graph("step", max(K + 1, GRAPH_IN_FLIGHT))
         results = [(math.nan, 0.0)] * n
         flight = {}          # batch index -> (rows, H, global label counts)
         pending = deque()    # the messages in flight, oldest first

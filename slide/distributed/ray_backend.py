@@ -152,6 +152,7 @@ class RayBackend:
         self.n_threads = n_threads if n_threads is not None else shard_cpus
         self.actors = []
         self._graphs = {}          # method -> its compiled graph (``compile_graph``)
+        self._graph_room = {}      # method -> the executions its graph keeps in flight
 
     def create(self, specs, files=None):
         # a local Ray gets enough logical CPUs for every shard (they share the cores)
@@ -210,6 +211,8 @@ class RayBackend:
             raise
 
     def call_each(self, method, args_list):
+        if method in self._graphs:
+            return self.wait(self.submit_each(method, args_list))[0]
         return self._get([a.call.remote(method, *args)
                           for a, args in zip(self.actors, args_list)])
 
@@ -253,10 +256,12 @@ class RayBackend:
 
     def compile_graph(self, method, max_in_flight):
         """A compiled graph that sends shard q the q-th argument of each execution and calls
-        its ``method`` (``submit_each`` then takes it), with up to ``max_in_flight``
-        executions in flight; nothing to do when it stands."""
+        its ``method`` (``submit_each`` and ``call_each`` then take it), with up to
+        ``max_in_flight`` executions in flight; nothing to do when one stands that takes as
+        many. It stands until ``close_graphs`` (a failure, ``shutdown``); the actors take
+        plain calls beside it."""
         from ray.dag import InputNode, MultiOutputNode
-        if method in self._graphs:
+        if self._graph_room.get(method, 0) >= max_in_flight:
             return
         self.close_graphs()
         with InputNode() as inp:
@@ -264,10 +269,11 @@ class RayBackend:
                                    for q, a in enumerate(self.actors)])
         self._graphs[method] = dag.experimental_compile(
             _max_inflight_executions=int(max_in_flight))
+        self._graph_room[method] = int(max_in_flight)
 
     def close_graphs(self):
         """Tear the compiled graphs down (the actors take plain calls only again)."""
-        graphs, self._graphs = self._graphs, {}
+        graphs, self._graphs, self._graph_room = self._graphs, {}, {}
         for g in graphs.values():
             try:
                 g.teardown()
