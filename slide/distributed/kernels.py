@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH, first_forward_dense
-from slide.kernels.expsum import max_and_finite, max_or_nan
+from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.negatives import correction_kind, is_label
 from slide.kernels.normal import normal_pair
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
@@ -192,7 +192,8 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
             slots[n_found] = q if q >= 0 else -n_x
             n_found += 1
     off = offs[kind]
-    if in_s + (n_s - n_c) == ns:
+    all_active = in_s + (n_s - n_c) == ns
+    if all_active:
         # every column of S is active (the rule: only a capacity cut leaves some out)
         w1 = np.float32(log_w1)
         for q in range(ns):
@@ -223,11 +224,14 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
     if not finite or xbad or not math.isfinite(zmax):
         # an overflowed logit (a diverging run): the driver stops before any update
         return zmax, np.nan, lz, n_found, cnt, n_x
-    ssum = 0.0
-    for q in range(ns):
-        v = zs[q]
-        zs[q] = math.exp(np.float64(v) - zmax) if v > -np.inf else 0.0
-        ssum += zs[q]
+    if all_active:
+        ssum = exp_shifted_inplace(zs, zmax)      # vectorised: no column left out
+    else:
+        ssum = 0.0
+        for q in range(ns):
+            v = zs[q]
+            zs[q] = math.exp(np.float64(v) - zmax) if v > -np.inf else 0.0
+            ssum += zs[q]
     for e in range(n_x):
         v = math.exp(np.float64(dx[e]) - zmax)        # a dropped fill (-inf) gets 0
         dx[e] = v
