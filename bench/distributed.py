@@ -1,24 +1,32 @@
-"""Label-sharded training on Ray (slide.distributed) against the single-process engine.
+"""Label-sharded training (slide.distributed) against the single-process engine.
 
-For each label count (synthetic xc200k preset, 200k labels, or its 670k-label variant) and each
-configuration -- the single-process ``SlideClassifier`` and ``ShardedSlideClassifier`` with 1, 2
-and 4 shards on a local Ray -- one fresh subprocess trains ONE epoch at the same seed and
-reports: seconds per epoch (batch times from the fit callback, the first batch, which loads the
-compiled kernels in new actor processes, replaced by the median), P@1 on the test split (exact
-inference), bytes exchanged between the driver and the shards per batch, and peak memory per
-process (getrusage high-water mark: the driver, and each shard actor). ``--cap-test`` also
-trains the largest model with each shard actor under ``resource.setrlimit(RLIMIT_DATA)`` set
-between the 1-shard and the 4-shard need, once with 1 shard (expected to fail) and once with 4.
+Each configuration -- the single-process ``SlideClassifier`` and ``ShardedSlideClassifier``
+with each number of shards, each pipeline depth and each simulated latency -- trains in a
+fresh subprocess at each seed and reports: seconds per epoch (the epochs after the first: the
+first loads the compiled kernels in new actor processes; with ``--epochs 1``, the batch times
+with the first batch replaced by their median), samples per second, P@1 on the test split
+(exact inference), bytes exchanged between the driver and the shards per batch, and peak
+memory per process (getrusage high-water mark: the driver, and each shard actor).
 
-    flock /tmp/slide-bench.lock python bench/distributed.py --labels 200000 --n-train 8000
-    flock /tmp/slide-bench.lock python bench/distributed.py --labels 670091 --n-train 8000
+Data: the synthetic xc200k preset at ``--labels`` labels (default), or a real set with
+``--data DIR`` (``DIR/train.txt`` and ``DIR/test.txt`` in the XC format, e.g. the sets that
+``bench/build_debdeps.py`` and ``bench/build_debcontents.py`` build into ``datasets/``).
+
+    flock /tmp/slide.lock python bench/distributed.py --labels 200000 --n-train 8000
+    flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 3 \
+        --shards 0,2 --depths 1,3 --seeds 0,1,2 --tag _debdeps
+    flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 2 \
+        --shards 2 --depths 1,3 --latency-ms 0,0.5,2,5 --tag _debdeps_latency
 
 ``--latency-ms 0,0.5,2,5`` runs each sharded configuration once per simulated latency (every
 message delayed that long each way: ``ShardedSlideClassifier(simulated_latency_ms=...)``).
+``--cap-mb`` also trains the largest model with each shard actor under
+``resource.setrlimit(RLIMIT_DATA)`` set between the 1-shard and the 4-shard need, once with 1
+shard (expected to fail) and once with 4.
 
-Writes bench/results/distributed_<labels><tag>.json and appends the table to
-bench/results/distributed.md. Timings on a shared 2-core machine are noisy; compare the ratios
-of one run only.
+Writes bench/results/distributed_<labels or set><tag>.json and appends the table (mean and
+standard deviation over the seeds) to bench/results/distributed.md. Timings on a shared 2-core
+machine are noisy; compare the ratios of one run only.
 """
 import argparse
 import json
@@ -37,38 +45,47 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
 
-def _data(labels, n_train, n_test, seed):
+def _data(cfg):
+    if cfg.get("data"):
+        from slide.data import read_xc
+        Xtr, Ytr = read_xc(str(Path(cfg["data"]) / "train.txt"))
+        Xte, Yte = read_xc(str(Path(cfg["data"]) / "test.txt"))
+        return Xtr, Ytr, Xte, Yte
     from slide.synthetic import generate
-    return generate("xc200k", seed=seed, n_labels=int(labels), n_train=int(n_train),
-                    n_test=int(n_test))
+    return generate("xc200k", seed=0, n_labels=int(cfg["labels"]), n_train=int(cfg["n_train"]),
+                    n_test=int(cfg["n_test"]))
 
 
 def run_one(cfg):
     """One configuration in this process; returns its measurements."""
     import resource
     import slide
-    Xtr, Ytr, Xte, Yte = _data(cfg["labels"], cfg["n_train"], cfg["n_test"], 0)
-    kw = dict(hidden_sizes=(128,), epochs=1, batch_size=128, random_state=0, n_threads=2,
-              learning_rate=5e-3, lr_schedule="constant",
-              neighbours=0)     # the protocol's cost and P@1, without the vote on top
+    Xtr, Ytr, Xte, Yte = _data(cfg)
+    epochs = int(cfg.get("epochs", 1))
+    kw = dict(hidden_sizes=(128,), epochs=epochs, batch_size=128, random_state=cfg["seed"],
+              n_threads=2, neighbours=0)     # the network's cost and P@1, no vote on top
+    if not cfg.get("data"):
+        kw.update(learning_rate=5e-3, lr_schedule="constant")
     S = cfg["shards"]
     if S == 0:
         model = slide.SlideClassifier(**kw)
     else:
         from slide.distributed import ShardedSlideClassifier
-        # the driver and the shards take turns (the driver waits for the shards): the driver
-        # gets both cores, the shards share them
-        model = ShardedSlideClassifier(n_shards=S, backend="ray", shard_cpus=max(1, 2 // S),
+        # the shards get a core each where there are as many, and share them beyond
+        model = ShardedSlideClassifier(n_shards=S, backend=cfg.get("backend", "ray"),
+                                       shard_cpus=max(1, 2 // S),
                                        shard_memory_cap=cfg.get("cap"),
-                                       simulated_latency_ms=cfg.get("latency_ms", 0.0), **kw)
-    times, sent = [], []
+                                       simulated_latency_ms=cfg.get("latency_ms", 0.0),
+                                       pipeline_depth=cfg.get("depth", 1), **kw)
+    times, sent, at_epoch = [], [], {}
     last = [time.perf_counter()]
 
     def cb(m, info):
         now = time.perf_counter()
         times.append(now - last[0])
         last[0] = now
-        sent.append(info.get("bytes_sent", 0))
+        sent.append(info.get("bytes_sent", m.__dict__.get("bytes_per_batch_", 0.0)))
+        at_epoch[m.epoch_] = info["train_seconds"]
 
     t0 = time.perf_counter()
     try:
@@ -76,22 +93,24 @@ def run_one(cfg):
     except Exception as exc:      # the memory-cap run with one shard is expected to end here
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
                 "seconds": time.perf_counter() - t0}
-    bt = np.array(times)
-    if S == 0:
+    if epochs > 1:
+        # the epochs after the first (the first loads the compiled kernels in the actors)
+        epoch_s = (at_epoch[epochs] - at_epoch[1]) / (epochs - 1)
+    elif S == 0:
         # one process: its kernels compile before the clock (the warm-up), and the callback
         # comes once a wave of batches in flight: its own training seconds are the epoch's
         epoch_s = model.train_seconds_
     else:
-        # the shards compile (or load) their kernels in the first batch: the median instead
+        bt = np.array(times)
         if bt.size > 1:
             bt[0] = np.median(bt[1:])
         epoch_s = float(bt.sum())
-    out = {"epoch_seconds": float(epoch_s), "batches": int(model.batches_),
-           "P@1": model.score(Xte, Yte),
+    out = {"epoch_seconds": float(epoch_s), "samples_per_s": Xtr.shape[0] / float(epoch_s),
+           "batches": int(model.batches_), "P@1": model.score(Xte, Yte),
            "bytes_per_batch": float(np.mean(sent)) if S else 0.0,
            "driver_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if S:
-        mem = model.backend_.memory()
+        mem = model.backend_.memory() if hasattr(model.backend_, "memory") else []
         out["shard_peak_rss"] = [m["peak_rss"] for m in mem]
         out["shard_peak_vm"] = [m.get("peak_vm") for m in mem]
         out["shard_data"] = [m.get("data") for m in mem]
@@ -110,42 +129,74 @@ def _sub(cfg, timeout):
     return {"error": (p.stderr or p.stdout)[-500:]}
 
 
-def _md(labels, rows, args, commit):
-    base = next((r for r in rows if r["config"] == "single process"), None)
+def _config_name(S, backend, depth, latency):
+    if S == 0:
+        return "single process"
+    name = f"{S} shard{'s' * (S > 1)} ({'Ray' if backend == 'ray' else 'in process'})"
+    name += f", depth {depth}" if depth > 1 else ", synchronous"
+    return name + (f", {latency:g} ms latency" if latency else "")
+
+
+def _mean_sd(values):
+    v = np.asarray(values, float)
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def _md(title, rows, args, commit):
+    from bench import common
     mb = 1 / 2**20
-    lines = [f"\n## {labels:,} labels, {args.n_train:,} training points, 1 epoch "
-             f"({time.strftime('%Y-%m-%d %H:%M')}, commit {commit})\n",
-             "| configuration | s / epoch | vs single | P@1 | bytes / batch | driver peak RSS "
-             "(MB) | shard peak RSS (MB) | shard arrays (MB) |",
-             "|---|---|---|---|---|---|---|---|"]
+    groups = {}
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['config']} | error: {r['error'][:120]} | | | | | | |")
+        groups.setdefault(r["config"], []).append(r)
+    base = [r for r in groups.get("single process", []) if "error" not in r]
+    base_sps = _mean_sd([r["samples_per_s"] for r in base])[0] if base else float("nan")
+    seeds = sorted({r.get("seed", 0) for r in rows})
+    lines = [f"\n## {title}, {args.epochs} epoch{'s' * (args.epochs > 1)}, seeds "
+             f"{', '.join(map(str, seeds))} ({time.strftime('%Y-%m-%d %H:%M')}, commit {commit})\n",
+             f"Machine: {common.machine_description()}. Mean (sd) over the seeds.\n",
+             "| configuration | s / epoch | samples / s | x single | P@1 | bytes / batch | "
+             "driver peak RSS (MB) | shard peak RSS (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            lines.append(f"| {name} | error: {rs[0]['error'][:120]} | | | | | | |")
             continue
-        ratio = r["epoch_seconds"] / base["epoch_seconds"] if base and "epoch_seconds" in \
-            base else float("nan")
-        shard = ", ".join(f"{v * mb:.0f}" for v in r.get("shard_peak_rss", [])) or "-"
-        arrays = ", ".join(f"{v * mb:.0f}" for v in r.get("shard_array_bytes", [])) or "-"
-        lines.append(f"| {r['config']} | {r['epoch_seconds']:.1f} | {ratio:.2f}x | "
-                     f"{r['P@1']:.4f} | {r['bytes_per_batch']:,.0f} | "
-                     f"{r['driver_peak_rss'] * mb:.0f} | {shard} | {arrays} |")
+        es, es_sd = _mean_sd([r["epoch_seconds"] for r in ok])
+        sps, sps_sd = _mean_sd([r["samples_per_s"] for r in ok])
+        p1, p1_sd = _mean_sd([r["P@1"] for r in ok])
+        shard = ", ".join(f"{v * mb:.0f}" for v in ok[0].get("shard_peak_rss", [])) or "-"
+        lines.append(f"| {name} | {es:.2f} ({es_sd:.2f}) | {sps:,.0f} ({sps_sd:,.0f}) | "
+                     f"{sps / base_sps:.2f}x | {p1:.4f} ({p1_sd:.4f}) | "
+                     f"{np.mean([r['bytes_per_batch'] for r in ok]):,.0f} | "
+                     f"{np.mean([r['driver_peak_rss'] for r in ok]) * mb:.0f} | {shard} |")
     return "\n".join(lines) + "\n"
+
+
+def _ints(text):
+    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--labels", type=int, default=200_000)
+    ap.add_argument("--data", help="a real set: DIR/train.txt and DIR/test.txt (XC format)")
+    ap.add_argument("--labels", type=int, default=200_000, help="synthetic set's labels")
     ap.add_argument("--n-train", type=int, default=8000)
     ap.add_argument("--n-test", type=int, default=1000)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--seeds", default="0")
     ap.add_argument("--shards", default="0,1,2,4", help="0 = the single-process engine")
+    ap.add_argument("--depths", default="1", help="pipeline depths of the sharded runs")
+    ap.add_argument("--backend", default="ray", choices=("ray", "local"))
     ap.add_argument("--cap-mb", type=float, default=0.0,
                     help="also run 1 and 4 shards under this per-actor RLIMIT_DATA (MB)")
     ap.add_argument("--latency-ms", default="0",
                     help="comma list: each sharded run once per simulated latency (ms each way "
                          "of every message: ShardedSlideClassifier(simulated_latency_ms))")
     ap.add_argument("--tag", default="", help="appended to the .json file's name")
-    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--results", default=str(RESULTS), help="where the files go")
+    ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args()
     if args.one:
         print("RESULT " + json.dumps(run_one(json.loads(args.one))), flush=True)
@@ -154,32 +205,41 @@ def main():
     from bench import common
     commit = common.git_commit()
     rows = []
-    base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test)
+    base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test,
+                epochs=args.epochs, backend=args.backend,
+                data=str(Path(args.data).resolve()) if args.data else None)
     latencies = [float(v) for v in args.latency_ms.split(",") if v.strip()]
-    for S in [int(s) for s in args.shards.split(",") if s.strip()]:
-        for lat in ([0.0] if S == 0 else latencies):
-            r = _sub({**base, "shards": S, "latency_ms": lat}, args.timeout)
-            r["config"] = "single process" if S == 0 else \
-                f"{S} shard{'s' * (S > 1)} (Ray)" + (f", {lat:g} ms latency" if lat else "")
-            r["latency_ms"] = lat
-            r["commit"] = commit
-            print(r, flush=True)
-            rows.append(r)
+    for seed in _ints(args.seeds):
+        for S in _ints(args.shards):
+            for depth in ([1] if S == 0 else _ints(args.depths)):
+                for lat in ([0.0] if S == 0 else latencies):
+                    r = _sub({**base, "seed": seed, "shards": S, "depth": depth,
+                              "latency_ms": lat}, args.timeout)
+                    r.update(config=_config_name(S, args.backend, depth, lat), seed=seed,
+                             shards=S, depth=depth, latency_ms=lat, commit=commit)
+                    print(r, flush=True)
+                    rows.append(r)
     if args.cap_mb:
         for S in (1, 4):
-            r = _sub({**base, "shards": S, "cap": int(args.cap_mb * 2**20)}, args.timeout)
+            r = _sub({**base, "seed": 0, "shards": S, "cap": int(args.cap_mb * 2**20)},
+                     args.timeout)
             r["config"] = f"{S} shard{'s' * (S > 1)}, RLIMIT_DATA {args.cap_mb:.0f} MB per actor"
             r["commit"] = commit
             print(r, flush=True)
             rows.append(r)
     from slide.fileio import write_text
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / f"distributed_{args.labels}{args.tag}.json", json.dumps(rows, indent=1))
-    md = RESULTS / "distributed.md"
+    name = Path(args.data).name if args.data else str(args.labels)
+    title = f"{Path(args.data).name} ({args.data})" if args.data else \
+        f"{args.labels:,} labels, {args.n_train:,} training points"
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / f"distributed_{name}{args.tag}.json", json.dumps(rows, indent=1))
+    md = out / "distributed.md"
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"
-    write_text(md, old + _md(args.labels, rows, args, commit))
-    print(_md(args.labels, rows, args, commit))
+    table = _md(title, rows, args, commit)
+    write_text(md, old + table)
+    print(table)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,24 @@ def test_memory_reads_the_peak_after_the_data_the_fit_and_the_prediction(tmp_pat
         assert json.load(f)["after_fit"] == res["after_fit"]
     with open(out + ".md") as f:
         assert "| after fit |" in f.read()
+
+
+def test_distributed_measures_a_pipelined_sharded_run_and_tabulates_the_seeds():
+    """bench/distributed.py's measurement in this process (the script runs each in a fresh
+    one), on a small synthetic set with the shards in process: timed epochs after the first,
+    samples per second, P@1; then its table of means over seeds against the single process."""
+    import argparse
+    from bench import distributed
+    cfg = dict(labels=300, n_train=400, n_test=100, epochs=2, seed=0, backend="local")
+    rows = []
+    for shards, depth in ((0, 1), (2, 1), (2, 3)):
+        r = distributed.run_one(dict(cfg, shards=shards, depth=depth))
+        assert "error" not in r, r
+        assert r["epoch_seconds"] > 0 and r["samples_per_s"] > 0 and 0 <= r["P@1"] <= 1
+        assert r["batches"] == 2 * 4
+        assert (r["bytes_per_batch"] > 0) == (shards > 0)
+        r.update(config=distributed._config_name(shards, "local", depth, 0.0), seed=0)
+        rows.append(r)
+    table = distributed._md("tiny", rows, argparse.Namespace(epochs=2), "abc1234")
+    assert "| single process |" in table and "| 2 shards (in process), depth 3 |" in table
+    assert "1.00x" in table
