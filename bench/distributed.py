@@ -71,9 +71,11 @@ def run_one(cfg):
         model = slide.SlideClassifier(**kw)
     else:
         from slide.distributed import ShardedSlideClassifier
-        # the shards get a core each where there are as many, and share them beyond
+        # one thread a shard: the driver keeps working (and waiting) beside the shards, and a
+        # lone shard on both cores of a 2-core machine ran its parallel loops against it 16x
+        # slower (0.05x the single process, bench/results/distributed.md)
         model = ShardedSlideClassifier(n_shards=S, backend=cfg.get("backend", "ray"),
-                                       shard_cpus=max(1, 2 // S),
+                                       shard_cpus=1,
                                        shard_memory_cap=cfg.get("cap"),
                                        simulated_latency_ms=cfg.get("latency_ms", 0.0),
                                        pipeline_depth=cfg.get("depth", 1), **kw)
@@ -173,6 +175,125 @@ def _md(title, rows, args, commit):
     return "\n".join(lines) + "\n"
 
 
+class _IdleShard:
+    """A shard that answers a batch's message at once with replies of a real one's size."""
+
+    def step(self, backward, forward):
+        dH = np.zeros((128, 128), np.float32) if backward is not None else None
+        stats = np.zeros((5, 128)) if forward is not None else None
+        return dH, stats
+
+
+def message_costs(n_batches=400, n_shards=2):
+    """Milliseconds a batch of the messages alone (shards that do nothing) on a local Ray:
+    actor calls and the compiled graph, synchronous (two messages a batch, each waited) and
+    pipelined (one a batch, K in flight), and the driver's CPU time a batch (its waiting)."""
+    import resource
+    from slide.distributed import ray_backend
+
+    class IdleActor(ray_backend._ShardActorImpl):
+        def __init__(self):
+            self.restarted = False
+            self.shard = _IdleShard()
+
+    ray = ray_backend.ensure_ray(None)
+    backend = ray_backend.RayBackend(None, 1)
+    backend.ray = ray
+    backend.actors = [ray.remote(num_cpus=1)(IdleActor).remote() for _ in range(n_shards)]
+    H = np.zeros((128, 128), np.float32)
+    fwd = (1, H, np.zeros(129, np.int64), np.zeros(2000, np.int32))
+    bwd = (1, np.zeros(128), np.zeros(128, np.int64), 0.01)
+    out = []
+
+    def cpu():
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        return u.ru_utime + u.ru_stime
+
+    for transport in ("actor calls", "compiled graph"):
+        if transport == "compiled graph":
+            backend.compile_graph("step", 8)
+        for k in (0, 1, 2, 4):          # 0: synchronous, two messages a batch
+            for _ in range(20):
+                backend.call_each("step", [(None, fwd)] * n_shards)
+            t0, c0 = time.perf_counter(), cpu()
+            pending = []
+            for _ in range(n_batches):
+                if k == 0:
+                    backend.call_each("step", [(None, fwd)] * n_shards)
+                    backend.call_each("step", [(bwd, None)] * n_shards)
+                    continue
+                if len(pending) >= k:
+                    backend.wait(pending.pop(0))
+                pending.append(backend.submit_each("step", [(bwd, fwd)] * n_shards))
+            for h in pending:
+                backend.wait(h)
+            wall, used = time.perf_counter() - t0, cpu() - c0
+            out.append(dict(transport=transport, in_flight=k, ms_per_batch=1e3 * wall / n_batches,
+                            driver_cpu_ms_per_batch=1e3 * used / n_batches))
+            print(out[-1], flush=True)
+    backend.shutdown()
+    return out
+
+
+def _messages_md(rows, args, commit, common):
+    from slide.fileio import write_text
+    lines = [f"\n## Two idle shards, batches of 128 x 128 ({time.strftime('%Y-%m-%d %H:%M')}, "
+             f"commit {commit})\n", f"Machine: {common.machine_description()}.\n",
+             "| transport | messages in flight | ms a batch | driver CPU ms a batch |",
+             "|---|---|---|---|"]
+    for r in rows:
+        k = "synchronous (2 a batch)" if r["in_flight"] == 0 else str(r["in_flight"])
+        lines.append(f"| {r['transport']} | {k} | {r['ms_per_batch']:.2f} | "
+                     f"{r['driver_cpu_ms_per_batch']:.2f} |")
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "ray_messages.md"
+    old = md.read_text() if md.exists() else \
+        "# The messages alone (bench/distributed.py --messages)\n"
+    write_text(md, old + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def latency_model(rows):
+    """The cost model of a batch against the one-way latency L, from the zero-latency points
+    of ``rows`` (one shard count): synchronous, T_1(L) = T_1(0) + 4 L (two messages a batch,
+    each L out and L back); depth D >= 2 (K = D - 1 messages in flight), T_D(L) =
+    max(T_D(0), (T_2(0) + 2 L) / K): message j waits for the reply to message j - K, so K
+    batches take at least one round trip of depth 2's batch, T_2(0), plus the latency both
+    ways, and never less than the same depth's time without latency. Returns (config, L,
+    measured ms a batch, predicted ms a batch) for every point not used to fit."""
+    ms = {}
+    for r in rows:
+        if "error" in r or not r.get("shards"):
+            continue
+        ms.setdefault((r["depth"], r["latency_ms"]), []).append(
+            1000.0 * r["epoch_seconds"] / (r["batches"] / r.get("epochs", 1)))
+    ms = {k: float(np.mean(v)) for k, v in ms.items()}
+    out = []
+    for (depth, lat), got in sorted(ms.items()):
+        if lat == 0 or (depth, 0.0) not in ms:
+            continue
+        if depth == 1:
+            pred = ms[(1, 0.0)] + 4 * lat
+        elif (2, 0.0) in ms:
+            pred = max(ms[(depth, 0.0)], (ms[(2, 0.0)] + 2 * lat) / (depth - 1))
+        else:
+            continue
+        out.append((depth, lat, got, pred))
+    return out
+
+
+def _model_md(rows):
+    lines = ["\nCost model (`latency_model`): ms a batch, measured and predicted from the "
+             "zero-latency points\n",
+             "| depth | latency (ms each way) | measured | predicted | error |",
+             "|---|---|---|---|---|"]
+    for depth, lat, got, pred in latency_model(rows):
+        lines.append(f"| {depth} | {lat:g} | {got:.2f} | {pred:.2f} | "
+                     f"{100 * (pred - got) / got:+.0f} % |")
+    return "\n".join(lines) + "\n"
+
+
 def _ints(text):
     return [int(v) for v in text.split(",") if v.strip()]
 
@@ -180,6 +301,9 @@ def _ints(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--messages", action="store_true",
+                    help="only the messages' cost: two idle shards on a local Ray, actor calls "
+                         "against the compiled graph, synchronous and pipelined")
     ap.add_argument("--data", help="a real set: DIR/train.txt and DIR/test.txt (XC format)")
     ap.add_argument("--labels", type=int, default=200_000, help="synthetic set's labels")
     ap.add_argument("--n-train", type=int, default=8000)
@@ -204,6 +328,8 @@ def main():
     # the driver only: the measured subprocesses (--one) do not import bench.common
     from bench import common
     commit = common.git_commit()
+    if args.messages:
+        return _messages_md(message_costs(), args, commit, common)
     rows = []
     base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test,
                 epochs=args.epochs, backend=args.backend,
@@ -216,7 +342,8 @@ def main():
                     r = _sub({**base, "seed": seed, "shards": S, "depth": depth,
                               "latency_ms": lat}, args.timeout)
                     r.update(config=_config_name(S, args.backend, depth, lat), seed=seed,
-                             shards=S, depth=depth, latency_ms=lat, commit=commit)
+                             shards=S, depth=depth, latency_ms=lat, epochs=args.epochs,
+                             commit=commit)
                     print(r, flush=True)
                     rows.append(r)
     if args.cap_mb:
@@ -238,6 +365,8 @@ def main():
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"
     table = _md(title, rows, args, commit)
+    if len(latencies) > 1:
+        table += _model_md(rows)
     write_text(md, old + table)
     print(table)
 

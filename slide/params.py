@@ -230,6 +230,9 @@ TABLE = (
        "docs/distributed.md)", ge=0),
     _p(None, "distributed.address", "str", None, "Ray cluster to join with distributed.shards "
        "(\"auto\" or \"host:port\"); unset: start a local Ray", optional=True),
+    _p(None, "distributed.pipeline_depth", "int", 1, "batches in flight between the driver and "
+       "the shards: 1 synchronous; d >= 2 one message a batch, d - 1 in flight, the hidden "
+       "layer's output up to 2d - 3 batches stale (docs/distributed.md)", ge=1),
     _p("sparse_layers", None, "layers", None, "layers that use LSH (0 = first hidden, "
        "len(hidden_sizes) = output); None: the output layer only; none with sampler dense"),
     _p("n_threads", None, "int_or_none", None, "worker threads; None: all cores (Numba's TBB "

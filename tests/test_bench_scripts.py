@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 
@@ -107,3 +109,19 @@ def test_distributed_measures_a_pipelined_sharded_run_and_tabulates_the_seeds():
     table = distributed._md("tiny", rows, argparse.Namespace(epochs=2), "abc1234")
     assert "| single process |" in table and "| 2 shards (in process), depth 3 |" in table
     assert "1.00x" in table
+
+
+def test_the_latency_model_predicts_from_the_zero_latency_points():
+    from bench import distributed
+
+    def row(depth, lat, ms):
+        return dict(shards=2, depth=depth, latency_ms=lat, epochs=1, batches=100,
+                    epoch_seconds=ms / 10.0)
+    rows = [row(1, 0.0, 10.0), row(1, 2.0, 18.5), row(2, 0.0, 8.0), row(3, 0.0, 5.0),
+            row(3, 2.0, 6.0), row(3, 5.0, 9.5), row(2, 5.0, 18.0)]
+    got = {(d, l): (m, p) for d, l, m, p in distributed.latency_model(rows)}
+    assert got[(1, 2.0)] == pytest.approx((18.5, 18.0))         # T1(0) + 4 L
+    assert got[(2, 5.0)] == pytest.approx((18.0, 18.0))         # T2(0) + 2 L
+    assert got[(3, 2.0)][1] == pytest.approx(6.0)               # max(5, (8 + 4) / 2)
+    assert got[(3, 5.0)][1] == pytest.approx(9.0)               # (8 + 10) / 2
+    assert "| 3 | 5 | 9.50 | 9.00 | -5 % |" in distributed._model_md(rows)

@@ -162,3 +162,35 @@ def test_a_killed_actor_under_the_pipeline_resumes_from_the_last_checkpoint(tiny
     assert len(got) == n + 1 and seen[-1] == m.batches_ == 4 * 19
     np.testing.assert_allclose(got[2:], ref[1:], rtol=0, atol=1e-6)
     m.close()
+
+
+def test_slide_train_takes_a_pipeline_depth(tmp_path, ray_session, capsys):
+    """`[distributed] pipeline_depth = 3`: the run trains the pipelined sharded model and saves
+    it with its depth; a depth below 1 is listed among the config's problems."""
+    from slide.cli import main
+    run = tmp_path / "run"
+    cfg = tmp_path / "run.toml"
+    text = f'''output_dir = "{run}"
+[data]
+preset = "tiny"
+eval_points = 100
+[model]
+hidden_sizes = [32]
+[train]
+epochs = 2
+batch_size = 64
+threads = 1
+[distributed]
+shards = 2
+pipeline_depth = DEPTH
+'''
+    cfg.write_text(text.replace("DEPTH", "0"))
+    assert main(["train", "--config", str(cfg)]) != 0
+    assert "pipeline_depth" in capsys.readouterr().err
+    cfg.write_text(text.replace("DEPTH", "3"))
+    assert main(["train", "--config", str(cfg)]) == 0, capsys.readouterr().err
+    import slide
+    m = slide.load(run / "model.slide")
+    assert isinstance(m, ShardedSlideClassifier) and m.pipeline_depth == 3
+    assert m.batches_ == 2 * 10
+    m.close()

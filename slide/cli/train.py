@@ -189,7 +189,8 @@ class _Phase:
         if dist.get("shards"):
             from slide.distributed import ShardedSlideClassifier
             return ShardedSlideClassifier(n_shards=dist["shards"],
-                                          ray_address=dist.get("address"), **kw)
+                                          ray_address=dist.get("address"),
+                                          pipeline_depth=dist.get("pipeline_depth", 1), **kw)
         return est.SlideClassifier(**kw)
 
     def run(self):

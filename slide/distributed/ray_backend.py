@@ -9,8 +9,10 @@ answer within ``CONNECT_TIMEOUT_S`` or a ``ConnectionError`` names the address.
 import os
 import socket
 import time
+from collections import deque
 
 import numba
+import numpy as np
 
 from slide.distributed.shard import OutputShard
 
@@ -19,6 +21,7 @@ CONNECT_TIMEOUT_S = 10.0
 RESTART_TIMEOUT_S = 120.0
 FREE_CPU_WAIT_S = 20.0
 GRAPH_TIMEOUT_S = 600.0
+NAP_SHARE = 0.75
 
 
 LOCAL_MODELS = 4      # sharded models a local Ray started by slide has CPU tokens for
@@ -153,6 +156,7 @@ class RayBackend:
         self.actors = []
         self._graphs = {}          # method -> its compiled graph (``compile_graph``)
         self._graph_room = {}      # method -> the executions its graph keeps in flight
+        self._turnarounds = deque(maxlen=16)   # seconds from a message to its last reply
 
     def create(self, specs, files=None):
         # a local Ray gets enough logical CPUs for every shard (they share the cores)
@@ -224,25 +228,25 @@ class RayBackend:
     def submit_each(self, method, args_list):
         """Send shard q ``method(*args_list[q])`` without waiting; ``wait`` gives the results.
         Through the compiled graph of ``method`` where ``compile_graph`` made one (Ray's
-        compiled graphs: the messages travel through shared-memory channels, 0.4 ms a batch
-        of two shards here against 2.3 ms for actor calls, bench/results/
-        ray_messages_intel.md), else as actor calls (Ray runs an actor's calls from one
+        compiled graphs: the messages travel through shared-memory channels, several times
+        cheaper than actor calls, bench/results/ray_messages.md), else as actor calls (Ray runs an actor's calls from one
         caller in the order they were made, as a graph runs its executions)."""
         graph = self._graphs.get(method)
         if graph is not None:
             try:
-                return True, graph.execute(*args_list)
+                return True, graph.execute(*args_list), time.monotonic()
             except Exception as exc:      # a dead actor's channel
                 self.close_graphs()
                 raise ShardFailure(f"a shard actor died: {exc}") from exc
         return False, [a.timed_call.remote(method, args)
-                       for a, args in zip(self.actors, args_list)]
+                       for a, args in zip(self.actors, args_list)], time.monotonic()
 
     def wait(self, handle):
         """(results in shard order, time the last shard finished) of a ``submit_each``."""
-        compiled, refs = handle
+        compiled, refs, sent = handle
         try:
             if compiled:
+                self._nap(sent)
                 # a graph's results wait GRAPH_TIMEOUT_S, not Ray's 10 s: a shard's first
                 # batch compiles (or loads) its kernels
                 out = self._get_compiled(refs)
@@ -251,8 +255,22 @@ class RayBackend:
         except ShardFailure:
             self.close_graphs()
             raise
+        done = max(t for _, t in out)
+        self._turnarounds.append(done - sent)
         # copies: a compiled graph's arrays may be views of its channels' buffers
-        return [_copied(r) for r, _ in out], max(t for _, t in out)
+        return [_copied(r) for r, _ in out], done
+
+    def _nap(self, sent):
+        """Sleep through most of a graph message's expected turnaround (NAP_SHARE of the
+        median of the latest ones) before reading its reply: the graph's reader spins while
+        it waits, and on a machine whose cores the driver shares with the shards that spinning
+        takes a core from them (bench/results/ray_messages.md: the driver's CPU time a
+        batch)."""
+        if len(self._turnarounds) >= 4:
+            expected = float(np.median(self._turnarounds))
+            nap = sent + NAP_SHARE * expected - time.monotonic()
+            if nap > 0:
+                time.sleep(nap)
 
     def compile_graph(self, method, max_in_flight):
         """A compiled graph that sends shard q the q-th argument of each execution and calls
