@@ -87,7 +87,8 @@ def run_one(cfg):
         times.append(now - last[0])
         last[0] = now
         sent.append(info.get("bytes_sent", m.__dict__.get("bytes_per_batch_", 0.0)))
-        at_epoch[m.epoch_] = info["train_seconds"]
+        # the training seconds when the model first stands at an epoch's start
+        at_epoch.setdefault(m.epoch_, info["train_seconds"])
 
     t0 = time.perf_counter()
     try:
@@ -108,6 +109,7 @@ def run_one(cfg):
             bt[0] = np.median(bt[1:])
         epoch_s = float(bt.sum())
     out = {"epoch_seconds": float(epoch_s), "samples_per_s": Xtr.shape[0] / float(epoch_s),
+           "train_seconds": float(model.train_seconds_),
            "batches": int(model.batches_), "P@1": model.score(Xte, Yte),
            "bytes_per_batch": float(np.mean(sent)) if S else 0.0,
            "driver_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -155,7 +157,7 @@ def _md(title, rows, args, commit):
     seeds = sorted({r.get("seed", 0) for r in rows})
     lines = [f"\n## {title}, {args.epochs} epoch{'s' * (args.epochs > 1)}, seeds "
              f"{', '.join(map(str, seeds))} ({time.strftime('%Y-%m-%d %H:%M')}, commit {commit})\n",
-             f"Machine: {common.machine_description()}. Mean (sd) over the seeds.\n",
+             f"Machine: {_machine(common)}. Mean (sd) over the seeds.\n",
              "| configuration | s / epoch | samples / s | x single | P@1 | bytes / batch | "
              "driver peak RSS (MB) | shard peak RSS (MB) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -238,7 +240,7 @@ def message_costs(n_batches=400, n_shards=2):
 def _messages_md(rows, args, commit, common):
     from slide.fileio import write_text
     lines = [f"\n## Two idle shards, batches of 128 x 128 ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"commit {commit})\n", f"Machine: {common.machine_description()}.\n",
+             f"commit {commit})\n", f"Machine: {_machine(common)}.\n",
              "| transport | messages in flight | ms a batch | driver CPU ms a batch |",
              "|---|---|---|---|"]
     for r in rows:
@@ -292,6 +294,12 @@ def _model_md(rows):
         lines.append(f"| {depth} | {lat:g} | {got:.2f} | {pred:.2f} | "
                      f"{100 * (pred - got) / got:+.0f} % |")
     return "\n".join(lines) + "\n"
+
+
+def _machine(common):
+    d = common.machine_description()
+    return (f"{d['cpu']}, {d['cores']} cores, {(d['ram_bytes'] or 0) / 2**30:.0f} GiB, "
+            f"BLAS {d['blas']}")
 
 
 def _ints(text):

@@ -153,9 +153,9 @@ def _column(shared, j):
 def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs, rng, stamp,
                           correct, extra, dx, slots, cols, saved):
     """One sample: its active set (``select_active``: [C | S minus C | fill]); its corrected
-    logits, S's in its row ``zs`` of H W_S^T (a column of S it does not hold: -inf), the
-    others' (its "extras": ids of C outside S, the fill; scored by dot products) in ``dx``
-    with their ids in ``extra``; both then replaced by exp(z - max). Returns (max, sum of
+    logits, S's in its row ``zs`` of H W_S^T, the others' (its "extras": ids of C outside S,
+    the fill; scored by dot products) in ``dx`` with their ids in ``extra``; both then
+    replaced by exp(z - max). Returns (max, sum of
     exp(z - max), sum of the label logits, labels found, active count, extras); each found
     label's place in ``slots`` (its column, or -(1 + its place among the extras)). A logit
     that is not finite gives the sum NaN (the driver then stops before any update).
@@ -167,13 +167,12 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
     cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, h, n_in, labels,
                                        shared, rng, stamp, out, False)
     ranges, kind = correction_kind(spec, cnt, n_c, n_s, neg, correct)
-    lo1, hi1, lo2, hi2, log_w1, log_w2 = ranges
+    log_w1, log_w2 = ranges[4], ranges[5]
     W, B = params.W, params.B
     w_off, b_off = spec.w_off[OUT], spec.b_off[OUT]
     lz = 0.0
     n_found = 0
     n_x = 0
-    in_s = 0
     for k in range(n_c):
         j = out[k]
         q = _column(shared, j)
@@ -181,7 +180,6 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
         if q >= 0:
             v = zs[q] + B[b_off + j]
             saved[k] = v
-            in_s += 1
         else:
             v = row_logit(W, B, w_off, b_off, j, h)
             extra[n_x] = j
@@ -191,25 +189,13 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
             lz += v
             slots[n_found] = q if q >= 0 else -n_x
             n_found += 1
+    # every column of S is active: a sample's capacity holds its labels, its LSH budget and
+    # all of S (``arrays.capacity``), so ``select_active`` never cuts S short; S minus C then
+    # takes S's offsets and C's columns their exact logits back
     off = offs[kind]
-    all_active = in_s + (n_s - n_c) == ns
-    if all_active:
-        # every column of S is active (the rule: only a capacity cut leaves some out)
-        w1 = np.float32(log_w1)
-        for q in range(ns):
-            zs[q] += off[q] + w1
-    else:
-        # S minus C's ids were written (``select_active``): the columns they name, the others
-        # out of the softmax
-        cur = 0
-        for k in range(n_c, n_s):
-            while shared[cur] != out[k]:
-                zs[cur] = -np.inf
-                cur += 1
-            zs[cur] += off[cur] + np.float32(log_w1)
-            cur += 1
-        for q in range(cur, ns):
-            zs[q] = -np.inf
+    w1 = np.float32(log_w1)
+    for q in range(ns):
+        zs[q] += off[q] + w1
     for k in range(n_c):
         if cols[k] >= 0:
             zs[cols[k]] = saved[k]
@@ -224,14 +210,7 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
     if not finite or xbad or not math.isfinite(zmax):
         # an overflowed logit (a diverging run): the driver stops before any update
         return zmax, np.nan, lz, n_found, cnt, n_x
-    if all_active:
-        ssum = exp_shifted_inplace(zs, zmax)      # vectorised: no column left out
-    else:
-        ssum = 0.0
-        for q in range(ns):
-            v = zs[q]
-            zs[q] = math.exp(np.float64(v) - zmax) if v > -np.inf else 0.0
-            ssum += zs[q]
+    ssum = exp_shifted_inplace(zs, zmax)          # vectorised
     for e in range(n_x):
         v = math.exp(np.float64(dx[e]) - zmax)        # a dropped fill (-inf) gets 0
         dx[e] = v

@@ -76,65 +76,86 @@ class ShardPipeline:
 
     def _run(self, X, Y, batches):
         m, K, n = self.model, self.k, len(batches)
-        backend, hidden = m.backend_, m.hidden_
         # once (again after a failure tore the graph down): a no-op while it stands
-        backend.compile_graph("step", max(K + 1, GRAPH_IN_FLIGHT))
+        m.backend_.compile_graph("step", max(K + 1, GRAPH_IN_FLIGHT))
+        wave = _Wave(m, X, Y, batches)
         results = [(math.nan, 0.0)] * n
-        flight = {}          # batch index -> (rows, H, global label counts)
-        pending = deque()    # the messages in flight, oldest first
-        sent = [0]
-
-        def forward_part(i):
-            rows, serial, _ = batches[i]
-            H = hidden.forward(X, rows)
-            labels, n_labels = local_labels(Y, rows, m.bounds_)
-            flight[i] = (rows, H, n_labels)
-            sent[0] += len(labels) * H.nbytes + sum(p.nbytes + q.nbytes for p, q in labels)
-            return [(serial, H, p, q) for p, q in labels]
-
-        def receive():
-            replies, _ = backend.wait(pending.popleft())
-            sent[0] += sum(st.nbytes for _, st in replies if st is not None) + \
-                sum(d.nbytes for d, _ in replies if d is not None)
-            return replies
-
-        def apply(i, replies):
-            rows, H, _ = flight.pop(i)
-            dHs = [d for d, _ in replies]
-            # writable: Ray hands large results back as read-only views of its object store
-            dH = np.array(dHs[0], np.float32) if len(dHs) == 1 else \
-                np.sum(dHs, axis=0, dtype=np.float32)
-            hidden.optimizer.learning_rate = batches[i][2]
-            hidden.backward(X, rows, H, dH, batches[i][1])
-
         for j in range(-K, n):
             backward = None
             if j >= 0:
-                replies = receive()                  # m_{j-K}: batch j's statistics
+                replies = wave.receive()             # m_{j-K}: batch j's statistics
                 if j - K >= 0:
-                    apply(j - K, replies)
-                stats = [st for _, st in replies]
-                n_labels = flight[j][2]
-                log_z, loss = combine(stats, n_labels)
-                results[j] = (loss, float(sum(st[4].mean() for st in stats)))
+                    wave.apply(j - K, replies)
+                backward, loss, active = wave.normaliser(j, [st for _, st in replies])
+                results[j] = (loss, active)
                 if not math.isfinite(loss):
-                    # nothing of batch j is applied: the messages in flight carry the earlier
+                    # nothing of batch j is applied; the messages in flight carry the earlier
                     # batches' backward passes, which are
                     for i in range(j - K + 1, j):
-                        replies = receive()
+                        replies = wave.receive()
                         if i >= 0:
-                            apply(i, replies)
+                            wave.apply(i, replies)
                     return results
-                _, serial, lr = batches[j]
-                backward = (serial, log_z, n_labels, lr)
-                sent[0] += len(stats) * (log_z.nbytes + n_labels.nbytes)
-            forward = forward_part(j + K) if j + K < n else None
-            pending.append(backend.submit_each(
-                "step", [(backward, None if forward is None else forward[q])
-                         for q in range(len(m.bounds_) - 1)]))
+            wave.send(backward, j + K if j + K < n else None)
         for i in range(n - K, n):
-            replies = receive()
+            replies = wave.receive()
             if i >= 0:
-                apply(i, replies)
-        m.bytes_per_batch_ = sent[0] / max(n, 1)
+                wave.apply(i, replies)
+        m.bytes_per_batch_ = wave.bytes / max(n, 1)
         return results
+
+
+class _Wave:
+    """One wave's batches between the driver and the shards: the messages in flight (oldest
+    first), the driver's part of each batch whose backward pass is still to come, and the
+    bytes exchanged."""
+
+    def __init__(self, model, X, Y, batches):
+        self.model, self.X, self.Y, self.batches = model, X, Y, batches
+        self.flight = {}         # batch index -> (rows, H, global label counts)
+        self.pending = deque()
+        self.bytes = 0
+
+    def send(self, backward, i):
+        """The message of ``backward`` (or None) and batch i's forward pass (i None: none)."""
+        m = self.model
+        n_shards = len(m.bounds_) - 1
+        forward = [None] * n_shards
+        if i is not None:
+            rows, serial, _ = self.batches[i]
+            H = m.hidden_.forward(self.X, rows)
+            labels, n_labels = local_labels(self.Y, rows, m.bounds_)
+            self.flight[i] = (rows, H, n_labels)
+            forward = [(serial, H, p, q) for p, q in labels]
+            self.bytes += n_shards * H.nbytes + sum(p.nbytes + q.nbytes for p, q in labels)
+        if backward is not None:
+            self.bytes += n_shards * (backward[1].nbytes + backward[2].nbytes)
+        self.pending.append(m.backend_.submit_each(
+            "step", [(backward, f) for f in forward]))
+
+    def receive(self):
+        """The replies to the oldest message in flight: per shard (dH or None, stats or
+        None)."""
+        replies, _ = self.model.backend_.wait(self.pending.popleft())
+        self.bytes += sum(a.nbytes for reply in replies for a in reply if a is not None)
+        return replies
+
+    def normaliser(self, i, stats):
+        """Batch i's backward message (serial, log Z, label counts, learning rate) from its
+        shards' statistics, its mean loss and mean active size."""
+        _, serial, lr = self.batches[i]
+        n_labels = self.flight[i][2]
+        log_z, loss = combine(stats, n_labels)
+        active = float(sum(st[4].mean() for st in stats))
+        return (serial, log_z, n_labels, lr), loss, active
+
+    def apply(self, i, replies):
+        """The hidden layer's step of batch i from the shards' dH."""
+        rows, H, _ = self.flight.pop(i)
+        dHs = [d for d, _ in replies]
+        # writable: Ray hands large results back as read-only views of its object store
+        dH = np.array(dHs[0], np.float32) if len(dHs) == 1 else \
+            np.sum(dHs, axis=0, dtype=np.float32)
+        hidden = self.model.hidden_
+        hidden.optimizer.learning_rate = self.batches[i][2]
+        hidden.backward(self.X, rows, H, dH, self.batches[i][1])
