@@ -71,9 +71,9 @@ def run_one(cfg):
         model = slide.SlideClassifier(**kw)
     else:
         from slide.distributed import ShardedSlideClassifier
-        # one thread a shard: the driver keeps working (and waiting) beside the shards, and a
-        # lone shard on both cores of a 2-core machine ran its parallel loops against it 16x
-        # slower (0.05x the single process, bench/results/distributed.md)
+        # one thread a shard: the driver keeps working (and waiting) beside the shards; a lone
+        # shard given both cores of a 2-core machine ran its parallel loops against them
+        # several times slower
         model = ShardedSlideClassifier(n_shards=S, backend=cfg.get("backend", "ray"),
                                        shard_cpus=1,
                                        shard_memory_cap=cfg.get("cap"),
