@@ -42,6 +42,12 @@ class ShardForward(NamedTuple):
     stats: np.ndarray        # [5, batch] float64: the partial statistics (module docstring)
 
 
+class ShardScratch(NamedTuple):
+    """A shard's per-thread scratch of the forward pass."""
+    cols: np.ndarray         # [chunks, capacity] int64: C's columns in S (-1: an extra)
+    saved: np.ndarray        # [chunks, capacity] float32: C's exact logits in S
+
+
 # ----------------------------------------------------------------------------------------------
 # driver: the hidden layer
 # ----------------------------------------------------------------------------------------------
@@ -150,16 +156,18 @@ def _column(shared, j):
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs, rng, stamp,
-                          correct, extra, dx, slots, cols, saved):
-    """One sample: its active set (``select_active``: [C | S minus C | fill]); its corrected
-    logits, S's in its row ``zs`` of H W_S^T, the others' (its "extras": ids of C outside S,
-    the fill; scored by dot products) in ``dx`` with their ids in ``extra``; both then
-    replaced by exp(z - max). Returns (max, sum of
-    exp(z - max), sum of the label logits, labels found, active count, extras); each found
-    label's place in ``slots`` (its column, or -(1 + its place among the extras)). A logit
-    that is not finite gives the sum NaN (the driver then stops before any update).
-    ``cols``, ``saved``: the thread's scratch for C's columns and exact logits."""
+def _shard_sample_forward(params, spec, tables, sc, c, fw, s, labels, neg, offs, rng, stamp,
+                          correct, scratch):
+    """Sample s of the batch ``fw``: its active set (``select_active``: [C | S minus C |
+    fill]); its corrected logits, S's in its row of Z = H W_S^T, the others' (its "extras":
+    ids of C outside S, the fill; scored by dot products) in fw.dx[s] with their ids in
+    fw.extra[s]; both then replaced by exp(z - max). Returns (max, sum of exp(z - max), sum
+    of the label logits, labels found, active count, extras); each found label's place in
+    fw.slots[s] (its column, or -(1 + its place among the extras)). A logit that is not
+    finite gives the sum NaN (the driver then stops before any update). ``scratch``: the
+    thread's ``ShardScratch``."""
+    h, zs, extra, dx, slots = fw.H[s], fw.Z[s], fw.extra[s], fw.dx[s], fw.slots[s]
+    cols, saved = scratch.cols[c], scratch.saved[c]
     n_in = spec.n_in[OUT]
     out = sc.ids[c, sc.s_off[OUT]:sc.s_off[OUT + 1]]
     shared = neg.ids
@@ -220,26 +228,24 @@ def _shard_sample_forward(params, spec, tables, sc, c, h, zs, labels, neg, offs,
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def shard_forward_kernel(params, spec, tables, sc, fw, labels, seed, serial, neg, offs,
-                         correct, cols, saved):
+                         correct, scratch):
     """Forward of a shard's output layer for a batch ``fw`` (a ``ShardForward`` whose Z is
     H W_S^T; ``labels``: the batch's local labels, a ``Csr`` over its samples): per sample
     the active set (the shard's local labels forced, its shared negatives S, its fill) and
     ``_shard_sample_forward``'s exp(z - max) in Z and fw.dx; fw.stats[:, s] = (max, sum of
     exp(z - max), sum of the label logits, number of labels found, active outputs).
-    ``offs``: ``block.block_offsets`` of S; ``cols``, ``saved``: [chunks, capacity] scratch.
+    ``offs``: ``block.block_offsets`` of S; ``scratch``: a ``ShardScratch``.
     Random draws: the single-process engine's streams (seed, serial, sample position)."""
-    H, Z, extra, n_extra, dx, slots, stats = (fw.H, fw.Z, fw.extra, fw.n_extra, fw.dx,
-                                              fw.slots, fw.stats)
+    n_extra, stats = fw.n_extra, fw.stats
     lab_ptr, lab_ind = labels.ptr, labels.ind
-    nb = H.shape[0]
+    nb = fw.H.shape[0]
     n_chunks = sc.acts.shape[0]
     for c in prange(n_chunks):
         for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
             mx, ssum, lz, nf, cnt, n_x = _shard_sample_forward(
-                params, spec, tables, sc, c, H[s], Z[s], lab_ind[lab_ptr[s]:lab_ptr[s + 1]],
-                neg, offs, rng, serial * 1048576 + s + 1, correct, extra[s], dx[s], slots[s],
-                cols[c], saved[c])
+                params, spec, tables, sc, c, fw, s, lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg,
+                offs, rng, serial * 1048576 + s + 1, correct, scratch)
             stats[0, s] = mx
             stats[1, s] = ssum
             stats[2, s] = lz

@@ -13,6 +13,7 @@ from collections import deque
 
 import numba
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from slide.distributed.shard import OutputShard
 
@@ -90,7 +91,6 @@ class _ShardActorImpl:
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
             # the shard's products on its own threads only: a BLAS pool the size of the
             # machine in every actor would spin against the other actors and the driver
-            from threadpoolctl import threadpool_limits
             threadpool_limits(int(n_threads), user_api="blas")
         import ray
 

@@ -3,18 +3,21 @@ index and rehash schedule, shared negatives over the local label counts, and spa
 state. Pure Python + Numba, no Ray: the Ray backend wraps one per actor, the local backend
 drives them in process (tests, debugging).
 
-Protocol of one training batch (``slide.distributed.driver``):
-  forward(serial, H, lab_ptr, lab_ind)  -> stats [5, nb]: per sample the max and the sum of
+Protocol of a training batch (``slide.distributed.driver``, ``slide.distributed.pipeline``),
+through ``step(backward, forward)``, one message that may carry either half or both:
+  forward = (serial, H, lab_ptr, lab_ind)  -> stats [5, nb]: per sample the max and the sum of
       exp over the shard's corrected active logits, the sum of its label logits, the number of
-      its labels found, its number of active outputs;
-  backward(serial, log_z, n_labels, lr) -> dH [nb, hidden]: the shard's share of dL/dh, after
-      updating its touched rows (and rehashing on its own schedule).
+      its labels found, its number of active outputs; the batch stays in flight;
+  backward = (serial, log_z, n_labels, lr) -> dH [nb, hidden]: the shard's share of dL/dh,
+      after updating its touched rows (and rehashing on its own schedule).
+A shard trains as the batched engine does: its shared negatives' rows as three BLAS products
+for the batch, the rest per sample (``slide.distributed.kernels``).
 """
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from slide.distributed.checkpoint import read_part, write_part
-from slide.distributed.kernels import (OUT, ShardForward, init_rows_like_global,
+from slide.distributed.kernels import (OUT, ShardForward, ShardScratch, init_rows_like_global,
                                        shard_backward_kernel, shard_forward_kernel)
 from slide.kernels.arrays import Csr, Store
 from slide.kernels.negatives import head_size
@@ -106,9 +109,8 @@ class OutputShard:
         self.net.prepare(int(batch_size), int(n_chunks), max(1, int(max_labels)))
         cap = self.net.store.d_store.shape[1]
         n_chunks = self.net.sc.acts.shape[0]
-        # the threads' scratch of the forward pass: C's columns in S and exact logits
-        self._cols = np.zeros((n_chunks, cap), np.int64)
-        self._saved = np.zeros((n_chunks, cap), np.float32)
+        self._scratch = ShardScratch(np.zeros((n_chunks, cap), np.int64),
+                                     np.zeros((n_chunks, cap), np.float32))
         self._in_flight = {}         # serial -> (ShardForward, S)
         self._free = []              # buffers of finished batches
         counts = np.asarray(counts, np.float64)
@@ -152,8 +154,8 @@ class OutputShard:
                      np.zeros(0, np.float32))
         shard_forward_kernel(net.params, net.spec, net.tables, net.sc, fw, labels,
                              np.uint64(self.seed), np.int64(serial), neg,
-                             block_offsets(b[shared], shared, neg), net.correct, self._cols,
-                             self._saved)
+                             block_offsets(b[shared], shared, neg), net.correct,
+                             self._scratch)
         self._in_flight[int(serial)] = (fw, shared, buf)
         self._active = float(stats[4].mean())
         return stats.copy()
@@ -219,8 +221,7 @@ class OutputShard:
         if net.negatives.q is not None:
             arrays += [net.negatives.q, net.negatives.cdf, net.negatives.cdf_lo]
         arrays += [net.negatives.corr, net.negatives.corr_mix]
-        for name in ("_cols", "_saved"):
-            arrays += [getattr(self, name, net.B[:0])]
+        arrays += list(getattr(self, "_scratch", ()))
         for buf in getattr(self, "_free", []):
             arrays += list(buf)
         n = sum(int(a.nbytes) for a in arrays)
