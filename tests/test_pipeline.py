@@ -9,7 +9,10 @@ from slide.distributed.backend import LocalBackend, SimulatedLatency
 from slide.distributed.driver import HiddenLayer
 from slide.network.trainer import DivergenceError
 
-from test_distributed import SMALL, ray_session  # noqa: F401 (a fixture)
+import test_distributed
+from test_distributed import SMALL
+
+ray_session = test_distributed.ray_session     # the module's Ray, as a fixture here too
 
 KW = dict(SMALL, n_shards=2, backend="local", epochs=2, random_state=4)
 
@@ -18,8 +21,8 @@ def _shard_weights(m):
     return np.concatenate([sh.net.output_view()[0] for sh in m.backend_.shards])
 
 
-def test_depth_two_is_the_synchronous_loop_when_the_hidden_layer_stands_still(tiny,
-                                                                             monkeypatch):
+def test_depth_two_is_the_synchronous_loop_when_the_hidden_layer_stands_still(
+        tiny, monkeypatch):
     """With depth 2 a shard runs batch j's backward pass and batch j + 1's forward pass in one
     message, in the synchronous loop's order: the shards' steps are the same bits. Only the
     driver's H lags a batch behind its own steps, so with those steps off (the hidden layer

@@ -182,5 +182,4 @@ def restore_driver(model, path, man):
 def _restore_memory(model, path, memory_meta, arrays):
     """The driver's neighbour memory, if the file has one."""
     model.rank_.memory = memory_from_arrays(path, memory_meta, arrays, model.hidden_sizes_[-1],
-                                       model.n_labels_)
-
+                                            model.n_labels_)

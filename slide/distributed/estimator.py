@@ -33,7 +33,8 @@ from slide.rank.stack import RankStack
 BACKENDS = ("ray", "local")
 SHARD_CONFIG_KEYS = ("sampler", "hash_family", "K", "L", "range_pow", "bucket_size",
                      "bucket_policy", "sampler_budget", "sampler_threshold", "min_active",
-                     "shared_negatives", "exact_head", "sampling_correction", "negative_power", "optimizer",
+                     "shared_negatives", "exact_head", "sampling_correction", "negative_power",
+                     "optimizer",
                      "learning_rate", "beta1", "beta2", "epsilon", "rehash_period",
                      "rebuild_period", "rehash_decay")
 

@@ -37,8 +37,9 @@ class ShardForward(NamedTuple):
     extra: np.ndarray        # [batch, capacity] int32: each sample's active ids outside S
     n_extra: np.ndarray      # [batch, 1] int64: their number
     dx: np.ndarray           # [batch, capacity] float32: exp(z - max) of the extras
-    slots: np.ndarray        # [batch, capacity] int32: each found label's column in S, or
-                             # -(1 + its place among the extras)
+    # [batch, capacity] int32: each found label's column in S, or -(1 + its place among the
+    # extras)
+    slots: np.ndarray
     stats: np.ndarray        # [5, batch] float64: the partial statistics (module docstring)
 
 

@@ -229,8 +229,9 @@ class RayBackend:
         """Send shard q ``method(*args_list[q])`` without waiting; ``wait`` gives the results.
         Through the compiled graph of ``method`` where ``compile_graph`` made one (Ray's
         compiled graphs: the messages travel through shared-memory channels, several times
-        cheaper than actor calls, bench/results/ray_messages.md), else as actor calls (Ray runs an actor's calls from one
-        caller in the order they were made, as a graph runs its executions)."""
+        cheaper than actor calls, bench/results/ray_messages.md), else as actor calls (Ray
+        runs an actor's calls from one caller in the order they were made, as a graph runs
+        its executions)."""
         graph = self._graphs.get(method)
         if graph is not None:
             try:
