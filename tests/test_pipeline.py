@@ -66,6 +66,23 @@ def test_a_diverging_pipelined_fit_stops_with_the_batch_that_diverged(tiny):
     assert err.value.batch >= 2         # the first batch's statistics come from finite weights
 
 
+def test_a_time_budget_stops_a_pipelined_fit_between_waves_with_nothing_in_flight(
+        tiny, monkeypatch):
+    """The budget is checked between waves (on a fake clock, 1 s a reading): the fit stops
+    after whole waves, every shard with no batch in flight and the optimizer synced."""
+    from slide.network import trainer
+    from conftest import FakeClock
+    Xtr, Ytr, _, _ = tiny
+    m = ShardedSlideClassifier(**dict(KW, epochs=6, time_budget=4.0), pipeline_depth=3)
+    monkeypatch.setattr(trainer, "time", FakeClock(1.0))
+    m.fit(Xtr, Ytr)
+    monkeypatch.undo()
+    assert m.budget_spent_ and 0 < m.epoch_ < 6
+    assert m.batches_ == 19 * m.epoch_          # whole waves: one an epoch of 19 batches
+    assert all(not sh._in_flight for sh in m.backend_.shards)
+    assert not any(sh.opt.pending for sh in m.backend_.shards)
+
+
 def test_bad_pipeline_depths_are_clear_errors(tiny):
     Xtr, Ytr, _, _ = tiny
     for bad in (0, -1, 2.5, "deep", True):
