@@ -96,6 +96,9 @@ def test_save_and_load_round_trip(fitted, data, tmp_path):
     X, _ = data
     path = tmp_path / "ens.slide"
     fitted.save(path, extra={"note": "x"})
+    from slide.persist import checkpoint
+    if not fitted.fused:
+        assert checkpoint.read(path)[0]["version"] == checkpoint.FORMAT_VERSION
     back = slide.load(path)
     assert isinstance(back, SlideEnsemble) and back.n_models == 3 and back.extra_ == {"note": "x"}
     assert back.random_state == 5 and back.estimator.hidden_sizes == (8,)

@@ -103,6 +103,10 @@ def test_save_load_and_pickle_keep_the_predictions(reranked, tmp_path):
     want = ens.predict_topk(Xte, k=3)
     path = tmp_path / "fused.slide"
     ens.save(path)
+    # a version a reader of sequential ensembles (6) refuses: it would drop the stacked stages
+    from slide.persist import checkpoint
+    meta, _ = checkpoint.read(path)
+    assert meta["version"] == checkpoint.FUSED_ENSEMBLE_VERSION > checkpoint.FORMAT_VERSION
     back = slide.load(path)
     assert back.fused and back.order_seed_ == ens.order_seed_
     assert back.rank_.reranker is not None

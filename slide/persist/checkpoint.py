@@ -47,7 +47,11 @@ VOTE_SETTINGS = ("neighbours", "neighbour_weight", "rerank")
 FORMAT = "slide-checkpoint"
 ENSEMBLE_FORMAT = "slide-ensemble"      # slide.ensemble.SlideEnsemble: members side by side
 FORMAT_VERSION = 6
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
+# a fused ensemble's file (its stacked network's ranking stages under fused/): a reader of
+# version 6 would load its members without those stages, silently ranking otherwise; from 7 on
+# it refuses the file instead. Its hyperparameters are recorded as version 6's.
+FUSED_ENSEMBLE_VERSION = 7
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 # The hyperparameters a checkpoint may not record, by the format version from which every file
 # records them: a file of an older version was written by code that may have predated some of
@@ -230,7 +234,8 @@ def save_ensemble(ensemble, path, extra=None):
         for prefix, part in (("fused/nbr_", rank.memory), ("fused/rr_", rank.reranker)):
             if part is not None:
                 _add_arrays(arrays, prefix, part)
-    meta = {"format": ENSEMBLE_FORMAT, "version": FORMAT_VERSION,
+    meta = {"format": ENSEMBLE_FORMAT,
+            "version": FORMAT_VERSION if fused is None else FUSED_ENSEMBLE_VERSION,
             "n_models": len(members), "random_state": ensemble.random_state,
             "seed": ensemble.seed_, "estimator": template, "members": members,
             "fused": fused,
