@@ -351,6 +351,21 @@ def test_a_ray_model_loads_beside_the_one_that_saved_it(tiny, ray_session, tmp_p
     m.close()
 
 
+def kill_and_await_restart(ray, actor):
+    """Kill a shard actor and wait until Ray has restarted it: the fresh actor (constructor's
+    weights) must refuse the next batch rather than answer it (a call racing the kill fails
+    either way)."""
+    pid = ray.get(actor.pid.remote())
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(actor.pid.remote(), timeout=5) != pid:
+                return
+        except Exception:
+            time.sleep(0.1)
+
+
 def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_session, tmp_path):
     """ray.kill mid-fit: Ray restarts the actor, every shard and the driver go back to the
     checkpoint of batch 10 and training goes on; the run ends where an unbroken one does."""
@@ -365,18 +380,7 @@ def test_a_killed_shard_actor_is_restarted_from_the_last_checkpoint(tiny, ray_se
         if info["batch"] == 10 and not getattr(model, "recoveries_", 0):
             model.save(tmp_path / "ck")
         if info["batch"] == 14 and not getattr(model, "recoveries_", 0):
-            actor = model.backend_.actors[1]
-            pid = ray_session.get(actor.pid.remote())
-            ray_session.kill(actor, no_restart=False)
-            # let Ray finish the restart first: the fresh actor (constructor's weights) must
-            # refuse batch 15 rather than answer it (a call racing the kill fails either way)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if ray_session.get(actor.pid.remote(), timeout=5) != pid:
-                        break
-                except Exception:
-                    time.sleep(0.1)
+            kill_and_await_restart(ray_session, model.backend_.actors[1])
 
     m.fit(Xtr, Ytr, callback=cb)
     assert m.recoveries_ == 1

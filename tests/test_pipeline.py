@@ -163,16 +163,7 @@ def test_a_killed_actor_under_the_pipeline_resumes_from_the_last_checkpoint(tiny
         if info["epoch"] == 0:
             model.save(tmp_path / "ck")
         elif info["epoch"] == 1:
-            actor = model.backend_.actors[1]
-            pid = ray_session.get(actor.pid.remote())
-            ray_session.kill(actor, no_restart=False)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if ray_session.get(actor.pid.remote(), timeout=5) != pid:
-                        break
-                except Exception:
-                    time.sleep(0.1)
+            test_distributed.kill_and_await_restart(ray_session, model.backend_.actors[1])
 
     m = ShardedSlideClassifier(**dict(kw, backend="ray"))
     seen = []

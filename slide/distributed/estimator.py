@@ -184,7 +184,6 @@ class ShardedSlideClassifier(SlideClassifier):
         self.backend_.reload([os.path.join(path, f) for f in man["shards"]])
         restore_driver(self, path, man)
         self._prepare_shards(Y, n_threads)
-        self.backend_.compile_graph("step", GRAPH_IN_FLIGHT)   # the failure tore it down
         self.recoveries_ = getattr(self, "recoveries_", 0) + 1
 
     def _prepare_shards(self, Y, n_threads):
@@ -195,6 +194,10 @@ class ShardedSlideClassifier(SlideClassifier):
         args = [(int(self.batch_size), n_threads, max_labels, counts[lo:hi], n, log_prior)
                 for lo, hi in zip(self.bounds_[:-1], self.bounds_[1:])]
         self.backend_.call_each("prepare", args)
+        # the messages through Ray's compiled graph (``RayBackend.compile_graph``): once, and
+        # again after a failure tore it down (a no-op while it stands)
+        self.backend_.compile_graph("step", max(GRAPH_IN_FLIGHT,
+                                                getattr(self, "pipeline_depth", 1)))
 
     # -- inference -----------------------------------------------------------------------------
     def _check_fitted(self):
@@ -361,8 +364,6 @@ class _ShardSteps:
 
     def start(self, X, Y, n_threads):
         self.model._prepare_shards(Y, n_threads)
-        # the messages through Ray's compiled graph (``RayBackend.compile_graph``)
-        self.model.backend_.compile_graph("step", GRAPH_IN_FLIGHT)
         self.model.rank_.clear()    # the neighbour memory was built from weights this changes
 
     def step(self, X, Y, rows, serial, lr, n_threads):

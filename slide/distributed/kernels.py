@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from slide.kernels.layers import FASTMATH, first_forward_dense
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
-from slide.kernels.negatives import correction_kind, is_label
+from slide.kernels.negatives import correction_kind, find_sorted, is_label
 from slide.kernels.normal import normal_pair
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import select_active
@@ -143,19 +143,6 @@ def init_rows_like_global(out, g_start, g_lo, std, seed, stream):
 # shard: training (the batched engine's split: the products by BLAS, the rest per sample)
 # ----------------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, inline="always")
-def _column(shared, j):
-    """The position of id ``j`` in the sorted ids ``shared`` (-1: not there)."""
-    lo, hi = 0, shared.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if shared[mid] < j:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo if lo < shared.shape[0] and shared[lo] == j else -1
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _shard_sample_forward(params, spec, tables, sc, c, fw, s, labels, neg, offs, rng, stamp,
                           correct, scratch):
@@ -184,7 +171,7 @@ def _shard_sample_forward(params, spec, tables, sc, c, fw, s, labels, neg, offs,
     n_x = 0
     for k in range(n_c):
         j = out[k]
-        q = _column(shared, j)
+        q = find_sorted(shared, j)
         cols[k] = q
         if q >= 0:
             v = zs[q] + B[b_off + j]

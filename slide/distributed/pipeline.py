@@ -76,8 +76,6 @@ class ShardPipeline:
 
     def _run(self, X, Y, batches):
         m, K, n = self.model, self.k, len(batches)
-        # once (again after a failure tore the graph down): a no-op while it stands
-        m.backend_.compile_graph("step", max(K + 1, GRAPH_IN_FLIGHT))
         wave = _Wave(m, X, Y, batches)
         results = [(math.nan, 0.0)] * n
         for j in range(-K, n):

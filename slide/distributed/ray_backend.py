@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -135,6 +136,13 @@ class _ShardActorImpl:
         return out
 
 
+class Sent(NamedTuple):
+    """A message ``submit_each`` sent, until ``wait`` reads its replies."""
+    compiled: bool           # through the compiled graph (refs: CompiledDAGRefs)
+    refs: list               # one per shard
+    sent: float              # time.monotonic() when it left
+
+
 def _copied(result):
     """``result`` with its arrays (also inside a tuple) copied."""
     if isinstance(result, tuple):
@@ -191,21 +199,16 @@ class RayBackend:
     def n_shards(self):
         return len(self.actors)
 
-    def _get(self, refs):
+    def _get(self, refs, compiled=False):
+        """The results of actor calls (``refs``: ObjectRefs) or of a compiled graph's execution
+        (``compiled``: its CompiledDAGRefs, which wait GRAPH_TIMEOUT_S, not Ray's 10 s: a
+        shard's first batch compiles or loads its kernels); ShardFailure when an actor died
+        or was restarted."""
         ray = self.ray
         try:
+            if compiled:
+                return [r.get(timeout=GRAPH_TIMEOUT_S) for r in refs]
             return ray.get(refs)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise ShardFailure(f"a shard actor died: {exc}") from exc
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(getattr(exc, "cause", None), ShardRestartedError):
-                raise ShardFailure(f"a shard actor was restarted: {exc.cause}") from exc
-            raise
-
-    def _get_compiled(self, refs):
-        ray = self.ray
-        try:
-            return [r.get(timeout=GRAPH_TIMEOUT_S) for r in refs]
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                 ray.exceptions.RayChannelError) as exc:
             raise ShardFailure(f"a shard actor died: {exc}") from exc
@@ -235,29 +238,24 @@ class RayBackend:
         graph = self._graphs.get(method)
         if graph is not None:
             try:
-                return True, graph.execute(*args_list), time.monotonic()
+                return Sent(True, graph.execute(*args_list), time.monotonic())
             except Exception as exc:      # a dead actor's channel
                 self.close_graphs()
                 raise ShardFailure(f"a shard actor died: {exc}") from exc
-        return False, [a.timed_call.remote(method, args)
-                       for a, args in zip(self.actors, args_list)], time.monotonic()
+        return Sent(False, [a.timed_call.remote(method, args)
+                            for a, args in zip(self.actors, args_list)], time.monotonic())
 
     def wait(self, handle):
         """(results in shard order, time the last shard finished) of a ``submit_each``."""
-        compiled, refs, sent = handle
         try:
-            if compiled:
-                self._nap(sent)
-                # a graph's results wait GRAPH_TIMEOUT_S, not Ray's 10 s: a shard's first
-                # batch compiles (or loads) its kernels
-                out = self._get_compiled(refs)
-            else:
-                out = self._get(refs)
+            if handle.compiled:
+                self._nap(handle.sent)
+            out = self._get(handle.refs, handle.compiled)
         except ShardFailure:
             self.close_graphs()
             raise
         done = max(t for _, t in out)
-        self._turnarounds.append(done - sent)
+        self._turnarounds.append(done - handle.sent)
         # copies: a compiled graph's arrays may be views of its channels' buffers
         return [_copied(r) for r, _ in out], done
 

@@ -111,7 +111,7 @@ class OutputShard:
         n_chunks = self.net.sc.acts.shape[0]
         self._scratch = ShardScratch(np.zeros((n_chunks, cap), np.int64),
                                      np.zeros((n_chunks, cap), np.float32))
-        self._in_flight = {}         # serial -> (ShardForward, S)
+        self._in_flight = {}         # serial -> (ShardForward, S, its pooled buffers)
         self._free = []              # buffers of finished batches
         counts = np.asarray(counts, np.float64)
         self.net.set_label_counts(counts)
