@@ -20,6 +20,16 @@ Data: the synthetic xc200k preset at ``--labels`` labels (default), or a real se
 
 ``--latency-ms 0,0.5,2,5`` runs each sharded configuration once per simulated latency (every
 message delayed that long each way: ``ShardedSlideClassifier(simulated_latency_ms=...)``).
+``--model`` also measures the cost model's inputs (``compute_costs``: each shard count's
+compute alone, in one process; ``message_costs``: its messages alone, to idle shards) and
+tabulates its predictions (``predict_ms``) against every sharded configuration; the machine's
+effective cores are fitted to the run's points, or given with ``--effective-cores`` (a fit from
+another run, to check the model on points it was not fitted to):
+
+    flock /tmp/slide.lock python bench/distributed.py --labels 200000 --n-train 30000 \
+        --epochs 2 --shards 0,1,2,4 --depths 1,2,3 --model
+    flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 2 \
+        --shards 0,1,2 --depths 1,3 --latency-ms 0,2 --model --effective-cores 1.5
 ``--cap-mb`` also trains the largest model with each shard actor under
 ``resource.setrlimit(RLIMIT_DATA)`` set between the 1-shard and the 4-shard need, once with 1
 shard (expected to fail) and once with 4.
@@ -56,16 +66,21 @@ def _data(cfg):
                     n_test=int(cfg["n_test"]))
 
 
+def _fit_params(cfg, epochs):
+    kw = dict(hidden_sizes=(128,), epochs=epochs, batch_size=128, random_state=cfg["seed"],
+              n_threads=2, neighbours=0)     # the network's cost and P@1, no vote on top
+    if not cfg.get("data"):
+        kw.update(learning_rate=5e-3, lr_schedule="constant")
+    return kw
+
+
 def run_one(cfg):
     """One configuration in this process; returns its measurements."""
     import resource
     import slide
     Xtr, Ytr, Xte, Yte = _data(cfg)
     epochs = int(cfg.get("epochs", 1))
-    kw = dict(hidden_sizes=(128,), epochs=epochs, batch_size=128, random_state=cfg["seed"],
-              n_threads=2, neighbours=0)     # the network's cost and P@1, no vote on top
-    if not cfg.get("data"):
-        kw.update(learning_rate=5e-3, lr_schedule="constant")
+    kw = _fit_params(cfg, epochs)
     S = cfg["shards"]
     if S == 0:
         model = slide.SlideClassifier(**kw)
@@ -186,10 +201,12 @@ class _IdleShard:
         return dH, stats
 
 
-def message_costs(n_batches=400, n_shards=2):
+def message_costs(n_batches=400, n_shards=2, transports=("actor calls", "compiled graph"),
+                  in_flight=(0, 1, 2, 4)):
     """Milliseconds a batch of the messages alone (shards that do nothing) on a local Ray:
-    actor calls and the compiled graph, synchronous (two messages a batch, each waited) and
-    pipelined (one a batch, K in flight), and the driver's CPU time a batch (its waiting)."""
+    actor calls and the compiled graph, synchronous (two messages a batch, each waited: k = 0)
+    and pipelined (one a batch, k in flight), and the driver's CPU time a batch (its
+    waiting)."""
     import resource
     from slide.distributed import ray_backend
 
@@ -211,10 +228,10 @@ def message_costs(n_batches=400, n_shards=2):
         u = resource.getrusage(resource.RUSAGE_SELF)
         return u.ru_utime + u.ru_stime
 
-    for transport in ("actor calls", "compiled graph"):
+    for transport in transports:
         if transport == "compiled graph":
             backend.compile_graph("step", 8)
-        for k in (0, 1, 2, 4):          # 0: synchronous, two messages a batch
+        for k in in_flight:
             for _ in range(20):
                 backend.call_each("step", [(None, fwd)] * n_shards)
             t0, c0 = time.perf_counter(), cpu()
@@ -230,7 +247,8 @@ def message_costs(n_batches=400, n_shards=2):
             for h in pending:
                 backend.wait(h)
             wall, used = time.perf_counter() - t0, cpu() - c0
-            out.append(dict(transport=transport, in_flight=k, ms_per_batch=1e3 * wall / n_batches,
+            out.append(dict(transport=transport, in_flight=k, n_shards=n_shards,
+                            ms_per_batch=1e3 * wall / n_batches,
                             driver_cpu_ms_per_batch=1e3 * used / n_batches))
             print(out[-1], flush=True)
     backend.shutdown()
@@ -256,45 +274,150 @@ def _messages_md(rows, args, commit, common):
     print("\n".join(lines))
 
 
-def latency_model(rows):
-    """The cost model of a batch against the one-way latency L, from the zero-latency points
-    of ``rows`` (one shard count): synchronous, T_1(L) = T_1(0) + 4 L (two messages a batch,
-    each L out and L back); depth D >= 2 (K = D - 1 messages in flight), T_D(L) =
-    max(T_D(0), (T_2(0) + 2 L) / K): message j waits for the reply to message j - K, so K
-    batches take at least one round trip of depth 2's batch, T_2(0), plus the latency both
-    ways, and never less than the same depth's time without latency. Returns (config, L,
-    measured ms a batch, predicted ms a batch) for every point not used to fit."""
-    ms = {}
+class _TimedShards:
+    """``LocalBackend`` whose shards' messages are timed, each on one thread (as a Ray shard of
+    bench's runs has): ``busy[q]``, seconds shard q spent in its messages."""
+
+    def __init__(self):
+        from slide.distributed.backend import LocalBackend
+        self.inner = LocalBackend()
+        self.busy = []
+
+    def create(self, specs, files=None):
+        self.inner.create(specs, files)
+        self.busy = [0.0] * self.inner.n_shards
+        return self
+
+    def call_each(self, method, args_list):
+        import numba
+        if method != "step":
+            return self.inner.call_each(method, args_list)
+        threads, out = numba.get_num_threads(), []
+        numba.set_num_threads(1)
+        try:
+            for q, (shard, args) in enumerate(zip(self.inner.shards, args_list)):
+                t0 = time.perf_counter()
+                out.append(shard.step(*args))
+                self.busy[q] += time.perf_counter() - t0
+        finally:
+            numba.set_num_threads(threads)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def compute_costs(cfg):
+    """The compute of a sharded batch alone, for the cost model (``predict_ms``): the
+    synchronous loop of ``cfg["shards"]`` shards in this process, no messages, BLAS on one
+    thread; each shard's messages timed on one thread, the driver (its hidden layer, the
+    labels' split, the normaliser) on two. Returns ms a batch of the driver and of each shard,
+    over the epochs after the first."""
+    from threadpoolctl import threadpool_limits
+    from slide.distributed import ShardedSlideClassifier
+
+    class Timed(ShardedSlideClassifier):
+        def _make_backend(self):
+            return _TimedShards()
+
+    Xtr, Ytr, _, _ = _data(cfg)
+    epochs = max(2, int(cfg.get("epochs", 2)))
+    kw = _fit_params(cfg, epochs)
+    model = Timed(n_shards=cfg["shards"], backend="local", **kw)
+    marks = {}
+
+    def cb(m, info):
+        marks.setdefault(m.epoch_, (info["train_seconds"], list(m.backend_.busy), m.batches_))
+
+    with threadpool_limits(limits=1):
+        model.fit(Xtr, Ytr, callback=cb)
+    (t1, busy1, n1), (t2, busy2, n2) = marks[1], marks[epochs]
+    n = n2 - n1
+    shard_ms = [1e3 * (b2 - b1) / n for b1, b2 in zip(busy1, busy2)]
+    model._close_backend()
+    return {"driver_ms": 1e3 * (t2 - t1) / n - sum(shard_ms), "shard_ms": shard_ms,
+            "batches": n}
+
+
+def predict_ms(driver_ms, shard_ms, message_ms, depth, latency_ms, cores=None):
+    """A batch's milliseconds by the cost model. Inputs: ``driver_ms``, the driver's compute
+    a batch; ``shard_ms``, each shard's; ``message_ms[k]``, a batch's messages alone with k in
+    flight (0: the synchronous loop's two waited messages); ``latency_ms`` each way;
+    ``cores``, what the driver and the shards get of the one machine they share when they
+    work at once (its effective cores: fewer than its cores where waiting processes spin), or
+    None (each on a machine of its own).
+
+    - synchronous: the driver, then the shards (sharing the cores), then the messages and
+      four latencies (two messages, each out and back);
+    - depth d, K = d - 1 messages in flight: message j leaves after the reply to message
+      j - K, and between them lie the driver's part, a shard's part, one message's round
+      trip and two latencies, shared by K batches; no batch faster than the busiest
+      process, the messages alone at K in flight, nor (one machine) all of a batch's work,
+      compute and messages, spread over the cores."""
+    S = len(shard_ms)
+    shards = max(shard_ms) * (max(1.0, S / cores) if cores else 1.0)
+    if depth == 1:
+        return driver_ms + shards + message_ms[0] + 4 * latency_ms
+    K = depth - 1
+    cycle = (driver_ms + shards + message_ms[1] + 2 * latency_ms) / K
+    # the messages alone, at the most in flight measured up to K
+    alone = message_ms[max(k for k in message_ms if 0 < k <= K)]
+    bounds = [cycle, driver_ms, max(shard_ms), alone]
+    if cores:
+        bounds.append((driver_ms + sum(shard_ms) + message_ms[0]) / cores)
+    return max(bounds)
+
+
+def fit_effective_cores(rows, costs, messages, cores):
+    """The effective cores (1 .. ``cores``, in steps of 0.05) whose predictions have the
+    smallest largest relative error on ``rows``' sharded points."""
+    grid = np.arange(1.0, cores + 1e-9, 0.05)
+    worst = [max(abs(p - g) / g for _, g, p in model_points(rows, costs, messages, c))
+             for c in grid]
+    return float(round(grid[int(np.argmin(worst))], 2))
+
+
+def _ms_a_batch(r):
+    return 1000.0 * r["epoch_seconds"] / (r["batches"] / r.get("epochs", 1))
+
+
+def model_points(rows, costs, messages, cores):
+    """(configuration, measured ms a batch (mean over seeds), predicted) for every sharded
+    configuration of ``rows``; ``costs[S]``: ``compute_costs`` of S shards; ``messages[S]``:
+    {k: ms a batch of the messages alone with k in flight} to S shards."""
+    groups = {}
     for r in rows:
-        if "error" in r or not r.get("shards"):
-            continue
-        ms.setdefault((r["depth"], r["latency_ms"]), []).append(
-            1000.0 * r["epoch_seconds"] / (r["batches"] / r.get("epochs", 1)))
-    ms = {k: float(np.mean(v)) for k, v in ms.items()}
+        if "error" not in r and r.get("shards") and r["shards"] in costs:
+            groups.setdefault(r["config"], []).append(r)
     out = []
-    for (depth, lat), got in sorted(ms.items()):
-        if lat == 0 or (depth, 0.0) not in ms:
-            continue
-        if depth == 1:
-            pred = ms[(1, 0.0)] + 4 * lat
-        elif (2, 0.0) in ms:
-            pred = max(ms[(depth, 0.0)], (ms[(2, 0.0)] + 2 * lat) / (depth - 1))
-        else:
-            continue
-        out.append((depth, lat, got, pred))
+    for name, rs in groups.items():
+        r = rs[0]
+        c, m = costs[r["shards"]], messages[r["shards"]]
+        pred = predict_ms(c["driver_ms"], c["shard_ms"], m, r["depth"], r["latency_ms"], cores)
+        out.append((name, float(np.mean([_ms_a_batch(x) for x in rs])), pred))
     return out
 
 
-def _model_md(rows):
-    lines = ["\nCost model (`latency_model`): ms a batch, measured and predicted from the "
-             "zero-latency points\n",
-             "| depth | latency (ms each way) | measured | predicted | error |",
-             "|---|---|---|---|---|"]
-    for depth, lat, got, pred in latency_model(rows):
-        lines.append(f"| {depth} | {lat:g} | {got:.2f} | {pred:.2f} | "
-                     f"{100 * (pred - got) / got:+.0f} % |")
+def _model_md(rows, costs, messages, cores, fitted):
+    how = "fitted to this run's points (`fit_effective_cores`)" if fitted else \
+        "given (`--effective-cores`: fitted on another run)"
+    lines = [f"\nCost model (`predict_ms`), {cores:g} effective cores, {how}; its inputs, "
+             "measured in this "
+             "run (ms a batch: the compute alone, in one process, by `compute_costs`; the "
+             "messages alone, to idle shards on a local Ray's compiled graph, by "
+             "`message_costs`)\n",
+             "| shards | driver | each shard | messages: synchronous | 1 in flight | "
+             "2 in flight | 4 in flight |", "|---|---|---|---|---|---|---|"]
+    for S in sorted(costs):
+        c, m = costs[S], messages[S]
+        lines.append(f"| {S} | {c['driver_ms']:.2f} | "
+                     f"{', '.join(f'{v:.2f}' for v in c['shard_ms'])} | " +
+                     " | ".join(f"{m[k]:.2f}" if k in m else "-" for k in (0, 1, 2, 4)) + " |")
+    lines += ["\nMeasured against predicted (ms a batch)\n",
+              "| configuration | measured | predicted | error |", "|---|---|---|---|"]
+    for name, got, pred in model_points(rows, costs, messages, cores):
+        lines.append(f"| {name} | {got:.2f} | {pred:.2f} | {100 * (pred - got) / got:+.0f} % |")
     return "\n".join(lines) + "\n"
-
 
 def _machine(common):
     d = common.machine_description()
@@ -326,12 +449,27 @@ def main():
     ap.add_argument("--latency-ms", default="0",
                     help="comma list: each sharded run once per simulated latency (ms each way "
                          "of every message: ShardedSlideClassifier(simulated_latency_ms))")
+    ap.add_argument("--model", action="store_true",
+                    help="also measure the cost model's inputs (each shard count's compute "
+                         "alone, in process; its messages alone, to idle shards) and tabulate "
+                         "its predictions against the measured configurations")
+    ap.add_argument("--effective-cores", type=float, default=0.0,
+                    help="the cost model's effective cores of this machine (from another "
+                         "run's fit); default: fitted to this run's points")
     ap.add_argument("--tag", default="", help="appended to the .json file's name")
     ap.add_argument("--results", default=str(RESULTS), help="where the files go")
     ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(run_one(json.loads(args.one))), flush=True)
+        cfg = json.loads(args.one)
+        if cfg.get("costs"):
+            result = compute_costs(cfg)
+        elif cfg.get("messages"):
+            result = {str(r["in_flight"]): r["ms_per_batch"] for r in message_costs(
+                n_shards=cfg["messages"], transports=("compiled graph",))}
+        else:
+            result = run_one(cfg)
+        print("RESULT " + json.dumps(result), flush=True)
         return
     # the driver only: the measured subprocesses (--one) do not import bench.common
     from bench import common
@@ -373,8 +511,26 @@ def main():
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"
     table = _md(title, rows, args, commit)
-    if len(latencies) > 1:
-        table += _model_md(rows)
+    if args.model:
+        costs, messages = {}, {}
+        first = _ints(args.seeds)[0]
+        for S in sorted({r["shards"] for r in rows if r.get("shards")}):
+            costs[S] = _sub({**base, "seed": first, "shards": S, "costs": True,
+                             "epochs": max(2, args.epochs)}, args.timeout)
+            msg = _sub({"messages": S}, args.timeout)
+            for got in (costs[S], msg):
+                if "error" in got:
+                    raise RuntimeError(f"the cost model's inputs, {S} shards: {got['error']}")
+            messages[S] = {int(k): v for k, v in msg.items()}
+            print(S, costs[S], messages[S], flush=True)
+        cores = args.effective_cores or fit_effective_cores(rows, costs, messages,
+                                                            os.cpu_count())
+        table += _model_md(rows, costs, messages, cores, not args.effective_cores)
+        write_text(out / f"distributed_{name}{args.tag}_model.json",
+                   json.dumps({"costs": costs, "messages": messages, "effective_cores": cores,
+                               "fitted": not args.effective_cores, "commit": commit,
+                               "points": model_points(rows, costs, messages, cores)},
+                              indent=1))
     write_text(md, old + table)
     print(table)
 

@@ -115,17 +115,49 @@ def test_distributed_measures_a_pipelined_sharded_run_and_tabulates_the_seeds():
     assert "1.00x" in table
 
 
-def test_the_latency_model_predicts_from_the_zero_latency_points():
-    from bench import distributed
+def test_the_cost_model_adds_the_parts_of_a_batch():
+    """bench/distributed.py's ``predict_ms``: the synchronous loop adds the driver, the
+    shards (sharing the cores), the messages and four latencies; a pipeline shares one round
+    trip among K batches, bounded by the busiest part."""
+    from bench import distributed as d
+    msgs = {0: 1.5, 1: 0.8, 2: 0.7, 4: 0.4}
+    assert d.predict_ms(1.0, [3.0, 2.0], msgs, 1, 2.0, cores=2) == pytest.approx(1 + 3 + 1.5 + 8)
+    # four shards on two cores take two turns; on machines of their own, one
+    assert d.predict_ms(1.0, [1.0] * 4, msgs, 1, 0.0, cores=2) == pytest.approx(1 + 2 + 1.5)
+    assert d.predict_ms(1.0, [1.0] * 4, msgs, 1, 0.0) == pytest.approx(1 + 1 + 1.5)
+    # depth 2: a round trip a batch; depth 3: one shared by two batches...
+    assert d.predict_ms(1.0, [3.0], msgs, 2, 0.5, cores=2) == pytest.approx(1 + 3 + 0.8 + 1)
+    assert d.predict_ms(1.0, [3.0], msgs, 3, 5.0, cores=2) == pytest.approx((1 + 3 + 0.8 + 10) / 2)
+    # ...unless a part is busier: the shard's compute, all the work over the cores (compute
+    # and messages), the messages alone
+    assert d.predict_ms(1.0, [3.0], msgs, 3, 0.0, cores=2) == pytest.approx(3.0)
+    assert d.predict_ms(1.0, [1.2] * 4, msgs, 3, 0.0, cores=2) == pytest.approx(3.65)
+    assert d.predict_ms(0.1, [0.1], msgs, 5, 0.0) == pytest.approx(0.4)
+    assert d.predict_ms(0.1, [0.1], msgs, 4, 0.0) == pytest.approx(0.7)   # k = 2 measured
 
     def row(depth, lat, ms):
-        return dict(shards=2, depth=depth, latency_ms=lat, epochs=1, batches=100,
-                    epoch_seconds=ms / 10.0)
-    rows = [row(1, 0.0, 10.0), row(1, 2.0, 18.5), row(2, 0.0, 8.0), row(3, 0.0, 5.0),
-            row(3, 2.0, 6.0), row(3, 5.0, 9.5), row(2, 5.0, 18.0)]
-    got = {(d, l): (m, p) for d, l, m, p in distributed.latency_model(rows)}
-    assert got[(1, 2.0)] == pytest.approx((18.5, 18.0))         # T1(0) + 4 L
-    assert got[(2, 5.0)] == pytest.approx((18.0, 18.0))         # T2(0) + 2 L
-    assert got[(3, 2.0)][1] == pytest.approx(6.0)               # max(5, (8 + 4) / 2)
-    assert got[(3, 5.0)][1] == pytest.approx(9.0)               # (8 + 10) / 2
-    assert "| 3 | 5 | 9.50 | 9.00 | -5 % |" in distributed._model_md(rows)
+        return dict(config=f"d{depth} L{lat}", shards=2, depth=depth, latency_ms=lat, epochs=1,
+                    batches=100, epoch_seconds=ms / 10.0)
+    rows = [row(1, 0.0, 6.0), row(1, 0.0, 7.0), row(3, 2.0, 4.0), dict(row(1, 0, 1), shards=0)]
+    costs = {2: {"driver_ms": 1.0, "shard_ms": [3.0, 2.0]}}
+    got = d.model_points(rows, costs, {2: msgs}, 2)
+    assert got == [("d1 L0.0", 6.5, pytest.approx(5.5)), ("d3 L2.0", 4.0, pytest.approx(4.4))]
+    table = d._model_md(rows, costs, {2: msgs}, 2, fitted=False)
+    assert "| d1 L0.0 | 6.50 | 5.50 | -15 % |" in table and "| 2 | 1.00 | 3.00, 2.00 |" in table
+    # the effective cores that reproduce a machine's points are found again
+    costs = {1: {"driver_ms": 2.0, "shard_ms": [3.0]}, 4: {"driver_ms": 2.0, "shard_ms": [1.0] * 4}}
+    msgs = {S: msgs for S in costs}
+    rows = [dict(row(depth, 0.0, d.predict_ms(2.0, costs[S]["shard_ms"], msgs[S], depth, 0.0,
+                                              cores=1.35)), shards=S, config=f"{S} {depth}")
+            for S in costs for depth in (1, 2, 3)]
+    assert d.fit_effective_cores(rows, costs, msgs, 2) == pytest.approx(1.35)
+
+
+def test_the_cost_models_compute_is_timed_per_shard():
+    """``compute_costs``: the driver's and each shard's ms a batch, from a sharded fit in
+    process (a small synthetic set)."""
+    from bench import distributed
+    got = distributed.compute_costs(dict(labels=300, n_train=400, n_test=100, epochs=2, seed=0,
+                                         shards=2))
+    assert got["batches"] == 4 and len(got["shard_ms"]) == 2
+    assert got["driver_ms"] > 0 and min(got["shard_ms"]) > 0
