@@ -419,6 +419,7 @@ def _model_md(rows, costs, messages, cores, fitted):
         lines.append(f"| {name} | {got:.2f} | {pred:.2f} | {100 * (pred - got) / got:+.0f} % |")
     return "\n".join(lines) + "\n"
 
+
 def _machine(common):
     d = common.machine_description()
     return (f"{d['cpu']}, {d['cores']} cores, {(d['ram_bytes'] or 0) / 2**30:.0f} GiB, "
