@@ -29,13 +29,14 @@ another run, to check the model on points it was not fitted to):
     flock /tmp/slide.lock python bench/distributed.py --labels 200000 --n-train 30000 \
         --epochs 2 --shards 0,1,2,4 --depths 1,2,3 --model
     flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 2 \
-        --shards 0,1,2 --depths 1,3 --latency-ms 0,2 --model --effective-cores 1.5
+        --shards 0,1,2,4 --depths 1,3 --latency-ms 0,2 --model --effective-cores 1.25
 ``--cap-mb`` also trains the largest model with each shard actor under
 ``resource.setrlimit(RLIMIT_DATA)`` set between the 1-shard and the 4-shard need, once with 1
 shard (expected to fail) and once with 4.
 
-Writes bench/results/distributed_<labels or set><tag>.json and appends the table (mean and
-standard deviation over the seeds) to bench/results/distributed.md. Timings on a shared 2-core
+Writes bench/results/distributed_<labels or set><tag>.json (the runs, and the cost model's
+inputs and points) and appends the table (mean and standard deviation over the seeds) to
+bench/results/distributed.md. Timings on a shared 2-core
 machine are noisy; compare the ratios of one run only.
 """
 import argparse
@@ -507,11 +508,11 @@ def main():
         f"{args.labels:,} labels, {args.n_train:,} training points"
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / f"distributed_{name}{args.tag}.json", json.dumps(rows, indent=1))
     md = out / "distributed.md"
     old = md.read_text() if md.exists() else \
         "# Label-sharded training on Ray (bench/distributed.py)\n"
     table = _md(title, rows, args, commit)
+    model = None
     if args.model:
         costs, messages = {}, {}
         first = _ints(args.seeds)[0]
@@ -527,11 +528,11 @@ def main():
         cores = args.effective_cores or fit_effective_cores(rows, costs, messages,
                                                             os.cpu_count())
         table += _model_md(rows, costs, messages, cores, not args.effective_cores)
-        write_text(out / f"distributed_{name}{args.tag}_model.json",
-                   json.dumps({"costs": costs, "messages": messages, "effective_cores": cores,
-                               "fitted": not args.effective_cores, "commit": commit,
-                               "points": model_points(rows, costs, messages, cores)},
-                              indent=1))
+        model = {"costs": costs, "messages": messages, "effective_cores": cores,
+                 "fitted": not args.effective_cores,
+                 "points": model_points(rows, costs, messages, cores)}
+    write_text(out / f"distributed_{name}{args.tag}.json",
+               json.dumps({"commit": commit, "runs": rows, "cost_model": model}, indent=1))
     write_text(md, old + table)
     print(table)
 

@@ -231,9 +231,12 @@ def shard_forward_kernel(params, spec, tables, sc, fw, labels, seed, serial, neg
     for c in prange(n_chunks):
         for s in range((c * nb) // n_chunks, ((c + 1) * nb) // n_chunks):
             rng = stream_seed(seed, STREAM_SAMPLE + serial * STREAM_SERIAL_STRIDE, s)
+            # int64(c): a prange index is typed unsigned inside the parallel loop, signed
+            # outside it; one type compiles the callee once
             mx, ssum, lz, nf, cnt, n_x = _shard_sample_forward(
-                params, spec, tables, sc, c, fw, s, lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg,
-                offs, rng, serial * 1048576 + s + 1, correct, scratch)
+                params, spec, tables, sc, np.int64(c), fw, s,
+                lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg, offs, rng, serial * 1048576 + s + 1,
+                correct, scratch)
             stats[0, s] = mx
             stats[1, s] = ssum
             stats[2, s] = lz

@@ -13,6 +13,8 @@ through ``step(backward, forward)``, one message that may carry either half or b
 A shard trains as the batched engine does: its shared negatives' rows as three BLAS products
 for the batch, the rest per sample (``slide.distributed.kernels``).
 """
+from typing import NamedTuple
+
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -50,6 +52,15 @@ def _share(total, n_local, n_labels):
     """A per-sample or per-batch budget split in proportion to the shard's label count."""
     total = int(total)
     return 0 if total == 0 else max(1, -(-total * int(n_local) // int(n_labels)))
+
+
+class SampleBuffers(NamedTuple):
+    """A batch's per-sample rows that ``ShardForward`` views (its first nb rows), pooled
+    between batches."""
+    extra: np.ndarray        # [batch, cap] int32: each sample's extras' label ids
+    n_extra: np.ndarray      # [batch, 1] int64: how many
+    dx: np.ndarray           # [batch, cap] float32: their logits, then deltas
+    slots: np.ndarray        # [batch, cap] int32: where each label found sits
 
 
 class OutputShard:
@@ -122,43 +133,44 @@ class OutputShard:
             self.net.build_indices()
         return True
 
-    def _buffers(self, nb):
-        """A batch's per-sample buffers (``ShardForward``'s extra, n_extra, dx, slots, stats):
-        a finished batch's, or new ones while more batches are in flight than ever before."""
+    def _buffers(self):
+        """A batch's per-sample buffers (``SampleBuffers``, rows for a whole batch): a finished
+        batch's, or new ones while more batches are in flight than ever before."""
         if self._free:
-            buf = self._free.pop()
-        else:
-            bs, cap = self.net.store.d_store.shape
-            buf = (np.zeros((bs, cap), np.int32), np.zeros((bs, 1), np.int64),
-                   np.zeros((bs, cap), np.float32), np.zeros((bs, cap), np.int32),
-                   np.zeros((5, bs), np.float64))
-        extra, n_extra, dx, slots, stats = buf
-        return buf, (extra[:nb], n_extra[:nb], dx[:nb], slots[:nb], stats[:, :nb])
+            return self._free.pop()
+        bs, cap = self.net.store.d_store.shape
+        return SampleBuffers(np.zeros((bs, cap), np.int32), np.zeros((bs, 1), np.int64),
+                             np.zeros((bs, cap), np.float32), np.zeros((bs, cap), np.int32))
 
     # -- training ------------------------------------------------------------------------------
     def forward(self, serial, H, lab_ptr, lab_ind):
         """Partial softmax statistics of batch ``serial`` (see the module docstring); the
         batch stays in flight until its ``backward``."""
         net = self.net
-        H = np.ascontiguousarray(H, np.float32)
+        # writable copies of what Ray hands over read-only: the kernels then compile once for
+        # both backends (a read-only array is another type to Numba)
+        H = np.require(H, np.float32, ["C", "W"])
         nb = H.shape[0]
         shared = net.negatives.draw(self.seed, serial)
         neg = net.negatives.bundle(shared)
         W, b = net.output_view()
         WS = W[shared]                       # a copy: the rows as this pass read them
-        buf, (extra, n_extra, dx, slots, stats) = self._buffers(nb)
+        buf = self._buffers()
+        # the batch's own (contiguous also for a short last batch): it travels to the driver
+        stats = np.zeros((5, nb), np.float64)
         with np.errstate(over="ignore", invalid="ignore"):   # a diverging run: stats say NaN
             Z = H @ WS.T
-        fw = ShardForward(H, WS, Z, extra, n_extra, dx, slots, stats)
-        labels = Csr(np.asarray(lab_ptr, np.int64), np.asarray(lab_ind, np.int32),
-                     np.zeros(0, np.float32))
+        fw = ShardForward(H, WS, Z, buf.extra[:nb], buf.n_extra[:nb], buf.dx[:nb],
+                          buf.slots[:nb], stats)
+        labels = Csr(np.require(lab_ptr, np.int64, ["C", "W"]),
+                     np.require(lab_ind, np.int32, ["C", "W"]), np.zeros(0, np.float32))
         shard_forward_kernel(net.params, net.spec, net.tables, net.sc, fw, labels,
                              np.uint64(self.seed), np.int64(serial), neg,
                              block_offsets(b[shared], shared, neg), net.correct,
                              self._scratch)
         self._in_flight[int(serial)] = (fw, shared, buf)
         self._active = float(stats[4].mean())
-        return stats.copy()
+        return stats
 
     def backward(self, serial, log_z, n_labels, learning_rate):
         """Deltas of batch ``serial`` from the global normaliser, this shard's dL/dh, then the
@@ -172,8 +184,8 @@ class OutputShard:
         net.serving = None          # built from weights this step changes
         dH = np.empty((nb, self.n_hidden), np.float32)
         shard_backward_kernel(net.W, np.int64(net.spec.w_off[OUT]), fw,
-                              np.asarray(log_z, np.float64), np.asarray(n_labels, np.int64),
-                              1.0 / nb, dH)
+                              np.require(log_z, np.float64, ["C", "W"]),
+                              np.require(n_labels, np.int64, ["C", "W"]), 1.0 / nb, dH)
         D = fw.Z
         dH += D @ fw.WS
         dWS = D.T @ fw.H
