@@ -27,9 +27,10 @@ effective cores are fitted to the run's points, or given with ``--effective-core
 another run, to check the model on points it was not fitted to):
 
     flock /tmp/slide.lock python bench/distributed.py --labels 200000 --n-train 30000 \
-        --epochs 2 --shards 0,1,2,4 --depths 1,2,3 --model
-    flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 2 \
-        --shards 0,1,2,4 --depths 1,3 --latency-ms 0,2 --model --effective-cores 1.25
+        --epochs 3 --seeds 0,1 --shards 0,1,2,4 --depths 1,2,3 --model --tag _model
+    flock /tmp/slide.lock python bench/distributed.py --data datasets/debdeps --epochs 3 \
+        --seeds 0,1 --shards 0,2,4 --depths 1,3 --latency-ms 0,2 --model \
+        --effective-cores C --tag _model       # C: the first run's fit
 ``--cap-mb`` also trains the largest model with each shard actor under
 ``resource.setrlimit(RLIMIT_DATA)`` set between the 1-shard and the 4-shard need, once with 1
 shard (expected to fail) and once with 4.
@@ -378,6 +379,21 @@ def fit_effective_cores(rows, costs, messages, cores):
     return float(round(grid[int(np.argmin(worst))], 2))
 
 
+def _mean_inputs(inputs):
+    """The cost model's inputs, (costs, messages) by shard count, each the mean over its
+    measurements ``inputs``: (shards, ``compute_costs``' result, ``message_costs``' by k as
+    strings)."""
+    costs, messages = {}, {}
+    for S in sorted({S for S, _, _ in inputs}):
+        cs = [c for q, c, _ in inputs if q == S]
+        ms = [m for q, _, m in inputs if q == S]
+        costs[S] = {"driver_ms": float(np.mean([c["driver_ms"] for c in cs])),
+                    "shard_ms": [float(v) for v in np.mean([c["shard_ms"] for c in cs], axis=0)],
+                    "measurements": len(cs)}
+        messages[S] = {int(k): float(np.mean([m[k] for m in ms])) for k in ms[0]}
+    return costs, messages
+
+
 def _ms_a_batch(r):
     return 1000.0 * r["epoch_seconds"] / (r["batches"] / r.get("epochs", 1))
 
@@ -483,6 +499,7 @@ def main():
                 epochs=args.epochs, backend=args.backend,
                 data=str(Path(args.data).resolve()) if args.data else None)
     latencies = [float(v) for v in args.latency_ms.split(",") if v.strip()]
+    inputs = []        # (shards, compute_costs, message_costs) at each seed
     for seed in _ints(args.seeds):
         for S in _ints(args.shards):
             for depth in ([1] if S == 0 else _ints(args.depths)):
@@ -494,6 +511,18 @@ def main():
                              commit=commit)
                     print(r, flush=True)
                     rows.append(r)
+        if args.model:
+            # the cost model's inputs, measured at every seed beside its runs (this machine's
+            # speed drifts over minutes)
+            for S in sorted({S for S in _ints(args.shards) if S}):
+                got = (_sub({**base, "seed": seed, "shards": S, "costs": True,
+                             "epochs": max(2, args.epochs)}, args.timeout),
+                       _sub({"messages": S}, args.timeout))
+                for g in got:
+                    if "error" in g:
+                        raise RuntimeError(f"the cost model's inputs, {S} shards: {g['error']}")
+                inputs.append((S, *got))
+                print(S, *got, flush=True)
     if args.cap_mb:
         for S in (1, 4):
             r = _sub({**base, "seed": 0, "shards": S, "cap": int(args.cap_mb * 2**20)},
@@ -514,17 +543,7 @@ def main():
     table = _md(title, rows, args, commit)
     model = None
     if args.model:
-        costs, messages = {}, {}
-        first = _ints(args.seeds)[0]
-        for S in sorted({r["shards"] for r in rows if r.get("shards")}):
-            costs[S] = _sub({**base, "seed": first, "shards": S, "costs": True,
-                             "epochs": max(2, args.epochs)}, args.timeout)
-            msg = _sub({"messages": S}, args.timeout)
-            for got in (costs[S], msg):
-                if "error" in got:
-                    raise RuntimeError(f"the cost model's inputs, {S} shards: {got['error']}")
-            messages[S] = {int(k): v for k, v in msg.items()}
-            print(S, costs[S], messages[S], flush=True)
+        costs, messages = _mean_inputs(inputs)
         cores = args.effective_cores or fit_effective_cores(rows, costs, messages,
                                                             os.cpu_count())
         table += _model_md(rows, costs, messages, cores, not args.effective_cores)

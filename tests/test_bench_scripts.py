@@ -161,3 +161,13 @@ def test_the_cost_models_compute_is_timed_per_shard():
                                          shards=2))
     assert got["batches"] == 4 and len(got["shard_ms"]) == 2
     assert got["driver_ms"] > 0 and min(got["shard_ms"]) > 0
+
+
+def test_the_cost_models_inputs_are_averaged_over_seeds():
+    from bench import distributed
+    inputs = [(2, {"driver_ms": 1.0, "shard_ms": [2.0, 4.0]}, {"0": 1.0, "1": 0.5}),
+              (2, {"driver_ms": 3.0, "shard_ms": [4.0, 6.0]}, {"0": 2.0, "1": 1.5}),
+              (1, {"driver_ms": 5.0, "shard_ms": [7.0]}, {"0": 0.5, "1": 0.25})]
+    costs, messages = distributed._mean_inputs(inputs)
+    assert costs[2] == {"driver_ms": 2.0, "shard_ms": [3.0, 5.0], "measurements": 2}
+    assert messages == {2: {0: 1.5, 1: 1.0}, 1: {0: 0.5, 1: 0.25}}
