@@ -437,6 +437,29 @@ def _model_md(rows, costs, messages, cores, fitted):
     return "\n".join(lines) + "\n"
 
 
+def cluster_md(path, batch_size=128, latencies=(0.1, 0.5), depths=(1, 3, 5)):
+    """The cost model's prediction for shards on machines of their own (``predict_ms`` with
+    ``cores=None``) from the inputs measured in the run of results file ``path``: samples a
+    second against the shard count, the depth and the latency each way."""
+    with open(path) as f:
+        res = json.load(f)
+    model = res["cost_model"]
+    costs = {int(S): c for S, c in model["costs"].items()}
+    messages = {int(S): {int(k): v for k, v in m.items()} for S, m in model["messages"].items()}
+    lines = [f"\nPredicted for shards on machines of their own (`cluster_md`; the inputs of "
+             f"`{Path(path).name}`, commit {res['commit']}: compute and messages as measured "
+             f"there, with a network's latency added): samples a second\n",
+             "| shards | latency (ms each way) | " +
+             " | ".join("synchronous" if d == 1 else f"depth {d}" for d in depths) + " |",
+             "|---|---|" + "---|" * len(depths)]
+    for S in sorted(costs):
+        for lat in latencies:
+            cells = [batch_size * 1000.0 / predict_ms(costs[S]["driver_ms"], costs[S]["shard_ms"],
+                                                      messages[S], d, lat) for d in depths]
+            lines.append(f"| {S} | {lat:g} | " + " | ".join(f"{v:,.0f}" for v in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _machine(common):
     d = common.machine_description()
     return (f"{d['cpu']}, {d['cores']} cores, {(d['ram_bytes'] or 0) / 2**30:.0f} GiB, "
@@ -474,6 +497,10 @@ def main():
     ap.add_argument("--effective-cores", type=float, default=0.0,
                     help="the cost model's effective cores of this machine (from another "
                          "run's fit); default: fitted to this run's points")
+    ap.add_argument("--cluster", metavar="FILE",
+                    help="only the cost model's prediction for shards on machines of their own, "
+                         "from the inputs in results file FILE (a --model run); appended to "
+                         "distributed.md")
     ap.add_argument("--tag", default="", help="appended to the .json file's name")
     ap.add_argument("--results", default=str(RESULTS), help="where the files go")
     ap.add_argument("--timeout", type=int, default=900)
@@ -494,6 +521,12 @@ def main():
     commit = common.git_commit()
     if args.messages:
         return _messages_md(message_costs(), args, commit, common)
+    if args.cluster:
+        from slide.fileio import write_text
+        md = Path(args.results) / "distributed.md"
+        table = cluster_md(args.cluster)
+        write_text(md, md.read_text() + table)
+        return print(table)
     rows = []
     base = dict(labels=args.labels, n_train=args.n_train, n_test=args.n_test,
                 epochs=args.epochs, backend=args.backend,

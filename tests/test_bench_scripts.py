@@ -171,3 +171,14 @@ def test_the_cost_models_inputs_are_averaged_over_seeds():
     costs, messages = distributed._mean_inputs(inputs)
     assert costs[2] == {"driver_ms": 2.0, "shard_ms": [3.0, 5.0], "measurements": 2}
     assert messages == {2: {0: 1.5, 1: 1.0}, 1: {0: 0.5, 1: 0.25}}
+
+
+def test_the_cluster_prediction_reads_a_runs_inputs(tmp_path):
+    from bench import distributed
+    path = tmp_path / "distributed_x.json"
+    path.write_text(json.dumps({"commit": "abc", "runs": [], "cost_model": {
+        "costs": {"2": {"driver_ms": 1.0, "shard_ms": [2.0, 1.0]}},
+        "messages": {"2": {"0": 1.0, "1": 0.5, "2": 0.4, "4": 0.3}}}}))
+    table = distributed.cluster_md(str(path), batch_size=100, latencies=(0.5,), depths=(1, 3))
+    # synchronous: 1 + 2 + 1 + 4 x 0.5 = 6 ms; depth 3: (1 + 2 + 0.5 + 1) / 2 = 2.25 ms
+    assert "| 2 | 0.5 | 16,667 | 44,444 |" in table and "commit abc" in table

@@ -520,8 +520,9 @@ def _quality(records):
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
     # enough batches that the run is still going when the first checkpoints appear
-    # (~11k batches of ~0.3 ms: the first checkpoint appears early, the end seconds later)
-    epochs = 600
+    # (~5.7k batches of ~0.3 ms: the first checkpoint appears early, the end seconds later;
+    # the test polls every 20 ms)
+    epochs = 300
     cfg, run = tiny_config(tmp_path, "interrupted", epochs=epochs, eval_every=500,
                            ckpt_every=400)
     ref_cfg, ref_run = tiny_config(tmp_path, "reference", epochs=epochs, eval_every=500,
