@@ -535,3 +535,30 @@ def test_simulated_latency_delays_every_call_and_changes_nothing_else(tiny):
     for bad in (-1.0, "fast", float("nan")):
         with pytest.raises(ValueError, match="simulated_latency_ms"):
             ShardedSlideClassifier(**dict(kw, simulated_latency_ms=bad)).fit(Xtr, Ytr)
+
+
+def test_a_shard_runs_read_only_inputs_on_the_kernels_it_compiled(tiny):
+    """Ray hands an actor's messages over as read-only arrays, and a short last batch is a
+    slice: the shard copies them writable and gives each batch its own statistics, so an actor
+    runs the kernels the in-process shard compiled, not a second specialisation of each."""
+    from slide.distributed.driver import local_labels
+    from slide.distributed.kernels import shard_backward_kernel, shard_forward_kernel
+    Xtr, Ytr, _, _ = tiny
+    m = ShardedSlideClassifier(n_shards=1, backend="local", epochs=1, random_state=0, **SMALL)
+    m.fit(Xtr, Ytr)
+    shard = m.backend_.shards[0]
+    compiled = (len(shard_forward_kernel.signatures), len(shard_backward_kernel.signatures))
+    rows = np.arange(5, dtype=np.int64)              # shorter than a batch
+    H = m.hidden_.forward(Xtr, rows)
+    (ptr, ind), = local_labels(Ytr, rows, m.bounds_)[0]
+    n_labels = np.diff(Ytr.indptr)[rows].astype(np.int64)
+    log_z = np.zeros(5)
+    for a in (H, ptr, ind, n_labels, log_z):
+        a.flags.writeable = False
+    serial = m.batches_ + 1
+    _, stats = shard.step(None, (serial, H, ptr, ind))
+    assert stats.shape == (5, 5) and stats.flags.c_contiguous
+    dH, _ = shard.step((serial, log_z, n_labels, 0.0), None)
+    assert dH.shape == (5, H.shape[1])
+    assert (len(shard_forward_kernel.signatures),
+            len(shard_backward_kernel.signatures)) == compiled
