@@ -163,7 +163,7 @@ def _shard_sample_forward(params, spec, tables, sc, c, fw, s, labels, neg, offs,
     cnt, rng, n_c, n_s = select_active(OUT, spec, tables, sc, c, False, out, h, n_in, labels,
                                        shared, rng, stamp, out, False)
     ranges, kind = correction_kind(spec, cnt, n_c, n_s, neg, correct)
-    log_w1, log_w2 = ranges[4], ranges[5]
+    log_w1, log_w2 = ranges.log_w1, ranges.log_w2
     W, B = params.W, params.B
     w_off, b_off = spec.w_off[OUT], spec.b_off[OUT]
     lz = 0.0

@@ -127,7 +127,8 @@ class _Wave:
             forward = [(serial, H, p, q) for p, q in labels]
             self.bytes += n_shards * H.nbytes + sum(p.nbytes + q.nbytes for p, q in labels)
         if backward is not None:
-            self.bytes += n_shards * (backward[1].nbytes + backward[2].nbytes)
+            _, log_z, n_labels, _ = backward
+            self.bytes += n_shards * (log_z.nbytes + n_labels.nbytes)
         self.pending.append(m.backend_.submit_each(
             "step", [(backward, f) for f in forward]))
 
@@ -142,7 +143,7 @@ class _Wave:
         """Batch i's backward message (serial, log Z, label counts, learning rate) from its
         shards' statistics, its mean loss and mean active size."""
         _, serial, lr = self.batches[i]
-        n_labels = self.flight[i][2]
+        _, _, n_labels = self.flight[i]
         log_z, loss = combine(stats, n_labels)
         active = float(sum(st[4].mean() for st in stats))
         return (serial, log_z, n_labels, lr), loss, active
@@ -154,6 +155,7 @@ class _Wave:
         # writable: Ray hands large results back as read-only views of its object store
         dH = np.array(dHs[0], np.float32) if len(dHs) == 1 else \
             np.sum(dHs, axis=0, dtype=np.float32)
+        _, serial, lr = self.batches[i]
         hidden = self.model.hidden_
-        hidden.optimizer.learning_rate = self.batches[i][2]
-        hidden.backward(self.X, rows, H, dH, self.batches[i][1])
+        hidden.optimizer.learning_rate = lr
+        hidden.backward(self.X, rows, H, dH, serial)

@@ -8,6 +8,7 @@ by offsetting the logits of the neurons that stand for the rest (the logQ correc
 sampled softmax), see :func:`correction`.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -81,11 +82,22 @@ def is_label(labels, j):
 CORR_NONE, CORR_PLAIN, CORR_MIX = 0, 1, 2
 
 
+class OffsetRanges(NamedTuple):
+    """A sample's logit offsets (``correction_kind``): positions [lo1, hi1) get log_w1 (plus
+    the kind's per-neuron entry), positions [lo2, hi2) get log_w2."""
+    lo1: int
+    hi1: int
+    lo2: int
+    hi2: int
+    log_w1: float
+    log_w2: float
+
+
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def correction_kind(spec, n_a, n_c, n_s, neg, enabled):
-    """Logit offsets of one sample's sampled softmax: ((lo1, hi1, lo2, hi2, log_w1, log_w2),
-    kind): positions [lo1, hi1) get log_w1 (+ the neuron's entry of ``neg.corr`` for kind
-    CORR_PLAIN, of ``neg.corr_mix`` for CORR_MIX), positions [lo2, hi2) get log_w2.
+    """Logit offsets of one sample's sampled softmax: (``OffsetRanges``, kind): positions
+    [lo1, hi1) get log_w1 (+ the neuron's entry of ``neg.corr`` for kind CORR_PLAIN, of
+    ``neg.corr_mix`` for CORR_MIX), positions [lo2, hi2) get log_w2.
 
     Layout of the active set (``sample.select_active``): C = [0, n_c) the labels and the LSH
     ids, chosen without looking at the shared draw S; [n_c, n_s) the ids of S not in C;
@@ -126,7 +138,7 @@ def correction_kind(spec, n_a, n_c, n_s, neg, enabled):
         elif n_a > n_c:
             log_w1 = math.log(max(n_out - n_c, 1) / (n_a - n_c))
             log_w2 = log_w1
-    return (lo1, hi1, lo2, hi2, log_w1, log_w2), kind
+    return OffsetRanges(lo1, hi1, lo2, hi2, log_w1, log_w2), kind
 
 
 @njit(cache=True, nogil=True, inline="always")

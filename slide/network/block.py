@@ -234,16 +234,16 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
         ranges, kind = correction_kind(spec, n, n_c, n_s, neg, use_corr)
         if spec.loss_code != LOSS_SIGMOID and n - n_x == ns:
             if x_ptr[s + 1] > x_ptr[s]:
-                fill_offsets(d_store[s, :n_x], n - n_s, ranges[5])
+                fill_offsets(d_store[s, :n_x], n - n_s, ranges.log_w2)
             else:
                 extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s,
-                               ranges[5], d_store[s])
-            args = (Z[s], offs[kind], offs[0], ranges[4], b_col[s], out, n_c, d_store[s, :n_x],
+                               ranges.log_w2, d_store[s])
+            args = (Z[s], offs[kind], offs[0], ranges.log_w1, b_col[s], out, n_c, d_store[s, :n_x],
                     labels, scale, zbuf[t])
             if each is not None:
                 losses[s] = each_row(*args)
             else:
-                losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges[4], b_col[s], out,
+                losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges.log_w1, b_col[s], out,
                                          n_c, d_store[s, :n_x], labels, scale, zbuf[t],
                                          b_forced[t])
         else:
