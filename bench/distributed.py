@@ -276,51 +276,42 @@ def _messages_md(rows, args, commit, common):
     print("\n".join(lines))
 
 
-class _TimedShards:
-    """``LocalBackend`` whose shards' messages are timed, each on one thread (as a Ray shard of
-    bench's runs has): ``busy[q]``, seconds shard q spent in its messages."""
-
-    def __init__(self):
-        from slide.distributed.backend import LocalBackend
-        self.inner = LocalBackend()
-        self.busy = []
-
-    def create(self, specs, files=None):
-        self.inner.create(specs, files)
-        self.busy = [0.0] * self.inner.n_shards
-        return self
-
-    def call_each(self, method, args_list):
-        import numba
-        if method != "step":
-            return self.inner.call_each(method, args_list)
-        threads, out = numba.get_num_threads(), []
-        numba.set_num_threads(1)
-        try:
-            for q, (shard, args) in enumerate(zip(self.inner.shards, args_list)):
-                t0 = time.perf_counter()
-                out.append(shard.step(*args))
-                self.busy[q] += time.perf_counter() - t0
-        finally:
-            numba.set_num_threads(threads)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def compute_costs(cfg):
     """The compute of a sharded batch alone, for the cost model (``predict_ms``): the
     synchronous loop of ``cfg["shards"]`` shards in this process, no messages, BLAS on one
     thread; each shard's messages timed on one thread, the driver (its hidden layer, the
     labels' split, the normaliser) on two. Returns ms a batch of the driver and of each shard,
     over the epochs after the first."""
+    import numba
     from threadpoolctl import threadpool_limits
     from slide.distributed import ShardedSlideClassifier
+    from slide.distributed.backend import LocalBackend
+
+    class TimedShards(LocalBackend):
+        """Shards in process whose messages are timed, each on one thread (as a Ray shard of
+        these runs has): ``busy[q]``, the seconds shard q spent in its messages."""
+
+        def create(self, specs, files=None):
+            self.busy = [0.0] * len(specs)
+            return super().create(specs, files)
+
+        def call_each(self, method, args_list):
+            if method != "step":
+                return super().call_each(method, args_list)
+            threads, out = numba.get_num_threads(), []
+            numba.set_num_threads(1)
+            try:
+                for q, (shard, args) in enumerate(zip(self.shards, args_list)):
+                    t0 = time.perf_counter()
+                    out.append(shard.step(*args))
+                    self.busy[q] += time.perf_counter() - t0
+            finally:
+                numba.set_num_threads(threads)
+            return out
 
     class Timed(ShardedSlideClassifier):
         def _make_backend(self):
-            return _TimedShards()
+            return TimedShards()
 
     Xtr, Ytr, _, _ = _data(cfg)
     epochs = max(2, int(cfg.get("epochs", 2)))
@@ -419,8 +410,8 @@ def _model_md(rows, costs, messages, cores, fitted):
     how = "fitted to this run's points (`fit_effective_cores`)" if fitted else \
         "given (`--effective-cores`: fitted on another run)"
     lines = [f"\nCost model (`predict_ms`), {cores:g} effective cores, {how}; its inputs, "
-             "measured in this "
-             "run (ms a batch: the compute alone, in one process, by `compute_costs`; the "
+             "measured in this run (ms a batch: the compute alone, in one process, by "
+             "`compute_costs`; the "
              "messages alone, to idle shards on a local Ray's compiled graph, by "
              "`message_costs`)\n",
              "| shards | driver | each shard | messages: synchronous | 1 in flight | "
