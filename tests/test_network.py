@@ -315,6 +315,29 @@ def test_dense_blas_path_equals_per_sample_path(loss):
         numba.set_num_threads(old)
 
 
+def test_dense_softmax_row_equals_the_general_loss():
+    """The dense path's vectorised softmax (``dense.softmax_row``) gives the general kernel's
+    loss and deltas, also for a row without labels (nothing) and an overflowed row (NaN,
+    zero deltas)."""
+    from slide.kernels.sample import output_loss
+    from slide.network.dense import NO_CORRECTION, softmax_row
+    rng = np.random.default_rng(11)
+    empty = np.zeros(0, np.float32)
+    for labels in ([3], [0, 7, 99], []):
+        labels = np.array(labels, np.int32)
+        z = rng.normal(0, 3, 100).astype(np.float32)
+        want, got = z.copy(), z.copy()
+        lw = output_loss(want, 100, True, labels, labels, 0, 0.25, want, NO_CORRECTION,
+                         empty, None)
+        lg = softmax_row(got, labels, 0.25)
+        assert lg == pytest.approx(lw, rel=1e-6, abs=1e-12)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+    z = np.ones(100, np.float32)
+    z[5] = np.inf
+    assert math.isnan(softmax_row(z, np.array([1], np.int32), 1.0))
+    assert not z.any()
+
+
 def test_incremental_rehash_equals_full_rehash():
     """The output layer re-hashes only rows updated since the last (re)hash; the tables must
     be exactly those LSHIndex.rehash builds from all rows."""

@@ -9,8 +9,10 @@ import numpy as np
 from numba import njit, prange
 
 from slide.kernels.arrays import csr
+from slide.kernels.expsum import exp_shifted_inplace, max_and_finite
 from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, rows_backward,
                                   rows_forward)
+from slide.kernels.losses import LOSS_SOFTMAX
 from slide.kernels.sample import output_loss
 
 
@@ -78,8 +80,39 @@ def dense_loss_kernel(Z, Y, rows, loss_code, scale, losses, each):
     for s in prange(rows.shape[0]):
         r = rows[s]
         labels = Y.ind[Y.ptr[r]:Y.ptr[r + 1]]
-        losses[s] = output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s],
-                                NO_CORRECTION, empty, each)
+        if loss_code == LOSS_SOFTMAX and each is None:
+            losses[s] = softmax_row(Z[s], labels, scale)
+        else:
+            losses[s] = output_loss(Z[s], n, True, labels, labels, loss_code, scale, Z[s],
+                                    NO_CORRECTION, empty, each)
+
+
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def softmax_row(z, labels, scale):
+    """``output_loss``'s softmax over a whole row of logits z (every label active, no
+    correction), in place and in vectorised passes: the general kernel's one scalar pass with
+    a label test per logit and libm's exp was most of the dense baseline's batch. Equal to it
+    to float rounding (``tests/test_network.py`` checks the dense path against the per-sample
+    one). ``labels``: the row's sorted, distinct labels."""
+    ny = labels.shape[0]
+    zmax, finite = max_and_finite(z)
+    if ny == 0 or not finite:
+        # no target distribution (contributes nothing), or overflowed logits (a diverging
+        # run: NaN, the engine stops before updating)
+        for k in range(z.shape[0]):
+            z[k] = 0.0
+        return 0.0 if ny == 0 else np.nan
+    lz = 0.0
+    for i in range(ny):
+        lz += np.float64(z[labels[i]]) - zmax
+    ssum = exp_shifted_inplace(z, zmax)
+    f = np.float32(scale / ssum)
+    for k in range(z.shape[0]):
+        z[k] *= f
+    wl = np.float32(scale / ny)
+    for i in range(ny):
+        z[labels[i]] -= wl
+    return -lz / ny + math.log(ssum)
 
 
 def train_batch_dense(net, X, Y, rows, serial, optimizer):
