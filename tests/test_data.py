@@ -115,6 +115,28 @@ def test_read_xc_handwritten(tmp_path):
         [[0, 1, 0, 1, 0], [0] * 5, [0] * 5, [0, 0, 0, 0, 1]], np.float32))
 
 
+def test_unsorted_lines_sort_with_their_values(tmp_path):
+    """Lines whose feature ids come in any order (some values hard to parse, handed to Python
+    and moved with their ids) and whose labels repeat read as the sorted, deduplicated rows."""
+    rng = np.random.default_rng(12)
+    n_rows, n_x, n_y = 60, 500, 40
+    lines, want_x, want_y = [], np.zeros((n_rows, n_x), np.float32), np.zeros((n_rows, n_y))
+    for r in range(n_rows):
+        ids = rng.choice(n_x, rng.integers(0, 70), replace=False)
+        vals = [f"{v:.20f}" if rng.random() < 0.3 else f"{v:.3f}"
+                for v in rng.uniform(0.1, 9.0, ids.shape[0])]
+        labels = rng.integers(0, n_y, rng.integers(1, 9))
+        want_x[r, ids] = [np.float32(float(v)) for v in vals]
+        want_y[r, labels] = 1.0
+        lines.append(",".join(map(str, labels)) + " "
+                     + " ".join(f"{i}:{v}" for i, v in zip(ids, vals)))
+    X, Y = read_xc(_write(tmp_path, f"{n_rows} {n_x} {n_y}\n" + "\n".join(lines) + "\n"))
+    _assert_canonical(X)
+    _assert_canonical(Y)
+    np.testing.assert_array_equal(X.toarray(), want_x)
+    np.testing.assert_array_equal(Y.toarray(), want_y)
+
+
 def test_value_parsing_matches_python_float(tmp_path):
     rng = np.random.default_rng(5)
     toks = ["0", "-0", "1", "0.1", "1e-45", "7e-46", "3.4028235e38", "1.17549435e-38",

@@ -166,16 +166,51 @@ def _find_colon(buf, a, b):
 
 
 @njit(cache=True, nogil=True)
+def _sort_order(keys, a, b):
+    """The positions 0..b-a-1 of keys[a:b] in stable ascending order of their keys: a
+    bottom-up merge sort, written out because Numba's ``np.argsort`` and ``np.sort`` compile
+    their generic sorts and a slice assignment's error path (~5 s of the parser's ~9 s cold
+    compile) for what is one line's short sort."""
+    n = b - a
+    order = np.empty(n, np.int64)
+    spare = np.empty(n, np.int64)
+    for k in range(n):
+        order[k] = k
+    width = 1
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for o in range(lo, hi):
+                # the left run's entry first on ties: stable
+                if j >= hi or (i < mid and keys[a + order[i]] <= keys[a + order[j]]):
+                    spare[o] = order[i]
+                    i += 1
+                else:
+                    spare[o] = order[j]
+                    j += 1
+            lo = hi
+        order, spare = spare, order
+        width *= 2
+    return order
+
+
+@njit(cache=True, nogil=True)
 def _sort_line(ind, dat, a, b, hard, n_hard, line_id):
     """Sort ind[a:b] (with dat) and move the x-positions of this line's pending hard values."""
-    order = np.argsort(ind[a:b], kind="mergesort")
-    ti = ind[a:b][order]
-    td = dat[a:b][order]
-    ind[a:b] = ti
-    dat[a:b] = td
+    order = _sort_order(ind, a, b)
+    ti = np.empty(b - a, ind.dtype)
+    td = np.empty(b - a, dat.dtype)
+    for k in range(b - a):
+        ti[k] = ind[a + order[k]]
+        td[k] = dat[a + order[k]]
     # inverse permutation: old local position -> new local position
     inv = np.empty(b - a, dtype=np.int64)
     for k in range(b - a):
+        ind[a + k] = ti[k]
+        dat[a + k] = td[k]
         inv[order[k]] = k
     for h in range(n_hard - 1, -1, -1):
         if hard[h, 5] != line_id:
@@ -283,7 +318,10 @@ def _finish_line(x_ind, x_dat, y_ind, x0, nx, y0, ny, x_sorted, y_sorted, hard, 
                 err[4] = x_ind[k]
                 return _E_DUPLICATE, ny
     if not y_sorted:
-        tmp = np.sort(y_ind[y0:ny])
+        order = _sort_order(y_ind, y0, ny)
+        tmp = np.empty(ny - y0, y_ind.dtype)
+        for k in range(ny - y0):
+            tmp[k] = y_ind[y0 + order[k]]
         m = 0
         for k in range(tmp.shape[0]):
             if m == 0 or tmp[k] != y_ind[y0 + m - 1]:
