@@ -308,12 +308,13 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         self.compile_seconds_ = compile_seconds
         return self
 
-    def _warm_up(self, X=None, Y=None):
+    def _warm_up(self, X=None, Y=None, then=()):
         """Compile the run's kernels before its clock starts (``slide.warmup``; with the
         training data, only the linear classifiers it selects): the seconds go to
-        ``compile_seconds_``, never to ``train_seconds_``."""
+        ``compile_seconds_``, never to ``train_seconds_``. ``then``: estimators this process
+        fits next on the same data (``warmup.warm_up``)."""
         self._threads()
-        return warmup.warm_up(self, X, Y)
+        return warmup.warm_up(self, X, Y, then)
 
     def _fit_core(self, X, Y, eval_set, callback, resume, classes=None):
         """``fit`` without the warm-up (the warm-up's own tiny fit runs through here)."""

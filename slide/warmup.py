@@ -15,7 +15,8 @@ classifiers, the re-ranker, the exact top-k: ~30 s of 85 s on 2 cores) do not ne
 network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
 Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained), with the
 output layer's row steps (on no rows), while this process compiles the rest of the network's;
-this process then loads them from the cache. Only where their
+this process then loads them from the cache. The helper then compiles any fit the caller
+says comes next (``slide train``'s dense baseline), in the time its half leaves it. Only where their
 cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper that
 fails costs nothing but its gain (this process compiles what it needs itself).
 """
@@ -25,6 +26,7 @@ import pickle
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -138,11 +140,15 @@ def tiny_copy(model):
     return type(model)(**p)
 
 
-def warm_up(model, X=None, Y=None):
+def warm_up(model, X=None, Y=None, then=()):
     """Compile (or load from Numba's cache) every kernel a fit of ``model`` (on X, Y when
     given: only the linear classifiers that data selects, ``linear_kinds``) will call, unless
     this process already did for its configuration. Returns the seconds spent here (0.0 when
-    already warm). ``model``'s hyperparameters must be valid (``fit`` checks them first)."""
+    already warm). ``model``'s hyperparameters must be valid (``fit`` checks them first).
+    ``then``: estimators this process fits next on the same data (the CLI's dense baseline):
+    a helper, where one runs, compiles their whole fits into the cache as well, after the
+    stages after the network, so that their own warm-ups load them (the helper's half of a
+    cold warm-up is the shorter by about the dense baseline's compile)."""
     key = config_key(model)
     kinds = linear_kinds(model, X, Y)
     done = _WARMED.get(key)
@@ -151,7 +157,9 @@ def warm_up(model, X=None, Y=None):
         return 0.0
     t0 = time.perf_counter()
     copy = tiny_copy(model)
-    helper = start_helper(copy, kinds) if X is None or kinds else None
+    later = [FollowingFit(tiny_copy(m), linear_kinds(m, X, Y), X is not None)
+             for m in then if not is_warm(m, X, Y)]
+    helper = start_helper(copy, kinds, later) if X is None or kinds else None
     try:
         _warm_in_process(copy, kinds, X is not None)
     except BaseException:
@@ -165,6 +173,14 @@ def warm_up(model, X=None, Y=None):
     # after the first parallel loops: Numba has chosen its threading layer
     threads.warn_if_not_tbb(numba.get_num_threads())
     return seconds
+
+
+class FollowingFit(NamedTuple):
+    """An estimator this process fits after the one it warms up (``warm_up``'s ``then``), as
+    the helper warms it."""
+    copy: object             # its ``tiny_copy``
+    kinds: frozenset         # the linear classifiers its fit trains (``linear_kinds``)
+    with_data: bool          # its kinds were chosen by the data
 
 
 def _warm_in_process(copy, kinds, with_data):
@@ -250,10 +266,11 @@ def ranking_cached():
         return True
 
 
-def start_helper(copy, kinds):
-    """The helper process compiling the stages after the network (``warm_ranking``), or None
-    where it would not pay or could not run: no re-ranker, their cache warm, one core,
-    ``SLIDE_COMPILE_HELPER=0``, or a frozen application."""
+def start_helper(copy, kinds, later=()):
+    """The helper process compiling the stages after the network (``warm_ranking``), then the
+    fits ``later`` (``FollowingFit``s), or None where it would not pay or could not run: no
+    re-ranker, their cache warm, one core, ``SLIDE_COMPILE_HELPER=0``, or a frozen
+    application."""
     if os.environ.get("SLIDE_COMPILE_HELPER", "1") == "0" or not (
             copy.rerank and copy.neighbours > 0) or _cores() < 2 or ranking_cached() \
             or getattr(sys, "frozen", False):   # a frozen app's executable is not Python
@@ -267,7 +284,9 @@ def start_helper(copy, kinds):
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)
         # the class travels by reference: the helper builds the same estimator type
-        proc.stdin.write(pickle.dumps((type(copy), copy.get_params(deep=False), kinds)))
+        proc.stdin.write(pickle.dumps((type(copy), copy.get_params(deep=False), kinds, [
+            (type(f.copy), f.copy.get_params(deep=False), f.kinds, f.with_data)
+            for f in later])))
         proc.stdin.close()
     except OSError:
         return None
@@ -298,10 +317,12 @@ def _cores():
 
 
 def helper_main():
-    """The helper process: the estimator's class, parameters and kinds from stdin, then
-    ``warm_ranking``."""
-    cls, params, kinds = pickle.loads(sys.stdin.buffer.read())
+    """The helper process: the estimator's class, parameters and kinds, and the fits to warm
+    after it, from stdin; then ``warm_ranking`` and those fits."""
+    cls, params, kinds, later = pickle.loads(sys.stdin.buffer.read())
     warm_ranking(cls(**params), kinds)
+    for cls, params, kinds, with_data in later:
+        _warm_in_process(cls(**params), kinds, with_data)
 
 
 def _warm_split_products(model):

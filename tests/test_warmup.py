@@ -359,3 +359,37 @@ def test_a_helper_that_does_not_finish_is_stopped():
     t0 = time.perf_counter()
     warmup.finish_helper(proc, 0.2)
     assert proc.returncode is not None and time.perf_counter() - t0 < 10
+
+
+def test_the_helper_also_warms_the_fits_that_follow(monkeypatch, fresh_process):
+    """``warm_up(model, then=[...])`` hands the helper a tiny copy of each following fit not
+    yet warm (the CLI's dense baseline), with its linear classifiers' kinds; the helper warms
+    them after the stages after the network."""
+    started = []
+    monkeypatch.setattr(warmup, "start_helper",
+                        lambda copy, kinds, later=(): started.append(list(later)))
+    monkeypatch.setattr(warmup, "_warm_in_process", lambda *a: None)
+    dense, warm = slide.SlideClassifier(sampler="dense"), slide.SlideClassifier(loss="sigmoid")
+    warmup._WARMED[warmup.config_key(warm)] = (1.0, frozenset(("ovr", "hashed")))
+    warmup.warm_up(slide.SlideClassifier(), then=[dense, warm])
+    (later,) = started
+    assert [f.copy.sampler for f in later] == ["dense"]          # the warm one is left out
+    assert later[0].copy.hidden_sizes == warmup.tiny_copy(dense).hidden_sizes
+    assert later[0].kinds == frozenset(("ovr", "hashed")) and not later[0].with_data
+
+    calls = []
+    monkeypatch.setattr(warmup, "warm_ranking", lambda copy, kinds: calls.append(("ranking",)))
+    monkeypatch.setattr(warmup, "_warm_in_process",
+                        lambda copy, kinds, with_data: calls.append((copy.sampler, kinds)))
+    payload = (slide.SlideClassifier, {}, frozenset(), [
+        (slide.SlideClassifier, later[0].copy.get_params(), frozenset(("hashed",)), True)])
+
+    class Stdin:
+        class buffer:
+            @staticmethod
+            def read():
+                import pickle
+                return pickle.dumps(payload)
+    monkeypatch.setattr(sys, "stdin", Stdin)
+    warmup.helper_main()
+    assert calls == [("ranking",), ("dense", frozenset(("hashed",)))]

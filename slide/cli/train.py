@@ -80,7 +80,7 @@ class _Phase:
 
     def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
                  announce_fresh=True, resume_hint="slide train --config ... --resume",
-                 text=None):
+                 text=None, next_kind=None):
         self.text = text        # slide.cli.textdata.TextRun of a run on raw text, else None
         self.classes = None if text is None else text.classes     # its label names
         self.announce_fresh = announce_fresh
@@ -90,6 +90,7 @@ class _Phase:
         self.phase = phase
         self.label = "slide" if phase == "slide" else "dense"
         self.sampler_kind = sampler_kind
+        self.next_kind = next_kind      # the sampler of the phase after this one, or None
         self.X, self.Y, self.X_eval, self.Y_eval = data
         self.inv_prop = inv_prop
         self.stop = stop
@@ -306,7 +307,10 @@ class _Phase:
             return
         print(f"[{self.label}] compiling kernels (first run only; later runs load them from "
               f"Numba's cache) ...", end=" ", flush=True)
-        self.compile_seconds = model._warm_up(self.X, self.Y)
+        # the next phase's fit: the compile helper, where one runs, compiles it too
+        then = [] if self.next_kind is None else [_engine().SlideClassifier(
+            **config_mod.estimator_kwargs(self.cfg, self.next_kind))]
+        self.compile_seconds = model._warm_up(self.X, self.Y, then=then)
         _info(_fmt_seconds(self.compile_seconds))
 
     def _finish(self, model):
@@ -430,10 +434,12 @@ def _train(cfg, run_dir, args, stop):
     if cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense":
         phases.append(("dense-baseline", "dense", os.path.join(run_dir, BASELINE_DIR)))
     results = {}
-    for phase, kind, pdir in phases:
+    for i, (phase, kind, pdir) in enumerate(phases):
         resume = args.resume or phase != "slide"
+        next_kind = phases[i + 1][1] if i + 1 < len(phases) else None
         model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
-                            announce_fresh=args.resume, resume_hint=hint, text=text).run()
+                            announce_fresh=args.resume, resume_hint=hint, text=text,
+                            next_kind=next_kind).run()
         results[phase] = res
         del model
 

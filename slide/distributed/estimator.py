@@ -106,7 +106,7 @@ class ShardedSlideClassifier(SlideClassifier):
                              f"{self.ray_address!r}")
         return hs, sparse
 
-    def _warm_up(self, X=None, Y=None):
+    def _warm_up(self, X=None, Y=None, then=()):
         # no throw-away warm-up model: the shards compile in their own processes (Numba's
         # cache makes that a load after the first run); compile time is part of train_seconds_
         self._threads()
