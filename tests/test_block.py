@@ -145,7 +145,7 @@ def test_draw_ahead_is_the_draw_and_leaves_the_listing(head):
     net.prepare(32, 2, 8)
     ref = _net("batched", "random", "softmax", False, 0, head=head)
     for serial in (1, 2, 7):
-        frows = BK._feature_rows(net, net.layout, X, rows)
+        frows = BK.feature_rows(net, net.layout, X, rows)
         ids = BK._draw(net, 5, serial)
         assert not frows.mark.any()
         frows.count[0] = feature_entries(csr(X), rows, frows)

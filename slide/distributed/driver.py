@@ -14,7 +14,7 @@ from slide.kernels.arrays import Params, Spec, csr, i64, make_touched
 from slide.kernels.layers import Layout
 from slide.kernels.rng import init_stream
 from slide.kernels.touched import collect_touched, feature_entries
-from slide.network.block import _feature_rows
+from slide.network.block import feature_rows
 from slide.network.optim import SparseOptimizer
 
 
@@ -66,7 +66,7 @@ class HiddenLayer:
                                    self._no_act, Xc, rows, self.touched, np.int64(serial),
                                    False, False)
         self.optimizer.step(self.params, self.touched, 0, nbias)
-        frows = _feature_rows(self, self.layout, X, rows)
+        frows = feature_rows(self, self.layout, X, rows)
         n_uniq = feature_entries(Xc, rows, frows)
         self.optimizer.step_first(self.W, frows, n_uniq, Xc.dat, dH)
 

@@ -63,6 +63,13 @@ class SampleBuffers(NamedTuple):
     slots: np.ndarray        # [batch, cap] int32: where each label found sits
 
 
+class InFlight(NamedTuple):
+    """A batch between its forward and its backward pass on this shard."""
+    forward: object          # its ``ShardForward`` (H, the rows of S as read, Z, ...)
+    shared: np.ndarray       # its shared negatives S
+    buffers: SampleBuffers   # its pooled per-sample buffers, freed after the backward pass
+
+
 class OutputShard:
     """Output rows of labels [lo, hi) of a network whose last hidden layer has ``n_hidden``
     units and whose output layer has ``n_labels`` neurons. ``config``: the model's settings
@@ -122,7 +129,7 @@ class OutputShard:
         n_chunks = self.net.sc.acts.shape[0]
         self._scratch = ShardScratch(np.zeros((n_chunks, cap), np.int64),
                                      np.zeros((n_chunks, cap), np.float32))
-        self._in_flight = {}         # serial -> (ShardForward, S, its pooled buffers)
+        self._in_flight = {}         # serial -> InFlight
         self._free = []              # buffers of finished batches
         counts = np.asarray(counts, np.float64)
         self.net.set_label_counts(counts)
@@ -168,7 +175,7 @@ class OutputShard:
                              np.uint64(self.seed), np.int64(serial), neg,
                              block_offsets(b[shared], shared, neg), net.correct,
                              self._scratch)
-        self._in_flight[int(serial)] = (fw, shared, buf)
+        self._in_flight[int(serial)] = InFlight(fw, shared, buf)
         self._active = float(stats[4].mean())
         return stats
 
@@ -178,7 +185,8 @@ class OutputShard:
         dH [nb, hidden]. dH is formed from the rows of S as the forward pass read them (with
         several batches in flight a later batch's update may have moved them since: the
         weight stashing of PipeDream, for the block)."""
-        fw, shared, buf = self._in_flight.pop(int(serial))
+        batch = self._in_flight.pop(int(serial))
+        fw, shared, buf = batch.forward, batch.shared, batch.buffers
         net = self.net
         nb = fw.H.shape[0]
         net.serving = None          # built from weights this step changes

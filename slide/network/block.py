@@ -436,7 +436,7 @@ def chunk_size(nb, n_threads):
 NO_FEATURE_ROWS = make_feature_rows(0, 1, 1, 1)
 
 
-def _feature_rows(work, layout, X, rows):
+def feature_rows(work, layout, X, rows):
     """The ``FeatureRows`` of ``work`` (a worker, or the network as its own), grown (doubled)
     when batch ``rows`` has more input values than it holds."""
     n_e = int(batch_entries(X.indptr, rows))

@@ -315,7 +315,7 @@ def bind(net, claimed, X, worker=None):
         # the per-thread scratch rows are indexed by numba.get_thread_id()
         batch_size, _, max_labels = net._scratch_key
         net.prepare(batch_size, claimed.sched.n_threads, max_labels)
-    frows = _block._feature_rows(work, net.layout, X, rows) if net.fused_first \
+    frows = _block.feature_rows(work, net.layout, X, rows) if net.fused_first \
         else _block.NO_FEATURE_ROWS
     dels, copy_first = first_deltas(work.block, work.sc.a_off, nb)
     lists = RowLists(work.touched_rows, net.row_off, net.row_path, work.out_rows,
