@@ -13,7 +13,15 @@ compile in the other process). ``--helper-rounds N`` then times N more cold warm
 defaults with the helper off and on (``SLIDE_COMPILE_HELPER``), alternating, each in a fresh
 empty cache.
 
+``--first-fit FILE`` measures instead what a new user's first run costs: in a fresh interpreter
+with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on
+what it read (all cores), each timed, then the same again in a second interpreter on the
+cache the first one filled. ``--tree DIR`` measures the slide of another checkout (an earlier
+commit, for a before-and-after in one run) with this script.
+
     flock -x /tmp/slide.lock python bench/compile_time.py --out bench/results/compile_time.md
+    flock -x /tmp/slide.lock python bench/compile_time.py --first-fit debtags/train.txt \
+        --out bench/results/first_fit.md
 """
 from __future__ import annotations
 
@@ -64,11 +72,29 @@ print(json.dumps({"import_s": t_import, "compile_s": compile_s,
 """
 
 
-def measure(params, cache_dir, helper="1"):
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=ROOT,
+FIRST_FIT_CHILD = r"""
+import json, sys, time
+t_start = time.perf_counter()
+import slide
+t_import = time.perf_counter() - t_start
+t0 = time.perf_counter()
+X, Y = slide.read_xc(sys.argv[1])
+t_read = time.perf_counter() - t0
+t0 = time.perf_counter()
+model = slide.SlideClassifier(random_state=0).fit(X, Y)
+t_fit = time.perf_counter() - t0
+print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
+                  "compile_s": model.compile_seconds_, "train_s": model.train_seconds_,
+                  "rows": int(X.shape[0]), "labels": int(Y.shape[1]),
+                  "slide": slide.__file__}))
+"""
+
+
+def measure(params, cache_dir, helper="1", child=CHILD, root=ROOT):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=root,
                SLIDE_COMPILE_HELPER=helper)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(params)], env=env,
+    r = subprocess.run([sys.executable, "-c", child, params], env=env, cwd=root,
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"measurement failed:\n{r.stderr}")
@@ -77,10 +103,11 @@ def measure(params, cache_dir, helper="1"):
     return out
 
 
-def commit():
+def commit(tree=ROOT):
+    """The short commit of the checkout ``tree``."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree,
+                              capture_output=True, text=True).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
 
@@ -90,14 +117,25 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compile_time.md"))
     ap.add_argument("--helper-rounds", type=int, default=0, help="cold warm-ups of slide's "
                     "defaults with the compile helper off and on, alternating (0: none)")
+    ap.add_argument("--first-fit", metavar="FILE", help="measure a first read_xc and "
+                    "SlideClassifier(random_state=0).fit of this XC file, cold then warm")
+    ap.add_argument("--tree", default=ROOT, help="the checkout whose slide is measured "
+                    "(default: this one)")
     args = ap.parse_args(argv)
+    if args.first_fit:
+        lines = first_fit_report(os.path.abspath(args.first_fit), os.path.abspath(args.tree))
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"wrote {args.out}")
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
         # cold: slide then the dense baseline in one empty cache (as the quickstart runs them;
         # the dense run reuses the kernels they share, e.g. the optimizer's); then both warm
         for state in ("cold", "warm"):
             for name, params in CONFIGS.items():
-                m = measure(params, cache)
+                m = measure(json.dumps(params), cache)
                 rows.append((state, name, m))
                 print(f"{state:5s} {name:40s} compile {m['compile_s']:6.1f} s  "
                       f"({m['n_compiled']} kernels compiled)  first batch "
@@ -135,6 +173,37 @@ def main(argv=None):
     print(f"wrote {args.out}")
 
 
+def first_fit_report(path, tree):
+    """A first run's read and fit of the XC file ``path`` with ``tree``'s slide, cold (empty
+    cache) then warm, as report lines."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
+        for state in ("cold", "warm"):
+            m = measure(path, cache, child=FIRST_FIT_CHILD, root=tree)
+            rows.append((state, m))
+            print(f"{state:5s} read_xc {m['read_s']:6.1f} s  fit {m['fit_s']:6.1f} s (compile "
+                  f"{m['compile_s']:.1f} s, train {m['train_s']:.1f} s)  whole process "
+                  f"{m['process_s']:.1f} s", flush=True)
+    m = rows[0][1]
+    lines = ["# A first run: reading a file and fitting `SlideClassifier(random_state=0)`", "",
+             f"`python bench/compile_time.py --first-fit {os.path.basename(path)}` at commit "
+             f"`{commit()}`, measuring the slide of commit `{commit(tree)}`, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
+             f"({platform.processor() or platform.machine()}), run alone under an exclusive "
+             f"lock. The file: {m['rows']:,} rows, {m['labels']:,} labels.", "",
+             "Each row is a fresh interpreter with `NUMBA_CACHE_DIR` at one temporary "
+             "directory: *cold* finds it empty (a new user's first run: every kernel "
+             "compiles), *warm* loads what the cold run left there. *fit* is the whole "
+             "`fit` call: its compile (`compile_seconds_`, the warm-up before the clock), "
+             "training and the stages after the network.", "",
+             "| cache | import (s) | `read_xc` (s) | `fit` (s) | of which compile (s) | of which "
+             "network training (s) | whole process (s) |", "|---|---|---|---|---|---|---|"]
+    for state, m in rows:
+        lines.append(f"| {state} | {m['import_s']:.1f} | {m['read_s']:.1f} | {m['fit_s']:.1f} "
+                     f"| {m['compile_s']:.1f} | {m['train_s']:.1f} | {m['process_s']:.1f} |")
+    return lines
+
+
 def helper_rounds(n):
     """Report lines of n cold warm-ups of slide's defaults without and with the helper."""
     if n <= 0:
@@ -144,7 +213,7 @@ def helper_rounds(n):
     for r in range(n):
         for helper in ("0", "1"):
             with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
-                m = measure(params, cache, helper)
+                m = measure(json.dumps(params), cache, helper)
             seconds[helper].append(m["compile_s"])
             print(f"round {r + 1} helper {'on ' if helper == '1' else 'off'} compile "
                   f"{m['compile_s']:6.1f} s ({m['n_compiled']} kernels compiled here)",

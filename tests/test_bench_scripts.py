@@ -182,3 +182,26 @@ def test_the_cluster_prediction_reads_a_runs_inputs(tmp_path):
     table = distributed.cluster_md(str(path), batch_size=100, latencies=(0.5,), depths=(1, 3))
     # synchronous: 1 + 2 + 1 + 4 x 0.5 = 6 ms; depth 3: (1 + 2 + 0.5 + 1) / 2 = 2.25 ms
     assert "| 2 | 0.5 | 16,667 | 44,444 |" in table and "commit abc" in table
+
+
+def test_the_first_fit_report_runs_cold_then_warm_in_one_cache(monkeypatch, tmp_path):
+    """``compile_time.py --first-fit``: two fresh interpreters on one cache directory, the
+    first on an empty one, each reading the file and fitting with the given tree's slide."""
+    from bench import compile_time
+    calls = []
+
+    def measure(params, cache, child, root):
+        calls.append((params, cache, os.listdir(cache), child, root))
+        os.makedirs(os.path.join(cache, f"filled{len(calls)}"))
+        return {"import_s": 0.5, "read_s": 4.0 / len(calls), "fit_s": 60.0 / len(calls),
+                "compile_s": 50.0 / len(calls), "train_s": 5.0, "rows": 24242,
+                "labels": 581, "process_s": 70.0 / len(calls)}
+    monkeypatch.setattr(compile_time, "measure", measure)
+    lines = compile_time.first_fit_report("/data/train.txt", str(tmp_path))
+    assert [c[0] for c in calls] == ["/data/train.txt"] * 2
+    assert calls[0][1] == calls[1][1] and calls[0][2] == [] and calls[1][2] == ["filled1"]
+    assert all(c[3] is compile_time.FIRST_FIT_CHILD and c[4] == str(tmp_path) for c in calls)
+    table = [line for line in lines if line.startswith("| cold") or line.startswith("| warm")]
+    assert table == ["| cold | 0.5 | 4.0 | 60.0 | 50.0 | 5.0 | 70.0 |",
+                     "| warm | 0.5 | 2.0 | 30.0 | 25.0 | 5.0 | 35.0 |"]
+    assert any("24,242 rows, 581 labels" in line for line in lines)
