@@ -35,6 +35,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 # the quickstart's two phases: slide (the defaults: sampler "random", softmax, Adam, the vote
 # and re-ranker) and the dense baseline (sampler "dense": BLAS output layer, the other kernels)
@@ -173,6 +175,13 @@ def main(argv=None):
     print(f"wrote {args.out}")
 
 
+def _machine():
+    """The machine in words: its CPU model, cores and BLAS kernels."""
+    from bench.common import machine_description
+    m = machine_description()
+    return f"{m['cores']} cores ({m['cpu']}; BLAS {m['blas']})"
+
+
 def first_fit_report(path, tree):
     """A first run's read and fit of the XC file ``path`` with ``tree``'s slide, cold (empty
     cache) then warm, as report lines."""
@@ -188,9 +197,9 @@ def first_fit_report(path, tree):
     lines = ["# A first run: reading a file and fitting `SlideClassifier(random_state=0)`", "",
              f"`python bench/compile_time.py --first-fit {os.path.basename(path)}` at commit "
              f"`{commit()}`, measuring the slide of commit `{commit(tree)}`, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores "
-             f"({platform.processor() or platform.machine()}), run alone under an exclusive "
-             f"lock. The file: {m['rows']:,} rows, {m['labels']:,} labels.", "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}, run alone "
+             f"under an exclusive lock. The file: {m['rows']:,} rows, {m['labels']:,} labels.",
+             "",
              "Each row is a fresh interpreter with `NUMBA_CACHE_DIR` at one temporary "
              "directory: *cold* finds it empty (a new user's first run: every kernel "
              "compiles), *warm* loads what the cold run left there. *fit* is the whole "
