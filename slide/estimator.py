@@ -309,10 +309,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         return self
 
     def _warm_up(self, X=None, Y=None, then=()):
-        """Compile the run's kernels before its clock starts (``slide.warmup``; with the
-        training data, only the linear classifiers it selects): the seconds go to
-        ``compile_seconds_``, never to ``train_seconds_``. ``then``: estimators this process
-        fits next on the same data (``warmup.warm_up``)."""
+        """Compile the run's kernels before its clock starts (``slide.warmup``, which see for
+        ``then``; with the training data, only the linear classifiers it selects): the
+        seconds go to ``compile_seconds_``, never to ``train_seconds_``."""
         self._threads()
         return warmup.warm_up(self, X, Y, then)
 
