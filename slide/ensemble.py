@@ -65,7 +65,8 @@ def fuse_ranked(lists, k, n_labels):
     ``lists`` ([(ids [n, d], probabilities [n, d])], -1 for no label) of log(max(p,
     FUSE_FLOOR)), log(FUSE_FLOOR) for a member that did not list the label; ties to the lower
     label. A row with fewer than k labels listed is padded with -1."""
-    n = lists[0][0].shape[0]
+    first_ids, _ = lists[0]
+    n = first_ids.shape[0]
     ids = np.concatenate([np.asarray(i, np.int64) for i, _ in lists], axis=1)
     # each listing's gain over the floor (>= 0): the absent members' floors are then a
     # constant of the row, which the ranking ignores
