@@ -427,6 +427,22 @@ def test_compile_fills_the_cache_ahead_of_a_run(tmp_path, capsys, monkeypatch):
     assert code == 2 and "lsh.KK" in err
 
 
+def test_compile_hands_the_dense_baseline_to_the_slide_phases_helper(tmp_path, capsys,
+                                                                     monkeypatch):
+    """With a dense baseline, ``slide compile`` warms slide's phase with the baseline's fit
+    as the one that follows (the compile helper compiles it there on a cold cache), then the
+    baseline's own phase with nothing after it."""
+    from slide import warmup
+    calls = []
+    monkeypatch.setattr(warmup, "warm_up", lambda model, X=None, Y=None, then=():
+                        calls.append((model.sampler, [m.sampler for m in then])) or 0.0)
+    cfg, _ = tiny_config(tmp_path)
+    code, out, err = run_cli(["compile", "--config", cfg, "--set", "train.baseline=dense"],
+                             capsys)
+    assert code == 0, err
+    assert calls == [(calls[0][0], ["dense"]), ("dense", [])] and calls[0][0] != "dense"
+
+
 def test_generate_writes_a_readable_set(tmp_path, capsys):
     out = tmp_path / "gen"
     code, o, err = run_cli(["generate", "--preset", "tiny", "--scale", "0.5", "--seed", "4",

@@ -11,6 +11,7 @@ compiles the one its data's sizes select).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -105,10 +106,13 @@ def cmd_compile(args):
         phases = []
     else:
         phases = _phases(cfg)
-    for label, kind in phases:
-        model = est.SlideClassifier(**config_mod.estimator_kwargs(cfg, kind))
+    models = [est.SlideClassifier(**config_mod.estimator_kwargs(cfg, kind))
+              for _, kind in phases]
+    for i, ((label, _), model) in enumerate(zip(phases, models)):
         model._checked_params()
-        _step(label, model._warm_up)
+        # the later phases' fits: on a cold cache the compile helper compiles them beside
+        # this phase's (``warmup.warm_up``'s ``then``), and their own steps load them
+        _step(label, functools.partial(model._warm_up, then=models[i + 1:]))
     _info(f"done in {_fmt_seconds(time.perf_counter() - t0)}: later runs of this configuration "
           f"load these kernels from the cache")
     return EXIT_OK
