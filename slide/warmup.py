@@ -15,10 +15,10 @@ classifiers, the re-ranker, the exact top-k: ~30 s of 85 s on 2 cores) do not ne
 network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
 Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained), with the
 output layer's row steps (on no rows), while this process compiles the rest of the network's;
-this process then loads them from the cache. The helper then compiles any fit the caller
-says comes next (``slide train``'s dense baseline), in the time its half leaves it. Only where their
-cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper that
-fails costs nothing but its gain (this process compiles what it needs itself).
+this process then loads them from the cache. The helper then compiles any fit the caller says
+comes next (``slide train``'s dense baseline), in the time its half leaves it. Only where
+their cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper
+that fails costs nothing but its gain (this process compiles what it needs itself).
 """
 import contextlib
 import os
@@ -236,8 +236,9 @@ def warm_ranking(copy, kinds):
 
 def _warm_output_steps(copy):
     """The output layer's row steps (the batched engine's: all its row steps in one loop) and
-    the optimizer's flush, on no rows: the last network kernels a fit compiles (~12 s of its ~55 s cold), so the helper takes them first and its
-    share matches this process's."""
+    the optimizer's flush, on no rows: the last network kernels a fit compiles, and the
+    largest (the row steps' loop: ~15 s of the helper's ~60 s cold), so the helper takes them
+    first and its share matches this process's."""
     net, opt = copy.network_, copy.optimizer_
     if net.row_path:
         net.prepare(int(copy.batch_size), copy._threads(), 1)

@@ -434,8 +434,11 @@ def test_compile_hands_the_dense_baseline_to_the_slide_phases_helper(tmp_path, c
     baseline's own phase with nothing after it."""
     from slide import warmup
     calls = []
-    monkeypatch.setattr(warmup, "warm_up", lambda model, X=None, Y=None, then=():
-                        calls.append((model.sampler, [m.sampler for m in then])) or 0.0)
+
+    def record(model, X=None, Y=None, then=()):
+        calls.append((model.sampler, [m.sampler for m in then]))
+        return 0.0
+    monkeypatch.setattr(warmup, "warm_up", record)
     cfg, _ = tiny_config(tmp_path)
     code, out, err = run_cli(["compile", "--config", cfg, "--set", "train.baseline=dense"],
                              capsys)

@@ -396,12 +396,15 @@ def test_the_helper_also_warms_the_fits_that_follow(monkeypatch, fresh_process):
 
 
 def test_train_hands_the_dense_baseline_to_the_slide_phases_warm_up(tmp_path, monkeypatch,
-                                                                   fresh_process):
+                                                                    fresh_process):
     """``slide train`` with a dense baseline warms slide's phase with the baseline's fit as
     the one that follows (for the compile helper), and the baseline with nothing after it."""
     calls = []
-    monkeypatch.setattr(warmup, "warm_up", lambda model, X=None, Y=None, then=():
-                        calls.append((model.sampler, [m.sampler for m in then])) or 0.0)
+
+    def record(model, X=None, Y=None, then=()):
+        calls.append((model.sampler, [m.sampler for m in then]))
+        return 0.0
+    monkeypatch.setattr(warmup, "warm_up", record)
     cfg = tmp_path / "c.toml"
     cfg.write_text(TINY_RUN.format(out=tmp_path / "run"))
     assert main(["train", "--config", str(cfg)]) == 0
