@@ -83,6 +83,26 @@ def atomic_write(path, mode="wb", encoding=None):
     _fsync_dir(directory)
 
 
+def atomic_link(src, path):
+    """Make ``path`` a second name of the file ``src`` (a hard link, no copy), replacing
+    ``path`` atomically. False, with nothing changed, where the file system cannot link (the
+    caller then writes ``path`` itself)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.link")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.link(src, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    _fsync_dir(directory)
+    return True
+
+
 def write_text(path, text):
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_write(path, "w") as f:

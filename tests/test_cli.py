@@ -147,6 +147,9 @@ def test_train_checkpoint_resume_evaluate(tmp_path, capsys):
         assert os.path.exists(os.path.join(run, name)), name
     assert len(checkpoints(run)) == 2  # keep_checkpoints = 2 (19 batches: 15 and the final 19)
     assert checkpoints(run)[-1] == "ckpt-000000019.slide"
+    # the model file is a second name of the final checkpoint, not a second write of it
+    assert os.path.samefile(os.path.join(run, "model.slide"),
+                            os.path.join(run, "checkpoints", "ckpt-000000019.slide"))
     recs = metrics(run)
     # the last batch twice: the network alone, then with the neighbour vote fitted after it
     assert [r["batch"] for r in recs] == [5, 10, 15, 19, 19]

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from slide.fileio import atomic_write, write_bytes, write_text
+from slide.fileio import atomic_link, atomic_write, write_bytes, write_text
 
 
 def test_write_text_and_bytes_replace_the_target(tmp_path):
@@ -59,3 +59,15 @@ def test_a_directory_or_a_missing_folder_is_named_in_the_error(tmp_path):
         write_text(tmp_path / "nowhere" / "f.txt", "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_a_link_replaces_the_target_or_changes_nothing(tmp_path):
+    src, dst = tmp_path / "ckpt.slide", tmp_path / "model.slide"
+    write_bytes(src, b"new model")
+    write_bytes(dst, b"old model")
+    assert atomic_link(src, dst)
+    assert os.path.samefile(src, dst) and dst.read_bytes() == b"new model"
+    # no source: nothing changed, nothing left behind, the caller is told to write it
+    assert not atomic_link(tmp_path / "missing.slide", dst)
+    assert dst.read_bytes() == b"new model"
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.slide", "model.slide"]

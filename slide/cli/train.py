@@ -17,7 +17,7 @@ from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
                               _latest_good_checkpoint, _run_dir_has_run, read_metrics)
 from slide.config import ConfigError
-from slide.fileio import atomic_write, write_text
+from slide.fileio import atomic_link, atomic_write, write_text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,11 +337,18 @@ class _Phase:
                         else "neighbour vote",
                         "seconds": round(max(0.0, self.train_seconds - self.network_seconds), 3),
                         "P@1": rec["P@1"]}
+        ckpt = None
         if (voted or self.last_ckpt_batch != self.batch
                 or not os.path.exists(self.ckpts.path(self.batch))):
-            self._checkpoint(model)
-        from slide.cli.textdata import save_final       # with its vectorizer, for text
-        save_final(model, os.path.join(self.run_dir, MODEL_FILE), self.text, self._extra())
+            ckpt = self._checkpoint(model)
+        final = os.path.join(self.run_dir, MODEL_FILE)
+        # an XC run's model file is the checkpoint just written (the same save of the same
+        # model and run state): a second name for that file, not a second write of every
+        # weight and moment
+        if not (ckpt is not None and self.text is None and os.path.isfile(ckpt)
+                and atomic_link(ckpt, final)):
+            from slide.cli.textdata import save_final       # with its vectorizer, for text
+            save_final(model, final, self.text, self._extra())
         result = {"phase": self.phase, "sampler": self.sampler_kind, "batches": self.batch,
                   "epochs": self.epochs, "samples": self.samples,
                   "train_seconds": round(self.network_seconds, 3), "P@1": self.network_p1,
