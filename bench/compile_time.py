@@ -92,11 +92,13 @@ print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
 """
 
 
-def measure(params, cache_dir, helper="1", child=CHILD, root=ROOT):
+def measure(arg, cache_dir, helper="1", child=CHILD, root=ROOT):
+    """``child`` (``CHILD``: its argument a configuration's JSON; ``FIRST_FIT_CHILD``: an XC
+    file) in a fresh interpreter on the cache ``cache_dir``, with ``root``'s slide."""
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=root,
                SLIDE_COMPILE_HELPER=helper)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", child, params], env=env, cwd=root,
+    r = subprocess.run([sys.executable, "-c", child, arg], env=env, cwd=root,
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"measurement failed:\n{r.stderr}")

@@ -183,6 +183,13 @@ class FollowingFit(NamedTuple):
     with_data: bool          # its kinds were chosen by the data
 
 
+class HelperJob(NamedTuple):
+    """What the helper process compiles (``start_helper``)."""
+    copy: object             # the ``tiny_copy`` whose stages after the network it compiles
+    kinds: frozenset         # its linear classifiers' kinds
+    later: list              # ``FollowingFit``s: the fits it then compiles whole
+
+
 def _warm_in_process(copy, kinds, with_data):
     """The tiny copy's fit, linear classifiers, split products and evaluation, here."""
     if with_data and not kinds:
@@ -284,10 +291,8 @@ def start_helper(copy, kinds, later=()):
         proc = subprocess.Popen([sys.executable, "-c", "import slide.warmup as w; w.helper_main()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)
-        # the class travels by reference: the helper builds the same estimator type
-        proc.stdin.write(pickle.dumps((type(copy), copy.get_params(deep=False), kinds, [
-            (type(f.copy), f.copy.get_params(deep=False), f.kinds, f.with_data)
-            for f in later])))
+        # the estimators travel unfitted (their class by reference: the same types there)
+        proc.stdin.write(pickle.dumps(HelperJob(copy, kinds, list(later))))
         proc.stdin.close()
     except OSError:
         return None
@@ -318,12 +323,12 @@ def _cores():
 
 
 def helper_main():
-    """The helper process: the estimator's class, parameters and kinds, and the fits to warm
-    after it, from stdin; then ``warm_ranking`` and those fits."""
-    cls, params, kinds, later = pickle.loads(sys.stdin.buffer.read())
-    warm_ranking(cls(**params), kinds)
-    for cls, params, kinds, with_data in later:
-        _warm_in_process(cls(**params), kinds, with_data)
+    """The helper process: its ``HelperJob`` from stdin, then ``warm_ranking`` and the fits
+    that follow."""
+    job = pickle.loads(sys.stdin.buffer.read())
+    warm_ranking(job.copy, job.kinds)
+    for fit in job.later:
+        _warm_in_process(fit.copy, fit.kinds, fit.with_data)
 
 
 def _warm_split_products(model):

@@ -190,8 +190,8 @@ def test_the_first_fit_report_runs_cold_then_warm_in_one_cache(monkeypatch, tmp_
     from bench import compile_time
     calls = []
 
-    def measure(params, cache, child, root):
-        calls.append((params, cache, os.listdir(cache), child, root))
+    def measure(arg, cache, child, root):
+        calls.append((arg, cache, os.listdir(cache), child, root))
         os.makedirs(os.path.join(cache, f"filled{len(calls)}"))
         return {"import_s": 0.5, "read_s": 4.0 / len(calls), "fit_s": 60.0 / len(calls),
                 "compile_s": 50.0 / len(calls), "train_s": 5.0, "rows": 24242,

@@ -381,16 +381,13 @@ def test_the_helper_also_warms_the_fits_that_follow(monkeypatch, fresh_process):
     monkeypatch.setattr(warmup, "warm_ranking", lambda copy, kinds: calls.append(("ranking",)))
     monkeypatch.setattr(warmup, "_warm_in_process",
                         lambda copy, kinds, with_data: calls.append((copy.sampler, kinds)))
-    payload = (slide.SlideClassifier, {}, frozenset(), [
-        (slide.SlideClassifier, later[0].copy.get_params(), frozenset(("hashed",)), True)])
-
-    class Stdin:
-        class buffer:
-            @staticmethod
-            def read():
-                import pickle
-                return pickle.dumps(payload)
-    monkeypatch.setattr(sys, "stdin", Stdin)
+    import io
+    import pickle
+    import types
+    job = warmup.HelperJob(slide.SlideClassifier(), frozenset(), [
+        later[0]._replace(kinds=frozenset(("hashed",)), with_data=True)])
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(
+        buffer=io.BytesIO(pickle.dumps(job))))
     warmup.helper_main()
     assert calls == [("ranking",), ("dense", frozenset(("hashed",)))]
 
