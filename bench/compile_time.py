@@ -16,12 +16,15 @@ empty cache.
 ``--first-fit FILE`` measures instead what a new user's first run costs: in a fresh interpreter
 with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on
 what it read (all cores), each timed, then the same again in a second interpreter on the
-cache the first one filled. ``--tree DIR`` measures the slide of another checkout (an earlier
-commit, for a before-and-after in one run) with this script.
+cache the first one filled. ``--tree DIR`` measures the slide of another checkout;
+``--before DIR`` adds a second checkout (an earlier commit) measured the same way, alternating
+with the first, ``--rounds`` times each (a fresh empty cache every round), so that a
+before-and-after shares one run of the machine; ``--warm-fits N`` then times N more warm fits
+of each, alternating, for the network's training speed.
 
     flock -x /tmp/slide.lock python bench/compile_time.py --out bench/results/compile_time.md
     flock -x /tmp/slide.lock python bench/compile_time.py --first-fit debtags/train.txt \
-        --out bench/results/first_fit.md
+        --before ../slide-before --rounds 2 --warm-fits 4 --out bench/results/first_fit.md
 """
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -125,9 +131,20 @@ def main(argv=None):
                     "SlideClassifier(random_state=0).fit of this XC file, cold then warm")
     ap.add_argument("--tree", default=ROOT, help="the checkout whose slide is measured "
                     "(default: this one)")
+    ap.add_argument("--before", help="with --first-fit: a second checkout measured the same "
+                    "way, alternating with --tree")
+    ap.add_argument("--rounds", type=int, default=1, help="with --first-fit: cold and warm "
+                    "runs of each checkout, alternating (default 1)")
+    ap.add_argument("--warm-fits", type=int, default=0, help="with --first-fit: then this many "
+                    "more warm fits of each checkout, alternating (default 0)")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.warm_fits < 0:
+        ap.error("--rounds must be at least 1 and --warm-fits at least 0")
     if args.first_fit:
-        lines = first_fit_report(os.path.abspath(args.first_fit), os.path.abspath(args.tree))
+        trees = [os.path.abspath(args.tree)] + ([os.path.abspath(args.before)]
+                                                if args.before else [])
+        lines = first_fit_report(os.path.abspath(args.first_fit), trees, args.rounds,
+                                 args.warm_fits)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -184,34 +201,63 @@ def _machine():
     return f"{m['cores']} cores ({m['cpu']}; BLAS {m['blas']})"
 
 
-def first_fit_report(path, tree):
-    """A first run's read and fit of the XC file ``path`` with ``tree``'s slide, cold (empty
-    cache) then warm, as report lines."""
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
-        for state in ("cold", "warm"):
-            m = measure(path, cache, child=FIRST_FIT_CHILD, root=tree)
-            rows.append((state, m))
-            print(f"{state:5s} read_xc {m['read_s']:6.1f} s  fit {m['fit_s']:6.1f} s (compile "
-                  f"{m['compile_s']:.1f} s, train {m['train_s']:.1f} s)  whole process "
-                  f"{m['process_s']:.1f} s", flush=True)
-    m = rows[0][1]
+def first_fit_report(path, trees, rounds=1, warm_fits=0):
+    """A first run's read and fit of the XC file ``path`` with each checkout of ``trees``'
+    slide, cold (empty cache) then warm, ``rounds`` times alternating between them, then
+    ``warm_fits`` more warm fits of each, as report lines."""
+    rows = {tree: [] for tree in trees}
+    caches = {tree: tempfile.mkdtemp(prefix="slide-numba-cache-") for tree in trees}
+    try:
+        for r in range(rounds):
+            for tree in trees:
+                shutil.rmtree(caches[tree])
+                os.makedirs(caches[tree])
+                for state in ("cold", "warm"):
+                    m = measure(path, caches[tree], child=FIRST_FIT_CHILD, root=tree)
+                    rows[tree].append((state, m))
+                    print(f"{commit(tree)} {state:5s} read_xc {m['read_s']:6.1f} s  fit "
+                          f"{m['fit_s']:6.1f} s (compile {m['compile_s']:.1f} s, train "
+                          f"{m['train_s']:.1f} s)  whole process {m['process_s']:.1f} s",
+                          flush=True)
+        for _ in range(warm_fits):
+            for tree in trees:
+                m = measure(path, caches[tree], child=FIRST_FIT_CHILD, root=tree)
+                rows[tree].append(("warm", m))
+                print(f"{commit(tree)} warm  network training {m['train_s']:.2f} s", flush=True)
+    finally:
+        for cache in caches.values():
+            shutil.rmtree(cache, ignore_errors=True)
+    m = rows[trees[0]][0][1]
+    names = " and ".join(f"`{commit(t)}`" for t in trees)
     lines = ["# A first run: reading a file and fitting `SlideClassifier(random_state=0)`", "",
-             f"`python bench/compile_time.py --first-fit {os.path.basename(path)}` at commit "
-             f"`{commit()}`, measuring the slide of commit `{commit(tree)}`, "
+             f"`python bench/compile_time.py --first-fit {os.path.basename(path)} --rounds "
+             f"{rounds} --warm-fits {warm_fits}` at commit `{commit()}`, measuring the slide "
+             f"of commit{'s' if len(trees) > 1 else ''} {names}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}, run alone "
              f"under an exclusive lock. The file: {m['rows']:,} rows, {m['labels']:,} labels.",
              "",
              "Each row is a fresh interpreter with `NUMBA_CACHE_DIR` at one temporary "
-             "directory: *cold* finds it empty (a new user's first run: every kernel "
-             "compiles), *warm* loads what the cold run left there. *fit* is the whole "
-             "`fit` call: its compile (`compile_seconds_`, the warm-up before the clock), "
-             "training and the stages after the network.", "",
-             "| cache | import (s) | `read_xc` (s) | `fit` (s) | of which compile (s) | of which "
-             "network training (s) | whole process (s) |", "|---|---|---|---|---|---|---|"]
-    for state, m in rows:
-        lines.append(f"| {state} | {m['import_s']:.1f} | {m['read_s']:.1f} | {m['fit_s']:.1f} "
-                     f"| {m['compile_s']:.1f} | {m['train_s']:.1f} | {m['process_s']:.1f} |")
+             "directory per checkout, emptied at each round: *cold* finds it empty (a new "
+             "user's first run: every kernel compiles), *warm* loads what the cold run left "
+             "there. *fit* is the whole `fit` call: its compile (`compile_seconds_`, the "
+             "warm-up before the clock), training and the stages after the network. The "
+             "checkouts alternate, round by round.", "",
+             "| slide of | cache | import (s) | `read_xc` (s) | `fit` (s) | of which compile (s) "
+             "| of which network training (s) | whole process (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for tree in trees:
+        for state, m in rows[tree]:
+            lines.append(f"| `{commit(tree)}` | {state} | {m['import_s']:.1f} | "
+                         f"{m['read_s']:.1f} | {m['fit_s']:.1f} | {m['compile_s']:.1f} | "
+                         f"{m['train_s']:.2f} | {m['process_s']:.1f} |")
+    lines += ["", "| slide of | cold whole process (s), median | cold `read_xc` (s), median | "
+              "warm network training (s), mean ± sd |", "|---|---|---|---|"]
+    for tree in trees:
+        cold = [m for state, m in rows[tree] if state == "cold"]
+        warm = np.array([m["train_s"] for state, m in rows[tree] if state == "warm"])
+        lines.append(f"| `{commit(tree)}` | {np.median([m['process_s'] for m in cold]):.1f} | "
+                     f"{np.median([m['read_s'] for m in cold]):.1f} | {warm.mean():.2f} ± "
+                     f"{warm.std(ddof=1) if warm.size > 1 else 0.0:.2f} ({warm.size} fits) |")
     return lines
 
 

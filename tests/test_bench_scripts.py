@@ -184,24 +184,39 @@ def test_the_cluster_prediction_reads_a_runs_inputs(tmp_path):
     assert "| 2 | 0.5 | 16,667 | 44,444 |" in table and "commit abc" in table
 
 
-def test_the_first_fit_report_runs_cold_then_warm_in_one_cache(monkeypatch, tmp_path):
-    """``compile_time.py --first-fit``: two fresh interpreters on one cache directory, the
-    first on an empty one, each reading the file and fitting with the given tree's slide."""
+def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypatch, tmp_path):
+    """``compile_time.py --first-fit --before``: per round and checkout, two fresh interpreters
+    on that checkout's cache directory, the first on an empty one (emptied again each round),
+    each reading the file and fitting with that checkout's slide; then the warm fits; the
+    summary's medians and means come from those rows."""
     from bench import compile_time
+    new, old = str(tmp_path / "new"), str(tmp_path / "old")
     calls = []
 
     def measure(arg, cache, child, root):
-        calls.append((arg, cache, os.listdir(cache), child, root))
+        calls.append((arg, cache, sorted(os.listdir(cache)), child, root))
         os.makedirs(os.path.join(cache, f"filled{len(calls)}"))
-        return {"import_s": 0.5, "read_s": 4.0 / len(calls), "fit_s": 60.0 / len(calls),
-                "compile_s": 50.0 / len(calls), "train_s": 5.0, "rows": 24242,
-                "labels": 581, "process_s": 70.0 / len(calls)}
+        cold = len(os.listdir(cache)) == 1
+        slow = 2.0 if root == old else 1.0
+        return {"import_s": 0.5, "read_s": (4.0 if cold else 1.0) * slow,
+                "fit_s": (60.0 if cold else 5.0) * slow, "compile_s": 50.0 if cold else 0.1,
+                "train_s": 2.0 * slow + 0.1 * len(calls), "rows": 24242, "labels": 581,
+                "process_s": (70.0 if cold else 7.0) * slow + len(calls)}
     monkeypatch.setattr(compile_time, "measure", measure)
-    lines = compile_time.first_fit_report("/data/train.txt", str(tmp_path))
-    assert [c[0] for c in calls] == ["/data/train.txt"] * 2
-    assert calls[0][1] == calls[1][1] and calls[0][2] == [] and calls[1][2] == ["filled1"]
-    assert all(c[3] is compile_time.FIRST_FIT_CHILD and c[4] == str(tmp_path) for c in calls)
-    table = [line for line in lines if line.startswith("| cold") or line.startswith("| warm")]
-    assert table == ["| cold | 0.5 | 4.0 | 60.0 | 50.0 | 5.0 | 70.0 |",
-                     "| warm | 0.5 | 2.0 | 30.0 | 25.0 | 5.0 | 35.0 |"]
+    monkeypatch.setattr(compile_time, "commit", lambda tree=None: {new: "aaa", old: "bbb"}.get(
+        tree, "ccc"))
+    lines = compile_time.first_fit_report("/data/train.txt", [new, old], rounds=2, warm_fits=1)
+    assert [c[4] for c in calls] == [new, new, old, old, new, new, old, old, new, old]
+    assert all(c[0] == "/data/train.txt" and c[3] is compile_time.FIRST_FIT_CHILD
+               for c in calls)
+    # each round starts on an empty cache of its own checkout; its warm run sees the cold one's
+    assert [c[2] for c in calls[:2]] == [[], ["filled1"]]
+    assert calls[4][2] == [] and calls[4][1] == calls[0][1] != calls[2][1]
+    rows = [line for line in lines if line.startswith("| `aaa`") or line.startswith("| `bbb`")]
+    assert rows[0] == "| `aaa` | cold | 0.5 | 4.0 | 60.0 | 50.0 | 2.10 | 71.0 |"
+    assert len(rows) == 10 + 2
+    # cold whole process: aaa 71 and 75 (median 73.0); bbb 143 and 147 (145.0); warm network
+    # training: aaa 2.2, 2.6, 2.9 -> 2.57; bbb 4.4, 4.8, 5.0
+    assert rows[-2] == "| `aaa` | 73.0 | 4.0 | 2.57 ± 0.35 (3 fits) |"
+    assert rows[-1].startswith("| `bbb` | 145.0 | 8.0 | 4.73 ± ")
     assert any("24,242 rows, 581 labels" in line for line in lines)
