@@ -411,7 +411,7 @@ def _shortest_digits(a, pow10):
     return m, e
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _digit_bytes(m):
     """The decimal digits of m > 0 without its trailing zeros, as ASCII bytes."""
     nd = 0

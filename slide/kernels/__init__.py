@@ -3,12 +3,6 @@ thin array owners built on them (LSH tables, the serving index). Modules here im
 numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``, ``arrays``
 (the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
 ``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
-
-Inlining: a helper is a plain ``@njit`` function unless it runs once a row or element inside a
-hot loop *and* is too large for LLVM's inliner (a row's Adam step, a galloping search, a
-next-row prefetch): only those carry ``inline="always"``. LLVM inlines the small ones itself,
-where Numba's own inlining re-translates and re-types the helper at every call site, and in a
-parallel loop's body costs several times more (docs/design.md, "What Numba inlines").
 """
 # before any kernel is defined: its cache locator is chosen by its decorator (``cache``: keyed
 # by the sources its module imports)

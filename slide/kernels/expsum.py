@@ -21,7 +21,7 @@ EXP_FLOOR = -87.0
 C3, C4, C5, C6, C7, C8, C9, C10, C11 = (1.0 / math.factorial(n) for n in range(3, 12))
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH)
+@njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def exp_nonpositive(x):
     """e^x for x <= 0 (float64; x below EXP_FLOOR counts as EXP_FLOOR; NaN is not allowed:
     the callers check their logits first)."""

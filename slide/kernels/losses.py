@@ -41,7 +41,7 @@ def loss_marker(loss_code):
     return EACH if loss_code == LOSS_SOFTMAX_EACH else None
 
 
-@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
 def each_terms(x):
     """(loss, sigma) of one true label in ``softmax_each``: x = its logit minus the log-sum-exp
     of the non-labels; loss = -log sigmoid(x) = softplus(-x), computed without overflow."""

@@ -19,7 +19,7 @@ from slide.kernels.prefetch import prefetch_line
 from slide.kernels.rng import SHARED_NEGATIVES_KEY
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def find_sorted(a, j):
     """Position of ``j`` in the sorted distinct ids ``a`` (binary search), -1 if absent."""
     lo = 0
@@ -71,7 +71,7 @@ def seek_sorted(a, j, lo):
     return -1, lo
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def is_label(labels, j):
     """Whether ``j`` is one of the sorted label ids of one sample."""
     return find_sorted(labels, j) >= 0
@@ -141,7 +141,7 @@ def correction_kind(spec, n_a, n_c, n_s, neg, enabled):
     return OffsetRanges(lo1, hi1, lo2, hi2, log_w1, log_w2), kind
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def corr_array(neg, kind):
     """The per-neuron offsets of a ``correction_kind`` (empty for CORR_NONE)."""
     if kind == CORR_PLAIN:

@@ -63,7 +63,7 @@ LOW51 = np.uint64((1 << 51) - 1)
 TWO_M53 = 1.0 / 9007199254740992.0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def log_of_uniform(m):
     """log(m * 2^-53) for the integer m in [1, 2^53] (uint64); float64."""
     x = np.float64(np.int64(m))                       # exact: m <= 2^53
@@ -85,7 +85,7 @@ def log_of_uniform(m):
     return np.float64(e - 53) * LN2 + (2.0 * s + 2.0 * s * z * p)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def cos_sin_turn(b):
     """(cos, sin) of 2 pi u for u = (b >> 11) 2^-53 in [0, 1), from the uint64 b."""
     k = np.int64(b >> np.uint64(62))                  # the quarter turn: u's top two bits

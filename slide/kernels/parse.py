@@ -44,7 +44,7 @@ _ST_UNSORTED = 5
 _POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _is_space(c):
     return c == 32 or c == 9 or c == 13 or c == 11 or c == 12
 
@@ -219,7 +219,7 @@ def _sort_line(ind, dat, a, b, hard, n_hard, line_id):
             hard[h, 0] = a + inv[hard[h, 0] - a]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _skip_space(buf, p, le):
     """First non-whitespace position in buf[p:le], or le."""
     while p < le and _is_space(buf[p]):
@@ -227,7 +227,7 @@ def _skip_space(buf, p, le):
     return p
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _token_end(buf, p, le):
     """End of the token starting at p (first whitespace or the line end)."""
     q = p
@@ -331,7 +331,7 @@ def _finish_line(x_ind, x_dat, y_ind, x0, nx, y0, ny, x_sorted, y_sorted, hard, 
     return _E_NONE, ny
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _drop_line_hard(hard, n_hard, line_id):
     """Drop the queued hard values of line `line_id` (the last ones); returns the new count."""
     while n_hard > 0 and hard[n_hard - 1, 5] == line_id:

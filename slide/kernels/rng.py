@@ -62,7 +62,7 @@ SERVING_INDEX_KEY = 0x5E7E   # lsh.serving: numpy Generator key (seed, key) of t
                              # index's projections
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def splitmix64(state):
     """Advance ``state`` (uint64) and return ``(new_state, random uint64)``."""
     state = state + _GOLDEN
@@ -88,7 +88,7 @@ def derived_seed(seed, stream, index=0):
     return int(stream_seed(np.uint64(seed), stream, index)) >> 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def randint(state, high):
     """Return ``(new_state, r)`` with r uniform in [0, high) (high > 0, below 2**32)."""
     state, z = splitmix64(state)
@@ -97,7 +97,7 @@ def randint(state, high):
     return state, r
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def uniform(state):
     """Return ``(new_state, u)`` with u uniform in [0, 1)."""
     state, z = splitmix64(state)

@@ -144,7 +144,7 @@ def _positions_in_shared(out, n_c, shared, pos):
     return n_in
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _ascending(a, n):
     """Whether a[:n] is strictly ascending."""
     for k in range(1, n):

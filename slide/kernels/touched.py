@@ -73,7 +73,7 @@ def batch_entries(ptr, rows):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _new_row(j, slot, uniq, row_ptr, nu):
     """Row j's first entry in the batch: it gets the next slot in ``uniq``, with a zero count;
     returns the number of unique rows so far. (Only for a new row: the count itself stays in
@@ -85,7 +85,7 @@ def _new_row(j, slot, uniq, row_ptr, nu):
     return nu + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _counts_to_starts(row_ptr, nu):
     """row_ptr[1:nu+1] held each unique row's entry count: make row_ptr[u] its first entry's
     position (row_ptr[nu] the total), the fill's cursors."""
@@ -94,7 +94,7 @@ def _counts_to_starts(row_ptr, nu):
         row_ptr[u + 1] += row_ptr[u]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _cursors_to_starts(row_ptr, nu):
     """After the fill advanced each cursor row_ptr[u] to its row's end: shift them back, so
     row u's entries are [row_ptr[u], row_ptr[u+1])."""
@@ -142,7 +142,7 @@ def output_entries(ids, n_act, s_off_last, d_cap, orows, serial):
     return nu
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _prefetch_marks(X, rows, s, nb, mark, slot):
     """Before sample s's features are listed: the lines of ``mark`` and ``slot`` that sample
     s + 1's features will read, and the lines of sample s + 2's feature ids. Both arrays span

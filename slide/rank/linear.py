@@ -71,7 +71,7 @@ MAX_OVR_WORK = defaults.LINEAR_MAX_OVR_WORK
 MAX_OVR_WEIGHTS = defaults.LINEAR_MAX_OVR_WEIGHTS
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _slot(f, j, mask):
     """The table slot of (input feature f, label j): a multiplicative hash of both."""
     h = (np.uint64(f) * np.uint64(0x9E3779B97F4A7C15)) ^ \

@@ -121,7 +121,7 @@ def check_hash_config(family, K, L, range_pow):
 
 # ----------------------------------------------------------------------------- small helpers
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mix3(key, a, b):
     """A 64-bit hash of (key, a, b): a universal-style hash for coefficients and probing."""
     s = key ^ (np.uint64(a) * _MIX1) ^ (np.uint64(b) * _MIX2)
@@ -129,13 +129,13 @@ def _mix3(key, a, b):
     return z
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _below(z, n):
     """Map a random uint64 to [0, n) by multiply-shift on its high 32 bits."""
     return np.int64(((z >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _key(int_params, row):
     """The uint64 key stored as (hi, lo) int32 in columns 0, 1 of ``row``."""
     hi = np.uint64(np.uint32(int_params[row, 0]))

@@ -42,12 +42,12 @@ def _pow2_at_least(n):
     return p
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _slot(key, mask):
     return np.int64(((np.uint64(key) * _GOLDEN) >> np.uint64(32)) & np.uint64(mask))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _set_add(set_keys, set_counts, mask, key, count):
     """Insert key with ``count`` or, when present, add ``count`` to its entry.
     Returns True when the key was new."""
@@ -64,7 +64,7 @@ def _set_add(set_keys, set_counts, mask, key, count):
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _set_take(set_keys, set_counts, mask, key):
     """Claim key for the active set: True when it was absent (now inserted) or present but not
     yet taken (an unselected top-k candidate); either way it is marked taken."""
@@ -83,7 +83,7 @@ def _set_take(set_keys, set_counts, mask, key):
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _set_count(set_keys, set_counts, mask, key, may_insert):
     """One probe: add 1 to key's count if present; else insert it with count 1 when
     ``may_insert``. Returns True when the key was inserted."""
@@ -102,7 +102,7 @@ def _set_count(set_keys, set_counts, mask, key, may_insert):
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _set_get(set_keys, set_counts, mask, key):
     s = _slot(key, mask)
     while True:
