@@ -232,7 +232,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         with blas_single_thread():
             H = fused_mod.stacked_hidden(self.members_, X)
             self.rank_.fit(H, self._stacked_output(), X, Y, int(first.neighbours), split,
-                           self.order_seed_)
+                           self.order_seed_, max_ovr_work=first._max_ovr_work)
 
     def _drop_fused(self):
         for name in ("rank_", "order_seed_", "_stacked"):

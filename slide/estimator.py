@@ -337,8 +337,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
             self._build_memory(X, Y, split)     # X, Y checked above: no second copy of them
             self.train_seconds_ += time.perf_counter() - t0
 
-    # rows held out for the re-ranker at least (private: the warm-up's tiny fit lowers it)
-    _rerank_min_holdout = None
+    # private, lowered by the warm-up's tiny fit: the rows held out for the re-ranker at least,
+    # and the one-vs-rest classifiers' cap (linear.MAX_OVR_WORK where None; -1: none)
+    _rerank_min_holdout = _max_ovr_work = None
 
     def _n_held(self, n_rows, n_labels):
         """Rows of n_rows that ``fit`` holds out for the re-ranker (0: no re-ranker)."""
@@ -385,7 +386,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
             return
         with blas_single_thread():
             self.rank_.fit(self.network_.hidden(X), self._output(), X, Y, int(self.neighbours),
-                           split, self.seed_)
+                           split, self.seed_, max_ovr_work=self._max_ovr_work)
 
     def _output(self):
         """The output layer as the ranking stages read it (``slide.kernels.output``)."""
@@ -422,9 +423,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
 
     def partial_fit(self, X, Y, classes=None):
         """One more epoch over (X, Y), continuing the current state (initialised on first
-        call). Names: the first call fixes ``classes_`` (from Y, or from ``classes``: pass
-        every name there when later calls may bring others); later calls refuse a name not
-        among them."""
+        call). Names: the first call fixes ``classes_`` (from Y, or from ``classes``: pass every
+        name there when later calls may bring others); later calls refuse a name not among them."""
         hs, sparse = self._checked_params()
         compile_seconds = self._warm_up()
         fitted = self._built()

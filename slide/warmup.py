@@ -20,7 +20,6 @@ comes next (``slide train``'s dense baseline), in the time its half leaves it. O
 their cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper
 that fails costs nothing but its gain (this process compiles what it needs itself).
 """
-import contextlib
 import os
 import pickle
 import subprocess
@@ -96,9 +95,11 @@ def linear_kinds(model, X=None, Y=None):
                                label_linear.MAX_ROW_TERMS))
     n_fit = n_rows - n_held
     work = n_labels * label_linear.OVR_EPOCHS
+    cap = getattr(model, "_max_ovr_work", None)
+    cap = label_linear.MAX_OVR_WORK if cap is None else cap
 
     def affordable(t):
-        return float(t) * work <= label_linear.MAX_OVR_WORK
+        return float(t) * work <= cap
     if affordable(terms[n_rows - n_fit:].sum()):
         return frozenset(("ovr",))
     if not affordable(terms[:n_fit].sum()):
@@ -195,23 +196,18 @@ def _warm_in_process(copy, kinds, with_data):
     if with_data and not kinds:
         copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
     X, Y = tiny_data()
-    with _tiny_rules(copy, kinds):
-        copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    _tiny_rules(copy, kinds)
+    copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
     _warm_after_network(copy, X, Y, kinds)
 
 
-@contextlib.contextmanager
 def _tiny_rules(copy, kinds):
     """The tiny set's held-out rows fit a re-ranker, and its linear classifiers are of the
-    kinds ``kinds`` (the tiny set affords one-vs-rest: without "ovr", it must choose hashed)."""
+    kinds ``kinds`` (the tiny set affords one-vs-rest: without "ovr", it must choose hashed).
+    Both are the copy's own settings: nothing another fit reads changes meanwhile."""
     copy._rerank_min_holdout = 1
-    saved = label_linear.MAX_OVR_WORK
     if "ovr" not in kinds:
-        label_linear.MAX_OVR_WORK = -1
-    try:
-        yield
-    finally:
-        label_linear.MAX_OVR_WORK = saved
+        copy._max_ovr_work = -1
 
 
 def _warm_after_network(copy, X, Y, kinds):
@@ -231,13 +227,13 @@ def warm_ranking(copy, kinds):
     this): ``copy``, a ``tiny_copy``, is built and its stages fitted on the tiny set as its fit
     would, without training its network (the types, not the weights, decide what compiles)."""
     X, Y = tiny_data()
-    with _tiny_rules(copy, kinds):
-        copy._threads()
-        hs, sparse = copy._checked_params()
-        X, Y, _ = copy._check_training_data(X, Y, False, None)
-        copy._build(X.shape[1], Y.shape[1], hs, sparse)
-        _warm_output_steps(copy)
-        copy._build_memory(X, Y, copy._rerank_split(X.shape[0], Y.shape[1]))
+    _tiny_rules(copy, kinds)
+    copy._threads()
+    hs, sparse = copy._checked_params()
+    X, Y, _ = copy._check_training_data(X, Y, False, None)
+    copy._build(X.shape[1], Y.shape[1], hs, sparse)
+    _warm_output_steps(copy)
+    copy._build_memory(X, Y, copy._rerank_split(X.shape[0], Y.shape[1]))
     _warm_after_network(copy, X, Y, kinds)
 
 

@@ -251,6 +251,27 @@ def test_warm_up_with_the_data_compiles_only_the_linear_kind_it_selects(fresh_pr
     assert warmup.kernel_signatures() == before
 
 
+def test_the_classifiers_cap_the_warm_up_lowers_is_the_models_own(fresh_process):
+    """The warm-up's tiny fit chooses its linear classifiers through its copy's own cap
+    (``_max_ovr_work``), never the module's bound another fit reads meanwhile: a model whose
+    cap is lowered trains the hashed classifiers, warmed for them, and one beside it still
+    trains one-vs-rest on the same data."""
+    from slide.rank import linear as label_linear
+    X, Y, _, _ = slide.generate("tiny", seed=1, n_train=3000)
+    bound = label_linear.MAX_OVR_WORK
+    low = slide.SlideClassifier(**dict(SMALL, neighbours=20, sampler="random"))
+    low._max_ovr_work = 0
+    assert warmup.linear_kinds(low, X, Y) == {"hashed"}
+    copy = warmup.tiny_copy(low)
+    warmup._tiny_rules(copy, {"hashed"})
+    assert copy._max_ovr_work == -1 and label_linear.MAX_OVR_WORK == bound
+    low.fit(X, Y)
+    assert isinstance(low.rank_.reranker.linear, label_linear.LabelLinear)
+    assert label_linear.MAX_OVR_WORK == bound
+    other = slide.SlideClassifier(**dict(SMALL, neighbours=20, sampler="random")).fit(X, Y)
+    assert isinstance(other.rank_.reranker.linear, label_linear.OneVsRest)
+
+
 def test_the_warm_up_compiles_the_exact_top_ks_row_split_products(monkeypatch):
     # a fit's held-out rows and hard negatives split their products over the threads; the
     # tiny set's blocks never do, so the warm-up compiles that kernel itself

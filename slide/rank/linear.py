@@ -436,10 +436,12 @@ def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, o
             out[u, col] = bias[j] + z * inv_norm
 
 
-def ovr_affordable(X, rows, n_labels):
-    """Whether one-vs-rest over the rows ``rows`` of X (CSR) is within ``MAX_OVR_WORK``."""
+def ovr_affordable(X, rows, n_labels, max_work=None):
+    """Whether one-vs-rest over the rows ``rows`` of X (CSR) is within ``max_work``
+    (``MAX_OVR_WORK`` where None)."""
+    max_work = MAX_OVR_WORK if max_work is None else max_work
     terms = np.minimum(np.diff(X.indptr)[rows], MAX_ROW_TERMS).sum()
-    return float(terms) * n_labels * OVR_EPOCHS <= MAX_OVR_WORK
+    return float(terms) * n_labels * OVR_EPOCHS <= max_work
 
 
 def kept_features(X, n_labels, max_weights=None):
@@ -509,12 +511,12 @@ def negatives_by_neighbours(n_use, n_labels, n_neighbours):
     return n_neighbours > 0 and n_use < n_labels
 
 
-def fit_classifiers(output, H, X, Y, rows, seed=0, n_neighbours=0):
+def fit_classifiers(output, H, X, Y, rows, seed=0, n_neighbours=0, max_ovr_work=None):
     """The linear_score classifiers of the rows ``rows`` of X, Y: ``OneVsRest`` where it is
-    affordable (``ovr_affordable``), else ``LabelLinear`` against hard negatives (the
-    network's top labels, or the labels of a row's ``n_neighbours`` nearest rows:
-    ``LabelLinear.fit``)."""
-    if ovr_affordable(X, np.asarray(rows, np.int64), Y.shape[1]):
+    affordable (``ovr_affordable`` within ``max_ovr_work``), else ``LabelLinear`` against hard
+    negatives (the network's top labels, or the labels of a row's ``n_neighbours`` nearest
+    rows: ``LabelLinear.fit``)."""
+    if ovr_affordable(X, np.asarray(rows, np.int64), Y.shape[1], max_ovr_work):
         return OneVsRest.fit(X, Y, rows, seed)
     return LabelLinear.fit(output, H, X, Y, rows, seed, n_neighbours)
 

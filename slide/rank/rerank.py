@@ -260,7 +260,8 @@ def _saved_columns(d, fmt):
     return columns
 
 
-def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128):
+def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=128,
+                 max_ovr_work=None):
     """Fit the re-ranker of a network (its ``OutputLayer``, and ``H_all``: the last hidden
     layer of every row of X, consumed) trained on the ``fit_rows`` of X, Y, on the held-out rows.
     Returns (the ``ReRanker``, or None when the held-out candidates hold a single class; the
@@ -270,9 +271,10 @@ def fit_reranker(output, H_all, X, Y, fit_rows, held_rows, k_nn, seed=0, block=1
     of the hidden layer. The linear classifiers are not refitted on every row (their fit costs
     a pass of exact logits, or a neighbour search, over the rows); the centroids are."""
     H_held = H_all[held_rows]                 # before the memory normalises H_all in place
-    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed, k_nn)
+    linear = fit_classifiers(output, H_all, X, Y, fit_rows, seed, k_nn, max_ovr_work)
     # where the labels are few every one has a one-vs-rest classifier already
-    head = None if isinstance(linear, OneVsRest) else HeadClassifiers.fit(X, Y, fit_rows, seed)
+    head = None if isinstance(linear, OneVsRest) else HeadClassifiers.fit(
+        X, Y, fit_rows, seed, max_ovr_work=max_ovr_work)
     columns = [c for c in range(N_BASE) if c != HEAD_SCORE or head is not None]
     words = WordIndex.build(X, seed) if words_mod.K > 0 else None
     if words is None:

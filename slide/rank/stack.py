@@ -45,16 +45,18 @@ class RankStack:
                                    n_labels)
 
     # -- fitting -------------------------------------------------------------------------------
-    def fit(self, H, output, X, Y, k_nn, split=None, seed=0):
+    def fit(self, H, output, X, Y, k_nn, split=None, seed=0, max_ovr_work=None):
         """Fit the stages on the labelled rows (X, Y) whose last hidden layer is H (consumed:
         the memory normalises it in place). ``split`` (fitting rows, held-out rows): the
         re-ranker first, then the memory; None: a new memory alone (``fit_neighbours``: a
-        re-ranker fitted before stays). Returns self."""
+        re-ranker fitted before stays). ``max_ovr_work``: the one-vs-rest classifiers' cap
+        (``linear.MAX_OVR_WORK`` where None). Returns self."""
         if split is None:
             self.memory = NeighbourMemory.build(H, Y, copy=False)
         else:
             self.reranker, self.memory = fit_reranker(output, H, X, Y, split[0], split[1],
-                                                      int(k_nn), seed)
+                                                      int(k_nn), seed,
+                                                      max_ovr_work=max_ovr_work)
         return self
 
     def clear(self):
