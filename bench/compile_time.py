@@ -81,8 +81,33 @@ print(json.dumps({"import_s": t_import, "compile_s": compile_s,
 
 
 FIRST_FIT_CHILD = r"""
-import json, sys, time
+import collections, json, sys, time
 t_start = time.perf_counter()
+from numba.core import event
+
+
+class Own(event.Listener):
+    # each kernel's own compile seconds: from its start to its end, less the kernels it
+    # compiled meanwhile (the callees a call site's typing compiles first)
+    def __init__(self):
+        self.stack, self.own, self.count = [], collections.Counter(), collections.Counter()
+
+    def on_start(self, ev):
+        self.stack.append([time.perf_counter(), 0.0])
+
+    def on_end(self, ev):
+        t0, inner = self.stack.pop()
+        seconds = time.perf_counter() - t0
+        f = ev.data["dispatcher"].py_func
+        name = f.__module__ + "." + f.__name__
+        self.own[name] += seconds - inner
+        self.count[name] += 1
+        if self.stack:
+            self.stack[-1][1] += seconds
+
+
+own = Own()
+event.register("numba:compile", own)
 import slide
 t_import = time.perf_counter() - t_start
 t0 = time.perf_counter()
@@ -94,7 +119,8 @@ t_fit = time.perf_counter() - t0
 print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
                   "compile_s": model.compile_seconds_, "train_s": model.train_seconds_,
                   "rows": int(X.shape[0]), "labels": int(Y.shape[1]),
-                  "slide": slide.__file__}))
+                  "slide": slide.__file__,
+                  "kernels": [[k, own.count[k], s] for k, s in own.own.most_common()]}))
 """
 
 
@@ -258,6 +284,25 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
         lines.append(f"| `{commit(tree)}` | {np.median([m['process_s'] for m in cold]):.1f} | "
                      f"{np.median([m['read_s'] for m in cold]):.1f} | {warm.mean():.2f} ± "
                      f"{warm.std(ddof=1) if warm.size > 1 else 0.0:.2f} ({warm.size} fits) |")
+    return lines + kernel_lines(rows[trees[0]][0][1], commit(trees[0]))
+
+
+def kernel_lines(cold, name, top=20):
+    """Report lines: where the cold run ``cold`` of slide ``name`` spent its compile, kernel by
+    kernel (this process only: the compile helper's kernels compile in the other one)."""
+    kernels = cold.get("kernels", [])
+    if not kernels:
+        return []
+    total = sum(s for _, _, s in kernels)
+    lines = ["", f"Where the first cold run of `{name}` compiled, in this process (the compile "
+             f"helper's kernels compile in the other): {total:.1f} s over {len(kernels)} "
+             f"kernels; the {min(top, len(kernels))} largest, each kernel's own seconds (from "
+             "its start to its end, less the kernels it compiled meanwhile: the callees its "
+             "call sites compile first; a caller's own seconds include generating its "
+             "callees' machine code again, as Numba links them into its own):", "",
+             "| kernel | signatures | own seconds | share |", "|---|---|---|---|"]
+    for k, n, s in kernels[:top]:
+        lines.append(f"| `{k}` | {n} | {s:.2f} | {s / total:.0%} |")
     return lines
 
 

@@ -201,7 +201,8 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
         return {"import_s": 0.5, "read_s": (4.0 if cold else 1.0) * slow,
                 "fit_s": (60.0 if cold else 5.0) * slow, "compile_s": 50.0 if cold else 0.1,
                 "train_s": 2.0 * slow + 0.1 * len(calls), "rows": 24242, "labels": 581,
-                "process_s": (70.0 if cold else 7.0) * slow + len(calls)}
+                "process_s": (70.0 if cold else 7.0) * slow + len(calls),
+                "kernels": [["slide.a.big", 1, 30.0], ["slide.b.small", 2, 10.0]]}
     monkeypatch.setattr(compile_time, "measure", measure)
     monkeypatch.setattr(compile_time, "commit", lambda tree=None: {new: "aaa", old: "bbb"}.get(
         tree, "ccc"))
@@ -219,4 +220,7 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     # training: aaa 2.2, 2.6, 2.9 -> 2.57; bbb 4.4, 4.8, 5.0
     assert rows[-2] == "| `aaa` | 73.0 | 4.0 | 2.57 ± 0.35 (3 fits) |"
     assert rows[-1].startswith("| `bbb` | 145.0 | 8.0 | 4.73 ± ")
+    # the first checkout's first cold run: its kernels' own compile seconds, largest first
+    assert "| `slide.a.big` | 1 | 30.00 | 75% |" in lines
+    assert lines[-1] == "| `slide.b.small` | 2 | 10.00 | 25% |"
     assert any("24,242 rows, 581 labels" in line for line in lines)
