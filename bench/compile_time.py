@@ -284,10 +284,12 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
         lines.append(f"| `{commit(tree)}` | {np.median([m['process_s'] for m in cold]):.1f} | "
                      f"{np.median([m['read_s'] for m in cold]):.1f} | {warm.mean():.2f} ± "
                      f"{warm.std(ddof=1) if warm.size > 1 else 0.0:.2f} ({warm.size} fits) |")
-    return lines + kernel_lines(rows[trees[0]][0][1], commit(trees[0]))
+    for tree in trees:
+        lines += kernel_lines(rows[tree][0][1], commit(tree))
+    return lines
 
 
-def kernel_lines(cold, name, top=20):
+def kernel_lines(cold, name, top=15):
     """Report lines: where the cold run ``cold`` of slide ``name`` spent its compile, kernel by
     kernel (this process only: the compile helper's kernels compile in the other one)."""
     kernels = cold.get("kernels", [])

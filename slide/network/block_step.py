@@ -121,7 +121,11 @@ def all_finite(a):
     return True
 
 
-@njit(cache=True, nogil=True)
+# The two halves of a batch are inlined into ``block_batch``: Numba links a callee's machine code
+# into its caller's and generates it again there, so each compiled level between Python and the
+# batch's kernels compiled all of them once more (bench/results/first_fit_debtags.md, the
+# kernels' own compile seconds). ``forward_backward`` and ``update`` still call them alone.
+@njit(cache=True, nogil=True, inline="always")
 def _forward_backward(model, work, data, draw, frows, sched):
     """``block.forward_backward``'s kernels (steps 1-6); block_forward lists the batch's input
     by feature into ``frows`` beside its samples. False as soon as a sample's loss is not
@@ -159,7 +163,7 @@ def _forward_backward(model, work, data, draw, frows, sched):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _update(model, work, data, draw, lists, step, sched):
     """``block.update``'s kernels (step 7): the touched rows' listing, the hidden layers' step,
     the extras' listing and the three row steps in one loop."""
