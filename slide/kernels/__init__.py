@@ -3,6 +3,11 @@ thin array owners built on them (LSH tables, the serving index). Modules here im
 numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``, ``arrays``
 (the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
 ``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
+
+A one-line helper of a hot loop is a plain ``@njit`` function, which LLVM inlines by itself:
+Numba's own ``inline="always"`` translates and types it again at every call site, and inside
+a parallel loop's body that is what made the row steps' loop slow to compile
+(docs/design.md, "What Numba inlines"). The flag stays where LLVM would leave a call.
 """
 # before any kernel is defined: its cache locator is chosen by its decorator (``cache``: keyed
 # by the sources its module imports)

@@ -35,7 +35,7 @@ def prefetch_line(typingctx, arr, idx):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def prefetch_row(arr, start, length):
     """Prefetch arr[start:start + length] (a flat float32 array; an empty ``arr`` is a
     no-op)."""

@@ -111,7 +111,7 @@ def power_tables(beta1, beta2):
     return out
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _power(tables, row, base, e, shift):
     """base ** e from row ``row`` of ``power_tables`` (entry e + shift), or computed."""
     i = e + shift
@@ -179,13 +179,13 @@ MOMENT_FLOOR = np.float32(2.0 ** -100)
 SMALL_DECAY = 1e-7
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _flush(m):
     """``m``, or 0 where its magnitude is below ``MOMENT_FLOOR``."""
     return m if abs(m) >= MOMENT_FLOOR else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _consts(hyper):
     """The float32 constants of the Adam update: (b1, b2, 1 - b1, 1 - b2, lr_t, eps)."""
     return (np.float32(hyper.beta1), np.float32(hyper.beta2), np.float32(1.0 - hyper.beta1),
@@ -236,7 +236,7 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
         w[i] -= lr * m / (np.sqrt(v) + ep)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def later_step(last, t):
     """A step record after step ``t`` touched a row last touched at step ``last``: ``t``, or
     ``last`` where a later step already touched it. Several batches in flight claim their steps
