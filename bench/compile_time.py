@@ -232,6 +232,7 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
     slide, cold (empty cache) then warm, ``rounds`` times alternating between them, then
     ``warm_fits`` more warm fits of each, as report lines."""
     rows = {tree: [] for tree in trees}
+    name = {tree: commit(tree) for tree in trees}
     caches = {tree: tempfile.mkdtemp(prefix="slide-numba-cache-") for tree in trees}
     try:
         for r in range(rounds):
@@ -241,7 +242,7 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
                 for state in ("cold", "warm"):
                     m = measure(path, caches[tree], child=FIRST_FIT_CHILD, root=tree)
                     rows[tree].append((state, m))
-                    print(f"{commit(tree)} {state:5s} read_xc {m['read_s']:6.1f} s  fit "
+                    print(f"{name[tree]} {state:5s} read_xc {m['read_s']:6.1f} s  fit "
                           f"{m['fit_s']:6.1f} s (compile {m['compile_s']:.1f} s, train "
                           f"{m['train_s']:.1f} s)  whole process {m['process_s']:.1f} s",
                           flush=True)
@@ -249,12 +250,12 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
             for tree in trees:
                 m = measure(path, caches[tree], child=FIRST_FIT_CHILD, root=tree)
                 rows[tree].append(("warm", m))
-                print(f"{commit(tree)} warm  network training {m['train_s']:.2f} s", flush=True)
+                print(f"{name[tree]} warm  network training {m['train_s']:.2f} s", flush=True)
     finally:
         for cache in caches.values():
             shutil.rmtree(cache, ignore_errors=True)
     m = rows[trees[0]][0][1]
-    names = " and ".join(f"`{commit(t)}`" for t in trees)
+    names = " and ".join(f"`{name[t]}`" for t in trees)
     lines = ["# A first run: reading a file and fitting `SlideClassifier(random_state=0)`", "",
              f"`python bench/compile_time.py --first-fit {os.path.basename(path)} --rounds "
              f"{rounds} --warm-fits {warm_fits}` at commit `{commit()}`, measuring the slide "
@@ -273,7 +274,7 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
              "|---|---|---|---|---|---|---|---|"]
     for tree in trees:
         for state, m in rows[tree]:
-            lines.append(f"| `{commit(tree)}` | {state} | {m['import_s']:.1f} | "
+            lines.append(f"| `{name[tree]}` | {state} | {m['import_s']:.1f} | "
                          f"{m['read_s']:.1f} | {m['fit_s']:.1f} | {m['compile_s']:.1f} | "
                          f"{m['train_s']:.2f} | {m['process_s']:.1f} |")
     lines += ["", "| slide of | cold whole process (s), median | cold `read_xc` (s), median | "
@@ -281,11 +282,11 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
     for tree in trees:
         cold = [m for state, m in rows[tree] if state == "cold"]
         warm = np.array([m["train_s"] for state, m in rows[tree] if state == "warm"])
-        lines.append(f"| `{commit(tree)}` | {np.median([m['process_s'] for m in cold]):.1f} | "
+        lines.append(f"| `{name[tree]}` | {np.median([m['process_s'] for m in cold]):.1f} | "
                      f"{np.median([m['read_s'] for m in cold]):.1f} | {warm.mean():.2f} ± "
                      f"{warm.std(ddof=1) if warm.size > 1 else 0.0:.2f} ({warm.size} fits) |")
     for tree in trees:
-        lines += kernel_lines(rows[tree][0][1], commit(tree))
+        lines += kernel_lines(rows[tree][0][1], name[tree])
     return lines
 
 

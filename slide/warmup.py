@@ -11,7 +11,7 @@ reports as ``compile_seconds_``, never as training time.
 
 A cold cache (the first fit after installing or changing slide) compiles for over a minute, one
 kernel after another on one core. The stages after the network (the vote, the linear
-classifiers, the re-ranker, the exact top-k: ~30 s of 85 s on 2 cores) do not need a trained
+classifiers, the re-ranker, the exact top-k) do not need a trained
 network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
 Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained), with the
 output layer's row steps (on no rows), while this process compiles the rest of the network's;
@@ -96,8 +96,7 @@ def linear_kinds(model, X=None, Y=None):
                                label_linear.MAX_ROW_TERMS))
     n_fit = n_rows - n_held
     work = n_labels * label_linear.OVR_EPOCHS
-    cap = getattr(model, "_max_ovr_work", None)
-    cap = label_linear.MAX_OVR_WORK if cap is None else cap
+    cap = label_linear.ovr_work_cap(getattr(model, "_max_ovr_work", None))
 
     def affordable(t):
         return float(t) * work <= cap

@@ -69,16 +69,14 @@ class HeadClassifiers:
         """The head's classifiers over the rows ``rows`` of X, Y (CSR), or None without a
         head. At most ``HEAD_MAX_ROWS`` of the rows (a seeded draw: at Amazon-670K's 490k
         rows a copy of them all was 0.8 GB of the peak), ``HEAD_MAX_LABELS`` labels, as many
-        as ``max_ovr_work`` (``linear.MAX_OVR_WORK`` where None) allows, and
-        ``HEAD_MAX_WEIGHTS`` weights."""
-        max_ovr_work = linear.MAX_OVR_WORK if max_ovr_work is None else max_ovr_work
+        as ``linear.ovr_work_cap(max_ovr_work)`` allows, and ``HEAD_MAX_WEIGHTS`` weights."""
         rows = np.asarray(rows, np.int64)
         if rows.shape[0] > HEAD_MAX_ROWS:
             rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0x4EAD])
             rows = np.sort(rng.choice(rows, HEAD_MAX_ROWS, replace=False))
         terms = float(np.minimum(np.diff(X.indptr)[rows], linear.MAX_ROW_TERMS).sum())
         per_label = max(1.0, terms * linear.OVR_EPOCHS)   # one-vs-rest's work per label
-        max_labels = int(min(HEAD_MAX_LABELS, max_ovr_work // per_label))
+        max_labels = int(min(HEAD_MAX_LABELS, linear.ovr_work_cap(max_ovr_work) // per_label))
         labels = head_labels(Y, rows, max_labels, min_rows)
         if labels.shape[0] == 0:
             return None

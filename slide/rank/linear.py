@@ -436,12 +436,18 @@ def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, o
             out[u, col] = bias[j] + z * inv_norm
 
 
+def ovr_work_cap(max_work=None):
+    """The one-vs-rest classifiers' work bound: ``max_work``, or ``MAX_OVR_WORK`` where None
+    (a model's own cap, ``SlideClassifier._max_ovr_work``, is None unless the warm-up lowered
+    it)."""
+    return MAX_OVR_WORK if max_work is None else max_work
+
+
 def ovr_affordable(X, rows, n_labels, max_work=None):
-    """Whether one-vs-rest over the rows ``rows`` of X (CSR) is within ``max_work``
-    (``MAX_OVR_WORK`` where None)."""
-    max_work = MAX_OVR_WORK if max_work is None else max_work
+    """Whether one-vs-rest over the rows ``rows`` of X (CSR) is within
+    ``ovr_work_cap(max_work)``."""
     terms = np.minimum(np.diff(X.indptr)[rows], MAX_ROW_TERMS).sum()
-    return float(terms) * n_labels * OVR_EPOCHS <= max_work
+    return float(terms) * n_labels * OVR_EPOCHS <= ovr_work_cap(max_work)
 
 
 def kept_features(X, n_labels, max_weights=None):
