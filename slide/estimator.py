@@ -20,6 +20,7 @@ from slide import labels as labels_mod
 from slide import params as params_mod, warmup
 from slide.data import cap_row_labels
 from slide.kernels.lsh.hashes import check_hash_config
+from slide.kernels import threads
 from slide.kernels.negatives import head_size
 from slide.kernels.lsh.serving import default_prior
 from slide.network import Network, trainer
@@ -234,8 +235,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # building
     # ------------------------------------------------------------------------------------------
     def _threads(self):
-        n = numba.config.NUMBA_NUM_THREADS if self.n_threads is None else min(
-            int(self.n_threads), numba.config.NUMBA_NUM_THREADS)
+        n = threads.threads_for(self.n_threads)
         numba.set_num_threads(n)
         return n
 

@@ -38,6 +38,7 @@ from slide.kernels import threads, topk
 from slide.network.block import NO_FEATURE_ROWS
 from slide.network.adam import touched_step
 from slide.network.block_step import first_deltas
+from slide.network.inflight import threads_a_batch
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -59,10 +60,13 @@ _TINY_TABLES = 2
 
 def config_key(model):
     """What decides which kernels (and which type signatures) a fit of ``model`` compiles: the
-    code paths, never the sizes, rates or seeds."""
+    code paths, never the sizes, rates or seeds; and whether its batches run on one thread
+    each (the batch's one-thread build, ``block_step.run_batch``)."""
     p = model.get_params(deep=False)
     sparse = p["sparse_layers"]
-    return (len(tuple(p["hidden_sizes"])), p["sampler"], p["hash_family"], p["loss"],
+    one_thread = threads_a_batch(p.get("batches_in_flight", 1),
+                                 threads.threads_for(p.get("n_threads"))) == 1
+    return (one_thread, len(tuple(p["hidden_sizes"])), p["sampler"], p["hash_family"], p["loss"],
             p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,

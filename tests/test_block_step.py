@@ -189,7 +189,7 @@ def test_two_hidden_layers_take_the_one_layer_compiled_batch():
         one.prepare(32, 1, 8)
         one.train_batch(X, Y, np.arange(32, dtype=np.int64), 5, 1,
                         SparseOptimizer("adam", one.layout, 1e-2))
-        n_compiled = len(block_step.block_batch.signatures)
+        n_compiled = len(block_step.block_batch_one_thread.signatures)
         nets = {engine: Network((40, 16, 12, C), [False, False, True], [0, 0, 0], seed=3,
                                 lsh=dict(LSH, sampler="random"), shared_negatives=30,
                                 correct=True, negative_power=1.0, engine=engine)
@@ -204,7 +204,7 @@ def test_two_hidden_layers_take_the_one_layer_compiled_batch():
             losses = [net.train_batch(X, Y, rows, 5, b + 1, opts[e])[0]
                       for e, net in nets.items()]
             assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-        assert len(block_step.block_batch.signatures) == n_compiled
+        assert len(block_step.block_batch_one_thread.signatures) == n_compiled
         np.testing.assert_allclose(nets["batched"].W, nets["per_sample"].W, rtol=1e-4,
                                    atol=1e-6)
         assert not np.array_equal(nets["batched"].W[:16 * 40], Network(

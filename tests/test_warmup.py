@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numba
 import numpy as np
 import pytest
 
@@ -69,6 +70,12 @@ def test_config_key_follows_code_paths_not_sizes():
                    dict(min_active=0), dict(negative_power=0.0), dict(sparse_layers=(0, 1))):
         other = slide.SlideClassifier(**dict(SMALL, **change))
         assert warmup.config_key(other) != warmup.config_key(a), change
+    # a batch on one thread takes the batch's one-thread build, on two the parallel one
+    if numba.config.NUMBA_NUM_THREADS >= 2:
+        keys = [warmup.config_key(slide.SlideClassifier(**dict(SMALL, n_threads=2,
+                                                               batches_in_flight=w)))
+                for w in (1, 2, "auto")]
+        assert keys[0] != keys[1] == keys[2]
 
 
 def test_tiny_copy_keeps_the_code_paths():

@@ -94,6 +94,12 @@ def warn_if_not_tbb(n_threads):
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def threads_for(n_threads):
+    """The threads a fit asking for ``n_threads`` (None: all) runs on: at most Numba's."""
+    most = numba.config.NUMBA_NUM_THREADS
+    return most if n_threads is None else min(int(n_threads), most)
+
+
 def on_row_slices(n_rows, run, min_rows=1):
     """``run(lo, hi)`` over one slice of rows 0..n_rows per Numba thread (slices of at least
     ``min_rows`` rows), on Python threads, for kernels that release the GIL (``nogil``): a

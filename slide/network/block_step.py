@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from slide.kernels.arrays import Csr, Extras, Params, csr
+from slide.kernels.one_thread import one_thread
 from slide.kernels.threads import set_chunk_size
 from slide.kernels.touched import collect_touched, output_entries
 from slide.network import block as _block
@@ -291,6 +292,25 @@ def block_batch(call):
     return ok, pairwise_sum(losses, 0, nb) / nb, active / nb
 
 
+# A batch on one thread (each of ``batches_in_flight`` workers on a thread of its own: the
+# default up to 7 cores) runs the same kernels built without parallel loops: they compile in
+# less time and add nothing to what the thread computes (``slide.kernels.one_thread``). The row
+# steps stay parallel: their one-thread build trained the network ~40 % slower (docs/design.md,
+# "Compilation apart from training").
+_forward_backward_one_thread = one_thread(
+    _forward_backward, block_forward=one_thread(block_forward),
+    block_loss=one_thread(block_loss), block_backward=one_thread(block_backward),
+    split_forward_product=one_thread(split_forward_product),
+    split_backward_products=one_thread(split_backward_products))
+block_batch_one_thread = one_thread(block_batch, _forward_backward=_forward_backward_one_thread)
+
+
+def run_batch(call):
+    """``block_batch(call)``, or its one-thread build where the batch has one thread."""
+    kernel = block_batch_one_thread if call.sched.n_threads == 1 else block_batch
+    return kernel(call)
+
+
 def claim(net, X, Y, rows, seed, serial, optimizer, n_threads=None):
     """Batch ``rows`` (number ``serial``) readied for any worker on ``n_threads`` threads
     (None: Numba's count on this thread): its negatives drawn, the optimizer's step claimed
@@ -335,7 +355,7 @@ def train_batch(net, X, Y, rows, seed, serial, optimizer):
     mean active output neurons) as ``Network.train_batch`` reports them (a loss that is not
     finite: nothing was applied and the optimizer's step count is as before)."""
     call = bind(net, claim(net, X, Y, rows, seed, serial, optimizer), X)
-    ok, loss, active = block_batch(call)
+    ok, loss, active = run_batch(call)
     if not ok:
         optimizer.cancel_step()
     net.block_shared = call.draw.shared

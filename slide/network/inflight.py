@@ -63,6 +63,16 @@ def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     return max(1, min(workers, int(n_batches)))
 
 
+def threads_a_batch(value, n_threads, n_batches=None, applies=True):
+    """The threads each batch runs on with ``batches_in_flight=value`` on ``n_threads``
+    threads (``n_batches`` an epoch: None, many): a worker's share, or all of them for one
+    batch at a time. One thread takes the batch's one-thread build
+    (``block_step.run_batch``)."""
+    n_batches = 1 << 30 if n_batches is None else n_batches
+    workers = resolve_batches_in_flight(value, n_threads, n_batches, applies)
+    return max(1, int(n_threads) // workers)
+
+
 class InFlight:
     """``n_workers`` workers over ``net`` (a network the compiled batch applies to), sharing
     ``n_threads`` threads; ``run_wave`` trains a list of batches. The network is the first
@@ -70,7 +80,7 @@ class InFlight:
 
     def __init__(self, net, n_workers, n_threads):
         self.net = net
-        self.threads_each = max(1, int(n_threads) // int(n_workers))
+        self.threads_each = max(1, int(n_threads) // int(n_workers))   # threads_a_batch
         batch_size, _, max_labels = net._scratch_key
         self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
                                                  max_labels)
@@ -91,7 +101,7 @@ class InFlight:
             if item is None:
                 return
             i, claimed = item
-            results[i] = block_step.block_batch(block_step.bind(self.net, claimed, X, worker))
+            results[i] = block_step.run_batch(block_step.bind(self.net, claimed, X, worker))
 
     def run_wave(self, X, Y, batches, seed, optimizer):
         """Train ``batches``, a list of (rows, serial, learning rate) in batch order. Returns,
