@@ -43,7 +43,7 @@ def test_a_build_runs_the_same_code_without_parallel_loops_and_calls_its_callees
     launch = "numba_parallel_for"
     assert launch in _scaled_sum.inspect_llvm(_scaled_sum.signatures[0])
     assert launch not in build.inspect_llvm(build.signatures[0])
-    assert one_thread(_scaled_sum, _scale=_other_scale)(a) == 135.0
+    assert one_thread(_scaled_sum, {"_scale": _other_scale})(a) == 135.0
     # the module's own binding is untouched
     assert _scaled_sum(a) == 90.0
 
@@ -52,7 +52,7 @@ def test_a_build_is_cached_where_its_kernel_is_and_names_only_what_the_kernel_ca
     assert type(one_thread(block_step.block_batch)._cache).__name__ == "FunctionCache"
     assert type(one_thread(_scaled_sum)._cache).__name__ == "NullCache"
     with pytest.raises(ValueError, match="names no _not_called"):
-        one_thread(_scaled_sum, _not_called=_other_scale)
+        one_thread(_scaled_sum, {"_not_called": _other_scale})
 
 
 @pytest.mark.parametrize("optimizer,head,sparse_first", [("adam", 0, False), ("adam", 10, False),

@@ -4,13 +4,13 @@ A batch that runs on one thread (each of ``batches_in_flight`` workers on a thre
 the default up to 7 cores) runs its parallel loops on that thread alone. Numba's parallel build
 of a loop buys it nothing then, and costs compile time: the loop's body is typed a second time,
 outlined into a gufunc and its machine code generated three times over. ``one_thread(kernel,
-**callees)`` returns ``kernel`` compiled with ``prange`` read as ``range``, and calling, for each
-name in ``callees``, the kernel given there (the callee's own one-thread build) instead of the
-one its module defines. The code object is the kernel's, so the arithmetic is too:
+calls)`` returns ``kernel`` compiled with ``prange`` read as ``range``, calling, for each name
+in ``calls``, the kernel given there (the callee's own one-thread build) instead of the one its
+module defines. The code object is the kernel's, so the arithmetic is too:
 ``tests/test_one_thread.py`` checks that a batch gives the same bits either way.
 
 The build resolves the kernel's globals in a copy of its module's namespace taken when it is
-made: make it after everything the kernel calls is defined (at the end of its module). Its
+made: make it once everything the kernel calls is defined (after its module is imported). Its
 cache entries sit beside the kernel's under the name ``<kernel>_one_thread``, keyed like it.
 """
 import types
@@ -21,9 +21,10 @@ from numba.core.caching import NullCache
 SUFFIX = "_one_thread"
 
 
-def one_thread(kernel, **callees):
-    """``kernel`` (a Numba dispatcher) compiled without ``parallel``, calling ``callees``
-    (name in ``kernel``'s module -> the dispatcher to call in its place)."""
+def one_thread(kernel, calls=None):
+    """``kernel`` (a Numba dispatcher) compiled without ``parallel``, calling ``calls`` (name
+    in ``kernel``'s module -> the dispatcher to call in its place)."""
+    callees = dict(calls or {})
     source = kernel.py_func
     unknown = sorted(set(callees) - set(source.__code__.co_names))
     if unknown:

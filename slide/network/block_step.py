@@ -297,12 +297,13 @@ def block_batch(call):
 # less time and add nothing to what the thread computes (``slide.kernels.one_thread``). The row
 # steps stay parallel: their one-thread build trained the network ~40 % slower (docs/design.md,
 # "Compilation apart from training").
-_forward_backward_one_thread = one_thread(
-    _forward_backward, block_forward=one_thread(block_forward),
-    block_loss=one_thread(block_loss), block_backward=one_thread(block_backward),
-    split_forward_product=one_thread(split_forward_product),
-    split_backward_products=one_thread(split_backward_products))
-block_batch_one_thread = one_thread(block_batch, _forward_backward=_forward_backward_one_thread)
+_forward_backward_one_thread = one_thread(_forward_backward, {
+    "block_forward": one_thread(block_forward), "block_loss": one_thread(block_loss),
+    "block_backward": one_thread(block_backward),
+    "split_forward_product": one_thread(split_forward_product),
+    "split_backward_products": one_thread(split_backward_products)})
+block_batch_one_thread = one_thread(block_batch,
+                                    {"_forward_backward": _forward_backward_one_thread})
 
 
 def run_batch(call):
