@@ -6,7 +6,8 @@ weights and biases every batch shares, with the hidden layers' gradient buffers 
 worker that trains it), the worker's scratch (``BatchWork``, ``RowLists``: see
 ``slide.network.worker``) and the batch itself (``BatchInput``, ``BatchDraw``). Python draws
 the negatives and claims the optimizer's step (``claim``), in batch order, then gives the
-batch a worker's scratch (``bind``); the compiled call (``block_batch``) releases the GIL, so
+batch a worker's scratch (``bind``); the compiled call (``block_batch``, or for a batch on one
+thread its build without parallel loops: ``run_batch``) releases the GIL, so
 several batches claimed this way run at once on several threads
 (``slide.network.inflight``). A batch run by itself
 (``train_batch``) is the same bits as the Python sequence of ``slide.network.block``.
@@ -294,9 +295,9 @@ def block_batch(call):
 
 # A batch on one thread (each of ``batches_in_flight`` workers on a thread of its own: the
 # default up to 7 cores) runs the same kernels built without parallel loops: they compile in
-# less time and add nothing to what the thread computes (``slide.kernels.one_thread``). The row
-# steps stay parallel: their one-thread build trained the network ~40 % slower (docs/design.md,
-# "Compilation apart from training").
+# less time and compute the same bits (``slide.kernels.one_thread``). The row steps keep their
+# parallel build, which trained the network faster even on one thread (docs/design.md, "A batch
+# on one thread").
 _forward_backward_one_thread = one_thread(_forward_backward, {
     "block_forward": one_thread(block_forward), "block_loss": one_thread(block_loss),
     "block_backward": one_thread(block_backward),
