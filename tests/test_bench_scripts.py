@@ -104,8 +104,9 @@ def test_distributed_measures_a_pipelined_sharded_run_and_tabulates_the_seeds():
         assert r["epoch_seconds"] > 0 and r["samples_per_s"] > 0 and 0 <= r["P@1"] <= 1
         if shards == 0:
             # the second epoch whole (its kernels compiled before the clock: about half the
-            # training seconds), not the batches after its last callback
-            assert r["epoch_seconds"] > 0.25 * r["train_seconds"]
+            # training seconds; the first also starts the workers' threads, which on a loaded
+            # machine took 4x a 10-ms epoch), not the batches after its last callback (~0)
+            assert r["epoch_seconds"] > 0.1 * r["train_seconds"]
         assert r["batches"] == 2 * 4
         assert (r["bytes_per_batch"] > 0) == (shards > 0)
         r.update(config=distributed._config_name(shards, "local", depth, 0.0), seed=0)
