@@ -19,8 +19,8 @@ from sklearn.exceptions import NotFittedError
 from slide import labels as labels_mod
 from slide import params as params_mod, warmup
 from slide.data import cap_row_labels
-from slide.kernels.lsh.hashes import check_hash_config
 from slide.kernels import threads
+from slide.kernels.lsh.hashes import check_hash_config
 from slide.kernels.negatives import head_size
 from slide.kernels.lsh.serving import default_prior
 from slide.network import Network, trainer

@@ -69,8 +69,12 @@ def threads_a_batch(value, n_threads, n_batches=None, applies=True):
     batch at a time. One thread takes the batch's one-thread build
     (``block_step.run_batch``)."""
     n_batches = 1 << 30 if n_batches is None else n_batches
-    workers = resolve_batches_in_flight(value, n_threads, n_batches, applies)
-    return max(1, int(n_threads) // workers)
+    return _threads_each(n_threads, resolve_batches_in_flight(value, n_threads, n_batches,
+                                                              applies))
+
+
+def _threads_each(n_threads, n_workers):
+    return max(1, int(n_threads) // int(n_workers))
 
 
 class InFlight:
@@ -80,7 +84,7 @@ class InFlight:
 
     def __init__(self, net, n_workers, n_threads):
         self.net = net
-        self.threads_each = max(1, int(n_threads) // int(n_workers))   # threads_a_batch
+        self.threads_each = _threads_each(n_threads, n_workers)
         batch_size, _, max_labels = net._scratch_key
         self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
                                                  max_labels)
