@@ -36,7 +36,6 @@ from threadpoolctl import threadpool_limits
 from slide import metrics
 from slide.kernels import threads, topk
 from slide.network.block import NO_FEATURE_ROWS
-from slide.network.adam import touched_step
 from slide.network.block_step import first_deltas
 from slide.network.inflight import threads_a_batch
 from slide.rank import linear as label_linear
@@ -244,9 +243,9 @@ def warm_ranking(copy, kinds):
 def _warm_output_steps(copy):
     """The output layer's row steps (the batched engine's: all its row steps in one loop) and
     the optimizer's flush, on no rows: the last network kernels a fit compiles, and the
-    largest (the row steps' loop), so the helper takes them first; with them the touched rows'
-    step (``touched_step``), so that this process, the longer half, loads both
-    (``first_fit_debtags.md``)."""
+    largest (the row steps' loop), so the helper takes them first. The touched rows' step
+    (``touched_step``) compiles in this process, which is the shorter half with a batch's
+    one-thread build (docs/design.md, "Compilation apart from training")."""
     net, opt = copy.network_, copy.optimizer_
     if net.row_path:
         net.prepare(int(copy.batch_size), copy._threads(), 1)
@@ -261,11 +260,6 @@ def _warm_output_steps(copy):
                                 (net.out_rows, 0, net.store),
                                 (np.empty(0, np.int32), net.block.dWS[:0], net.block.dbS[:0],
                                  net.out_stamp, 0))
-            # and the step of the other rows it touched (the hidden layers' rows, the
-            # biases), with the step arguments a batch claims; the step count as before
-            touched_step(net.params, net.touched_rows, 0, 0,
-                         opt.compiled_step_args(copy._threads()).touched)
-            opt.cancel_step()
     opt.warm_bias_steps(net.params, net.touched_rows)
     opt.flush(net.W, net.B)
 
