@@ -243,9 +243,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
             if each is not None:
                 losses[s] = each_row(*args)
             else:
-                losses[s] = _softmax_row(Z[s], offs[kind], offs[0], ranges.log_w1, b_col[s], out,
-                                         n_c, d_store[s, :n_x], labels, scale, zbuf[t],
-                                         b_forced[t])
+                losses[s] = _softmax_row(*args, b_forced[t])
         else:
             losses[s] = _loss_by_positions(params, w_off, b_off, H[s], Z[s], offs[0], out,
                                            b_col[s], labels, spec.loss_code, scale,
