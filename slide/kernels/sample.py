@@ -312,8 +312,11 @@ def forward_into(params, spec, tables, sc, c, acts, ids, n_act, x_idx, x_val, la
     a0 = acts[a_off[0]:a_off[1]]
     if spec.sparse[0]:
         id0 = ids[s_off[0]:s_off[1]]
-        cnt, rng, n_c, n_s = select_active(np.int64(0), spec, tables, sc, c, True, x_idx, x_val,
-                                           x_idx.shape[0], labels if last == 0 else no_lab,
+        # the input is sparse: a bool, not the literal True, which Numba would compile a
+        # second signature of select_active for
+        cnt, rng, n_c, n_s = select_active(np.int64(0), spec, tables, sc, c, np.bool_(True),
+                                           x_idx, x_val, x_idx.shape[0],
+                                           labels if last == 0 else no_lab,
                                            shared if last == 0 else no_shared, rng, serial,
                                            id0, write_shared)
         n_act[0] = cnt
