@@ -244,8 +244,8 @@ def _warm_output_steps(copy):
     """The output layer's row steps (the batched engine's: all its row steps in one loop) and
     the optimizer's flush, on no rows: the last network kernels a fit compiles, and the
     largest (the row steps' loop), so the helper takes them first. The touched rows' step
-    (``touched_step``) compiles in this process, which is the shorter half with a batch's
-    one-thread build (docs/design.md, "Compilation apart from training")."""
+    (``touched_step``) compiles in this process: with a batch's one-thread build that keeps
+    the two halves even (docs/design.md, "Compilation apart from training")."""
     net, opt = copy.network_, copy.optimizer_
     if net.row_path:
         net.prepare(int(copy.batch_size), copy._threads(), 1)

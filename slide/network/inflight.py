@@ -63,14 +63,12 @@ def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     return max(1, min(workers, int(n_batches)))
 
 
-def threads_a_batch(value, n_threads, n_batches=None, applies=True):
-    """The threads each batch runs on with ``batches_in_flight=value`` on ``n_threads``
-    threads (``n_batches`` an epoch: None, many): a worker's share, or all of them for one
-    batch at a time. One thread takes the batch's one-thread build
+def threads_a_batch(value, n_threads):
+    """The threads each batch of a run with many batches an epoch runs on, with
+    ``batches_in_flight=value`` on ``n_threads`` threads: a worker's share, or all of them for
+    one batch at a time. One thread takes the batch's one-thread build
     (``block_step.run_batch``)."""
-    n_batches = 1 << 30 if n_batches is None else n_batches
-    return _threads_each(n_threads, resolve_batches_in_flight(value, n_threads, n_batches,
-                                                              applies))
+    return _threads_each(n_threads, resolve_batches_in_flight(value, n_threads, 1 << 30, True))
 
 
 def _threads_each(n_threads, n_workers):
