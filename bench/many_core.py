@@ -77,7 +77,10 @@ def one_fit(data, threads, in_flight, seed, epochs, whole=False):
     from slide import SlideClassifier
     from slide.metrics import evaluate, inverse_propensity
     Xtr, Ytr, Xte, Yte = data
-    settings = {} if whole else dict(neighbours=0, rerank=False, epochs=epochs)
+    # the network alone at the width of the figures before (128; the default "auto" gives 256
+    # at most shapes)
+    settings = {} if whole else dict(neighbours=0, rerank=False, epochs=epochs,
+                                     hidden_sizes=(128,))
     m = SlideClassifier(random_state=seed, n_threads=threads, batches_in_flight=in_flight,
                         **settings)
     t0 = time.perf_counter()

@@ -221,6 +221,7 @@ def train_rate(X, Y, engine, threads, n_shared, exact_head, repeat=1):
     for _ in range(max(1, int(repeat))):
         m = slide.SlideClassifier(engine=engine, learning_rate=1e-3, lr_schedule="constant",
                                   epochs=1, n_threads=threads, random_state=0, neighbours=0,
+                                  hidden_sizes=(128,),
                                   rerank=False, shared_negatives=n_shared,
                                   exact_head=exact_head)
         m.fit(X, Y)
@@ -340,8 +341,10 @@ def main():
     Y = cap_row_labels(Y, args.max_row_labels, 0)
     h, batch = 128, 128
     slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
+                          hidden_sizes=(128,),
                           engine="per_sample", random_state=0).fit(X[:2048], Y[:2048])
     slide.SlideClassifier(epochs=1, n_threads=args.threads, neighbours=0, rerank=False,
+                          hidden_sizes=(128,),
                           random_state=0).fit(X[:2048], Y[:2048])          # compile both
     c = step_counts(X, Y, args.shared_negatives, args.exact_head, batch, h)
     g1 = gemm_rate(batch, int(c["block"]), h)

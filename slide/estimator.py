@@ -41,8 +41,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    hidden_sizes : tuple of int
-        Hidden ReLU layer widths (at least one layer).
+    hidden_sizes : tuple of int or "auto"
+        Hidden ReLU layer widths; "auto": 256, or 128 where the model would pass 1 GiB.
     hash_family, K, L, range_pow, bucket_size, bucket_policy :
         LSH of the sparse layers: family ("simhash", "wta", "dwta", "doph"), K hashes per
         table, L tables, 2**range_pow buckets per table, at most bucket_size neurons per bucket
@@ -131,9 +131,9 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         labels: ``slide.rank.linear``), fits a logistic regression over features of each
         held-out row's candidates (the network's top 10 and the neighbours' labels; their
         scores, counts, input-centroid cosine and linear classifier score) and then builds
-        the memory over every row (``slide.rank.rerank``). Exact ``predict_topk`` ranks the candidates by it;
-        ``predict_proba`` stays the fixed blend. False (also after ``fit``, by
-        ``set_params``): the fixed blend everywhere.
+        the memory over every row (``slide.rank.rerank``). Exact ``predict_topk`` ranks the
+        candidates by it; ``predict_proba`` stays the fixed blend. False (also after ``fit``,
+        by ``set_params``): the fixed blend everywhere.
     rehash_period, rebuild_period, rehash_decay : rehash the tables after T_t = rehash_period
         * exp(rehash_decay * t) batches (t: rehashes so far), rebuild after rebuild_period * ...
     n_threads : int or None (all cores)
@@ -149,17 +149,15 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # checks read it), generated from slide.params' table like every other spelling of them
     _parameter_constraints = sklearn_constraints()
 
-    def __init__(self, hidden_sizes=(128,), hash_family="dwta", K=6, L=50, range_pow=18,
+    def __init__(self, hidden_sizes="auto", hash_family="dwta", K=6, L=50, range_pow=18,
                  bucket_size=128, bucket_policy="fifo", sampler="random", sampler_budget=1024,
                  sampler_threshold=2, min_active=0, shared_negatives=1024, exact_head=0.5,
                  sampling_correction=True, negative_power=1.0, output_bias_init="log_prior",
-                 sparse_layers=None, loss="softmax",
-                 optimizer="adam", learning_rate=1e-2, lr_schedule="cosine", warmup_batches=0,
-                 beta1=0.9, beta2=0.999, epsilon=1e-8,
+                 sparse_layers=None, loss="softmax", optimizer="adam", learning_rate=1e-2,
+                 lr_schedule="cosine", warmup_batches=0, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  batch_size=128, max_row_labels=256, epochs="auto", rehash_period=50,
                  rebuild_period=500, rehash_decay=0.02, n_threads=None, random_state=None,
-                 verbose=0,
-                 time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True,
+                 verbose=0, time_budget=None, neighbours=20, neighbour_weight=0.85, rerank=True,
                  engine="batched", batches_in_flight="auto"):
         self.hidden_sizes = hidden_sizes
         self.hash_family = hash_family
@@ -208,11 +206,12 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     def _checked_params(self):
         """Check every hyperparameter against ``slide.params``; raise ValueError naming the
         offending one, then scikit-learn's ``_validate_params`` over the constraints generated
-        from the same table. Returns (hidden sizes, sparse layer indices)."""
+        from the same table. Returns (hidden sizes, a tuple or "auto"; sparse layer indices)."""
         values = params_mod.check_estimator_params(self.get_params(deep=False))
         self._validate_params()
-        hs = tuple(values["hidden_sizes"])
-        n_layers = len(hs) + 1
+        hs = values["hidden_sizes"]
+        hs = hs if hs == "auto" else tuple(hs)
+        n_layers = 2 if hs == "auto" else len(hs) + 1
         if self.sampler == "dense":
             sparse = ()
         elif self.sparse_layers is None:
@@ -255,7 +254,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     def _build(self, n_features, n_labels, hs, sparse, seed=None):
         """Fresh network, optimizer and schedule; a checkpoint's ``seed`` overrides random_state."""
         self._set_identity(n_features, n_labels, seed)
-        sizes = (n_features,) + tuple(int(h) for h in hs) + (n_labels,)
+        hs = trainer.resolve_hidden_sizes(hs, n_features, n_labels)
+        sizes = (n_features,) + hs + (n_labels,)
         n_layers = len(sizes) - 1
         flags = [l in sparse for l in range(n_layers)]
         mins = [int(self.min_active) if flags[l] else 0 for l in range(n_layers)]
@@ -278,7 +278,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
                                         self.rehash_decay)
         self.rank_ = RankStack()        # the post-fit stages, fitted at the end of fit
         self.sparse_layers_ = tuple(sparse)
-        self.hidden_sizes_ = tuple(int(h) for h in hs)
+        self.hidden_sizes_ = hs
         self._set_position(batches=0, samples=0, epoch=0, batch_in_epoch=0, train_seconds=0.0,
                            history=[])
 

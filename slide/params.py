@@ -37,8 +37,9 @@ BIAS_INITS = ("log_prior", "zero")
 LR_SCHEDULES = ("constant", "linear", "cosine")                # slide.network.trainer.LR_SCHEDULES
 
 # kinds: int, float, str, bool, int_list (an int means a list of one), table (a TOML table),
-# int_or_none, float_or_none, int_or_auto (an int or the string "auto"), layers (None or a
-# sequence of layer indices; the bound depends on hidden_sizes)
+# int_or_none, float_or_none, int_or_auto (an int or the string "auto"), int_list_or_auto (an
+# int_list or "auto"), layers (None or a sequence of layer indices; the bound depends on
+# hidden_sizes)
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,11 @@ TABLE = (
        "keep them", choices=("ascii", "unicode"), optional=True),
     _p(None, "text.n_features", "int", 2**20, "hashing: columns of the hashed features",
        ge=1),
-    _p("hidden_sizes", "model.hidden_sizes", "int_list", (128,),
-       "widths of the hidden ReLU layers (at least one)", ge=1),
+    _p("hidden_sizes", "model.hidden_sizes", "int_list_or_auto", "auto",
+       "widths of the hidden ReLU layers (at least one); auto: one layer of 256 where the "
+       "model (both layers' weights and Adam's two moments) stays within 1 GiB at that width, "
+       "else 128 (slide.network.trainer.resolve_hidden_sizes; docs/design.md, 'Why a hidden "
+       "layer of 256')", ge=1),
     _p("loss", "model.loss", "str", "softmax", "loss over the active output neurons: softmax "
        "(target 1/|y| on each label), sigmoid (binary cross-entropy), softmax_each (one "
        "softmax per label over it and the non-labels: the network alone ranks better on rows "
@@ -341,6 +345,12 @@ def check_value(p: Param, value):
     """``(normalised value, None)`` or ``(None, problem)`` for one value of ``p``; the problem
     reads after the parameter's name ("must be >= 1, got 0")."""
     kind = p.kind
+    if kind == "int_list_or_auto":
+        if isinstance(value, str):
+            if value == "auto":
+                return value, None
+            return None, f"must be 'auto' or a non-empty array of integers, got {value!r}"
+        kind = "int_list"
     if kind == "int_list":
         return _check_int_list(p, value)
     if kind in ("int_or_none", "float_or_none"):
@@ -423,7 +433,7 @@ def _doc_allowed(p: Param):
     parts = [f"{s} {b:g}" for b, s in ((p.gt, ">"), (p.ge, ">="), (p.le, "<="), (p.lt, "<"))
              if b is not None]
     kind = {"int": "integer", "float": "number", "bool": "true / false", "str": "text",
-            "int_list": "integers", "table": "table", "int_or_none": "None or integer",
+            "int_list": "integers", "int_list_or_auto": "`auto` or integers", "table": "table", "int_or_none": "None or integer",
             "float_or_none": "None or number", "int_or_auto": "`auto` or integer",
             "layers": "None or layer indices"}[p.kind]
     return kind + (" " + ", ".join(parts) if parts else "")

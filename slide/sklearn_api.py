@@ -163,6 +163,9 @@ def sklearn_constraints(params=None) -> dict:
         if kind == "int_or_auto":
             allowed.append(StrOptions({"auto"}))
             kind = "int"
+        if kind == "int_list_or_auto":
+            allowed.append(StrOptions({"auto"}))
+            kind = "int_list"
         if kind == "int_list":
             allowed += ["array-like", _interval(p, Integral)]
         elif kind == "layers":

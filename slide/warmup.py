@@ -65,7 +65,7 @@ def config_key(model):
     sparse = p["sparse_layers"]
     one_thread = threads_a_batch(p.get("batches_in_flight", 1),
                                  threads.threads_for(p.get("n_threads"))) == 1
-    return (one_thread, len(tuple(p["hidden_sizes"])), p["sampler"], p["hash_family"], p["loss"],
+    return (one_thread, _hidden_layers(p["hidden_sizes"]), p["sampler"], p["hash_family"], p["loss"],
             p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
@@ -130,11 +130,17 @@ def tiny_data(seed=0):
     return X, csr(y_rows, _TINY_LABELS)
 
 
+def _hidden_layers(hidden_sizes):
+    """The number of hidden layers of a ``hidden_sizes`` value ("auto": one)."""
+    return 1 if isinstance(hidden_sizes, str) else len(tuple(hidden_sizes))
+
+
 def tiny_copy(model):
     """A throw-away estimator with ``model``'s code paths at tiny sizes; its schedule rehashes
     after the first batch and rebuilds after the second, so both run in the warm-up."""
     p = model.get_params(deep=False)
-    p.update(hidden_sizes=tuple(min(int(h), _TINY_HIDDEN) for h in p["hidden_sizes"]),
+    hs = (_TINY_HIDDEN,) if isinstance(p["hidden_sizes"], str) else p["hidden_sizes"]
+    p.update(hidden_sizes=tuple(min(int(h), _TINY_HIDDEN) for h in hs),
              L=min(int(p["L"]), _TINY_TABLES), batch_size=_TINY_BATCH, epochs=1,
              rehash_period=1, rebuild_period=2, rehash_decay=0.0,
              sampler_budget=min(int(p["sampler_budget"]), 32),

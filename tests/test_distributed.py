@@ -13,8 +13,8 @@ from slide.estimator import SlideClassifier
 from conftest import FakeClock
 
 # the small LSH settings of tests/test_estimator.py (tiny set: 200 labels, 600 points)
-SMALL = dict(sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32, sampler_budget=30,
-             min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
+SMALL = dict(hidden_sizes=(128,), sampler="vanilla", K=3, L=10, range_pow=9, bucket_size=32,
+             sampler_budget=30, min_active=40, shared_negatives=16, rehash_period=5, rebuild_period=20,
              rehash_decay=0.05, batch_size=32, learning_rate=1e-2, lr_schedule="constant",
              n_threads=1, neighbours=0,    # sharded models have no neighbour vote: nor do the
                                            # single-process models they are compared with
@@ -562,3 +562,18 @@ def test_a_shard_runs_read_only_inputs_on_the_kernels_it_compiled(tiny):
     assert dH.shape == (5, H.shape[1])
     assert (len(shard_forward_kernel.signatures),
             len(shard_backward_kernel.signatures)) == compiled
+
+
+def test_the_auto_width_is_resolved_saved_and_converted(tiny, tmp_path):
+    Xtr, Ytr, Xte, _ = tiny
+    kw = {k: v for k, v in SMALL.items() if k != "hidden_sizes"}
+    m = ShardedSlideClassifier(n_shards=2, backend="local", epochs=1, random_state=0, **kw)
+    m.fit(Xtr, Ytr)
+    assert m.get_params()["hidden_sizes"] == "auto" and m.hidden_sizes_ == (256,)
+    m.save(tmp_path / "ck")
+    back = slide.load(tmp_path / "ck")
+    assert back.get_params()["hidden_sizes"] == "auto" and back.hidden_sizes_ == (256,)
+    np.testing.assert_array_equal(back.predict_topk(Xte, 5), m.predict_topk(Xte, 5))
+    single = to_single(m)
+    assert single.hidden_sizes_ == (256,)
+    assert from_single(single, 3).hidden_sizes_ == (256,)

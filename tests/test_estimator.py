@@ -157,6 +157,8 @@ def test_save_load_round_trip(tiny, trained, tmp_path):
     trained.save(path)
     m = slide.load(path)
     assert m.get_params() == trained.get_params()
+    # "auto" is saved as given, and the width it gave comes back
+    assert m.get_params()["hidden_sizes"] == "auto" and m.hidden_sizes_ == trained.hidden_sizes_
     np.testing.assert_array_equal(m.predict_topk(Xte, k=5), trained.predict_topk(Xte, k=5))
     np.testing.assert_array_equal(m.predict_topk(Xte, k=3, exact=False),
                                   trained.predict_topk(Xte, k=3, exact=False))
@@ -379,3 +381,24 @@ def test_a_diverged_batch_leaves_no_gradient_behind(tiny):
         m.fit(Xtr, Ytr, callback=poison_one_feature)
     assert m.batches_ == 2                   # batch 3 diverged and was not applied
     assert not m.network_.GW.any() and not m.network_.GB.any()
+
+
+def test_auto_hidden_width_follows_the_models_size():
+    from slide.network.trainer import resolve_hidden_sizes
+    assert resolve_hidden_sizes((64, 32), 10**7, 10**7) == (64, 32)
+    assert resolve_hidden_sizes("auto", 47_009, 25_880) == (256,)       # debdeps
+    assert resolve_hidden_sizes("auto", 56_287, 133_142) == (256,)      # debcontents
+    assert resolve_hidden_sizes("auto", 135_909, 670_091) == (128,)     # Amazon-670K
+    # the bound: the model at width 256 (weights and Adam's two moments, float32) in 1 GiB
+    edge = (1 << 30) // (3 * 4 * 256)
+    assert resolve_hidden_sizes("auto", edge - 10, 10) == (256,)
+    assert resolve_hidden_sizes("auto", edge - 10, 11) == (128,)
+
+
+def test_a_default_fit_builds_the_auto_width(tiny):
+    Xtr, Ytr, _, _ = tiny
+    m = SlideClassifier(epochs=1, random_state=0, n_threads=1, neighbours=0).fit(Xtr, Ytr)
+    assert m.get_params()["hidden_sizes"] == "auto" and m.hidden_sizes_ == (256,)
+    assert m.network_.hidden(Xtr[:3]).shape == (3, 256)
+    with pytest.raises(ValueError, match="hidden_sizes"):
+        SlideClassifier(hidden_sizes="wide").fit(Xtr, Ytr)

@@ -96,7 +96,7 @@ def test_defaults_are_the_measured_schedule():
     assert defaults["learning_rate"] == 1e-2
     assert defaults["lr_schedule"] == "cosine" and defaults["warmup_batches"] == 0
     assert defaults["epochs"] == "auto" and defaults["batch_size"] == 128
-    assert tuple(defaults["hidden_sizes"]) == (128,)
+    assert defaults["hidden_sizes"] == "auto"
     # a default fit follows that schedule: 40 rows in batches of 16 are 3 batches an epoch,
     # so "auto" means the most epochs (10): 30 batches, cosine from 1e-2
     kw = {k: v for k, v in TINY.items() if k != "batch_size"}

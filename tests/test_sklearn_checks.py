@@ -64,4 +64,4 @@ def test_validation_keeps_scikit_learns_contract():
     # BaseEstimator._validate_params returns None; slide's checker has its own name
     m = slide.SlideClassifier()
     assert m._validate_params() is None
-    assert m._checked_params() == ((128,), (1,))
+    assert m._checked_params() == ("auto", (1,))

@@ -55,7 +55,9 @@ def _driver_state(model):
             "batches": model.batches_, "samples": model.samples_, "epoch": model.epoch_,
             "batch_in_epoch": model.batch_in_epoch_, "train_seconds": model.train_seconds_,
             "history": model.history_, "schedule": model.schedule_.state()}
-    meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
+    meta["hidden_sizes"] = list(model.hidden_sizes_)       # as fitted, whatever "auto" gives
+    if meta["params"]["hidden_sizes"] != "auto":
+        meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
                            if hasattr(model, name + "_")})
     arrays = {k: v for k, v in hid.state_arrays().items()}
@@ -128,13 +130,16 @@ def load_directory(path, cls, backend=None, ray_address=None):
     # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
     # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
     params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
-    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if params["hidden_sizes"] != "auto":
+        params["hidden_sizes"] = tuple(params["hidden_sizes"])
     if backend is not None:
         params["backend"] = backend
     if ray_address is not None:
         params["ray_address"] = ray_address
     model = cls(**params)
     hs, sparse = model._checked_params()
+    if hs == "auto":
+        hs = tuple(int(h) for h in dmeta["hidden_sizes"])
     model._build(dmeta["n_features"], dmeta["n_labels"], hs, sparse, seed=dmeta["seed"],
                  shard_files=[os.path.join(path, n) for n in man["shards"]])
     restore_driver(model, path, man)

@@ -20,7 +20,8 @@ def to_single(model):
     params = {k: v for k, v in model.get_params(deep=False).items()
               if k not in model._extra_params}
     single = SlideClassifier(**params)
-    hs, sparse = single._checked_params()
+    _, sparse = single._checked_params()
+    hs = model.hidden_sizes_                # as fitted ("auto" resolved)
     single._build(model.n_features_in_, model.n_labels_, hs, sparse, seed=model.seed_)
     net, opt, hid = single.network_, single.optimizer_, model.hidden_
     lay = net.layout
@@ -58,7 +59,8 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     single._check_fitted()
     model = ShardedSlideClassifier(n_shards=n_shards, backend=backend, ray_address=ray_address,
                                    **single.get_params(deep=False))
-    hs, sparse = model._checked_params()
+    _, sparse = model._checked_params()
+    hs = single.hidden_sizes_               # as fitted ("auto" resolved)
     lay = single.network_.layout
     H = hs[0]
     n0w, n0b, r0 = int(lay.w_off[1]), int(lay.b_off[1]), int(lay.row_off[1])

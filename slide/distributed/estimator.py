@@ -82,7 +82,7 @@ class ShardedSlideClassifier(SlideClassifier):
     # -- validation ----------------------------------------------------------------------------
     def _checked_params(self):
         hs, sparse = super()._checked_params()
-        if len(hs) != 1:
+        if hs != "auto" and len(hs) != 1:
             raise ValueError(f"ShardedSlideClassifier supports exactly one hidden layer, got "
                              f"hidden_sizes={tuple(hs)!r}")
         if self.sampler != "dense" and sparse != (1,):
@@ -132,7 +132,8 @@ class ShardedSlideClassifier(SlideClassifier):
     def _build(self, n_features, n_labels, hs, sparse, seed=None, shard_files=None):
         ranges = shard_ranges(n_labels, self.n_shards)   # ValueError: more shards than labels
         self._set_identity(n_features, n_labels, seed)
-        self.hidden_sizes_ = tuple(int(h) for h in hs)
+        hs = trainer.resolve_hidden_sizes(hs, n_features, n_labels)
+        self.hidden_sizes_ = hs
         self.sparse_layers_ = tuple(sparse)
         self.hidden_ = HiddenLayer(n_features, hs[0], self.seed_, self.optimizer,
                                    self.learning_rate, self.beta1, self.beta2, self.epsilon)

@@ -41,6 +41,19 @@ def resolve_epochs(epochs, n_rows, batch_size):
     return int(min(AUTO_EPOCHS_MAX, max(AUTO_EPOCHS_MIN, round(AUTO_EPOCH_BATCHES / per_epoch))))
 
 
+def resolve_hidden_sizes(hidden_sizes, n_features, n_labels):
+    """The hidden widths ``hidden_sizes`` stands for on data of ``n_features`` features and
+    ``n_labels`` labels: itself (a tuple), or for "auto" one layer of AUTO_HIDDEN_WIDTH where
+    the model at that width (weights and Adam's two moments, float32) takes at most
+    AUTO_HIDDEN_MAX_MODEL_BYTES, else one of AUTO_HIDDEN_NARROW."""
+    if not isinstance(hidden_sizes, str):
+        return tuple(int(h) for h in hidden_sizes)
+    model_bytes = 3 * 4 * (int(n_features) + int(n_labels)) * defaults.AUTO_HIDDEN_WIDTH
+    if model_bytes <= defaults.AUTO_HIDDEN_MAX_MODEL_BYTES:
+        return (defaults.AUTO_HIDDEN_WIDTH,)
+    return (defaults.AUTO_HIDDEN_NARROW,)
+
+
 class DivergenceError(RuntimeError):
     """Training produced a non-finite loss."""
 

@@ -179,7 +179,9 @@ def _metadata(model, arrays, extra):
     # the vote's settings as fitted (predictions use them; a set_params after fit does not)
     meta["params"].update({name: getattr(model, name + "_") for name in VOTE_SETTINGS
                            if hasattr(model, name + "_")})
-    meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
+    # "auto" is saved as given (meta["sizes"] holds the width it gave)
+    if meta["params"]["hidden_sizes"] != "auto":
+        meta["params"]["hidden_sizes"] = list(model.hidden_sizes_)
     if meta["params"]["sparse_layers"] is not None:
         meta["params"]["sparse_layers"] = [int(v) for v in meta["params"]["sparse_layers"]]
     return meta
@@ -384,12 +386,15 @@ def _build_model(path, meta, cls):
     """An unfitted-then-built ``cls`` of the saved hyperparameters, sizes and seed (its
     weights still the fresh initialisation)."""
     params = pin_unrecorded_params(path, meta["params"], meta["version"])
-    params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    if params["hidden_sizes"] != "auto":
+        params["hidden_sizes"] = tuple(params["hidden_sizes"])
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = cls(**params)
     hs, sparse = model._checked_params()
     sizes = [int(s) for s in meta["sizes"]]
+    if hs == "auto" and len(sizes) == 3:
+        hs = tuple(sizes[1:-1])         # the width "auto" gave when it was fitted
     if tuple(sizes[1:-1]) != tuple(hs) or list(sparse) != list(meta["sparse_layers"]):
         raise CheckpointError(path, "layer sizes in the metadata do not match the "
                                     "hyperparameters")
