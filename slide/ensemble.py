@@ -193,7 +193,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             # time (the members are what is in flight)
             m.set_params(time_budget=None, batches_in_flight=1)
         first = members[0]
-        compile_seconds = first._warm_up(X, Y)
+        compile_seconds = fused_mod.warm_up_members(members, X, Y, first._threads())
         hs, sparse = first._checked_params()
         X, Y, names = first._check_training_data(X, Y, False, names)
         for m in members:

@@ -125,6 +125,23 @@ class _MemberRun:
         return float(np.mean(losses)), float(np.mean(actives))
 
 
+def warm_up_members(members, X, Y, n_threads):
+    """Compile what ``train_members`` runs for ``members`` trained in one pass on
+    ``n_threads`` threads: each member's batches one at a time on its share of the threads
+    (the batch's one-thread build where the share is one thread: ``block_step.run_batch``),
+    so each member warms up with that share. Returns the seconds spent compiling."""
+    share = max(1, int(n_threads) // len(members))
+    seconds = 0.0
+    for m in members:
+        n_threads_set = m.n_threads
+        m.set_params(n_threads=share)
+        try:
+            seconds += m._warm_up(X, Y)
+        finally:
+            m.set_params(n_threads=n_threads_set)
+    return seconds
+
+
 def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                   callback=None, eval_set=None):
     """Train the built ``members`` (fresh ``SlideClassifier``s that agree in ``PASS_PARAMS``)

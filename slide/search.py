@@ -146,17 +146,20 @@ class SlideSearch(BaseEstimator):
                                              batches_in_flight=1, time_budget=None)
                   for params in trials]
         first = models[0]
-        # every trial's kernels (a configuration compiled once per process: cheap when the
-        # trials differ in values only)
-        compile_seconds = sum(m._warm_up(X, Y) for m in models)
-        X, Y, names = first._check_training_data(X, Y, False, names)
-        Y = cap_row_labels(Y, first.max_row_labels, self.seed_)
         groups = {}
         for i, m in enumerate(models):
+            groups.setdefault(_pass_key(m), []).append(i)
+        # every trial's kernels as its pass runs them (a configuration compiled once per
+        # process: cheap when the trials differ in values only)
+        compile_seconds = sum(fused_mod.warm_up_members([models[i] for i in members], X, Y,
+                                                        first._threads())
+                              for members in groups.values())
+        X, Y, names = first._check_training_data(X, Y, False, names)
+        Y = cap_row_labels(Y, first.max_row_labels, self.seed_)
+        for m in models:
             hs, sparse = m._checked_params()
             m._build(X.shape[1], Y.shape[1], hs, sparse)
             labels_mod.set_classes(m, names)
-            groups.setdefault(_pass_key(m), []).append(i)
         fit_rows, held, for_rerank = self._split(first, X.shape[0], Y.shape[1], self.seed_)
         seconds = np.zeros(len(models))
         group_of = np.zeros(len(models), np.int64)

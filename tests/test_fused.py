@@ -2,11 +2,13 @@
 each member trained as it would be alone, one ranking stack on the stacked network."""
 import pickle
 
+import numba
 import numpy as np
 import pytest
 
 import slide
-from slide import fused
+from slide import fused, warmup
+from slide.network import block_step
 from slide.ensemble import SlideEnsemble, member_seed
 from slide.estimator import SlideClassifier
 from slide.persist.checkpoint import CheckpointError
@@ -165,3 +167,34 @@ def test_bad_fused_flag_and_mismatched_members_are_named(data):
         fused.train_members([a, b], *data, None, 0, 1)
     with pytest.raises(ValueError, match="loss.*member 1"):
         fused.check_agree([a, SlideClassifier(**dict(TINY, loss="sigmoid"))])
+
+
+@pytest.mark.parametrize("kind", ["ensemble", "search"])
+def test_the_warm_up_compiles_the_build_the_pass_runs(data, monkeypatch, kind):
+    """Two members on two threads run their batches on one thread each, so the batch's
+    one-thread build (``block_step.run_batch``): the warm-up must key and compile that build,
+    not the parallel one, else the pass compiles it inside its clock."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two threads")
+    keys, threads_a_batch = [], []
+    real_warm_up, real_run = warmup.warm_up, block_step.run_batch
+
+    def recording_warm_up(model, X=None, Y=None, then=()):
+        keys.append(warmup.config_key(model))
+        return real_warm_up(model, X, Y, then)
+
+    def recording_run(call):
+        threads_a_batch.append(int(call.sched.n_threads))
+        return real_run(call)
+
+    monkeypatch.setattr(warmup, "warm_up", recording_warm_up)
+    monkeypatch.setattr(block_step, "run_batch", recording_run)
+    template = SlideClassifier(**dict(TINY, n_threads=2), neighbours=0, random_state=1)
+    if kind == "ensemble":
+        SlideEnsemble(template, n_models=2, random_state=1).fit(*data)
+    else:
+        slide.SlideSearch(template, param_grid={"learning_rate": [1e-3, 1e-2]}).fit(*data)
+    assert threads_a_batch and set(threads_a_batch) == {1}
+    # the key's first entry: whether a batch takes the one-thread build
+    assert keys and all(key[0] for key in keys)
+    assert numba.get_num_threads() == 2         # the warm-up's share did not stay set
