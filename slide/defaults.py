@@ -21,7 +21,7 @@ AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 10
 # (both layers' weights and Adam's two moments, float32) fits in AUTO_HIDDEN_MAX_MODEL_BYTES,
 # else AUTO_HIDDEN_NARROW. On the two real sets, 3 seeds against width 128 (the default
 # before): P@5 +0.17 and +0.12 points, PSP@5 +0.7 and +0.2, P@1 +0.2 and +0.1 (noise), for
-# 1.2x the training (debdeps, debcontents: bench/results/accuracy_width_88a78bd_intel.md;
+# 1.2x the training (debdeps, debcontents: bench/results/width_88a78bd_intel.md;
 # 512: P@5 +0.4 on debdeps only, for 1.7x). The bound keeps the Amazon-670K shape (806k
 # features and labels: 2.5 GB at 256) at 128 and its peak memory under 2.5 GB
 AUTO_HIDDEN_WIDTH = 256
