@@ -191,7 +191,7 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True
 
 def run_search(name, params, grid, seed, data, args, normalize):
     """Fit one SlideSearch of ``grid`` over ``params``; the record of its winner (its test
-    metrics, the search's seconds, every trial's held-out P@1)."""
+    metrics, the search's seconds, every trial's held-out P@5)."""
     from slide import SlideClassifier, SlideSearch
     Xtr, Ytr, Xte, Yte, sample, inv_prop = data
     search = SlideSearch(SlideClassifier(**params, n_threads=args.threads, random_state=seed),
@@ -203,7 +203,7 @@ def run_search(name, params, grid, seed, data, args, normalize):
     top = search.predict_topk(Xte, k=5)
     predict_s = time.perf_counter() - t0
     final = score_topk(Yte, top, inv_prop)
-    trials = [{"params": p, "held_out_P@1": float(sc)} for p, sc in
+    trials = [{"params": p, "held_out_P@5": float(sc)} for p, sc in
               zip(search.cv_results_["params"], search.cv_results_["mean_test_score"])]
     if args.verbose:
         print(f"  {name} seed {seed} {search.train_seconds_:.1f}s best {search.best_params_}",

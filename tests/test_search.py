@@ -130,3 +130,16 @@ def test_time_budget_is_the_searchs_shared_by_its_passes(data):
     assert len(set(s.cv_results_["fused_group"])) == 2
     assert s.best_estimator_.budget_spent_ and s.best_estimator_.epoch_ == 1
     assert s.best_estimator_.time_budget == 1e-9
+
+
+def test_a_trial_is_scored_by_its_networks_precision_at_5_on_the_held_out_rows(data, searched):
+    """The stages after the network re-rank its top labels, so a trial's score is its
+    network's P@5 on the held-out rows (``search.SCORE_K``), not its P@1."""
+    from slide.data.inputs import take_rows
+    from slide.metrics import precision_at_k
+    X, Y = data
+    best = searched.best_estimator_
+    _, held, _ = searched._split(best, X.shape[0], Y.shape[1], searched.seed_)
+    top = best.network_.predict_topk_exact(take_rows(X, held), 5)
+    assert searched.best_score_ == pytest.approx(precision_at_k(take_rows(Y, held), top, 5))
+    assert slide.search.SCORE_K == 5

@@ -60,11 +60,11 @@ def run_search(cfg, run_dir, X_tr, Y_tr, resume):
     trials = []
     for i, p in enumerate(res["params"]):
         trials.append({"values": {k: _plain(p[n]) for k, n in keys.items()},
-                       "held_out_P@1": float(res["mean_test_score"][i]),
+                       "held_out_P@5": float(res["mean_test_score"][i]),
                        "rank": int(res["rank_test_score"][i]),
                        "pass_seconds": round(float(res["mean_fit_time"][i]), 3)})
-        _info(f"  {_fmt_chosen(trials[-1]['values'])}: held-out P@1 "
-              f"{trials[-1]['held_out_P@1']:.4f}")
+        _info(f"  {_fmt_chosen(trials[-1]['values'])}: held-out P@5 "
+              f"{trials[-1]['held_out_P@5']:.4f}")
     chosen = trials[search.best_index_]["values"]
     write_text(path, json.dumps({"held_out_rows": search.n_held_out_,
                                  "seconds": round(search.train_seconds_, 3),
