@@ -243,8 +243,9 @@ def _walk(user: dict, schema: dict, out: dict, prefix: str, problems: list):
         if isinstance(spec, Param):
             if isinstance(v, dict) and spec.kind != "table":
                 what = {"int": "an integer", "float": "a number", "str": "a string",
-                        "bool": "true or false", "int_list": "an array of integers"}.get(
-                            spec.kind.replace("_or_auto", ""), "a value")
+                        "bool": "true or false", "int_list": "an array of integers",
+                        "int_or_auto": "an integer or 'auto'",
+                        "int_list_or_auto": "an array of integers or 'auto'"}[spec.kind]
                 problems.append((dotted, f"must be {what}, got a table"))
                 continue
             value = _check_value(dotted, spec, v, problems)
@@ -515,8 +516,7 @@ def estimator_kwargs(cfg: dict, sampler_kind=None) -> dict:
     ``train.seed`` becomes ``random_state``."""
     flat = flatten(cfg)
     kw = {p.name: flat[p.key] for p in params.CONFIG_PARAMS if p.name is not None}
-    if kw["hidden_sizes"] != "auto":
-        kw["hidden_sizes"] = tuple(kw["hidden_sizes"])
+    kw["hidden_sizes"] = params.hidden_sizes_value(kw["hidden_sizes"])
     kw["sampler"] = sampler_kind or kw["sampler"]
     threads = cfg["train"]["threads"]
     kw.update(n_threads=threads if threads > 0 else None, random_state=cfg["train"]["seed"])

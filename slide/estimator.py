@@ -209,9 +209,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         from the same table. Returns (hidden sizes, a tuple or "auto"; sparse layer indices)."""
         values = params_mod.check_estimator_params(self.get_params(deep=False))
         self._validate_params()
-        hs = values["hidden_sizes"]
-        hs = hs if hs == "auto" else tuple(hs)
-        n_layers = 2 if hs == "auto" else len(hs) + 1
+        hs = params_mod.hidden_sizes_value(values["hidden_sizes"])
+        n_layers = params_mod.hidden_layer_count(hs) + 1
         if self.sampler == "dense":
             sparse = ()
         elif self.sparse_layers is None:

@@ -275,6 +275,17 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def hidden_sizes_value(value):
+    """A ``hidden_sizes`` value as the estimator holds it: "auto", or a tuple of widths (a
+    JSON or TOML array read back)."""
+    return value if isinstance(value, str) else tuple(value)
+
+
+def hidden_layer_count(value):
+    """The number of hidden layers a ``hidden_sizes`` value builds ("auto": one)."""
+    return 1 if isinstance(value, str) else len(tuple(value))
+
+
 def check_k(k, n_labels):
     """``k`` of a top-k prediction: a positive integer, at most ``n_labels`` (scikit-learn
     raises rather than return fewer columns than asked for, or pad them). Returns int(k)."""
@@ -433,7 +444,8 @@ def _doc_allowed(p: Param):
     parts = [f"{s} {b:g}" for b, s in ((p.gt, ">"), (p.ge, ">="), (p.le, "<="), (p.lt, "<"))
              if b is not None]
     kind = {"int": "integer", "float": "number", "bool": "true / false", "str": "text",
-            "int_list": "integers", "int_list_or_auto": "`auto` or integers", "table": "table", "int_or_none": "None or integer",
+            "int_list": "integers", "int_list_or_auto": "`auto` or integers", "table": "table",
+            "int_or_none": "None or integer",
             "float_or_none": "None or number", "int_or_auto": "`auto` or integer",
             "layers": "None or layer indices"}[p.kind]
     return kind + (" " + ", ".join(parts) if parts else "")

@@ -7,8 +7,9 @@ same initial weights where the shapes agree, the same order of rows, the same he
 Trials that agree in what one pass needs (``fused.PASS_PARAMS``: the batch size and the
 epochs) train in one pass, side by side, whatever their layers; the groups train one after
 another. Each trial is scored by the precision at ``SCORE_K`` (5) of its network alone
-(exact, every label scored) on the held-out rows, which no trial trained on: the rows the template's re-ranker would hold out (``slide.rank.rerank.holdout_rows``,
-the same draw a ``SlideClassifier`` fit makes), or ``validation_fraction`` of the rows for a
+(exact, every label scored) on the held-out rows, which no trial trained on: the rows the
+template's re-ranker would hold out (``slide.rank.rerank.holdout_rows``, the same draw a
+``SlideClassifier`` fit makes), or ``validation_fraction`` of the rows for a
 template without a re-ranker. The winner is then finished as its own ``fit`` would finish it:
 its neighbour memory and re-ranker fitted once, on the same split (``refit=True``), so
 ``best_estimator_`` is the model ``SlideClassifier(**best_params_).fit`` trains with one batch

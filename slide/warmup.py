@@ -38,6 +38,7 @@ from slide.kernels import threads, topk
 from slide.network.block import NO_FEATURE_ROWS
 from slide.network.block_step import first_deltas
 from slide.network.inflight import threads_a_batch
+from slide.params import hidden_layer_count
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
 from slide.rank.linear import LabelLinear, OneVsRest, strongest_terms
@@ -65,8 +66,8 @@ def config_key(model):
     sparse = p["sparse_layers"]
     one_thread = threads_a_batch(p.get("batches_in_flight", 1),
                                  threads.threads_for(p.get("n_threads"))) == 1
-    return (one_thread, _hidden_layers(p["hidden_sizes"]), p["sampler"], p["hash_family"], p["loss"],
-            p["optimizer"], p["bucket_policy"], p["output_bias_init"],
+    return (one_thread, hidden_layer_count(p["hidden_sizes"]), p["sampler"], p["hash_family"],
+            p["loss"], p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
             int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0, p.get("engine"),
@@ -128,11 +129,6 @@ def tiny_data(seed=0):
     X = csr(x_rows, _TINY_FEATURES)
     X.data = rng.uniform(0.1, 1.0, X.nnz).astype(np.float32)
     return X, csr(y_rows, _TINY_LABELS)
-
-
-def _hidden_layers(hidden_sizes):
-    """The number of hidden layers of a ``hidden_sizes`` value ("auto": one)."""
-    return 1 if isinstance(hidden_sizes, str) else len(tuple(hidden_sizes))
 
 
 def tiny_copy(model):

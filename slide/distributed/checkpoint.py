@@ -16,6 +16,7 @@ import numpy as np
 
 from slide.fileio import atomic_write, write_text
 from slide.labels import fitted_on_1d, names_for_saving, set_classes, set_target
+from slide.params import hidden_sizes_value
 from slide.persist.checkpoint import (VOTE_SETTINGS, CheckpointError, memory_from_arrays,
                                       pin_unrecorded_params)
 
@@ -130,8 +131,7 @@ def load_directory(path, cls, backend=None, ray_address=None):
     # parameter its driver file lacks gets the behaviour of the code that wrote it, as a
     # format-1 single-process file's does (slide.persist.checkpoint.UNRECORDED_PARAMS)
     params = pin_unrecorded_params(os.path.join(path, man["driver"]), dmeta["params"], 1)
-    if params["hidden_sizes"] != "auto":
-        params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    params["hidden_sizes"] = hidden_sizes_value(params["hidden_sizes"])
     if backend is not None:
         params["backend"] = backend
     if ray_address is not None:

@@ -26,7 +26,7 @@ from slide.estimator import SlideClassifier
 from slide.kernels.topk import probabilities
 from slide.network import trainer
 from slide.network.schedule import RehashSchedule
-from slide.params import is_int, is_real
+from slide.params import hidden_layer_count, is_int, is_real
 from slide.rank.stack import RankStack
 
 
@@ -82,7 +82,7 @@ class ShardedSlideClassifier(SlideClassifier):
     # -- validation ----------------------------------------------------------------------------
     def _checked_params(self):
         hs, sparse = super()._checked_params()
-        if hs != "auto" and len(hs) != 1:
+        if hidden_layer_count(hs) != 1:
             raise ValueError(f"ShardedSlideClassifier supports exactly one hidden layer, got "
                              f"hidden_sizes={tuple(hs)!r}")
         if self.sampler != "dense" and sparse != (1,):

@@ -386,8 +386,7 @@ def _build_model(path, meta, cls):
     """An unfitted-then-built ``cls`` of the saved hyperparameters, sizes and seed (its
     weights still the fresh initialisation)."""
     params = pin_unrecorded_params(path, meta["params"], meta["version"])
-    if params["hidden_sizes"] != "auto":
-        params["hidden_sizes"] = tuple(params["hidden_sizes"])
+    params["hidden_sizes"] = params_mod.hidden_sizes_value(params["hidden_sizes"])
     if params.get("sparse_layers") is not None:
         params["sparse_layers"] = tuple(params["sparse_layers"])
     model = cls(**params)
