@@ -16,15 +16,21 @@ empty cache.
 ``--first-fit FILE`` measures instead what a new user's first run costs: in a fresh interpreter
 with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on
 what it read (all cores), each timed, then the same again in a second interpreter on the
-cache the first one filled. ``--tree DIR`` measures the slide of another checkout;
-``--before DIR`` adds a second checkout (an earlier commit) measured the same way, alternating
-with the first, ``--rounds`` times each (a fresh empty cache every round), so that a
-before-and-after shares one run of the machine; ``--warm-fits N`` then times N more warm fits
-of each, alternating, for the network's training speed.
+cache the first one filled. ``--reads FILE ...`` measures ``read_xc`` alone on each file, in
+fresh interpreters: by NumPy (what a first read takes while the parser is not compiled),
+by the parser with an empty cache (its compile included) and by the parser from the cache
+(``--rounds`` times each); the NumPy reader's size bound rests on it. ``--tree DIR`` measures
+the slide of another checkout; ``--before DIR`` adds a second checkout (an earlier commit)
+measured the same way, alternating with the first, ``--rounds`` times each (a fresh empty
+cache every round), so that a before-and-after shares one run of the machine;
+``--warm-fits N`` then times N more warm fits of each, alternating, for the network's
+training speed.
 
     flock -x /tmp/slide.lock python bench/compile_time.py --out bench/results/compile_time.md
     flock -x /tmp/slide.lock python bench/compile_time.py --first-fit debtags/train.txt \
         --before ../slide-before --rounds 2 --warm-fits 4 --out bench/results/first_fit.md
+    flock -x /tmp/slide.lock python bench/compile_time.py --reads debtags/train.txt \
+        datasets/debcontents/train.txt --rounds 3 --out bench/results/reading.md
 """
 from __future__ import annotations
 
@@ -124,6 +130,25 @@ print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
 """
 
 
+READ_CHILD = r"""
+import json, os, sys, time
+t_start = time.perf_counter()
+import slide
+from slide.kernels.parse import _parse_chunk
+t_import = time.perf_counter() - t_start
+path, how = sys.argv[1].rsplit(",", 1)
+t0 = time.perf_counter()
+X, Y = slide.read_xc(path, use_kernel=how != "numpy")
+t_read = time.perf_counter() - t0
+t0 = time.perf_counter()
+slide.read_xc(path, use_kernel=how != "numpy")
+print(json.dumps({"import_s": t_import, "read_s": t_read,
+                  "again_s": time.perf_counter() - t0,
+                  "compiled": len(_parse_chunk.signatures) > 0, "rows": int(X.shape[0]),
+                  "bytes": os.path.getsize(path)}))
+"""
+
+
 def measure(arg, cache_dir, helper="1", child=CHILD, root=ROOT):
     """``child`` (``CHILD``: its argument a configuration's JSON; ``FIRST_FIT_CHILD``: an XC
     file) in a fresh interpreter on the cache ``cache_dir``, with ``root``'s slide."""
@@ -163,9 +188,18 @@ def main(argv=None):
                     "runs of each checkout, alternating (default 1)")
     ap.add_argument("--warm-fits", type=int, default=0, help="with --first-fit: then this many "
                     "more warm fits of each checkout, alternating (default 0)")
+    ap.add_argument("--reads", nargs="+", metavar="FILE", help="measure read_xc alone on "
+                    "these XC files: by NumPy, by the parser cold and by the parser warm")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.warm_fits < 0:
         ap.error("--rounds must be at least 1 and --warm-fits at least 0")
+    if args.reads:
+        lines = reads_report([os.path.abspath(p) for p in args.reads], args.rounds)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"wrote {args.out}")
+        return
     if args.first_fit:
         trees = [os.path.abspath(args.tree)] + ([os.path.abspath(args.before)]
                                                 if args.before else [])
@@ -288,6 +322,58 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0):
     for tree in trees:
         lines += kernel_lines(rows[tree][0][1], name[tree])
     return lines
+
+
+READ_WAYS = {"numpy": "NumPy (`use_kernel=False`)",
+             "kernel-cold": "the parser, empty cache (its compile included)",
+             "kernel-warm": "the parser, loaded from the cache"}
+
+
+def reads_report(paths, rounds):
+    """``read_xc`` of each file in ``paths`` the three ways of ``READ_WAYS``, each in a fresh
+    interpreter, ``rounds`` times (a fresh empty cache each round), as report lines."""
+    seconds = {(p, way): [] for p in paths for way in READ_WAYS}
+    again = {(p, way): [] for p in paths for way in READ_WAYS}
+    info = {}
+    for r in range(rounds):
+        for path in paths:
+            with tempfile.TemporaryDirectory(prefix="slide-numba-cache-") as cache:
+                for way in READ_WAYS:      # in this order: the cold parser fills the cache
+                    m = measure(f"{path},{way}", cache, child=READ_CHILD)
+                    if m["compiled"] != (way != "numpy"):
+                        raise SystemExit(f"{way} read of {path}: parser compiled = "
+                                         f"{m['compiled']}")
+                    seconds[path, way].append(m["read_s"])
+                    again[path, way].append(m["again_s"])
+                    info[path] = m
+                    print(f"round {r + 1} {os.path.basename(path)} {way:11s} "
+                          f"{m['read_s']:6.2f} s", flush=True)
+    names = " ".join(os.path.basename(p) for p in paths)
+    lines = ["# Reading an XC file before and after the parser is compiled", "",
+             f"`python bench/compile_time.py --reads {names} --rounds {rounds}` at commit "
+             f"`{commit()}`, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}, run alone "
+             "under an exclusive lock.", "",
+             "Each figure is a process's first `read_xc` call (not the interpreter's start or "
+             "import), each way in a fresh interpreter; per round and file a fresh empty Numba "
+             "cache, read by NumPy, then by the parser (compiling it), then by the parser in a "
+             "new interpreter (loading it from the cache). *Again*: the same process's second "
+             "call (nothing left to compile or load). Median of the rounds, with the range.", "",
+             "| file | MB | rows | " + " | ".join(f"{w} (s)" for w in READ_WAYS.values())
+             + " | NumPy again (s) | the parser again (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        cells = [_median_range(seconds[path, w]) for w in READ_WAYS]
+        cells += [_median_range(again[path, "numpy"]), _median_range(again[path, "kernel-warm"])]
+        lines.append(f"| {os.path.basename(os.path.dirname(path))}/{os.path.basename(path)} | "
+                     f"{info[path]['bytes'] / 1e6:.1f} | {info[path]['rows']:,} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def _median_range(values):
+    """"median (min-max)" of seconds."""
+    return f"{np.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def kernel_lines(cold, name, top=15):

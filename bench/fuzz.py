@@ -353,7 +353,7 @@ def run_case(model, model_path, i, seed, workdir):
         path = os.path.join(workdir, f"r{i}.txt")
         with open(path, "wb") as f:
             f.write(text[0])
-        expect(lambda: read_xc(path), text[1] == "clean")
+        expect(lambda: _read_both_ways(read_xc, path), text[1] == "clean")
     else:
         text, valid, what = _config_text(rng)
         case.kind = "config:" + what
@@ -363,6 +363,27 @@ def run_case(model, model_path, i, seed, workdir):
         from slide.config import load_config
         expect(lambda: load_config(path, check_files=False), valid)
     return case
+
+
+def _read_both_ways(read_xc, path):
+    """``read_xc`` of ``path`` by NumPy first (``slide.data.xc_numpy``) and by the parser
+    kernel: their matrices, or their error, must be the same (RuntimeError if not)."""
+    outcomes = []
+    for use_kernel in (False, True):
+        try:
+            outcomes.append(read_xc(path, use_kernel=use_kernel))
+        except ValueError as exc:
+            outcomes.append(exc)
+    numpy_first, kernel = outcomes
+    if isinstance(kernel, ValueError):
+        if str(numpy_first) != str(kernel):
+            raise RuntimeError(f"the readers disagree: {numpy_first!r} against {kernel!r}")
+        raise kernel
+    if isinstance(numpy_first, ValueError) or any(
+            a.shape != b.shape or (a != b).nnz or a.indices.dtype != b.indices.dtype
+            for a, b in zip(numpy_first, kernel)):
+        raise RuntimeError("the readers disagree")
+    return kernel
 
 
 def _xc_text(rng):

@@ -34,7 +34,7 @@ from numba.core.registry import CPUDispatcher
 from threadpoolctl import threadpool_limits
 
 from slide import metrics
-from slide.kernels import threads, topk
+from slide.kernels import cache as kernel_cache, threads, topk
 from slide.network.block import NO_FEATURE_ROWS
 from slide.network.block_step import first_deltas
 from slide.network.inflight import threads_a_batch
@@ -267,13 +267,11 @@ def _warm_output_steps(copy):
 
 
 def ranking_cached():
-    """Whether Numba's cache holds the re-ranker's features kernel for this source (a stale or
-    missing index is cold); unknown counts as cached (no helper)."""
-    try:
-        # the kernel whose cache tells whether the stages after the network are compiled
-        return bool(candidate_features._cache._cache_file._load_index())
-    except Exception:   # noqa: BLE001 -- Numba's private cache API: any change means "unknown"
-        return True
+    """Whether the re-ranker's features kernel is compiled in this process or held by Numba's
+    cache for this source (a stale or missing index is cold); unknown counts as cached (no
+    helper)."""
+    # the kernel whose cache tells whether the stages after the network are compiled
+    return kernel_cache.is_compiled(candidate_features)
 
 
 def start_helper(copy, kinds, later=()):

@@ -225,3 +225,31 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert lines.count("| `slide.a.big` | 1 | 30.00 | 75% |") == 2     # one table a checkout
     assert lines[-1] == "| `slide.b.small` | 2 | 10.00 | 25% |"
     assert any("24,242 rows, 581 labels" in line for line in lines)
+
+
+def test_the_reads_report_reads_each_file_three_ways_on_a_fresh_cache_a_round(monkeypatch,
+                                                                              tmp_path):
+    """``compile_time.py --reads``: per round and file one fresh empty cache, read by NumPy,
+    by the parser cold and by the parser warm, in that order; the table's cells are the
+    medians and ranges of those reads."""
+    from bench import compile_time
+    calls = []
+
+    def measure(arg, cache, child):
+        path, way = arg.rsplit(",", 1)
+        calls.append((path, way, cache, child))
+        read = {"numpy": 0.2, "kernel-cold": 5.0, "kernel-warm": 0.4}[way] * len(calls)
+        return {"read_s": read, "again_s": read / 4, "compiled": way != "numpy",
+                "rows": 100, "bytes": 2_000_000, "import_s": 0.3}
+    monkeypatch.setattr(compile_time, "measure", measure)
+    lines = compile_time.reads_report(["/d/a/train.txt", "/d/b/train.txt"], rounds=2)
+    assert [(c[0][3], c[1]) for c in calls] == [
+        (p, w) for _ in range(2) for p in "ab" for w in ("numpy", "kernel-cold", "kernel-warm")]
+    assert all(c[3] is compile_time.READ_CHILD for c in calls)
+    caches = [c[2] for c in calls]
+    assert caches[0] == caches[1] == caches[2] != caches[3] and len(set(caches)) == 4
+    rows = [line for line in lines if line.startswith("| a/") or line.startswith("| b/")]
+    # file a: calls 1-3 (round 1) and 7-9 (round 2)
+    assert rows[0] == ("| a/train.txt | 2.0 | 100 | 0.80 (0.20-1.40) | 25.00 (10.00-40.00) | "
+                       "2.40 (1.20-3.60) | 0.20 (0.05-0.35) | 0.60 (0.30-0.90) |")
+    assert len(rows) == 2

@@ -1,4 +1,6 @@
 """Tests of slide.data: XC / split / libsvm readers, the writer, validation and batching."""
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -15,6 +17,13 @@ from slide.data import (
     read_xc,
     write_xc,
 )
+
+
+@pytest.fixture(params=[True, False], ids=["kernel", "numpy"])
+def read(request):
+    """``read_xc`` by the parser kernel, or by NumPy first (``slide.data.xc_numpy``, which
+    hands what it does not take to the kernel): the same matrices and errors either way."""
+    return functools.partial(read_xc, use_kernel=request.param)
 
 
 def _write(tmp_path, text, name="d.txt"):
@@ -70,12 +79,12 @@ def _random_xy(rng, n=300, d=40, L=25):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_round_trip_exact(tmp_path, seed):
+def test_round_trip_exact(read, tmp_path, seed):
     rng = np.random.default_rng(seed)
     X, Y = _random_xy(rng)
     p = tmp_path / "rt.txt"
     write_xc(p, X, Y)
-    X2, Y2 = read_xc(p)
+    X2, Y2 = read(p)
     _assert_canonical(X2)
     _assert_canonical(Y2)
     _same(X2, as_feature_matrix(X))
@@ -97,14 +106,14 @@ def test_writer_line_shapes(tmp_path):
     assert p.read_text() == "4 3 3\n0,2 1:0.5\n1\n 0:0.25 2:3\n\n"
 
 
-def test_read_xc_handwritten(tmp_path):
+def test_read_xc_handwritten(read, tmp_path):
     text = ("4 6 5\n"
             "3,1 0:0.5 4:1e-3\n"
             " 2:-2.5\n"  # no labels
             "\n"  # neither
             "4,4 5:+.75 1:2.\r\n"  # repeated label, unsorted features, CRLF
             "\n  \n")  # trailing blank lines are fine
-    X, Y = read_xc(_write(tmp_path, text))
+    X, Y = read(_write(tmp_path, text))
     _assert_canonical(X)
     _assert_canonical(Y)
     assert X.shape == (4, 6) and Y.shape == (4, 5)
@@ -115,7 +124,7 @@ def test_read_xc_handwritten(tmp_path):
         [[0, 1, 0, 1, 0], [0] * 5, [0] * 5, [0, 0, 0, 0, 1]], np.float32))
 
 
-def test_unsorted_lines_sort_with_their_values(tmp_path):
+def test_unsorted_lines_sort_with_their_values(read, tmp_path):
     """Lines whose feature ids come in any order (some values hard to parse, handed to Python
     and moved with their ids) and whose labels repeat read as the sorted, deduplicated rows."""
     rng = np.random.default_rng(12)
@@ -130,14 +139,14 @@ def test_unsorted_lines_sort_with_their_values(tmp_path):
         want_y[r, labels] = 1.0
         lines.append(",".join(map(str, labels)) + " "
                      + " ".join(f"{i}:{v}" for i, v in zip(ids, vals)))
-    X, Y = read_xc(_write(tmp_path, f"{n_rows} {n_x} {n_y}\n" + "\n".join(lines) + "\n"))
+    X, Y = read(_write(tmp_path, f"{n_rows} {n_x} {n_y}\n" + "\n".join(lines) + "\n"))
     _assert_canonical(X)
     _assert_canonical(Y)
     np.testing.assert_array_equal(X.toarray(), want_x)
     np.testing.assert_array_equal(Y.toarray(), want_y)
 
 
-def test_value_parsing_matches_python_float(tmp_path):
+def test_value_parsing_matches_python_float(read, tmp_path):
     rng = np.random.default_rng(5)
     toks = ["0", "-0", "1", "0.1", "1e-45", "7e-46", "3.4028235e38", "1.17549435e-38",
             "123456789012345678901234567890", "0.000000000000000000000000000000123",
@@ -147,7 +156,7 @@ def test_value_parsing_matches_python_float(tmp_path):
     toks += [f"{v:.20f}" for v in rng.uniform(0, 1, 50)]
     lines = [f"0 0:{t}" for t in toks]
     p = _write(tmp_path, f"{len(lines)} 1 1\n" + "\n".join(lines) + "\n")
-    X, _ = read_xc(p)
+    X, _ = read(p)
     expect = np.array([np.float32(float(t)) for t in toks], np.float32)
     assert np.all(np.diff(X.indptr) == 1)  # one stored entry per row, explicit zeros kept
     got = X.data
@@ -165,23 +174,24 @@ def test_small_chunks_and_long_lines(tmp_path, monkeypatch):
     X = X.tocsr()
     p = tmp_path / "c.txt"
     write_xc(p, X, Y)
-    X2, Y2 = read_xc(p)
+    X2, Y2 = read_xc(p, use_kernel=True)
     _same(X2, as_feature_matrix(X))
     _same(Y2, as_label_matrix(Y))
     # long decimal expansions all take the Python slow path; more than _HARD_CAP of them
     vals = rng.uniform(0, 1, 40 * 30)
     lines = [" " + " ".join(f"{j}:{vals[i * 30 + j]:.25f}" for j in range(30)) for i in range(40)]
-    X3, _ = read_xc(_write(tmp_path, "40 30 1\n" + "\n".join(lines)))
+    X3, _ = read_xc(_write(tmp_path, "40 30 1\n" + "\n".join(lines)), use_kernel=True)
     np.testing.assert_array_equal(X3.toarray().ravel(), vals.astype(np.float32))
     # one line with more slow-path values than the kernel's buffer holds
     vals = rng.uniform(0, 1, 700)
     line = " " + " ".join(f"{j}:{v:.25f}" for j, v in enumerate(vals))
-    X4, _ = read_xc(_write(tmp_path, "2 700 1\n 0:1\n" + line + "\n", "wide.txt"))
+    X4, _ = read_xc(_write(tmp_path, "2 700 1\n 0:1\n" + line + "\n", "wide.txt"),
+                    use_kernel=True)
     np.testing.assert_array_equal(X4.toarray()[1], vals.astype(np.float32))
     # error line numbers stay right across chunks
     bad = lines[:25] + [" 1:0.5 2:x"] + lines[26:]
     with pytest.raises(DataFormatError) as ei:
-        read_xc(_write(tmp_path, "40 30 1\n" + "\n".join(bad), "bad.txt"))
+        read_xc(_write(tmp_path, "40 30 1\n" + "\n".join(bad), "bad.txt"), use_kernel=True)
     assert ei.value.line == 27 and ei.value.token == "2:x"
 
 
@@ -272,10 +282,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("text,line,token,reason", BAD)
-def test_bad_input(tmp_path, text, line, token, reason):
+def test_bad_input(read, tmp_path, text, line, token, reason):
     p = _write(tmp_path, text)
     with pytest.raises(DataFormatError) as ei:
-        read_xc(p)
+        read(p)
     e = ei.value
     msg = str(e)
     assert isinstance(e, ValueError)
@@ -293,9 +303,9 @@ def test_error_pickles(tmp_path):
     assert (e2.path, e2.line, e2.token, str(e2)) == (e.path, e.line, e.token, str(e))
 
 
-def test_zero_points(tmp_path):
+def test_zero_points(read, tmp_path):
     for text in ("0 5 3\n", "0 5 3", "0 5 3\n\n"):
-        X, Y = read_xc(_write(tmp_path, text))
+        X, Y = read(_write(tmp_path, text))
         assert X.shape == (0, 5) and Y.shape == (0, 3) and X.nnz == 0
 
 

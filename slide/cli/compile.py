@@ -56,12 +56,13 @@ def _step(label, warm):
 
 
 def _warm_reader():
-    """The XC parser's kernels (``slide.data.read_xc``), on a two-line file."""
+    """The XC parser's kernels (``slide.data.read_xc``), on a two-line file (which would
+    otherwise be read without them: ``slide.data.xc_numpy``)."""
     from slide import data as data_mod
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tiny.txt")
         write_text(path, "2 4 3\n0,2 1:0.5 3:1\n 0:1\n")
-        data_mod.read_xc(path)
+        data_mod.read_xc(path, use_kernel=True)
 
 
 def _cache_place():

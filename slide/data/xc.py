@@ -16,7 +16,10 @@ Formats
 * **Multilabel libsvm** (``read_libsvm``): XC lines without a header; blank lines are skipped.
 
 Parsing is done by a Numba byte parser over fixed-size chunks of the file, so peak memory is the
-output CSR plus one chunk (no per-token Python loop). A value is read as ``float32(float64(text))``
+output CSR plus one chunk (no per-token Python loop). Until that parser is compiled, ``read_xc``
+reads a file of up to ``NUMPY_READ_MAX_BYTES`` with NumPy instead (``slide.data.xc_numpy``: a
+new user's first read waits for no compiler), handing the parser whatever text that reader does
+not take. A value is read as ``float32(float64(text))``
 -- the same semantics as NumPy and scikit-learn -- with an exact fast path (Clinger) in the kernel
 and Python's ``float`` for the rare token outside it. Any problem raises :class:`DataFormatError`
 naming the file, the 1-based line number (the header is line 1) and the offending token; the
@@ -35,7 +38,9 @@ import scipy.sparse as sp
 from numba import njit
 
 from slide.data.inputs import _INT32_MAX, as_feature_matrix, as_label_matrix
+from slide.data.xc_numpy import parse_xc_body
 from slide.fileio import atomic_write
+from slide.kernels.cache import is_compiled
 from slide.kernels.parse import (_E_DUPLICATE, _E_EXTRA_LINE, _E_INDEX_RANGE, _E_LABEL,
                                  _E_LABEL_RANGE, _E_MALFORMED, _E_NEG_INDEX, _E_NEG_LABEL,
                                  _E_NONNUMERIC, _MODE_FEATURES, _MODE_LABELS, _MODE_XC, _POW10,
@@ -309,7 +314,7 @@ def _check_path(path):
     return path
 
 
-def read_xc(path):
+def read_xc(path, use_kernel=None):
     """Read an Extreme Classification Repository file.
 
     Returns ``(X, Y)``: ``X`` a CSR matrix (float32 values, int32 sorted indices, no duplicates;
@@ -317,9 +322,43 @@ def read_xc(path):
     matrix of float32 ones with int32 sorted indices of shape ``(num_points, num_labels)``
     (repeated labels on a line count once). Raises :class:`DataFormatError` for bad input.
     Remember that repository files are sorted by label: never train in file order.
+
+    ``use_kernel``: parse with the compiled byte parser (True) or first try NumPy alone
+    (False); by default the parser where it is compiled, and NumPy for a file of up to
+    ``NUMPY_READ_MAX_BYTES`` while it is not (``slide.data.xc_numpy``). Both give the same
+    matrices, and every error comes from the parser.
     """
     path = _check_path(path)
+    if use_kernel is None:
+        use_kernel = (is_compiled(_parse_chunk)
+                      or os.path.getsize(path) > NUMPY_READ_MAX_BYTES)
+    if not use_kernel:
+        read = _read_xc_numpy(path)
+        if read is not None:
+            return read
     return _parse_file(path, _MODE_XC, True, None, None, None, False)
+
+
+# Above this size a file waits for the parser to compile: NumPy reads about 20 MB/s, the
+# parser compiles in ~4 s (12 s on a Zen 3 host) and then reads ~100 MB/s
+# (docs/design.md, "Reading a file before anything is compiled").
+NUMPY_READ_MAX_BYTES = 64 << 20
+
+
+def _read_xc_numpy(path):
+    """``(X, Y)`` of the XC file ``path`` read by ``slide.data.xc_numpy``, or None where its
+    text is outside that reader's subset. The header's errors are raised here."""
+    with open(path, "rb") as f:
+        (n_rows, n_features, n_labels), _ = _read_header(
+            path, f, 3, ("num_points", "num_features", "num_labels"))
+        body = f.read()
+    a = parse_xc_body(body, n_rows, n_features, n_labels)
+    if a is None:
+        return None
+    X = _csr(a.x_data, a.x_indices, a.x_indptr, (n_rows, n_features))
+    Y = _csr(np.ones(a.y_indices.shape[0], dtype=np.float32), a.y_indices, a.y_indptr,
+             (n_rows, n_labels))
+    return X, Y
 
 
 def read_split(x_path, y_path):

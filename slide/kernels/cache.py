@@ -407,3 +407,16 @@ def install():
 
 
 INSTALLED = install()
+
+
+def is_compiled(dispatcher):
+    """Whether a call of the kernel ``dispatcher`` would find machine code without compiling:
+    a signature compiled in this process, or an entry in Numba's cache for its current source
+    (a stale or missing index is not). True where Numba's private cache API is not as
+    expected (the caller then takes the path it takes when compiled)."""
+    if dispatcher.signatures:
+        return True
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:   # noqa: BLE001 -- Numba's private cache API: any change means "unknown"
+        return True
