@@ -339,9 +339,11 @@ def read_xc(path, use_kernel=None):
     return _parse_file(path, _MODE_XC, True, None, None, None, False)
 
 
-# Above this size a file waits for the parser to compile: NumPy reads about 20 MB/s, the
-# parser compiles in ~4 s (12 s on a Zen 3 host) and then reads ~100 MB/s
-# (docs/design.md, "Reading a file before anything is compiled").
+# Above this size a file waits for the parser to compile. NumPy reads about 40 MB/s, the
+# parser compiles in ~4 s (3x that on a Zen 3 host) and then reads ~110 MB/s, so NumPy is
+# the quicker first read up to ~200 MB; the bound keeps its extra memory (about 4x the file)
+# small beside the parser's (bench/results/reading_*, docs/design.md "Reading a file before
+# anything is compiled").
 NUMPY_READ_MAX_BYTES = 64 << 20
 
 
