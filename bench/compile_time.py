@@ -131,7 +131,7 @@ print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
 
 
 READ_CHILD = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 t_start = time.perf_counter()
 import slide
 from slide.kernels.parse import _parse_chunk
@@ -145,6 +145,7 @@ slide.read_xc(path, use_kernel=how != "numpy")
 print(json.dumps({"import_s": t_import, "read_s": t_read,
                   "again_s": time.perf_counter() - t0,
                   "compiled": len(_parse_chunk.signatures) > 0, "rows": int(X.shape[0]),
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "bytes": os.path.getsize(path)}))
 """
 
@@ -334,6 +335,7 @@ def reads_report(paths, rounds):
     interpreter, ``rounds`` times (a fresh empty cache each round), as report lines."""
     seconds = {(p, way): [] for p in paths for way in READ_WAYS}
     again = {(p, way): [] for p in paths for way in READ_WAYS}
+    peak = {(p, way): [] for p in paths for way in READ_WAYS}
     info = {}
     for r in range(rounds):
         for path in paths:
@@ -345,6 +347,7 @@ def reads_report(paths, rounds):
                                          f"{m['compiled']}")
                     seconds[path, way].append(m["read_s"])
                     again[path, way].append(m["again_s"])
+                    peak[path, way].append(m["peak_mb"])
                     info[path] = m
                     print(f"round {r + 1} {os.path.basename(path)} {way:11s} "
                           f"{m['read_s']:6.2f} s", flush=True)
@@ -358,13 +361,15 @@ def reads_report(paths, rounds):
              "import), each way in a fresh interpreter; per round and file a fresh empty Numba "
              "cache, read by NumPy, then by the parser (compiling it), then by the parser in a "
              "new interpreter (loading it from the cache). *Again*: the same process's second "
-             "call (nothing left to compile or load). Median of the rounds, with the range.", "",
+             "call (nothing left to compile or load). *Peak*: the process's peak resident "
+             "memory (its import included). Median of the rounds, with the range.", "",
              "| file | MB | rows | " + " | ".join(f"{w} (s)" for w in READ_WAYS.values())
-             + " | NumPy again (s) | the parser again (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             + " | NumPy again (s) | the parser again (s) | NumPy peak (MB) | the parser's "
+             "peak, loaded (MB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         cells = [_median_range(seconds[path, w]) for w in READ_WAYS]
         cells += [_median_range(again[path, "numpy"]), _median_range(again[path, "kernel-warm"])]
+        cells += [f"{np.median(peak[path, w]):.0f}" for w in ("numpy", "kernel-warm")]
         lines.append(f"| {os.path.basename(os.path.dirname(path))}/{os.path.basename(path)} | "
                      f"{info[path]['bytes'] / 1e6:.1f} | {info[path]['rows']:,} | "
                      + " | ".join(cells) + " |")

@@ -240,6 +240,7 @@ def test_the_reads_report_reads_each_file_three_ways_on_a_fresh_cache_a_round(mo
         calls.append((path, way, cache, child))
         read = {"numpy": 0.2, "kernel-cold": 5.0, "kernel-warm": 0.4}[way] * len(calls)
         return {"read_s": read, "again_s": read / 4, "compiled": way != "numpy",
+                "peak_mb": 100.0 + len(calls),
                 "rows": 100, "bytes": 2_000_000, "import_s": 0.3}
     monkeypatch.setattr(compile_time, "measure", measure)
     lines = compile_time.reads_report(["/d/a/train.txt", "/d/b/train.txt"], rounds=2)
@@ -251,5 +252,5 @@ def test_the_reads_report_reads_each_file_three_ways_on_a_fresh_cache_a_round(mo
     rows = [line for line in lines if line.startswith("| a/") or line.startswith("| b/")]
     # file a: calls 1-3 (round 1) and 7-9 (round 2)
     assert rows[0] == ("| a/train.txt | 2.0 | 100 | 0.80 (0.20-1.40) | 25.00 (10.00-40.00) | "
-                       "2.40 (1.20-3.60) | 0.20 (0.05-0.35) | 0.60 (0.30-0.90) |")
+                       "2.40 (1.20-3.60) | 0.20 (0.05-0.35) | 0.60 (0.30-0.90) | 104 | 106 |")
     assert len(rows) == 2
