@@ -341,9 +341,10 @@ def read_xc(path, use_kernel=None):
 
 # Above this size a file waits for the parser to compile. NumPy reads about 40 MB/s, the
 # parser compiles in ~4 s (3x that on a Zen 3 host) and then reads ~110 MB/s, so NumPy is
-# the quicker first read up to ~200 MB; the bound keeps its extra memory (about 4x the file)
-# small beside the parser's (bench/results/reading_*, docs/design.md "Reading a file before
-# anything is compiled").
+# the quicker first read up to ~250 MB; the bound keeps what it holds beside the result
+# (about 5x the file's size, the parser's 3x) to a few hundred MB
+# (bench/results/reading_23d14ab_intel.md; docs/design.md "Reading a file before anything is
+# compiled").
 NUMPY_READ_MAX_BYTES = 64 << 20
 
 
