@@ -69,18 +69,17 @@ def layout_value(name, threads):
     return int(name)
 
 
-def one_fit(data, threads, in_flight, seed, epochs, whole=False):
+def one_fit(data, threads, in_flight, seed, epochs, whole=False, hidden=(128,)):
     """Train the network alone (``whole``: the default ``SlideClassifier()``, vote and
-    re-ranker too, its epochs "auto"); its speed (samples/s over train_seconds_, compile
+    re-ranker too, its epochs "auto") of hidden widths ``hidden`` (a tuple or "auto"); its
+    speed (samples/s over train_seconds_, compile
     excluded; ``fit_seconds``: the whole fit's wall time less its compile time) and accuracy
     on the test rows."""
     from slide import SlideClassifier
     from slide.metrics import evaluate, inverse_propensity
     Xtr, Ytr, Xte, Yte = data
-    # the network alone at the width of the figures before (128; the default "auto" gives 256
-    # at most shapes)
     settings = {} if whole else dict(neighbours=0, rerank=False, epochs=epochs,
-                                     hidden_sizes=(128,))
+                                     hidden_sizes=hidden)
     m = SlideClassifier(random_state=seed, n_threads=threads, batches_in_flight=in_flight,
                         **settings)
     t0 = time.perf_counter()
@@ -169,8 +168,13 @@ def main(argv=None):
     ap.add_argument("--whole", action="store_true",
                     help="the default SlideClassifier() (vote and re-ranker, epochs auto), "
                          "not the network alone")
+    ap.add_argument("--hidden", default="128",
+                    help="the network-alone runs' hidden widths, comma-separated, or auto "
+                         "(the estimator's default: 256 at most shapes); default 128, the "
+                         "width of the earlier figures")
     ap.add_argument("--out", default="bench/results/inflight")
     args = ap.parse_args(argv)
+    hidden = "auto" if args.hidden == "auto" else tuple(int(h) for h in args.hidden.split(","))
     threads = [int(t) for t in args.threads.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     layouts = args.layouts.split(",")
@@ -183,8 +187,8 @@ def main(argv=None):
     for name, data in sets.items():
         # compile once, outside every clock (the fit's own warm-up then finds the cache)
         small = tuple(a[:2000] for a in data)
-        one_fit(small, threads[0], 1, 0, 1, args.whole)
-        one_fit(small, max(threads), 2, 0, 1, args.whole)
+        one_fit(small, threads[0], 1, 0, 1, args.whole, hidden)
+        one_fit(small, max(threads), 2, 0, 1, args.whole, hidden)
         for seed in seeds:
             for t in threads:
                 done = set()
@@ -194,7 +198,7 @@ def main(argv=None):
                         # one thread: a worker each would use more cores than asked
                         continue
                     done.add(w)
-                    r = one_fit(data, t, w, seed, args.epochs, args.whole)
+                    r = one_fit(data, t, w, seed, args.epochs, args.whole, hidden)
                     r["data"] = name
                     rows.append(r)
                     print(json.dumps(r), flush=True)

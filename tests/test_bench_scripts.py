@@ -254,3 +254,21 @@ def test_the_reads_report_reads_each_file_three_ways_on_a_fresh_cache_a_round(mo
     assert rows[0] == ("| a/train.txt | 2.0 | 100 | 0.80 (0.20-1.40) | 25.00 (10.00-40.00) | "
                        "2.40 (1.20-3.60) | 0.20 (0.05-0.35) | 0.60 (0.30-0.90) | 104 | 106 |")
     assert len(rows) == 2
+
+
+def test_many_core_fits_the_network_at_the_width_asked_and_tabulates_layouts():
+    """``many_core.py``: a layout name's batches_in_flight, one fit of the network alone at
+    the width ``--hidden`` gives, and the table's ratios to one batch at a time."""
+    from bench import many_core
+    from slide.synthetic import generate
+    assert many_core.layout_value("half", 8) == 4 and many_core.layout_value("3", 8) == 3
+    assert many_core.layout_value("auto", 2) >= 1
+    data = generate("tiny", n_train=300, n_test=50, seed=0)
+    r = many_core.one_fit(data, 1, 1, 0, 1, hidden=(8,))
+    assert r["samples"] == 300 and r["samples_per_s"] > 0 and 0 <= r["p_at_1"] <= 1
+    rows = [dict(data="d", threads=2, batches_in_flight=w, samples_per_s=s, fit_seconds=1.0,
+                 p_at_1=0.5, p_at_5=0.3, psp_at_5=0.2) for w, s in ((1, 100.0), (1, 300.0),
+                                                                     (2, 220.0), (2, 220.0))]
+    table = many_core.table(rows).splitlines()
+    assert table[2].startswith("| d | 2 | 1 | 200 (141) | 1.00 |")
+    assert table[3].startswith("| d | 2 | 2 | 220 (0) | 1.10 |")
