@@ -277,7 +277,8 @@ def as_label_matrix(Y, n_labels=None, n_rows=None, name="Y"):
     mistyped: see ``_warn_if_stray_label``). Repeated
     labels count once. Raises ``ValueError`` naming ``name`` for negative, non-integer or
     out-of-range labels (in a sparse matrix: an id outside its columns or a malformed indptr,
-    checked before any conversion: ``_checked_sparse``), values other than 0/1, or a row count different from ``n_rows``.
+    checked before any conversion: ``_checked_sparse``), values other than 0/1, or a row count
+    different from ``n_rows``.
     """
     if n_labels is not None and (not isinstance(n_labels, (int, np.integer)) or n_labels < 0):
         raise ValueError(f"n_labels must be a non-negative integer, got {n_labels!r}")
