@@ -353,7 +353,10 @@ def run_case(model, model_path, i, seed, workdir):
         path = os.path.join(workdir, f"r{i}.txt")
         with open(path, "wb") as f:
             f.write(text[0])
-        expect(lambda: _read_both_ways(read_xc, path), text[1] == "clean")
+        if text[1] == "mutated":        # valid or not: the two readers must agree
+            expect(lambda: _agree(read_xc, path), True)
+        else:
+            expect(lambda: _read_both_ways(read_xc, path), text[1] == "clean")
     else:
         text, valid, what = _config_text(rng)
         case.kind = "config:" + what
@@ -386,6 +389,18 @@ def _read_both_ways(read_xc, path):
     return kernel
 
 
+def _agree(read_xc, path):
+    """``_read_both_ways``, an error both readers give counting as agreement."""
+    try:
+        _read_both_ways(read_xc, path)
+    except ValueError:
+        pass
+
+
+# the bytes a mutated XC file's edits draw from: the format's own, and a few it rejects
+XC_BYTES = b"0123456789.,:- \n\re+E\tx"
+
+
 def _xc_text(rng):
     """(bytes of an XC file, "clean" or what is wrong with it)."""
     n, d, L = int(rng.integers(1, 5)), 10, 5
@@ -396,7 +411,7 @@ def _xc_text(rng):
                          for f in sorted(set(rng.integers(0, d, 3).tolist())))
         lines.append(f"{labs} {feats}")
     what = ("clean", "feature_id", "label_id", "negative", "value", "header", "count", "binary",
-            "nan")[rng.integers(9)]
+            "nan", "mutated")[rng.integers(10)]
     r = 1 + int(rng.integers(n))
     if what == "feature_id":
         lines[r] += f" {d + int(rng.choice([0, 7, 10**9]))}:1.0"
@@ -413,6 +428,18 @@ def _xc_text(rng):
     elif what == "nan":
         lines[r] += " 9:nan"
     data = ("\n".join(lines) + "\n").encode()
+    if what == "mutated":               # one to three bytes inserted, deleted or replaced
+        data = bytearray(data)
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(0, len(data)))
+            edit = int(rng.integers(3))
+            if edit == 0:
+                data[i:i] = XC_BYTES[rng.integers(len(XC_BYTES)):][:1]
+            elif edit == 1:
+                del data[i]
+            else:
+                data[i] = XC_BYTES[rng.integers(len(XC_BYTES))]
+        data = bytes(data)
     if what == "binary":
         data = bytes(rng.integers(0, 256, int(rng.integers(1, 200))).astype(np.uint8))
     return data, what
