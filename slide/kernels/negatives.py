@@ -198,8 +198,9 @@ def inclusion_weights(p_in):
 
 # buckets of the cdf's index (a power of two, so u * CDF_BUCKETS and k / CDF_BUCKETS are exact)
 CDF_BUCKETS = 1 << 16
-# draws ahead whose lines the draw asks for (``distinct_draws``): with the
-# caches swept, 0.034 against 0.059 ms a batch at 133k labels (scratch; the same ids)
+# draws ahead whose lines the draw asks for (``distinct_draws``): after a batch has swept
+# the caches each draw's bucket is a miss, and asking eight ahead hides most of them (the
+# same ids either way)
 DRAW_PREFETCH = 8
 
 
@@ -215,8 +216,8 @@ def distinct_draws(cdf, lo_of, u, last_id, out):
     """The distinct ids ``min(searchsorted(cdf, u, "right"), last_id)`` of the sorted draws
     ``u`` into ``out`` (ascending); returns their number. The same ids as numpy's
     searchsorted, found by a binary search inside u's bucket (``cdf_buckets``) rather than
-    over the whole cdf: at 670k labels the cdf is 5 MB, out of cache after a batch, and the
-    full search's ~20 dependent loads a draw were most of the draw's time (175 of 400 us)."""
+    over the whole cdf: at 670k labels the cdf is 5 MB, out of cache after a batch, and a
+    full search's ~20 dependent loads a draw, each a likely miss, would dominate the draw."""
     n_b = lo_of.shape[0] - 1
     n_u = u.shape[0]
     n = 0
@@ -274,10 +275,9 @@ def inclusion_offsets(tail_q, n_draws, corr, corr_mix):
     """corr[j] = -log P(j drawn at least once in ``n_draws`` draws from ``tail_q``) and
     corr_mix[j] = log((1 + 1/P) / 2), for every label j (``inclusion_weights``' arithmetic,
     element by element). A label's offsets depend on nothing but its q and the number of
-    draws, so they are made once per distribution (``SharedNegatives.set_distribution``;
-    15 ms at 670k labels), where each draw computed them for its ids, four transcendental
-    calls an id at scattered places of two arrays of the label count (the draw at 200k
-    labels: 0.102 -> 0.094 ms a batch, in-process A/B)."""
+    draws, so they are made once per distribution (``SharedNegatives.set_distribution``)
+    rather than by each draw for its ids: four transcendental calls an id at scattered places
+    of two arrays of the label count, every batch."""
     for j in range(tail_q.shape[0]):
         p = -math.expm1(n_draws * math.log1p(-min(tail_q[j], 1.0 - 1e-12)))
         p = max(p, 1e-300)
@@ -390,8 +390,8 @@ class SharedNegatives:
     def draw_ahead(self, seed, serial, n_ahead):
         """``draw(seed, serial)``, the same ids, from draws made ``n_ahead`` batches at a time
         (``finish_draws``: one batch a thread) and kept until asked for: with many threads a
-        batch's own draw is a serial step of ~0.2-0.4 ms that leaves the other cores idle
-        (``docs/design.md``, "Many cores"). A draw depends only on (seed, serial) and the
+        batch's own draw is a serial step that leaves the other cores idle (``docs/design.md``,
+        "Many cores"). A draw depends only on (seed, serial) and the
         distribution, so the batches' results do not change; a new distribution drops the
         kept draws. For frequency draws only (``power`` > 0, ``n_shared`` > 0)."""
         seed, serial = int(seed), int(serial)
@@ -430,7 +430,7 @@ class SharedNegatives:
             return None
         g = np.random.default_rng([int(seed), int(serial), SHARED_NEGATIVES_KEY])
         # the draws in sorted order: the cdf is walked once instead of jumped about in, and
-        # the distinct ids fall out without a sort (609 -> 241 us a batch at 200k labels)
+        # the distinct ids fall out without a sort
         return np.sort(g.random(n_draws))
 
     def tables(self):

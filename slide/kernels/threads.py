@@ -103,9 +103,10 @@ def threads_for(n_threads):
 def on_row_slices(n_rows, run, min_rows=1):
     """``run(lo, hi)`` over one slice of rows 0..n_rows per Numba thread (slices of at least
     ``min_rows`` rows), on Python threads, for kernels that release the GIL (``nogil``): a
-    ``prange`` kernel of the same work compiles several times slower (the re-ranker's Newton
-    pass 7.8 s against 2.0 s, the word search 2.1 s against 0.9 s, cold). Returns the runs'
-    results in slice order; one slice runs on the calling thread."""
+    ``prange`` kernel of the same work compiles several times slower (a parallel loop's body is
+    typed again, outlined and its machine code generated twice: ``docs/design.md``, "A batch
+    on one thread"). Returns the runs' results in slice order; one slice runs on the calling
+    thread."""
     parts = max(1, min(numba.get_num_threads(), int(n_rows) // max(1, int(min_rows))))
     bounds = [(c * int(n_rows)) // parts for c in range(parts + 1)]
     if parts == 1:

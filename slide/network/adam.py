@@ -330,8 +330,8 @@ def adam_ids(B, M, V, G, T, ids, n, hyper):
 def adam_ids_serial(B, M, V, G, T, ids, n, hyper):
     """``adam_ids`` on the calling thread: for a few entries (the batched engine's first-layer
     biases, every batch) the fork and join of a parallel loop on many threads cost more than
-    the work (80-93 us at 16 threads on TBB, against ~0.08 us an entry; ``SparseOptimizer.step``
-    picks, and keeps the loop at 2 threads, where it is faster)."""
+    the work (``SparseOptimizer.step`` picks by ``optim.SERIAL_IDS``, and keeps the loop at 2
+    threads, where it is faster)."""
     k = _consts(hyper)
     for r in range(n):
         _adam_id(B, M, V, G, T, ids[r], k, hyper)

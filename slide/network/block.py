@@ -68,8 +68,8 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     H[s] = the output layer's input. A sample whose hidden layers are non-finite gets loss
     NaN (the caller then applies nothing). With a non-empty ``frows``, one more task of the
     loop, the first, lists the batch's input by feature for step 7
-    (``touched.feature_entries``): serial and ~0.2 ms a batch at Amazon-670K's shape, it
-    runs beside the other thread's samples instead of before the first-layer step."""
+    (``touched.feature_entries``): serial, it runs beside the other threads' samples
+    instead of before the first-layer step."""
     nb = rows.shape[0]
     last = spec.n_layers - 1
     a_off, s_off = sc.a_off, sc.s_off

@@ -29,11 +29,10 @@ class RowChunks(NamedTuple):
 # process: chunks of 64-256 rows the same, 8-32 slower (per-chunk scheduling, and the next
 # row's prefetch stops at a chunk's end)
 ROW_CHUNKS = RowChunks(most=256, per_thread=8, least=16)
-# biases a step updates on the calling thread (``adam_ids_serial``, ~0.08 us a bias) rather
-# than in a parallel loop, beyond 2 threads: the batched engine's first layer has a bias step of
-# its own every batch (128 biases at the default hidden size). At 2 threads the loop took 7.1 us
-# and the calling thread 11.3 (scratch, after another parallel loop); at 16 a loop's fork and
-# join alone cost 80-93 us on TBB (bench/results/device_phases_3ded589/README.md)
+# biases a step updates on the calling thread (``adam_ids_serial``) rather than in a parallel
+# loop, beyond 2 threads: the batched engine's first layer has a bias step of its own every
+# batch (one bias a hidden unit), and at 16 threads a loop's fork and join alone cost 80-93 us
+# on TBB, the work of a thousand biases (bench/results/device_phases_3ded589/README.md)
 SERIAL_IDS = 512
 
 
@@ -231,8 +230,8 @@ class SparseOptimizer:
         arrays = (self.MW, self.VW, self.MB, self.VB, self.TW, self.TB)
         static = getattr(self, "_compiled_static", None)
         # the bundles of the moments change only with the arrays (a new array cannot take a
-        # cached one's id: the cache holds those alive); rebuilt, they cost ~20 us a batch
-        # on the caches the previous batch swept
+        # cached one's id: the cache holds those alive), so they are built once, not every
+        # batch
         if static is None or static[0] != tuple(id(a) for a in arrays):
             lay = self.layout
             tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] \
@@ -291,9 +290,8 @@ class SparseOptimizer:
         x_val, dels; n_uniq 0 when the layer is not fused), as ``step_first``; the extras',
         ``extras`` = (out_rows, n_uniq, store), as ``step_output``; the block's, ``block`` =
         (rows, dW, db, stamp, serial). Rows are dealt ``row_chunk`` at a
-        time: the three kinds differ in cost, and an equal range a thread would not balance
-        (debcontents, 2 threads, same batches in one process: 2.2-2.3 ms a batch as three
-        loops, 1.8-2.0 as one)."""
+        time: the three kinds differ in cost, and an equal range a thread would not
+        balance."""
         lay = self.layout
         tw = self.TW[int(lay.row_off[0]):int(lay.row_off[1])] if self.TW.shape[0] else self.TW
         mom, h, kind = self._output_args()

@@ -3,16 +3,15 @@ steps 2, 3 and 5), each a parallel loop of single-threaded BLAS calls over colum
 blocks, with the extras' tasks (``slide.network.extras``) taken beside them.
 
 The gather of S's rows and the column sums of dZ run inside these loops, each BLAS task over
-its own block, instead of as a parallel loop and a numpy call of their own: a parallel loop's
-fork and join costs 57-93 us at 16 threads on TBB (``docs/design.md``, "Many cores"), and a
-batch ran a dozen of them.
+its own block, instead of as a parallel loop and a numpy call of their own: on many threads
+a parallel loop's fork and join costs as much as a small step (``docs/design.md``, "Many
+cores"), and a batch ran a dozen of them.
 
 Each task calls sgemm itself (``_gemm``: Numba's own BLAS entry, the one ``np.dot`` uses, with
 our leading dimensions), writing its block straight into Z, dH or dW_S. ``np.dot`` on a block
 allocated its result, which was then copied into place, and dW_S's operand, a column block of
-dZ transposed, had to be copied contiguous first: at 128 x 1,024 x 128 on 2 threads the forward
-product took 464 us that way and 276 us this way, the backward ones 722 and 405, with the same
-bits (the same sgemm over the same operands).
+dZ transposed, had to be copied contiguous first; sgemm called in place skips both copies, with
+the same bits (the same sgemm over the same operands).
 """
 import numba
 import numpy as np
@@ -77,8 +76,7 @@ def spread_parts(n_parts, n_tasks):
     c * n // n_parts, spread over the loop, the tasks in order between them. TBB deals a
     loop by halving its range, the first thread taking the first half: with the parts in the
     loop's first slots one thread ran every BLAS call one after the other while the others
-    took the tasks (debcontents, 2 threads: 0.25-0.3 ms more a batch in each product's
-    phase than without tasks)."""
+    took the tasks."""
     n = n_parts + n_tasks
     slots = np.empty(n, np.int64)
     is_part = np.zeros(n, np.bool_)

@@ -75,7 +75,7 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
         vw = VW[base:base + n_in]
         if TW.shape[0] > 0:
             # the row's and the bias's records are set together here, so they agree: one
-            # closed form for both (its scalar chain was ~6 % of an extra's step, scratch)
+            # closed form serves both (its scalar chain is a noticeable part of a row's step)
             last = TW[j]
             missed = _missed_steps(last, t, hyper)
             _apply_missed(w, mw, vw, missed, hyper)
@@ -151,9 +151,8 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows, n2, store,
                     block):
-    """The row steps as one parallel loop (the batched engine's three: one fork and join,
-    57-93 us at 16 threads on TBB, instead of three; a thread that finishes one kind of row
-    takes the next kind's):
+    """The row steps as one parallel loop (the batched engine's three: one fork and join
+    instead of three, and a thread that finishes one kind of row takes the next kind's):
 
     - the first layer's rows, ``frows`` and ``first`` = (n_uniq, x_val, dels, its w_off, its
       step records), as ``first_layer_step``;
