@@ -148,3 +148,16 @@ def test_a_first_read_in_a_cold_cache_compiles_nothing(tmp_path):
     X, Y = read_xc(path, use_kernel=True)
     assert out[0] == f"{X.nnz} {Y.nnz} 0"
     assert out[1] == "2 1:x 1"
+
+
+def test_what_is_compiled_is_known_or_assumed():
+    """``is_compiled``: a kernel called in this process is; a plain function (what the kernels
+    are under ``NUMBA_DISABLE_JIT``) counts as compiled, so ``read_xc`` keeps its usual
+    path."""
+    import io
+
+    from slide.kernels.cache import is_compiled
+    from slide.kernels.parse import _count_bytes
+    xc._count_file(io.BytesIO(b"1 3 2\n1 0:1\n"), 0)      # calls _count_bytes
+    assert is_compiled(_count_bytes)
+    assert is_compiled(lambda: None)

@@ -413,8 +413,9 @@ def is_compiled(dispatcher):
     """Whether a call of the kernel ``dispatcher`` would find machine code without compiling:
     a signature compiled in this process, or an entry in Numba's cache for its current source
     (a stale or missing index is not). True where Numba's private cache API is not as
-    expected (the caller then takes the path it takes when compiled)."""
-    if dispatcher.signatures:
+    expected, or ``dispatcher`` is no Numba dispatcher (``NUMBA_DISABLE_JIT``): the caller then
+    takes the path it takes when compiled."""
+    if getattr(dispatcher, "signatures", True):
         return True
     try:
         return bool(dispatcher._cache._cache_file._load_index())
