@@ -84,8 +84,8 @@ RERANK_MAX_FIT_CANDIDATES = 400_000   # candidates the logistic regression is fi
 
 LINEAR_N_NEGATIVES = 10         # the network's top labels per row that are trained as negatives
 # the classifiers read a row's this many largest entries (renormalised): a wiki10-31k row has
-# ~680, and its ~300 candidates each read every one at prediction (7 s -> 24 s for 6.6k test
-# rows, and 13 s of training, for no gain there); debdeps' rows have ~52
+# ~680, and each of its ~300 candidates would read every one at prediction, several times the
+# prediction's time for no gain there; debdeps' rows have ~52
 LINEAR_MAX_ROW_TERMS = 128
 LINEAR_EPOCHS = 5
 LINEAR_LEARNING_RATE = 0.2      # Adagrad's
