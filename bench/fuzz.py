@@ -432,13 +432,13 @@ def _xc_text(rng):
         data = bytearray(data)
         for _ in range(int(rng.integers(1, 4))):
             i = int(rng.integers(0, len(data)))
-            edit = int(rng.integers(3))
+            edit, byte = int(rng.integers(3)), XC_BYTES[rng.integers(len(XC_BYTES))]
             if edit == 0:
-                data[i:i] = XC_BYTES[rng.integers(len(XC_BYTES)):][:1]
+                data.insert(i, byte)
             elif edit == 1:
                 del data[i]
             else:
-                data[i] = XC_BYTES[rng.integers(len(XC_BYTES))]
+                data[i] = byte
         data = bytes(data)
     if what == "binary":
         data = bytes(rng.integers(0, 256, int(rng.integers(1, 200))).astype(np.uint8))
