@@ -7,15 +7,18 @@ On the 2-core machine (the README's figures; about 10 minutes):
     flock /tmp/slide-bench.lock python bench/many_core.py --threads 2 \\
         --layouts 1,2,4,8,16 --seeds 0,1,2 --out bench/results/inflight_2core
 
-On a 16-core machine (the prepared command; at most ~8 minutes):
+On a 16-core machine (the prepared command; about 5 minutes, compiling included):
 
-    python bench/many_core.py --threads 1,2,4,8,16 --layouts 1,auto,half,16 --seeds 0 \\
-        --out bench/results/many_core
+    python bench/many_core.py --threads 1,2,4,8,16 --layouts 1,2,4,8,16 --no-oversubscribe \\
+        --seeds 0 --phases 60 --real debcontents=TRAIN,TEST --out bench/results/many_core_COMMIT
 
 ``--layouts``: batches_in_flight values; ``auto`` what the estimator's "auto" resolves to,
-``half`` one per two threads (groups of two threads). Writes ``<out>.json``
+``half`` one per two threads (groups of two threads); ``--no-oversubscribe`` skips layouts
+of more workers than threads (each worker takes a core of its own, so on T threads more than T
+workers would use more cores than asked). ``--phases N``: a batch's serial and parallel parts,
+timed over N batches for each thread count (``batch_phases``). Writes ``<out>.json``
 (``{"machine", "commit", "rows": [{"data", "threads", "batches_in_flight", "seed",
-"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}]}``) and a Markdown table beside it
+"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}], "phases": [...]}``) and a Markdown table beside it
 (mean and standard deviation over seeds, the ratio to one batch at a time on the same threads
 and to one thread). Compile time is
 excluded for every layout: a warm-up fit on each data set runs first. Data: ``xc200k`` (the
@@ -94,6 +97,65 @@ def one_fit(data, threads, in_flight, seed, epochs, whole=False, hidden=(128,)):
             "p_at_5": float(ev["P@5"]), "psp_at_5": float(ev.get("PSP@5", np.nan))}
 
 
+def batch_phases(data, threads, n_batches, hidden=(128,)):
+    """A batch's parts, each timed alone over ``n_batches`` batches of the set ``data`` on a
+    model that trained one epoch on up to 20,000 of its rows: ``claim`` (drawing the batch's
+    negatives and claiming its optimizer step: Python on the thread that feeds the workers,
+    one batch after another), ``bind`` (readying the claimed batch on a worker's scratch:
+    Python, under the GIL) and ``run`` (the compiled batch, which releases the GIL), at each
+    thread count in ``threads``, one batch at a time. Medians in ms. With ``W`` workers the
+    claims bound the speed at one batch every ``claim`` ms, the GIL's share at one every
+    ``claim + bind`` ms, and the workers at ``W`` batches every ``run`` ms of one thread."""
+    import numba
+    from slide import SlideClassifier
+    from slide.data import iterate_minibatches
+    from slide.network import block_step
+    from slide.network.trainer import blas_single_thread
+
+    class Capture(SlideClassifier):
+        """Keeps the checked training matrices the network trained on."""
+
+        def _train(self, X, Y, end_epoch, eval_set, callback, rows=None):
+            self.trained_on_ = (X, Y)
+            super()._train(X, Y, end_epoch, eval_set, callback, rows)
+
+    Xtr, Ytr = data[0][:20_000], data[1][:20_000]
+    m = Capture(random_state=0, n_threads=max(threads), batches_in_flight=1, neighbours=0,
+                rerank=False, epochs=1, hidden_sizes=hidden)
+    m.fit(Xtr, Ytr)
+    X, Y = m.trained_on_
+    net, opt = m.network_, m.optimizer_
+    batches = list(iterate_minibatches(X.shape[0], int(m.batch_size), 1, 1, 0))
+    rows = []
+    old = numba.get_num_threads()
+    try:
+        with blas_single_thread():
+            for t in threads:
+                numba.set_num_threads(t)
+                times = {"claim": [], "bind": [], "run": []}
+                for i in range(n_batches + 5):
+                    batch = batches[i % len(batches)]
+                    t0 = time.perf_counter()
+                    claimed = block_step.claim(net, X, Y, batch, m.seed_, m.batches_ + 1,
+                                               opt, t)
+                    t1 = time.perf_counter()
+                    call = block_step.bind(net, claimed, X)
+                    t2 = time.perf_counter()
+                    block_step.run_batch(call)
+                    t3 = time.perf_counter()
+                    m.batches_ += 1
+                    if i >= 5:          # the first few touch new pages
+                        for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+                            times[k].append(v * 1e3)
+                row = {"threads": t, "batches": n_batches}
+                row.update({f"{k}_ms": float(np.median(v)) for k, v in times.items()})
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        numba.set_num_threads(old)
+    return rows
+
+
 def read_bandwidth(threads, gib=1.0, rounds=3):
     """This machine's read bandwidth (GB/s) on ``threads`` threads: the best of ``rounds``
     parallel sums over ``gib`` GiB of float32 (touched first, so no page is mapped inside
@@ -153,6 +215,18 @@ def table(rows):
     return "\n".join(out)
 
 
+def phase_table(phases):
+    """Markdown: a batch's claim, bind and run (ms, medians) by data set and threads."""
+    if not phases:
+        return ""
+    out = ["\nA batch's parts, one batch at a time (ms, medians; `--phases`):\n",
+           "| data | threads | claim | bind | run | batches |", "|---|---|---|---|---|---|"]
+    for r in phases:
+        out.append(f"| {r['data']} | {r['threads']} | {r['claim_ms']:.3f} | "
+                   f"{r['bind_ms']:.3f} | {r['run_ms']:.3f} | {r['batches']} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="2", help="comma-separated thread counts")
@@ -172,6 +246,13 @@ def main(argv=None):
                     help="the network-alone runs' hidden widths, comma-separated, or auto "
                          "(the estimator's default: 256 at most shapes); default 128, the "
                          "width of the earlier figures")
+    ap.add_argument("--no-oversubscribe", dest="oversubscribe", action="store_false",
+                    help="skip layouts of more workers than threads")
+    ap.add_argument("--phases", type=int, default=0, metavar="N",
+                    help="also time a batch's claim, bind and run over N batches at each "
+                         "thread count (0: not)")
+    ap.add_argument("--commit", default=None,
+                    help="the commit to record where the tree has no git metadata (a copy)")
     ap.add_argument("--out", default="bench/results/inflight")
     args = ap.parse_args(argv)
     hidden = "auto" if args.hidden == "auto" else tuple(int(h) for h in args.hidden.split(","))
@@ -179,22 +260,27 @@ def main(argv=None):
     seeds = [int(s) for s in args.seeds.split(",")]
     layouts = args.layouts.split(",")
     commit = git_commit()
+    if commit == "unknown" and args.commit:
+        commit = args.commit + " (as given: the tree had no git metadata)"
     t_start = time.time()
     sets = load_sets(args)
     bandwidth = {t: read_bandwidth(t) for t in threads}
     print("read bandwidth GB/s:", {t: round(b, 1) for t, b in bandwidth.items()}, flush=True)
-    rows = []
+    rows, phases = [], []
     for name, data in sets.items():
         # compile once, outside every clock (the fit's own warm-up then finds the cache)
         small = tuple(a[:2000] for a in data)
         one_fit(small, threads[0], 1, 0, 1, args.whole, hidden)
         one_fit(small, max(threads), 2, 0, 1, args.whole, hidden)
+        if args.phases:
+            for r in batch_phases(data, threads, args.phases, hidden):
+                phases.append(dict(r, data=name))
         for seed in seeds:
             for t in threads:
                 done = set()
                 for lay in layouts:
                     w = layout_value(lay, t)
-                    if w in done or (t == 1 and w > 1):
+                    if w in done or (t == 1 and w > 1) or (w > t and not args.oversubscribe):
                         # one thread: a worker each would use more cores than asked
                         continue
                     done.add(w)
@@ -203,14 +289,15 @@ def main(argv=None):
                     rows.append(r)
                     print(json.dumps(r), flush=True)
     result = {"machine": machine_description(), "commit": commit, "args": vars(args),
-              "seconds": time.time() - t_start, "read_bandwidth_gb_s": bandwidth, "rows": rows}
+              "seconds": time.time() - t_start, "read_bandwidth_gb_s": bandwidth, "rows": rows,
+              "phases": phases}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = table(rows)
     out.with_suffix(".md").write_text(
         f"# Batches in flight ({commit})\n\nMachine: {result['machine']}\n\n"
         f"`python bench/many_core.py {' '.join(argv or sys.argv[1:])}`\n\n{md}\n\n"
-        f"Read bandwidth (GB/s, by threads): {bandwidth}\n")
+        f"Read bandwidth (GB/s, by threads): {bandwidth}\n" + phase_table(phases))
     print(md)
 
 
