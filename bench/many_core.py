@@ -72,7 +72,7 @@ def layout_value(name, threads):
     return int(name)
 
 
-def one_fit(data, threads, in_flight, seed, epochs, whole=False, hidden=(128,)):
+def one_fit(data, threads, in_flight, seed, epochs, whole=False, hidden=(128,), params=None):
     """Train the network alone (``whole``: the default ``SlideClassifier()``, vote and
     re-ranker too, its epochs "auto") of hidden widths ``hidden`` (a tuple or "auto"); its
     speed (samples/s over train_seconds_, compile
@@ -83,6 +83,7 @@ def one_fit(data, threads, in_flight, seed, epochs, whole=False, hidden=(128,)):
     Xtr, Ytr, Xte, Yte = data
     settings = {} if whole else dict(neighbours=0, rerank=False, epochs=epochs,
                                      hidden_sizes=hidden)
+    settings.update(params or {})
     m = SlideClassifier(random_state=seed, n_threads=threads, batches_in_flight=in_flight,
                         **settings)
     t0 = time.perf_counter()
@@ -227,6 +228,18 @@ def phase_table(phases):
     return "\n".join(out) + "\n"
 
 
+def parse_param(text):
+    """("name", value) of a --param NAME=VALUE (VALUE a Python literal, else the string)."""
+    import ast
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--param wants NAME=VALUE, got {text!r}")
+    try:
+        return name.strip(), ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name.strip(), value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="2", help="comma-separated thread counts")
@@ -253,9 +266,13 @@ def main(argv=None):
                          "thread count (0: not)")
     ap.add_argument("--commit", default=None,
                     help="the commit to record where the tree has no git metadata (a copy)")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a SlideClassifier setting for every fit (repeatable; the value read "
+                         "as a Python literal where it is one, e.g. learning_rate=0.002)")
     ap.add_argument("--out", default="bench/results/inflight")
     args = ap.parse_args(argv)
     hidden = "auto" if args.hidden == "auto" else tuple(int(h) for h in args.hidden.split(","))
+    params = dict(parse_param(p) for p in args.param)
     threads = [int(t) for t in args.threads.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     layouts = args.layouts.split(",")
@@ -270,8 +287,8 @@ def main(argv=None):
     for name, data in sets.items():
         # compile once, outside every clock (the fit's own warm-up then finds the cache)
         small = tuple(a[:2000] for a in data)
-        one_fit(small, threads[0], 1, 0, 1, args.whole, hidden)
-        one_fit(small, max(threads), 2, 0, 1, args.whole, hidden)
+        one_fit(small, threads[0], 1, 0, 1, args.whole, hidden, params)
+        one_fit(small, max(threads), 2, 0, 1, args.whole, hidden, params)
         if args.phases:
             for r in batch_phases(data, threads, args.phases, hidden):
                 phases.append(dict(r, data=name))
@@ -284,7 +301,7 @@ def main(argv=None):
                         # one thread: a worker each would use more cores than asked
                         continue
                     done.add(w)
-                    r = one_fit(data, t, w, seed, args.epochs, args.whole, hidden)
+                    r = one_fit(data, t, w, seed, args.epochs, args.whole, hidden, params)
                     r["data"] = name
                     rows.append(r)
                     print(json.dumps(r), flush=True)

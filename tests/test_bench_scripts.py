@@ -272,3 +272,24 @@ def test_many_core_fits_the_network_at_the_width_asked_and_tabulates_layouts():
     table = many_core.table(rows).splitlines()
     assert table[2].startswith("| d | 2 | 1 | 200 (141) | 1.00 |")
     assert table[3].startswith("| d | 2 | 2 | 220 (0) | 1.10 |")
+
+
+def test_many_core_times_a_batchs_parts_and_passes_settings_to_every_fit():
+    """``many_core.py --phases``: a batch's claim, bind and run timed at each thread count
+    (positive, the compiled run the longest on a real batch), tabulated; ``--param``'s
+    NAME=VALUE read as a literal and given to the fit."""
+    from bench import many_core
+    from slide.synthetic import generate
+    assert many_core.parse_param("learning_rate=0.002") == ("learning_rate", 0.002)
+    assert many_core.parse_param("optimizer=lazy_adam") == ("optimizer", "lazy_adam")
+    with pytest.raises(SystemExit):
+        many_core.parse_param("learning_rate")
+    data = generate("tiny", n_train=600, n_test=50, seed=0)
+    phases = many_core.batch_phases(data, [1], 4, hidden=(8,))
+    assert [r["threads"] for r in phases] == [1] and phases[0]["batches"] == 4
+    assert all(phases[0][k] > 0 for k in ("claim_ms", "bind_ms", "run_ms"))
+    table = many_core.phase_table([dict(phases[0], data="tiny")])
+    assert "| tiny | 1 |" in table
+    bad = dict(optimizer="not-an-optimizer")
+    with pytest.raises(ValueError):
+        many_core.one_fit(data, 1, 1, 0, 1, hidden=(8,), params=bad)
