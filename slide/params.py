@@ -168,8 +168,9 @@ TABLE = (
     _p("warmup_batches", "optimizer.warmup_batches", "int", 0, "batches over which the "
        "learning rate rises linearly from learning_rate / warmup_batches to learning_rate",
        ge=0),
-    _p("beta1", "optimizer.beta1", "float", 0.9, "Adam first-moment decay", ge=0, lt=1),
-    _p("beta2", "optimizer.beta2", "float", 0.999, "Adam second-moment decay", ge=0, lt=1),
+    # > 0: catch-up Adam's closed form for a row's missed steps divides by beta1 / sqrt(beta2)
+    _p("beta1", "optimizer.beta1", "float", 0.9, "Adam first-moment decay", gt=0, lt=1),
+    _p("beta2", "optimizer.beta2", "float", 0.999, "Adam second-moment decay", gt=0, lt=1),
     _p("epsilon", "optimizer.epsilon", "float", 1e-8, "Adam epsilon", gt=0),
     _p("rehash_period", "schedule.rehash_period", "int", 50, "T_0: batches before the first "
        "rehash of the tables", ge=1),

@@ -98,5 +98,9 @@ def test_one_checker_for_integers_and_reals():
     assert dict(e.value.problems)["train.batch_size"] == "must be >= 1, got 0"
     with pytest.raises(ValueError, match=r"beta2 must be < 1, got 1.0"):
         P.check_estimator_params(dict(P.estimator_defaults(), beta2=1.0))
+    # a zero decay reached the optimizer's power tables as a ZeroDivisionError before
+    for name in ("beta1", "beta2"):
+        with pytest.raises(ValueError, match=rf"{name} must be > 0, got 0.0"):
+            P.check_estimator_params(dict(P.estimator_defaults(), **{name: 0.0}))
     with pytest.raises(ValueError, match=r"sampler must be one of .*did you mean 'topk'"):
         P.check_estimator_params(dict(P.estimator_defaults(), sampler="topK"))
