@@ -31,7 +31,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from slide import defaults
-from slide.kernels.topk import fold_topk, insert_best_first
+from slide.kernels.topk import dense_logits, fold_topk, insert_best_first
 
 
 STATE_FORMAT = 1
@@ -119,13 +119,16 @@ class NeighbourMemory:
         step = max(1, _BLOCK_ENTRIES // max(self.n_rows, 1))
         cols = max(1, _CHUNK_ENTRIES // step)
         ex = None if exclude is None else np.unique(np.asarray(exclude, np.int64))
+        no_bias = np.zeros(min(cols, self.n_rows), np.float32)
         for a in range(0, Q.shape[0], step):
             q = Q[a:a + step]
             near = np.full((q.shape[0], k), -1, np.int64)
             sims = np.full((q.shape[0], k), -np.inf, np.float32)
             for c0 in range(0, self.n_rows, cols):
                 c1 = min(self.n_rows, c0 + cols)
-                S = q @ self.emb[c0:c1].T
+                # one single-threaded product per thread over the block's rows: the callers
+                # hold BLAS to one thread, where numpy's one product left the other cores idle
+                S = dense_logits(q, self.emb[c0:c1], no_bias[:c1 - c0])
                 if ex is not None:
                     S[:, ex[np.searchsorted(ex, c0):np.searchsorted(ex, c1)] - c0] = -np.inf
                 fold_topk(S, c0, k, near, sims)     # the running top-k over the chunks
