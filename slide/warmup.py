@@ -339,7 +339,7 @@ def _warm_split_products(model):
     H = np.zeros((2 * topk.MIN_PART_ROWS, out.W.shape[1]), np.float32)
     S = np.empty((H.shape[0], out.W.shape[0]), np.float32)
     with threadpool_limits(1, user_api="blas"):
-        topk.logits_into(H, out.W.T, out.b, S, 2)
+        topk.logits_into(H, out.W, out.b, S, 2, 1)
 
 
 def _warm_linear(model, X, Y, kinds=frozenset(("ovr", "hashed"))):

@@ -25,7 +25,7 @@ def test_logit_chunks_equal_numpys_product(n_rows):
     threads = min(2, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(threads)
     try:
-        n_parts = topk.split_rows(H, W, b)
+        n_parts = topk.split_parts(H, W, b)[0]
         got = np.concatenate([S for _, S in topk.logit_chunks(H, W, b, 300)], axis=1)
     finally:
         numba.set_num_threads(before)
@@ -35,8 +35,29 @@ def test_logit_chunks_equal_numpys_product(n_rows):
     assert np.abs(got - ref).max() <= 4 * np.spacing(np.abs(ref).max())
     # float64 inputs take numpy's product, exactly
     H64 = H.astype(np.float64)
-    assert topk.split_rows(H64, W, b) == 1
+    assert topk.split_parts(H64, W, b) == (1, 1)
     np.testing.assert_array_equal(topk.dense_logits(H64, W, b), H64 @ W.T + b)
+
+
+def test_logits_into_cuts_columns_where_rows_are_too_few_for_the_threads(monkeypatch):
+    """Parts of rows x columns (each column part a product of its own, copied in with the
+    bias) give numpy's product to float32 rounding; on 16 threads a block of 128 rows is 4 row
+    parts of 4 column parts each, 8 rows a thread's 32 stay numpy's one product, and rows
+    enough for every thread are not cut in columns."""
+    H, W, b = _layer(90, 1000)
+    ref = H @ W.T + b
+    for rows, cols in ((1, 3), (2, 3), (3, 7), (2, 1)):
+        S = np.full((90, 1000), np.nan, np.float32)
+        topk.logits_into(H, W, b, S, rows, cols)
+        assert np.abs(S - ref).max() <= 4 * np.spacing(np.abs(ref).max()), (rows, cols)
+    monkeypatch.setattr(topk.numba, "get_num_threads", lambda: 16)
+    h = np.zeros((128, 8), np.float32)
+    wide = np.zeros((32768, 8), np.float32)
+    bias = np.zeros(32768, np.float32)
+    assert topk.split_parts(h, wide, bias) == (4, 4)
+    assert topk.split_parts(h[:40], wide, bias) == (1, 1)
+    assert topk.split_parts(np.zeros((512, 8), np.float32), wide, bias) == (16, 1)
+    assert topk.split_parts(h, wide[:4096], bias[:4096]) == (4, 2)
 
 
 def _fold(fold, S, chunk, k=6):

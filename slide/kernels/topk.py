@@ -11,6 +11,9 @@ from numba import njit, prange
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite
 
 MIN_PART_ROWS = 32      # rows a thread's product takes at least (fewer: one product)
+# columns a thread's product takes at least where the rows are too few for every thread (a
+# block of the re-ranker's 128 held-out rows is 4 row parts: on 16 threads 12 sat idle)
+MIN_PART_COLUMNS = 2048
 
 
 @njit(cache=True, nogil=True)
@@ -101,19 +104,28 @@ def segment_topk(cand_ptr, cand_n, cand_ids, scores, k, out_ids, out_scores):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def logits_into(H, Wt, b, S, n_parts):
-    """S = H @ Wt + b (float32), the rows in ``n_parts`` parts over Numba's threads, one
-    single-threaded BLAS call each (``np.dot`` into S's rows: no copy), as the batched
-    engine's block products (``slide.network.block``)."""
-    n = H.shape[0]
-    for p in prange(n_parts):
-        r0 = n * p // n_parts
-        r1 = n * (p + 1) // n_parts
-        if r1 > r0:
-            np.dot(H[r0:r1], Wt, S[r0:r1])
+def logits_into(H, W, b, S, n_row_parts, n_col_parts):
+    """S = H @ W.T + b (float32), in ``n_row_parts`` x ``n_col_parts`` parts over Numba's
+    threads, one single-threaded BLAS call each, as the batched engine's block products
+    (``slide.network.block``): a row part whole (``np.dot`` into S's rows: no copy), or its
+    columns c0..c1 into a part of their own, copied into S with the bias."""
+    n, m = H.shape[0], W.shape[0]
+    for p in prange(n_row_parts * n_col_parts):
+        rp, cp = p // n_col_parts, p % n_col_parts
+        r0, r1 = n * rp // n_row_parts, n * (rp + 1) // n_row_parts
+        c0, c1 = m * cp // n_col_parts, m * (cp + 1) // n_col_parts
+        if r1 <= r0 or c1 <= c0:
+            continue
+        if n_col_parts == 1:
+            np.dot(H[r0:r1], W.T, S[r0:r1])
             for i in range(r0, r1):
-                for j in range(S.shape[1]):
+                for j in range(m):
                     S[i, j] += b[j]
+        else:
+            part = np.dot(H[r0:r1], W[c0:c1].T)
+            for i in range(r0, r1):
+                for j in range(c0, c1):
+                    S[i, j] = part[i - r0, j - c0] + b[j]
 
 
 def dense_logits(H, W, b):
@@ -123,22 +135,29 @@ def dense_logits(H, W, b):
     scipy ship OpenBLAS builds of their own, and some builds round a block's edge differently
     by its shape (scipy 1.17.1's 0.3.30: 0.7-4.6 % of a product's entries moved by 1-2 ulps
     when its columns were cut in chunks of 300 or its rows split over two threads)."""
-    n_parts = split_rows(H, W, b)
-    if n_parts == 1:
+    n_rows, n_cols = split_parts(H, W, b)
+    if n_rows * n_cols == 1:
         S = H @ W.T
         S += b
         return S
     S = np.empty((H.shape[0], W.shape[0]), np.float32)
-    logits_into(H, W.T, b, S, n_parts)
+    logits_into(H, W, b, S, n_rows, n_cols)
     return S
 
 
-def split_rows(H, Wo, bo):
-    """How many row parts ``dense_logits`` computes side by side (1: numpy's one product)."""
+def split_parts(H, Wo, bo):
+    """(row parts, column parts) that ``dense_logits`` computes side by side ((1, 1): numpy's
+    one product): a part a thread, each of ``MIN_PART_ROWS`` rows at least (rows for one part
+    only: numpy's product); where the rows give fewer parts than threads, each row part's
+    columns are cut in parts of ``MIN_PART_COLUMNS`` at least."""
     if not (H.dtype == Wo.dtype == bo.dtype == np.float32 and H.flags.c_contiguous
             and Wo.flags.c_contiguous):
-        return 1
-    return max(1, min(numba.get_num_threads(), H.shape[0] // MIN_PART_ROWS))
+        return 1, 1
+    threads = numba.get_num_threads()
+    n_rows = max(1, min(threads, H.shape[0] // MIN_PART_ROWS))
+    if n_rows == 1 or n_rows >= threads:
+        return n_rows, 1
+    return n_rows, max(1, min(threads // n_rows, Wo.shape[0] // MIN_PART_COLUMNS))
 
 
 def logit_chunks(H, Wo, bo, chunk):
