@@ -21,8 +21,9 @@ timed over N batches for each thread count (``batch_phases``). Writes ``<out>.js
 "samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}], "phases": [...]}``) and a Markdown table beside it
 (mean and standard deviation over seeds, the ratio to one batch at a time on the same threads
 and to one thread). Compile time is
-excluded for every layout: a warm-up fit on each data set runs first. Data: ``xc200k`` (the
-200k-label synthetic set, ``--n-train`` rows) and any XC-format train/test pair given with
+excluded for every layout: a warm-up fit on each data set runs first. Data: the synthetic
+presets of ``--presets`` (default ``xc200k``, the 200k-label set; ``amazon670k`` the
+Amazon-670K shape; ``--n-train`` rows each) and any XC-format train/test pair given with
 ``--real NAME=TRAIN,TEST``.
 """
 from __future__ import annotations
@@ -45,10 +46,9 @@ def load_sets(args):
     from slide.data import read_xc
     from slide.synthetic import generate
     sets = {}
-    if args.synthetic:
-        Xtr, Ytr, Xte, Yte = generate("xc200k", scale=1.0, seed=0,
-                                      n_train=args.n_train, n_test=args.n_test)
-        sets["xc200k"] = (Xtr, Ytr, Xte, Yte)
+    for preset in (args.presets.split(",") if args.synthetic else []):
+        sets[preset] = generate(preset, scale=1.0, seed=0, n_train=args.n_train,
+                                n_test=args.n_test)
     for spec in args.real:
         name, paths = spec.split("=", 1)
         tr, te = paths.split(",")
@@ -249,7 +249,10 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--n-train", type=int, default=100_000)
     ap.add_argument("--n-test", type=int, default=5_000)
-    ap.add_argument("--no-synthetic", dest="synthetic", action="store_false")
+    ap.add_argument("--presets", default="xc200k",
+                    help="comma-separated synthetic presets (slide.synthetic.PRESETS)")
+    ap.add_argument("--no-synthetic", dest="synthetic", action="store_false",
+                    help="no synthetic set (only --real ones)")
     ap.add_argument("--real", action="append", default=[],
                     help="NAME=TRAIN,TEST: an XC-format data set (repeatable)")
     ap.add_argument("--whole", action="store_true",
