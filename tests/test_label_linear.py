@@ -209,6 +209,54 @@ def test_ovr_epoch_is_factored_adagrad_on_every_label_with_steps_clipped():
         np.testing.assert_allclose(got, expect, rtol=2e-5, atol=1e-6)
 
 
+def test_ovr_epoch_parts_step_their_own_label_sums_and_merge_every_change():
+    """Rows in parts side by side: each part steps its own copy of the bias and the label and
+    total sums from the round's start (the weights and the features' sums shared), and the
+    round adds every part's change; on one thread the parts run in order, so a numpy
+    reference of that gives the same values. One part is plain row-after-row SGD."""
+    rng = np.random.default_rng(5)
+    n, n_f, n_l = 150, 12, 5
+    Xd = (rng.random((n, n_f)) < 0.3) * rng.random((n, n_f))
+    Xd[:, 0] += 0.1                                     # no empty row
+    Yd = (rng.random((n, n_l)) < 0.3).astype(np.float64)
+    slot = np.where(np.arange(n_f) % 4 == 3, -1, 0).astype(np.int32)
+    slot[slot == 0] = np.arange(int((slot == 0).sum()))
+    X, Y = sp.csr_matrix(Xd, dtype=np.float32), sp.csr_matrix(Yd, dtype=np.float32)
+    W0 = (0.1 * rng.normal(size=(int(slot.max()) + 1, n_l))).astype(np.float32)
+    order = rng.permutation(n)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for n_parts in (1, 3):
+            state = [W0.copy(), np.full(W0.shape[0], 0.5), np.full(n_l, 0.25), np.array([1.0]),
+                     np.zeros(n_l, np.float32), np.full(n_l, 0.1, np.float32)]
+            ref = [a.astype(np.float64) for a in state]
+            label_linear.ovr_epoch(X.indptr.astype(np.int64), X.indices, X.data, slot,
+                                   Y.indptr.astype(np.int64), Y.indices.astype(np.int64),
+                                   order, *state, np.float32(0.3), n_parts)
+            rows = label_linear.OVR_ROUND_ROWS
+            W, feature_g2, label_g2, total_g2, bias, bias_g2 = ref
+            for r0 in range(0, n, n_parts * rows):
+                start = [a.copy() for a in (label_g2, total_g2, bias, bias_g2)]
+                ends = []
+                for part in range(n_parts):
+                    own = [a.copy() for a in start]
+                    for q in range(r0 + part * rows, min(n, r0 + (part + 1) * rows)):
+                        _reference_ovr_step(Xd[order[q]], slot >= 0, Yd[order[q]], W, slot,
+                                            feature_g2, *own, 0.3)
+                    ends.append(own)
+                for i, a in enumerate((label_g2, total_g2, bias, bias_g2)):
+                    a[:] = start[i] + sum(e[i] - start[i] for e in ends)
+            for got, expect in zip(state, ref):
+                np.testing.assert_allclose(got, expect, rtol=5e-5, atol=1e-5)
+            if n_parts == 1:
+                one_part = [a.copy() for a in state]
+            else:       # the parts did not see each other's bias: not the one-part result
+                assert not np.allclose(state[4], one_part[4], rtol=1e-4)
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_kept_features_are_the_most_frequent_within_the_weight_budget(monkeypatch):
     # document frequencies 3, 0, 5, 3, 1, 5
     rows = [[0, 2, 3, 5], [0, 2, 3, 5], [0, 2, 3, 5, 4], [2, 5], [2, 5]]

@@ -42,6 +42,7 @@ rare feature with a rarely wrong label; unclipped, two of three fits on 2 thread
 A per-weight sum was twice the memory and 2.5 times the time, for a lower P@1 and P@5
 (``bench/results/accuracy_summary.md``, round 9).
 """
+import numba
 import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
@@ -361,55 +362,104 @@ class LabelLinear:
 # ------------------------------------------------------------------------------------------------
 # one-vs-rest (few labels)
 
+# rows each of ovr_epoch's parts trains between two merges of the per-label sums
+OVR_ROUND_ROWS = 64
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ovr_row(r, x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, weights, feature_g2, label_g2,
+             total_g2, bias, bias_g2, learning_rate, g):
+    """One row's step of ``ovr_epoch`` (``g``: scratch [n_labels])."""
+    n_labels = bias.shape[0]
+    p0, p1 = x_ptr[r], x_ptr[r + 1]
+    inv_norm = _inv_norm(x_dat, p0, p1)
+    g[:] = 0.0
+    kept_sq = 0.0                           # the squared norm of the kept entries
+    for p in range(p0, p1):
+        k = slot[x_ind[p]]
+        if k < 0:
+            continue
+        v = x_dat[p] * inv_norm
+        kept_sq += v * v
+        for j in range(n_labels):
+            g[j] += v * weights[k, j]
+    for j in range(n_labels):
+        g[j] = 1.0 / (1.0 + np.exp(-(bias[j] + g[j])))
+    for t in range(y_ptr[r], y_ptr[r + 1]):
+        g[y_ids[t]] -= 1.0
+    g_sq = 0.0
+    for j in range(n_labels):
+        gj2 = g[j] * g[j]
+        g_sq += gj2
+        bias_g2[j] += gj2
+        bias[j] -= learning_rate * g[j] / np.sqrt(bias_g2[j] + 1e-8)
+        label_g2[j] += gj2 * kept_sq
+    total_g2[0] += g_sq * kept_sq
+    for j in range(n_labels):           # g becomes each label's factor of the step
+        g[j] = learning_rate * g[j] / np.sqrt(label_g2[j] + 1e-12)
+    for p in range(p0, p1):
+        k = slot[x_ind[p]]
+        if k < 0:
+            continue
+        v = x_dat[p] * inv_norm
+        feature_g2[k] += v * v * g_sq
+        a = v / np.sqrt(feature_g2[k] / max(total_g2[0], 1e-12) + 1e-12)
+        for j in range(n_labels):
+            # the factored sum can be far below the weight's own (a rare feature with a
+            # rarely wrong label): each step clipped to Adagrad's bound, learning_rate
+            weights[k, j] -= min(max(a * g[j], -learning_rate), learning_rate)
+
+
 @njit(cache=True, parallel=True)
 def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g2, label_g2,
-              total_g2, bias, bias_g2, learning_rate):
+              total_g2, bias, bias_g2, learning_rate, n_parts=1):
     """One pass of the logistic loss of every label over the rows ``order`` (each row's
-    labels ``y_ids[y_ptr[r]:y_ptr[r + 1]]`` positive, the others negative; HOGWILD). Input
-    feature f is row ``slot[f]`` of ``weights`` [kept features, n_labels] (-1: not kept). The
-    step of weight (f, j) is Adagrad's with its squared-gradient sum taken as
+    labels ``y_ids[y_ptr[r]:y_ptr[r + 1]]`` positive, the others negative). Input feature f
+    is row ``slot[f]`` of ``weights`` [kept features, n_labels] (-1: not kept). The step of
+    weight (f, j) is Adagrad's with its squared-gradient sum taken as
     feature_g2[f] * label_g2[j] / total_g2[0] (sums over the other index); the bias has its
-    own Adagrad sum."""
+    own Adagrad sum.
+
+    The rows go in rounds of ``n_parts`` parts of ``OVR_ROUND_ROWS`` rows, the parts side by
+    side: each part steps its own copy of the per-label arrays (bias and the three sums),
+    and a round ends by adding every part's change to them; the weights and the features'
+    sums are shared (HOGWILD). Every row writes every label's bias and sums, so parts sharing
+    them contended on the same cache lines for every row, and the pass ran no faster on two
+    threads than on one. One part is one row after another, each seeing the last."""
     n_labels = bias.shape[0]
-    for q in prange(order.shape[0]):
-        r = order[q]
-        p0, p1 = x_ptr[r], x_ptr[r + 1]
-        inv_norm = _inv_norm(x_dat, p0, p1)
-        g = np.zeros(n_labels, np.float32)
-        kept_sq = 0.0                           # the squared norm of the kept entries
-        for p in range(p0, p1):
-            k = slot[x_ind[p]]
-            if k < 0:
-                continue
-            v = x_dat[p] * inv_norm
-            kept_sq += v * v
-            for j in range(n_labels):
-                g[j] += v * weights[k, j]
+    n = order.shape[0]
+    n_parts = max(1, n_parts)
+    own_bias = np.empty((n_parts, n_labels), bias.dtype)
+    own_bias_g2 = np.empty((n_parts, n_labels), bias_g2.dtype)
+    own_label_g2 = np.empty((n_parts, n_labels), label_g2.dtype)
+    own_total = np.empty((n_parts, 1), total_g2.dtype)
+    g = np.empty((n_parts, n_labels), np.float32)
+    per_round = n_parts * OVR_ROUND_ROWS
+    for r0 in range(0, n, per_round):
+        for part in prange(n_parts):
+            own_bias[part] = bias
+            own_bias_g2[part] = bias_g2
+            own_label_g2[part] = label_g2
+            own_total[part, 0] = total_g2[0]
+            a = min(n, r0 + part * OVR_ROUND_ROWS)
+            b = min(n, a + OVR_ROUND_ROWS)
+            for q in range(a, b):
+                _ovr_row(order[q], x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, weights,
+                         feature_g2, own_label_g2[part], own_total[part], own_bias[part],
+                         own_bias_g2[part], learning_rate, g[part])
+        # part 0's values plus the other parts' changes (one part: its values, exactly)
         for j in range(n_labels):
-            g[j] = 1.0 / (1.0 + np.exp(-(bias[j] + g[j])))
-        for t in range(y_ptr[r], y_ptr[r + 1]):
-            g[y_ids[t]] -= 1.0
-        g_sq = 0.0
-        for j in range(n_labels):
-            gj2 = g[j] * g[j]
-            g_sq += gj2
-            bias_g2[j] += gj2
-            bias[j] -= learning_rate * g[j] / np.sqrt(bias_g2[j] + 1e-8)
-            label_g2[j] += gj2 * kept_sq
-        total_g2[0] += g_sq * kept_sq
-        for j in range(n_labels):           # g becomes each label's factor of the step
-            g[j] = learning_rate * g[j] / np.sqrt(label_g2[j] + 1e-12)
-        for p in range(p0, p1):
-            k = slot[x_ind[p]]
-            if k < 0:
-                continue
-            v = x_dat[p] * inv_norm
-            feature_g2[k] += v * v * g_sq
-            a = v / np.sqrt(feature_g2[k] / max(total_g2[0], 1e-12) + 1e-12)
-            for j in range(n_labels):
-                # the factored sum can be far below the weight's own (a rare feature with a
-                # rarely wrong label): each step clipped to Adagrad's bound, learning_rate
-                weights[k, j] -= min(max(a * g[j], -learning_rate), learning_rate)
+            new_bias, new_bias_g2, new_label_g2 = own_bias[0, j], own_bias_g2[0, j], \
+                own_label_g2[0, j]
+            for part in range(1, n_parts):
+                new_bias += own_bias[part, j] - bias[j]
+                new_bias_g2 += own_bias_g2[part, j] - bias_g2[j]
+                new_label_g2 += own_label_g2[part, j] - label_g2[j]
+            bias[j], bias_g2[j], label_g2[j] = new_bias, new_bias_g2, new_label_g2
+        new_total = own_total[0, 0]
+        for part in range(1, n_parts):
+            new_total += own_total[part, 0] - total_g2[0]
+        total_g2[0] = new_total
 
 
 @njit(cache=True, parallel=True)
@@ -491,9 +541,10 @@ class OneVsRest:
         args = (Xr.indptr.astype(np.int64), Xr.indices.astype(np.int32, copy=False),
                 Xr.data.astype(np.float32, copy=False), slot, Yr.indptr.astype(np.int64),
                 y_ids)
+        n_parts = numba.get_num_threads()
         for _ in range(OVR_EPOCHS):
             ovr_epoch(*args, rng.permutation(Xr.shape[0]), weights, *sums, bias, bias_g2,
-                      np.float32(OVR_LEARNING_RATE))
+                      np.float32(OVR_LEARNING_RATE), n_parts)
         return cls(weights, slot, bias)
 
     def score_into(self, X, cand_ptr, counts, ids, F, col):
