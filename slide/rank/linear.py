@@ -362,7 +362,8 @@ class LabelLinear:
 # ------------------------------------------------------------------------------------------------
 # one-vs-rest (few labels)
 
-# rows each of ovr_epoch's parts trains between two merges of the per-label sums
+# rows each of ovr_epoch's parts trains between two merges of the per-label sums (debtags on
+# 2 threads: the whole fit's accuracy level, bench/results/accuracy_levers_2core.md)
 OVR_ROUND_ROWS = 64
 
 
