@@ -421,12 +421,10 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
     feature_g2[f] * label_g2[j] / total_g2[0] (sums over the other index); the bias has its
     own Adagrad sum.
 
-    The rows go in rounds of ``n_parts`` parts of ``OVR_ROUND_ROWS`` rows, the parts side by
-    side: each part steps its own copy of the per-label arrays (bias and the three sums),
-    and a round ends by adding every part's change to them; the weights and the features'
-    sums are shared (HOGWILD). Every row writes every label's bias and sums, so parts sharing
-    them contended on the same cache lines for every row, and the pass ran no faster on two
-    threads than on one. One part is one row after another, each seeing the last."""
+    Rows go in rounds of ``n_parts`` parts of ``OVR_ROUND_ROWS`` rows side by side, each part
+    stepping its own copy of the per-label arrays (bias and sums), their changes added at the
+    round's end; the weights and features' sums are shared (HOGWILD). Shared per-label arrays,
+    written at every row, kept two threads no faster than one. One part: the plain pass."""
     n_labels = bias.shape[0]
     n = order.shape[0]
     n_parts = max(1, n_parts)
@@ -442,21 +440,18 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
             own_bias_g2[part] = bias_g2
             own_label_g2[part] = label_g2
             own_total[part, 0] = total_g2[0]
-            a = min(n, r0 + part * OVR_ROUND_ROWS)
-            b = min(n, a + OVR_ROUND_ROWS)
-            for q in range(a, b):
+            lo = r0 + part * OVR_ROUND_ROWS
+            for q in range(min(n, lo), min(n, lo + OVR_ROUND_ROWS)):
                 _ovr_row(order[q], x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, weights,
                          feature_g2, own_label_g2[part], own_total[part], own_bias[part],
                          own_bias_g2[part], learning_rate, g[part])
-        # part 0's values plus the other parts' changes (one part: its values, exactly)
-        for j in range(n_labels):
-            new_bias, new_bias_g2, new_label_g2 = own_bias[0, j], own_bias_g2[0, j], \
-                own_label_g2[0, j]
+        for j in range(n_labels):       # part 0's values plus the other parts' changes
+            nb, ng, nl = own_bias[0, j], own_bias_g2[0, j], own_label_g2[0, j]
             for part in range(1, n_parts):
-                new_bias += own_bias[part, j] - bias[j]
-                new_bias_g2 += own_bias_g2[part, j] - bias_g2[j]
-                new_label_g2 += own_label_g2[part, j] - label_g2[j]
-            bias[j], bias_g2[j], label_g2[j] = new_bias, new_bias_g2, new_label_g2
+                nb += own_bias[part, j] - bias[j]
+                ng += own_bias_g2[part, j] - bias_g2[j]
+                nl += own_label_g2[part, j] - label_g2[j]
+            bias[j], bias_g2[j], label_g2[j] = nb, ng, nl
         new_total = own_total[0, 0]
         for part in range(1, n_parts):
             new_total += own_total[part, 0] - total_g2[0]
