@@ -18,9 +18,9 @@ of more workers than threads (each worker takes a core of its own, so on T threa
 workers would use more cores than asked). ``--phases N``: a batch's serial and parallel parts,
 timed over N batches for each thread count (``batch_phases``). Writes ``<out>.json``
 (``{"machine", "commit", "rows": [{"data", "threads", "batches_in_flight", "seed",
-"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}], "phases": [...]}``) and a Markdown table beside it
-(mean and standard deviation over seeds, the ratio to one batch at a time on the same threads
-and to one thread). Compile time is
+"samples_per_s", "p_at_1", "p_at_5", "psp_at_5", ...}], "phases": [...]}``) and a Markdown
+table beside it (mean and standard deviation over seeds, the ratio to one batch at a time on
+the same threads and to one thread). Compile time is
 excluded for every layout: a warm-up fit on each data set runs first. Data: the synthetic
 presets of ``--presets`` (default ``xc200k``, the 200k-label set; ``amazon670k`` the
 Amazon-670K shape; ``--n-train`` rows each) and any XC-format train/test pair given with
@@ -142,8 +142,10 @@ def batch_phases(data, threads, n_batches, hidden=(128,)):
                     t1 = time.perf_counter()
                     call = block_step.bind(net, claimed, X)
                     t2 = time.perf_counter()
-                    block_step.run_batch(call)
+                    ok, _, _ = block_step.run_batch(call)
                     t3 = time.perf_counter()
+                    if not ok:          # nothing applied: the step is not spent
+                        opt.cancel_step()
                     m.batches_ += 1
                     if i >= 5:          # the first few touch new pages
                         for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):

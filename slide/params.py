@@ -250,8 +250,9 @@ TABLE = (
        "above 1 results vary from run to run. auto: one a thread, at most 4 (2 to 4 in "
        "flight kept one batch at a time's accuracy, 8 lost 1.6 points of P@1: "
        "bench/results/inflight_2core.md; on 16 cores 4 trained 8.0-8.5x one thread, 16 "
-       "lost 5 points: bench/results/many_core_16core.md). At most the batches of an epoch; 1 where the "
-       "compiled batch does not apply (a sparse first layer, engine per_sample, sampler dense)",
+       "lost 5 points: bench/results/many_core_16core.md). At most the batches of an epoch; "
+       "1 where the compiled batch does not apply (a sparse first layer, engine per_sample, "
+       "sampler dense)",
        ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
     _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch, 2 also every 100 batches",

@@ -370,7 +370,7 @@ OVR_ROUND_ROWS = 64
 def _ovr_row(r, x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, weights, feature_g2, label_g2,
              total_g2, bias, bias_g2, learning_rate, g):
     """One row's step of ``ovr_epoch`` (``g``: scratch [n_labels]); called, not inlined: the
-    parallel loop's body is compiled twice, and inlined the pass compiled in 7 s, not 3."""
+    parallel loop's body is compiled twice, an inlined step with it (``docs/design.md``)."""
     n_labels = bias.shape[0]
     p0, p1 = x_ptr[r], x_ptr[r + 1]
     inv_norm = _inv_norm(x_dat, p0, p1)
