@@ -30,7 +30,6 @@ from slide.kernels.touched import collect_touched, output_entries
 from slide.network import block as _block
 from slide.network.adam import touched_step
 from slide.network.extras import EXTRAS_TASK, extras_tasks
-from slide.network.head_sum import NO_HEAD, HeadSum
 from slide.network.optim import ROW_CHUNKS, BatchStep, RowChunks, rows_a_chunk
 from slide.network.block import (block_backward, block_forward, block_loss, block_offsets,
                                  split_backward_products, split_forward_product)
@@ -88,7 +87,6 @@ class RowLists(NamedTuple):
     frows: object            # ``FeatureRows``: the batch's input by feature
     dels: np.ndarray         # [batch, h1] the first layer's deltas (``first_deltas``)
     copy_first: bool         # dels is the block's copy, filled from its deltas (2+ layers)
-    head: HeadSum            # the worker's sums of the exact head's gradients (or NO_HEAD)
 
 
 class Claim(NamedTuple):
@@ -190,7 +188,7 @@ def _update(model, work, data, draw, lists, step, sched):
                     np.int64(spec.w_off[last]), np.int64(spec.b_off[last]), frows,
                     (np.int64(nf), data.X.dat, lists.dels, np.int64(spec.w_off[0]),
                      step.first_records), lists.out_rows, np.int64(nu), store,
-                    (shared, blk.dWS[:ns], blk.dbS[:ns], lists.out_stamp, serial), lists.head)
+                    (shared, blk.dWS[:ns], blk.dbS[:ns], lists.out_stamp, serial))
 
 
 @njit(cache=True, nogil=True)
@@ -333,10 +331,9 @@ def claim(net, X, Y, rows, seed, serial, optimizer, n_threads=None):
     return Claim(BatchInput(csr(X), csr(Y), rows), draw, step, sched)
 
 
-def bind(net, claimed, X, worker=None, head=NO_HEAD):
+def bind(net, claimed, X, worker=None):
     """The ``BatchCall`` of the claimed batch ``claimed`` (``X``: its input matrix) on
-    ``worker``'s scratch (None: the network's own), summing the exact head's gradients into
-    ``head`` (``slide.network.head_sum``; ``NO_HEAD``: stepped by this batch)."""
+    ``worker``'s scratch (None: the network's own)."""
     work = net if worker is None else worker
     rows = claimed.data.rows
     nb = rows.shape[0]
@@ -348,7 +345,7 @@ def bind(net, claimed, X, worker=None, head=NO_HEAD):
         else _block.NO_FEATURE_ROWS
     dels, copy_first = first_deltas(work.block, work.sc.a_off, nb)
     lists = RowLists(work.touched_rows, net.row_off, net.row_path, work.out_rows,
-                     work.out_stamp, frows, dels, copy_first, head)
+                     work.out_stamp, frows, dels, copy_first)
     model = BatchModel(Params(net.W, net.B, work.GW, work.GB), net.spec, net.tables,
                        net.fused_first)
     return BatchCall(model, BatchWork(work.sc, work.block, work.store, work.losses),

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 
 from slide.network import block_step
-from slide.network.head_sum import NO_HEAD, WorkerHeadSum, head_slots
 from slide.network.worker import Worker
 from slide.params import is_int
 
@@ -79,15 +78,10 @@ def _threads_each(n_threads, n_workers):
 class InFlight:
     """``n_workers`` workers over ``net`` (a network the compiled batch applies to), sharing
     ``n_threads`` threads; ``run_wave`` trains a list of batches. The network is the first
-    worker (its own scratch); ``close`` ends the workers' threads. ``sum_head``: each worker
-    steps the exact head every ``n_workers``-th of its batches with their summed gradients
-    (``slide.network.head_sum``); False: every batch steps it."""
+    worker (its own scratch); ``close`` ends the workers' threads."""
 
-    def __init__(self, net, n_workers, n_threads, sum_head=True):
+    def __init__(self, net, n_workers, n_threads):
         self.net = net
-        self.sum_head = bool(sum_head)
-        self.head_sums = None
-        self._head = None
         self.threads_each = _threads_each(n_threads, n_workers)
         batch_size, _, max_labels = net._scratch_key
         self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
@@ -100,45 +94,16 @@ class InFlight:
     def n_workers(self):
         return len(self.workers)
 
-    def _work(self, k, X, claims, results):
-        """Worker ``k``'s share of a wave: the next claimed batch from ``claims`` until it
+    def _work(self, worker, X, claims, results):
+        """One worker's share of a wave: the next claimed batch from ``claims`` until it
         holds None, each result into ``results`` at the batch's place."""
         numba.set_num_threads(self.threads_each)
-        worker, sums = self.workers[k], self.head_sums
         while True:
             item = claims.get()
             if item is None:
                 return
             i, claimed = item
-            head = NO_HEAD if sums is None else sums[k].next_batch()
-            results[i] = block_step.run_batch(block_step.bind(self.net, claimed, X, worker,
-                                                              head))
-
-    def _head_sums(self):
-        """Each worker's ``WorkerHeadSum`` over the network's current head (None: no head, or
-        ``sum_head`` off)."""
-        head = self.net.negatives.head
-        if not self.sum_head or head.shape[0] == 0:
-            return None
-        if self.head_sums is None or self._head is not head:
-            slot = head_slots(head, self.net.layout.n_out[-1])
-            n_in = int(self.net.layout.n_in[-1])
-            self.head_sums = [WorkerHeadSum(slot, n_in, self.n_workers) for _ in self.workers]
-            self._head = head
-        return self.head_sums
-
-    def _step_head_sums(self, optimizer, serial):
-        """Step the exact head once with every worker's pending sum (at the last claimed
-        step), and clear them: nothing is pending between waves."""
-        sums = self.head_sums
-        dW, db = sums[0].dW.copy(), sums[0].db.copy()
-        for s in sums[1:]:
-            dW += s.dW
-            db += s.db
-        net = self.net
-        optimizer.step_block(net.W, net.B, self._head, dW, db, net.out_stamp, serial)
-        for s in sums:
-            s.clear()
+            results[i] = block_step.run_batch(block_step.bind(self.net, claimed, X, worker))
 
     def run_wave(self, X, Y, batches, seed, optimizer):
         """Train ``batches``, a list of (rows, serial, learning rate) in batch order. Returns,
@@ -147,9 +112,7 @@ class InFlight:
         steps were claimed after it)."""
         claims = queue.SimpleQueue()
         results = [None] * len(batches)
-        self.head_sums = self._head_sums()
-        done = [self.pool.submit(self._work, k, X, claims, results)
-                for k in range(self.n_workers)]
+        done = [self.pool.submit(self._work, w, X, claims, results) for w in self.workers]
         for i, (rows, serial, lr) in enumerate(batches):
             optimizer.learning_rate = lr
             claims.put((i, block_step.claim(self.net, X, Y, rows, seed, serial, optimizer,
@@ -158,8 +121,6 @@ class InFlight:
             claims.put(None)
         for f in done:
             f.result()
-        if self.head_sums is not None and batches:
-            self._step_head_sums(optimizer, batches[-1][1])
         return [(loss, active) for _, loss, active in results]
 
     def wave_size(self):

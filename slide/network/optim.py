@@ -16,7 +16,6 @@ from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyp
                                 TouchedStep, adam_flush_rows, adam_ids, adam_ids_serial, adam_lr,
                                 block_powers, discounted_rate_sum, extend_rate_sums,
                                 power_tables, touched_step)
-from slide.network.head_sum import NO_HEAD
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
 class RowChunks(NamedTuple):
@@ -304,8 +303,7 @@ class SparseOptimizer:
             batch_row_steps(W, B, mom, h, kind, np.int64(lay.w_off[last]),
                             np.int64(lay.b_off[last]), frows,
                             (np.int64(nf), x_val, dels, np.int64(lay.w_off[0]), tw), out_rows,
-                            np.int64(nu), store, (rows, dW, db, stamp, np.int64(serial)),
-                            NO_HEAD)
+                            np.int64(nu), store, (rows, dW, db, stamp, np.int64(serial)))
 
     @property
     def pending(self):

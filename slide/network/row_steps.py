@@ -134,24 +134,6 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
             w[i] -= lr * g[i]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _join_head_sum(g, gb, sum_g, sum_gb, flush):
-    """A head row's batch gradient ``g``, ``gb`` and the worker's sum of it: added to the sum
-    (returns False: no step now), or, on the sum's last batch (``flush``), the sum added to
-    the gradient and cleared (returns True: step the row with ``g``)."""
-    if not flush:
-        for i in range(g.shape[0]):
-            sum_g[i] += g[i]
-        sum_gb[0] += gb[0]
-        return False
-    for i in range(g.shape[0]):
-        g[i] += sum_g[i]
-        sum_g[i] = 0.0
-    gb[0] += sum_gb[0]
-    sum_gb[0] = 0.0
-    return True
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, dels):
     """The batched engine's first layer, gradient and update fused: row f (the weights of
@@ -168,7 +150,7 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows, n2, store,
-                    block, head):
+                    block):
     """The row steps as one parallel loop (the batched engine's three: one fork and join
     instead of three, and a thread that finishes one kind of row takes the next kind's):
 
@@ -183,9 +165,7 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
       row is read and written once a batch; gradient scratch ``out_rows.g_out[thread]``;
     - the shared block's rows, ``block`` = (rows, dW, db, stamp, serial): row rows[i] from
       its batch gradient dW[i] / db[i]; ``stamp[j] = serial`` records the update for the
-      incremental rehash. A row of the exact head, where ``head`` (``HeadSum``) gives it a
-      slot, adds its gradient to the worker's sum instead, or, when ``head.flush``, is
-      stepped with its gradient plus the sum, which it clears (``slide.network.head_sum``).
+      incremental rehash.
 
     ``mom``, ``w_off``, ``b_off``: the output layer's; Adam (kind KIND_ADAM; non-empty step
     records: the missed zero-gradient steps first) or SGD with step hyper.lr_t. The three
@@ -201,8 +181,6 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
     g1 = frows.g
     uniq2, g_out = out_rows.uniq, out_rows.g_out
     rows3, dW, db, stamp, serial = block
-    head_slot, head_dW, head_db, head_flush = head.slot, head.dW, head.db, head.flush
-    summing = head_slot.shape[0] > 0
     n3 = rows3.shape[0]
     n_e = store.h_store.shape[1]
     n_b = dW.shape[1]
@@ -229,9 +207,5 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
         else:
             stamp[j] = serial
             grad, grad_b = dW[r], db[r:r + 1]
-            if summing and head_slot[j] >= 0:
-                if not _join_head_sum(grad, grad_b, head_dW[head_slot[j]],
-                                      head_db[head_slot[j]:head_slot[j] + 1], head_flush):
-                    continue
         _output_row_step(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(j) * n_in, b_off + j, j,
                          grad, grad_b, hyper, kind)
