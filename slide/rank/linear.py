@@ -362,7 +362,7 @@ class LabelLinear:
 # ------------------------------------------------------------------------------------------------
 # one-vs-rest (few labels)
 
-# rows a part of ovr_epoch trains between merges (accuracy: results/accuracy_levers_2core.md)
+# rows a part of ovr_epoch trains between merges (accuracy: bench/results/accuracy_levers_2core.md)
 OVR_ROUND_ROWS = 64
 
 
