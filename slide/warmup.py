@@ -36,8 +36,9 @@ from threadpoolctl import threadpool_limits
 from slide import metrics
 from slide.kernels import cache as kernel_cache, threads, topk
 from slide.network.block import NO_FEATURE_ROWS
+from slide.network import block_step
 from slide.network.block_step import first_deltas
-from slide.network.inflight import threads_a_batch
+from slide.network.inflight import batch_builds
 from slide.params import hidden_layer_count
 from slide.rank import linear as label_linear
 from slide.rank.head import HeadClassifiers
@@ -60,13 +61,13 @@ _TINY_TABLES = 2
 
 def config_key(model):
     """What decides which kernels (and which type signatures) a fit of ``model`` compiles: the
-    code paths, never the sizes, rates or seeds; and whether its batches run on one thread
-    each (the batch's one-thread build, ``block_step.run_batch``)."""
+    code paths, never the sizes, rates or seeds; and which builds of the compiled batch it
+    takes (``inflight.batch_builds``: one thread a batch, several, or both)."""
     p = model.get_params(deep=False)
     sparse = p["sparse_layers"]
-    one_thread = threads_a_batch(p.get("batches_in_flight", 1),
-                                 threads.threads_for(p.get("n_threads"))) == 1
-    return (one_thread, hidden_layer_count(p["hidden_sizes"]), p["sampler"], p["hash_family"],
+    builds = batch_builds(p.get("batches_in_flight", 1), threads.threads_for(p.get("n_threads")))
+    return (tuple(sorted(builds)), hidden_layer_count(p["hidden_sizes"]), p["sampler"],
+            p["hash_family"],
             p["loss"], p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
@@ -203,7 +204,27 @@ def _warm_in_process(copy, kinds, with_data):
     X, Y = tiny_data()
     _tiny_rules(copy, kinds)
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
+    _warm_batch_builds(copy, X, Y)
     _warm_after_network(copy, X, Y, kinds)
+
+
+def _warm_batch_builds(copy, X, Y):
+    """The builds of the compiled batch that the real fit takes (``batch_builds``) and the
+    tiny fit did not: the tiny set's few batches cap its workers (3 workers of 16 threads
+    share them, where 16 workers of the real fit take a thread each), and a fit whose first
+    batches train with fewer workers (``inflight.warm_workers``) takes two builds. Each missing
+    one is taken by a network-only tiny fit: on one thread, or one batch at a time on all."""
+    net = copy.network_
+    if not (net.sparse.any() and block_step.applies(net)):
+        return
+    for one_thread in batch_builds(copy.batches_in_flight, copy._threads()):
+        kernel = block_step.block_batch_one_thread if one_thread else block_step.block_batch
+        if kernel.signatures:
+            continue
+        layout = {"n_threads": 1} if one_thread else {"batches_in_flight": 1}
+        other = type(copy)(**dict(copy.get_params(deep=False), neighbours=0, rerank=False,
+                                  **layout))
+        other._fit_core(X, Y, eval_set=None, callback=None, resume=False)
 
 
 def _tiny_rules(copy, kinds):

@@ -9,7 +9,9 @@ import pytest
 
 from slide import SlideClassifier
 from slide.network.adam import later_step
-from slide.network.inflight import check_batches_in_flight, resolve_batches_in_flight
+from slide.network.inflight import (AUTO_MOST_IN_FLIGHT, BATCHES_A_WORKER, WARM_SHARE,
+                                    batch_builds, check_batches_in_flight,
+                                    resolve_batches_in_flight, warm_batches, warm_workers)
 from slide.synthetic import generate
 from slide.network.trainer import DivergenceError
 
@@ -44,6 +46,34 @@ def test_resolution_clamps_to_the_epoch_and_to_the_compiled_batch():
     assert resolve_batches_in_flight("auto", 1, 100, True) == 1
     assert resolve_batches_in_flight("auto", 2, 100, True) == 2
     assert resolve_batches_in_flight("auto", 16, 100, True) == 4
+
+
+def test_more_workers_than_auto_take_over_after_a_warm_share_of_the_batches():
+    assert warm_batches(AUTO_MOST_IN_FLIGHT, 1000) == 0          # as many as auto: no warm share
+    assert warm_batches(16, 1000) == int(WARM_SHARE * 1000) > 0
+    assert warm_workers(16) == AUTO_MOST_IN_FLIGHT and warm_workers(3) == 3
+    # the builds of the compiled batch a fit takes (one thread a batch, or several)
+    assert batch_builds(16, 16) == {False, True}     # 4 of 4 threads first, then 16 of one
+    assert batch_builds(8, 16) == {False}            # 4 of 4, then 8 of 2
+    assert batch_builds("auto", 16) == {False}
+    assert batch_builds("auto", 2) == {True} and batch_builds(16, 2) == {True}
+    assert batch_builds(1, 2) == {False} and batch_builds(1, 1) == {True}
+
+
+def test_a_run_of_many_workers_starts_with_fewer(data):
+    """8 in flight: the first quarter of the batches in waves of 4 workers, then of 8 (a
+    wave holds BATCHES_A_WORKER batches a worker); the callback sees every batch once."""
+    Xtr, Ytr = data[0], data[1]
+    calls = []
+    m = _model(batches_in_flight=8, batch_size=16, epochs=1)
+    m.fit(Xtr, Ytr, callback=lambda model, info: calls.append(info["batches"]) and False)
+    n_batches = math.ceil(Xtr.shape[0] / 16)
+    assert sum(calls) == m.batches_ == n_batches and m.network_.workers == []
+    warm, full = 4 * BATCHES_A_WORKER, 8 * BATCHES_A_WORKER
+    n_warm = math.ceil(warm_batches(8, n_batches) / warm)         # waves before the switch
+    assert calls[:n_warm] == [warm] * n_warm
+    assert calls[n_warm:-1] == [full] * (len(calls) - n_warm - 1) and len(calls) > n_warm + 1
+    assert np.isfinite(m.score(data[2], data[3]))
 
 
 def test_later_step_never_goes_back():

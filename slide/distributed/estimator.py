@@ -378,7 +378,7 @@ class _ShardSteps:
         m.bytes_per_batch_ = sent
         return loss, act, {"bytes_sent": sent}
 
-    def in_flight(self, n_threads, n_batches):
+    def in_flight(self, n_threads, n_batches, total_batches=None):
         """The pipeline (``slide.distributed.pipeline``) of a model whose pipeline_depth is 2
         or more, else None (the synchronous loop, ``step``)."""
         # absent from models pickled before it

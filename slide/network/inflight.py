@@ -49,6 +49,16 @@ def check_batches_in_flight(value):
 AUTO_MOST_IN_FLIGHT = 4
 
 
+# a fit with more batches in flight than AUTO_MOST_IN_FLIGHT trains the first WARM_SHARE of
+# its planned batches with AUTO_MOST_IN_FLIGHT, and the rest with all of them: the staleness of
+# many workers costs accuracy early in training, while the weights move fast. 16 in flight
+# from the first batch lost 4.1 points of P@1 at 200k labels (one epoch) and 1.7 on debcontents
+# (three), a first quarter at 4 lost 0.5 and nothing; a first tenth at 4 lost 1.8, a linear
+# learning-rate warm-up over a tenth or a quarter instead lost as much as none or 3.4
+# (bench/results/inflight_staleness_2core_88ee465.md, "The first quarter at 4 in flight")
+WARM_SHARE = 0.25
+
+
 def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     """The number of workers ``value`` stands for: ``"auto"`` one a thread (each batch then
     runs on one thread: no join inside a batch), at most AUTO_MOST_IN_FLIGHT (beyond, the
@@ -63,12 +73,13 @@ def resolve_batches_in_flight(value, n_threads, n_batches, applies):
     return max(1, min(workers, int(n_batches)))
 
 
-def threads_a_batch(value, n_threads):
-    """The threads each batch of a run with many batches an epoch runs on, with
-    ``batches_in_flight=value`` on ``n_threads`` threads: a worker's share, or all of them for
-    one batch at a time. One thread takes the batch's one-thread build
-    (``block_step.run_batch``)."""
-    return _threads_each(n_threads, resolve_batches_in_flight(value, n_threads, 1 << 30, True))
+def batch_builds(value, n_threads):
+    """The builds of the compiled batch that a fit with ``batches_in_flight=value`` on
+    ``n_threads`` threads takes (``block_step.run_batch``), as a frozenset of "one thread a
+    batch": its workers' and, where fewer train its first batches (``warm_workers``), theirs."""
+    n_workers = resolve_batches_in_flight(value, n_threads, 1 << 30, True)
+    return frozenset(_threads_each(n_threads, w) == 1
+                     for w in {n_workers, warm_workers(n_workers)})
 
 
 def _threads_each(n_threads, n_workers):
@@ -130,3 +141,46 @@ class InFlight:
         self.pool.shutdown(wait=True)
         self.net.workers = []
 
+
+def warm_batches(n_workers, total_batches):
+    """How many of a fit's ``total_batches`` batches train with ``warm_workers(n_workers)``
+    workers before all ``n_workers`` take over (0: all of them from the first)."""
+    if n_workers <= AUTO_MOST_IN_FLIGHT:
+        return 0
+    return int(WARM_SHARE * int(total_batches))
+
+
+def warm_workers(n_workers):
+    """The workers of a fit's first ``warm_batches`` batches."""
+    return min(int(n_workers), AUTO_MOST_IN_FLIGHT)
+
+
+class WarmedInFlight:
+    """``InFlight`` of ``warm_workers(n_workers)`` workers until the fit's position passes
+    ``warm_until`` batches, then of ``n_workers``: the trainer's waves run through it as
+    through one ``InFlight`` (``run_wave``, ``wave_size``, ``close``), and the workers change
+    between two waves, where nothing is in flight."""
+
+    def __init__(self, net, n_workers, n_threads, warm_until, position):
+        self.net, self.n_threads = net, n_threads
+        self.n_final, self.warm_until = int(n_workers), int(warm_until)
+        self.position = int(position)           # batches trained before the next wave
+        self.crew = InFlight(net, self._wanted(), n_threads)
+
+    def _wanted(self):
+        return warm_workers(self.n_final) if self.position < self.warm_until else self.n_final
+
+    def run_wave(self, X, Y, batches, seed, optimizer):
+        if self.crew.n_workers != self._wanted():
+            self.crew.close()
+            self.crew = InFlight(self.net, self._wanted(), self.n_threads)
+        results = self.crew.run_wave(X, Y, batches, seed, optimizer)
+        if results is not None:
+            self.position = batches[-1][1]      # the wave's last serial
+        return results
+
+    def wave_size(self):
+        return BATCHES_A_WORKER * self._wanted()
+
+    def close(self):
+        self.crew.close()

@@ -17,7 +17,8 @@ from slide import defaults
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
 from slide.network import block_step
-from slide.network.inflight import InFlight, resolve_batches_in_flight
+from slide.network.inflight import (InFlight, WarmedInFlight, resolve_batches_in_flight,
+                                    warm_batches)
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -203,15 +204,22 @@ class NetworkSteps:
     def after_step(self):
         return maybe_rehash(self.model)
 
-    def in_flight(self, n_threads, n_batches):
+    def in_flight(self, n_threads, n_batches, total_batches):
         """The workers of a run with several batches in flight (``slide.network.inflight``),
-        or None for one batch at a time."""
+        or None for one batch at a time. Beyond ``AUTO_MOST_IN_FLIGHT`` of them, the first
+        ``WARM_SHARE`` of the fit's ``total_batches`` train with that many
+        (``WarmedInFlight``)."""
         model = self.model
         net = model.network_
         n_workers = resolve_batches_in_flight(
             getattr(model, "batches_in_flight", 1), n_threads, n_batches,
             net.sparse.any() and block_step.applies(net))
-        return InFlight(net, n_workers, n_threads) if n_workers > 1 else None
+        if n_workers == 1:
+            return None
+        warm_until = warm_batches(n_workers, total_batches)
+        if model.batches_ < warm_until:
+            return WarmedInFlight(net, n_workers, n_threads, warm_until, model.batches_)
+        return InFlight(net, n_workers, n_threads)
 
 
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
@@ -252,7 +260,7 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     model.stopped_ = False
     budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
-    in_flight = getattr(steps, "in_flight", lambda *a: None)(n_threads, n_batches)
+    in_flight = getattr(steps, "in_flight", lambda *a: None)(n_threads, n_batches, total_batches)
     if in_flight is not None:
         try:
             return _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
@@ -318,13 +326,15 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
         epoch = model.epoch_
         t_epoch = time.perf_counter()
         batches = list(iterate_minibatches(n, bs, model.seed_, epoch, model.batch_in_epoch_))
-        for lo in range(0, len(batches), in_flight.wave_size()):
+        lo = 0
+        while lo < len(batches):
             if budget and model.train_seconds_ >= budget:
                 model.budget_spent_ = True
                 model.sync()
                 return
             t0 = time.perf_counter()
             wave = []
+            # the wave's size can change between waves (``WarmedInFlight``)
             for i, batch in enumerate(batches[lo:lo + in_flight.wave_size()]):
                 serial = model.batches_ + 1 + i
                 lr = scheduled_learning_rate(
@@ -335,6 +345,7 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
                                          getattr(model, "optimizer_", None))
             if results is None:
                 break           # back at an earlier position: go on from there
+            lo += len(wave)
             for (batch_rows, serial, _), (loss, _) in zip(wave, results):
                 if not math.isfinite(loss):
                     # the wave's other batches were applied; the gradient buffers the
