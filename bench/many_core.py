@@ -314,6 +314,7 @@ def main(argv=None):
               "seconds": time.time() - t_start, "read_bandwidth_gb_s": bandwidth, "rows": rows,
               "phases": phases}
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     md = table(rows)
     out.with_suffix(".md").write_text(

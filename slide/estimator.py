@@ -138,7 +138,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         * exp(rehash_decay * t) batches (t: rehashes so far), rebuild after rebuild_period * ...
     n_threads : int or None (all cores)
     batches_in_flight : int or "auto" (batches trained at once over the shared weights,
-        ``slide.network.inflight``; above 1 results vary from run to run)
+        ``slide.network.inflight``; above 1 results vary from run to run; above 4 the
+        first quarter of the batches trains with 4)
     random_state : int or None
     verbose : int (0 silent, 1 per epoch, 2 every 100 batches)
     """
