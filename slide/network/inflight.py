@@ -53,8 +53,8 @@ AUTO_MOST_IN_FLIGHT = 4
 # its planned batches with AUTO_MOST_IN_FLIGHT, and the rest with all of them: the staleness of
 # many workers costs accuracy early in training, while the weights move fast. 16 in flight
 # from the first batch lost 4.1 points of P@1 at 200k labels (one epoch) and 1.7 on debcontents
-# (three), a first quarter at 4 lost 0.5 and nothing; a first tenth at 4 lost 1.8, a linear
-# learning-rate warm-up over a tenth or a quarter instead lost as much as none or 3.4
+# (three), a first quarter at 4 lost 0.5 and nothing; a first tenth at 4 lost 1.8, and a
+# linear learning-rate warm-up over a tenth or a quarter, 16 throughout, lost 5.0 and 3.4
 # (bench/results/inflight_staleness_2core_88ee465.md, "The first quarter at 4 in flight")
 WARM_SHARE = 0.25
 
@@ -156,7 +156,7 @@ def warm_workers(n_workers):
 
 
 class WarmedInFlight:
-    """``InFlight`` of ``warm_workers(n_workers)`` workers until the fit's position passes
+    """``InFlight`` of ``warm_workers(n_workers)`` workers until the fit's position reaches
     ``warm_until`` batches, then of ``n_workers``: the trainer's waves run through it as
     through one ``InFlight`` (``run_wave``, ``wave_size``, ``close``), and the workers change
     between two waves, where nothing is in flight."""
@@ -175,8 +175,7 @@ class WarmedInFlight:
             self.crew.close()
             self.crew = InFlight(self.net, self._wanted(), self.n_threads)
         results = self.crew.run_wave(X, Y, batches, seed, optimizer)
-        if results is not None:
-            self.position = batches[-1][1]      # the wave's last serial
+        self.position = batches[-1][1]          # the wave's last serial
         return results
 
     def wave_size(self):
