@@ -437,3 +437,28 @@ def test_train_hands_the_dense_baseline_to_the_slide_phases_warm_up(tmp_path, mo
     assert first_sampler != "dense" and first_then == ["dense"]
     assert all(not then for sampler, then in calls[1:])
     assert any(sampler == "dense" for sampler, _ in calls)
+
+
+def test_warm_up_takes_every_build_of_the_batch_a_fit_takes():
+    """8 in flight on 8 threads: 4 workers of 2 threads for the first quarter (the batch's
+    parallel build), then 8 of one (its one-thread build). The warm-up's tiny fit, whose 3
+    batches cap its workers at 3 of 2 threads, takes only the first; the warm-up must take
+    both, so that the fit compiles nothing inside its training clock. Run in a process of 8
+    Numba threads (this one may have 2)."""
+    code = (
+        "import json, slide\n"
+        "from slide import warmup\n"
+        "X, Y, _, _ = slide.generate('tiny', seed=1)\n"
+        "m = slide.SlideClassifier(random_state=0, n_threads=8, batches_in_flight=8,\n"
+        "                          neighbours=0, rerank=False, epochs=1, batch_size=4)\n"
+        "m._checked_params()\n"
+        "m._warm_up(X, Y)\n"
+        "before = warmup.kernel_signatures()\n"
+        "m.fit(X, Y)\n"
+        "after = warmup.kernel_signatures()\n"
+        "print(json.dumps({k: v for k, v in after.items() if v != before.get(k, 0)}))\n")
+    env = dict(os.environ, NUMBA_NUM_THREADS="8", SLIDE_COMPILE_HELPER="0")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {}
