@@ -60,3 +60,35 @@ def test_a_process_compiles_with_the_width_it_reports():
         width, tuned = int(out[0]), out[1] == "True"
         assert tuned == (width == 512) == wide, env
     assert vector_width() in (128, 256, 512)
+
+
+def test_every_kernel_is_built_without_a_c_callable_wrapper():
+    """Every Numba kernel of slide's modules takes ``slide.kernels.jit.njit`` (no cfunc
+    wrapper: dead code slide never calls, ~5 % of a cold compile), and a compiled kernel's
+    library then holds no such wrapper."""
+    import importlib
+
+    import numpy as np
+    from numba.core.registry import CPUDispatcher
+
+    from slide.kernels import cache
+    from slide.kernels.expsum import ordered_sum
+
+    kernels, with_wrapper = 0, []
+    for name in cache.package_modules():
+        if name.endswith("__main__"):   # runs the command line when imported
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:         # an optional dependency (Ray) that is not installed
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, CPUDispatcher) and value.__module__ == name:
+                kernels += 1
+                if not value.targetoptions.get("no_cfunc_wrapper"):
+                    with_wrapper.append(f"{name}.{attr}")
+    assert kernels > 150 and not with_wrapper, (kernels, with_wrapper)
+    ordered_sum(np.ones(5, np.float32))
+    cres = ordered_sum.overloads[ordered_sum.signatures[0]]
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name) != 0
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name) == 0

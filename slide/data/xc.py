@@ -35,12 +35,12 @@ import os
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit
 
 from slide.data.inputs import _INT32_MAX, as_feature_matrix, as_label_matrix
 from slide.data.xc_numpy import parse_xc_body
 from slide.fileio import atomic_write
 from slide.kernels.cache import is_compiled
+from slide.kernels.jit import njit
 from slide.kernels.parse import (_E_DUPLICATE, _E_EXTRA_LINE, _E_INDEX_RANGE, _E_LABEL,
                                  _E_LABEL_RANGE, _E_MALFORMED, _E_NEG_INDEX, _E_NEG_LABEL,
                                  _E_NONNUMERIC, _MODE_FEATURES, _MODE_LABELS, _MODE_XC, _POW10,

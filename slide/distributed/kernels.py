@@ -15,8 +15,9 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH, first_forward_dense
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.negatives import correction_kind, find_sorted, is_label

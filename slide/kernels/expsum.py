@@ -12,8 +12,8 @@ of -87, ~1.6e-38: no softmax term there matters.
 import math
 
 import numpy as np
-from numba import njit
 
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 
 EXP_FLOOR = -87.0

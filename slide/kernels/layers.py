@@ -16,8 +16,9 @@ dense layer's ids are implicit (0..n-1); a sparse layer keeps its active ids.
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.normal import normal_pair
 from slide.kernels.rng import init_stream

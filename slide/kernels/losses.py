@@ -21,9 +21,9 @@ e^(z_n - M) / N * sum_p (1 - sigmoid(x_p)); all divided by |y| (and times the ba
 import math
 
 import numpy as np
-from numba import njit
 
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.negatives import corrected_logit, is_label, seek_sorted
 

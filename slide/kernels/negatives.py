@@ -11,9 +11,10 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.arrays import DrawTables, SharedDraw
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line
 from slide.kernels.rng import SHARED_NEGATIVES_KEY

@@ -23,9 +23,10 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
+from slide.kernels.jit import njit
 from slide.kernels.rng import splitmix64, stream_seed
 
 

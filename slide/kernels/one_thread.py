@@ -15,8 +15,9 @@ cache entries sit beside the kernel's under the name ``<kernel>_one_thread``, ke
 """
 import types
 
-from numba import njit
 from numba.core.caching import NullCache
+
+from slide.kernels.jit import njit
 
 SUFFIX = "_one_thread"
 

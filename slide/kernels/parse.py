@@ -5,7 +5,8 @@ the error message (file, line, token) is built in Python by the caller. Values o
 fast path (Clinger) are handed back as "hard" tokens for Python's ``float``.
 """
 import numpy as np
-from numba import njit
+
+from slide.kernels.jit import njit
 
 
 # ---------------------------------------------------------------------------------------------

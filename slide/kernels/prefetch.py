@@ -8,7 +8,9 @@ first layer's step alone touches thousands of rows of W, M and V a batch). A pre
 it never changes a result.
 """
 from llvmlite import ir
-from numba import njit, types
+from numba import types
+
+from slide.kernels.jit import njit
 from numba.extending import intrinsic
 
 # floats per 64-byte cache line

@@ -7,7 +7,8 @@ are bit-reproducible and multi-thread runs differ only through HOGWILD races, ne
 thread scheduling of the random streams.
 """
 import numpy as np
-from numba import njit
+
+from slide.kernels.jit import njit
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

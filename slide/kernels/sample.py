@@ -17,10 +17,10 @@ the batch kernel: they list the touched rows).
 import math
 
 import numpy as np
-from numba import njit
 
 from slide.kernels.arrays import (CFG_BITS, CFG_BUDGET, CFG_FAMILY, CFG_K, CFG_L, CFG_SAMPLER,
                                   CFG_THRESHOLD, SAMPLER_RANDOM)
+from slide.kernels.jit import njit
 from slide.kernels.layers import (FASTMATH, first_backward, first_bias_backward,
                                   first_forward_dense, first_forward_sparse, rows_backward,
                                   rows_forward)

@@ -6,9 +6,10 @@ import numpy as np
 # np.dot's BLAS inside Numba kernels: loaded now, so that the callers' limit of BLAS threads
 # (threadpoolctl acts on loaded libraries) covers it
 import scipy.linalg.cython_blas  # noqa: F401
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite
+from slide.kernels.jit import njit
 
 MIN_PART_ROWS = 32      # rows a thread's product takes at least (fewer: one product)
 # columns a thread's product takes at least where the rows are too few for every thread (a

@@ -6,8 +6,8 @@ is not listed here: ``output_entries`` transposes its active sets into per-row e
 for ``slide.network.row_steps.batch_row_steps``.
 """
 import numpy as np
-from numba import njit
 
+from slide.kernels.jit import njit
 from slide.kernels.prefetch import LINE, prefetch_line
 
 

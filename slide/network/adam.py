@@ -41,8 +41,9 @@ optimizer's state (``SparseOptimizer``).
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 
 

@@ -3,9 +3,10 @@ rows it touched (buffered layers via ``collect_touched``, the sampled output lay
 per-row path ``output_entries`` + ``SparseOptimizer.step_output``)."""
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.arrays import csr
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import backward, forward, sample_loss

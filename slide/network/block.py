@@ -36,10 +36,11 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.arrays import make_feature_rows
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.losses import LOSS_SIGMOID, each_row, offset_row
 from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array,

@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import njit
 
 from slide.kernels.arrays import Csr, Extras, Params, csr
+from slide.kernels.jit import njit
 from slide.kernels.one_thread import one_thread
 from slide.kernels.threads import set_chunk_size
 from slide.kernels.touched import collect_touched, output_entries

@@ -6,10 +6,11 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.arrays import csr
 from slide.kernels.expsum import exp_shifted_inplace, max_and_finite
+from slide.kernels.jit import njit
 from slide.kernels.layers import (FASTMATH, first_backward, first_forward_dense, rows_backward,
                                   rows_forward)
 from slide.kernels.losses import LOSS_SOFTMAX

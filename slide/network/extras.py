@@ -8,9 +8,9 @@ with more than ``EXTRAS_TASK`` (a row with hundreds of labels) has them cut into
 one such sample does not hold one thread while the others wait.
 """
 import numpy as np
-from numba import njit
 
 from slide.kernels.arrays import Extras
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH, PREFETCH_AHEAD
 from slide.kernels.prefetch import prefetch_row
 

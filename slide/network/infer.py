@@ -5,9 +5,10 @@ neurons plus the highest-bias ones, one Numba call); scores and probabilities. T
 vote-blended and re-ranked predictions are ``slide.rank.stack``'s."""
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from slide.kernels.arrays import csr, make_scratch
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
 from slide.kernels.sample import forward

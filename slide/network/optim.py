@@ -5,13 +5,13 @@ arithmetic and its semantics (dense Adam's trajectory at sparse cost) are docume
 """
 import numba
 import numpy as np
-from numba import njit
 
 from slide.kernels.arrays import Store, make_feature_rows, make_output_rows
 from slide.kernels.layers import zeros_touched
 
 from typing import NamedTuple
 
+from slide.kernels.jit import njit
 from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyper, Moments,
                                 TouchedStep, adam_flush_rows, adam_ids, adam_ids_serial, adam_lr,
                                 block_powers, discounted_rate_sum, extend_rate_sums,

@@ -18,9 +18,10 @@ import numpy as np
 # the BLAS behind Numba's sgemm entry: loaded now, so that the trainer's limit of BLAS threads
 # (threadpoolctl acts on loaded libraries) covers it
 import scipy.linalg.cython_blas  # noqa: F401
-from numba import njit, prange, types
+from numba import prange, types
 from numba.np.linalg import _BLAS
 
+from slide.kernels.jit import njit
 from slide.kernels.layers import PREFETCH_AHEAD
 from slide.kernels.prefetch import prefetch_row
 from slide.network.extras import task_delta_product, task_logits

@@ -7,8 +7,9 @@ these.
 """
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
 from slide.network.adam import (KIND_ADAM, _adam_row, _adam_row_scaled, _apply_missed,

@@ -6,10 +6,11 @@ rows (``candidate_features``) into flat slots (``features``)."""
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from slide import defaults
 from slide.kernels.arrays import Csr
+from slide.kernels.jit import njit
 from slide.kernels.topk import topk_lse_of_logits
 from slide.rank.vote import POWER
 from slide.rank import words as words_mod

@@ -23,9 +23,10 @@ from typing import NamedTuple
 import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 
 from slide import defaults
+from slide.kernels.jit import njit
 from slide.kernels.topk import insert_best_first, select_inplace
 
 CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS

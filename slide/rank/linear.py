@@ -45,11 +45,12 @@ A per-weight sum was twice the memory and 2.5 times the time, for a lower P@1 an
 import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 from threadpoolctl import threadpool_limits
 
 from slide import defaults
 from slide.data.inputs import take_rows
+from slide.kernels.jit import njit
 from slide.kernels.topk import insert_best_first, topk_ids_of_logits
 from slide.rank.vote import POWER, NeighbourMemory
 

@@ -4,8 +4,9 @@ parallel pass (``newton_logistic``), so its memory does not grow with the number
 candidates."""
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.threads import on_row_slices
 
 

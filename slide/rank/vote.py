@@ -28,9 +28,9 @@ rows, dropped when training changes the weights again (``partial_fit``: rebuild 
 """
 import numpy as np
 import scipy.sparse as sp
-from numba import njit
 
 from slide import defaults
+from slide.kernels.jit import njit
 from slide.kernels.topk import dense_logits, fold_topk, insert_best_first
 
 

@@ -24,10 +24,10 @@ of the rows is indexed (Amazon-670K's 490k rows of 75 words: 37M entries, 0.3 GB
 whole fit must stay under 2.5 GB).
 """
 import numpy as np
-from numba import njit
 
 from slide import defaults
 from slide.kernels.arrays import Csr
+from slide.kernels.jit import njit
 from slide.kernels.threads import on_row_slices
 from slide.kernels.topk import insert_best_first
 

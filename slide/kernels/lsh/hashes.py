@@ -38,8 +38,9 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.topk import select_inplace
 from slide.kernels.rng import STREAM_DOPH, STREAM_DWTA, STREAM_SIMHASH, splitmix64, stream_seed
 

@@ -18,8 +18,9 @@ Unused tail entries of ``items[l]`` (beyond ``offsets[l, -1]``) are -1.
 """
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.lsh.hashes import (DOPH_DEFAULT_TOP, FAMILIES, _family_code, as_csr_arrays,
                                       draw_hash_functions, hash_dense_into, hash_sparse_into)
 from slide.kernels.rng import (STREAM_ORDER, STREAM_REBUILD, STREAM_RESERVOIR, STREAM_TABLE_SEED,

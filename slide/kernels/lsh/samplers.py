@@ -22,8 +22,9 @@ Size the scratch with :func:`scratch_sizes` (or get it from :func:`make_scratch`
 import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.rng import STREAM_SAMPLE_BATCH, randint, stream_seed
 
 

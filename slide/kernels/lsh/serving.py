@@ -33,8 +33,9 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from slide.kernels.jit import njit
 from slide.kernels.rng import SERVING_INDEX_KEY
 from slide.kernels.topk import insert_best_first
 
