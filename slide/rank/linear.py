@@ -45,7 +45,6 @@ A per-weight sum was twice the memory and 2.5 times the time, for a lower P@1 an
 import numba
 import numpy as np
 import scipy.sparse as sp
-from numba import prange
 from threadpoolctl import threadpool_limits
 
 from slide import defaults
@@ -148,7 +147,7 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
     own_ptr[i + 1]]``), the heaviest first (ties: the lower label id). Pairs are sorted by
     label within a row: no array of n_labels per thread."""
     k = top.shape[1]
-    for i in prange(near.shape[0]):
+    for i in numba.prange(near.shape[0]):
         chosen = np.empty(n_neighbours, np.int64)      # positions in near[i]
         n_chosen = 0
         n_pairs = 0
@@ -235,7 +234,7 @@ def train_epoch(x_ptr, x_ind, x_dat, rows, order, pair_ptr, pair_labels, pair_ta
     [2**bits, 2]: each slot's weight beside its squared-gradient sum, so an update finds both
     in the cache line its score read (the table is far larger than the caches: two lines a
     slot were twice the time)."""
-    for q in prange(order.shape[0]):
+    for q in numba.prange(order.shape[0]):
         i = order[q]
         r = rows[i]
         p0, p1 = x_ptr[r], x_ptr[r + 1]
@@ -261,7 +260,7 @@ def score_candidates(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, weights, bias, 
                      col):
     """``out[u, col]``: the linear score of row r's candidate ``ids[u]`` for each of its
     ``counts[r]`` slots from ``cand_ptr[r]``."""
-    for r in prange(counts.shape[0]):
+    for r in numba.prange(counts.shape[0]):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         inv_norm = _inv_norm(x_dat, p0, p1)
         for u in range(cand_ptr[r], cand_ptr[r] + counts[r]):
@@ -272,7 +271,7 @@ def score_candidates(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, weights, bias, 
 def _strongest_entries(x_ptr, x_dat, m, keep):
     """keep[p]: whether entry p is among its row's m largest in magnitude (ties: the earlier
     entry)."""
-    for r in prange(x_ptr.shape[0] - 1):
+    for r in numba.prange(x_ptr.shape[0] - 1):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         if p1 - p0 <= m:
             keep[p0:p1] = True
@@ -436,7 +435,7 @@ def ovr_epoch(x_ptr, x_ind, x_dat, slot, y_ptr, y_ids, order, weights, feature_g
     g = np.empty((n_parts, n_labels), np.float32)
     per_round = n_parts * OVR_ROUND_ROWS
     for r0 in range(0, n, per_round):
-        for part in prange(n_parts):
+        for part in numba.prange(n_parts):
             for j in range(n_labels):   # loops, not array assignments (nested parfors)
                 own_bias[part, j], own_bias_g2[part, j] = bias[j], bias_g2[j]
                 own_label_g2[part, j] = label_g2[j]
@@ -465,7 +464,7 @@ def score_ovr(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, slot, weights, bias, o
     """``out[u, col]``: the one-vs-rest score of row r's candidate ``ids[u]`` for each of its
     ``counts[r]`` slots from ``cand_ptr[r]``. ``column_of`` (int64 [n_labels], or empty for
     the identity): the classifier of each label, -1 for none (its score 0)."""
-    for r in prange(counts.shape[0]):
+    for r in numba.prange(counts.shape[0]):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         inv_norm = _inv_norm(x_dat, p0, p1)
         for u in range(cand_ptr[r], cand_ptr[r] + counts[r]):
