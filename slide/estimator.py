@@ -141,7 +141,7 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         ``slide.network.inflight``; above 1 results vary from run to run; above 4 the
         first quarter of the batches trains with 4)
     random_state : int or None
-    verbose : int (0 silent, 1 per epoch, 2 every 100 batches)
+    verbose : int (0 silent, 1 per epoch and the kernels' first compile, 2 every 100 batches)
     """
 
     _BUILT_ATTR = "network_"     # set by _build: the model holds trained state

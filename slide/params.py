@@ -257,8 +257,8 @@ TABLE = (
        "sampler dense)",
        ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
-    _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch, 2 also every 100 batches",
-       ge=0),
+    _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch (and the seconds a process's "
+       "first warm-up took to compile or load the kernels), 2 also every 100 batches", ge=0),
 )
 
 ESTIMATOR_PARAMS = tuple(p for p in TABLE if p.name is not None)

@@ -163,6 +163,12 @@ def warm_up(model, X=None, Y=None, then=()):
         threads.warn_if_not_tbb(numba.get_num_threads())
         return 0.0
     t0 = time.perf_counter()
+    # a machine's first run spends most of its first fit here (a minute or more): said, with
+    # verbose, so that it does not look like a hang
+    announce = getattr(model, "verbose", 0) >= 1
+    if announce:
+        print("compiling kernels (once a machine; later runs load them from Numba's cache) ...",
+              end=" ", flush=True)
     copy = tiny_copy(model)
     later = [FollowingFit(tiny_copy(m), linear_kinds(m, X, Y), X is not None)
              for m in then if not is_warm(m, X, Y)]
@@ -177,6 +183,8 @@ def warm_up(model, X=None, Y=None, then=()):
         kinds = kinds | done[1]
     seconds = time.perf_counter() - t0
     _WARMED[key] = (seconds, kinds)
+    if announce:
+        print(f"{seconds:.1f} s", flush=True)
     # after the first parallel loops: Numba has chosen its threading layer
     threads.warn_if_not_tbb(numba.get_num_threads())
     return seconds

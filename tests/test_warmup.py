@@ -462,3 +462,19 @@ def test_warm_up_takes_every_build_of_the_batch_a_fit_takes():
                          env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_verbose_fit_says_when_it_compiles_and_then_not_again(data, fresh_process, capsys):
+    """With verbose, a process's first fit of a configuration says that it compiles (a
+    machine's first run spends a minute or more there) and how long it took; a second fit of
+    the same configuration, warm, says nothing of it; a silent model never does."""
+    X, Y, _, _ = data
+    slide.SlideClassifier(**dict(SMALL, verbose=1)).fit(X, Y)
+    first = capsys.readouterr().out
+    assert first.startswith("compiling kernels (once a machine") and first.count("compiling") == 1
+    assert first.splitlines()[0].split(" ... ")[1].endswith(" s")
+    slide.SlideClassifier(**dict(SMALL, verbose=1, random_state=3)).fit(X, Y)
+    assert "compiling" not in capsys.readouterr().out
+    warmup._WARMED.clear()
+    slide.SlideClassifier(**SMALL).fit(X, Y)
+    assert capsys.readouterr().out == ""
