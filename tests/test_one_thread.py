@@ -48,40 +48,6 @@ def test_a_build_runs_the_same_code_without_parallel_loops_and_calls_its_callees
     assert _scaled_sum(a) == 90.0
 
 
-@njit(parallel=True)
-def _doubled(a):
-    out = np.empty_like(a)
-    for i in prange(a.shape[0]):
-        out[i] = 2.0 * a[i]
-    return out
-
-
-@njit(parallel=True)
-def _doubled_sum(a):
-    total = 0.0
-    d = _doubled(a)
-    for i in prange(d.shape[0]):
-        total += d[i]
-    return total
-
-
-def test_a_build_only_kernels_call_has_no_python_wrapper_and_runs_inside_its_caller():
-    a = np.arange(10.0)
-    inner = one_thread(_doubled, from_python=False)
-    assert inner.targetoptions["no_cpython_wrapper"]
-    outer = one_thread(_doubled_sum, {"_doubled": inner})
-    assert outer(a) == _doubled_sum(a) == 90.0
-    cres = inner.overloads[inner.signatures[0]]
-    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_cpython_wrapper_name) == 0
-    # the batch's five step builds are of this kind, bound to no name of block_step
-    steps = block_step._forward_backward_one_thread.py_func.__globals__
-    for name in ("block_forward", "block_loss", "block_backward", "split_forward_product",
-                 "split_backward_products"):
-        assert steps[name].targetoptions.get("no_cpython_wrapper"), name
-        assert steps[name] is not getattr(block_step, name, None)
-    assert not block_step.block_batch_one_thread.targetoptions.get("no_cpython_wrapper")
-
-
 def test_a_build_is_cached_where_its_kernel_is_and_names_only_what_the_kernel_calls():
     assert type(one_thread(block_step.block_batch)._cache).__name__ == "FunctionCache"
     assert type(one_thread(_scaled_sum)._cache).__name__ == "NullCache"

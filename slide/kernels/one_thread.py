@@ -22,12 +22,9 @@ from slide.kernels.jit import njit
 SUFFIX = "_one_thread"
 
 
-def one_thread(kernel, calls=None, from_python=True):
+def one_thread(kernel, calls=None):
     """``kernel`` (a Numba dispatcher) compiled without ``parallel``, calling ``calls`` (name
-    in ``kernel``'s module -> the dispatcher to call in its place). ``from_python=False``: a
-    build only other kernels call, handed to them through ``calls`` and bound to no name,
-    compiled without the wrapper Python calls a kernel through (``no_cpython_wrapper``: less
-    to compile; a call from Python would crash the interpreter)."""
+    in ``kernel``'s module -> the dispatcher to call in its place)."""
     callees = dict(calls or {})
     source = kernel.py_func
     unknown = sorted(set(callees) - set(source.__code__.co_names))
@@ -42,7 +39,5 @@ def one_thread(kernel, calls=None, from_python=True):
     build.__doc__ = f"``{source.__name__}`` on one thread (``slide.kernels.one_thread``)."
     options = {k: v for k, v in kernel.targetoptions.items()
                if k not in ("parallel", "nopython")}   # njit sets nopython itself
-    if not from_python:
-        options["no_cpython_wrapper"] = True
     # cached where the kernel is (its decorator's ``cache`` is not among its target options)
     return njit(cache=not isinstance(kernel._cache, NullCache), **options)(build)

@@ -297,12 +297,12 @@ def block_batch(call):
 # default up to 7 cores) runs the same kernels built without parallel loops: they compile in
 # less time and compute the same bits (``slide.kernels.one_thread``). The row steps keep their
 # parallel build, which trained the network faster even on one thread (docs/design.md, "A batch
-# on one thread"). Only the batch calls the five steps' builds: no Python wrapper for them.
+# on one thread").
 _forward_backward_one_thread = one_thread(_forward_backward, {
-    name: one_thread(kernel, from_python=False) for name, kernel in (
-        ("block_forward", block_forward), ("block_loss", block_loss),
-        ("block_backward", block_backward), ("split_forward_product", split_forward_product),
-        ("split_backward_products", split_backward_products))})
+    "block_forward": one_thread(block_forward), "block_loss": one_thread(block_loss),
+    "block_backward": one_thread(block_backward),
+    "split_forward_product": one_thread(split_forward_product),
+    "split_backward_products": one_thread(split_backward_products)})
 block_batch_one_thread = one_thread(block_batch,
                                     {"_forward_backward": _forward_backward_one_thread})
 
@@ -390,3 +390,4 @@ def update(net, optimizer):
     net.pending_batch = None
     _update(call.model, call.work, call.data, call.draw, call.lists, call.step, call.sched)
     _default_chunks()
+
