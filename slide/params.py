@@ -252,9 +252,8 @@ TABLE = (
        "bench/results/inflight_2core.md; on 16 cores 4 trained 8.0-8.5x one thread, 16 "
        "lost 5 points: bench/results/many_core_16core.md). Above 4, the first quarter of the "
        "batches trains with 4 (slide.network.inflight.WARM_SHARE). At most the batches of an "
-       "epoch; "
-       "1 where the compiled batch does not apply (a sparse first layer, engine per_sample, "
-       "sampler dense)",
+       "epoch; 1 where the compiled batch does not apply (a sparse first layer, engine "
+       "per_sample, sampler dense)",
        ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
     _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch (and the seconds a process's "

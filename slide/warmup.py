@@ -35,8 +35,8 @@ from threadpoolctl import threadpool_limits
 
 from slide import metrics
 from slide.kernels import cache as kernel_cache, threads, topk
-from slide.network.block import NO_FEATURE_ROWS
 from slide.network import block_step
+from slide.network.block import NO_FEATURE_ROWS
 from slide.network.block_step import first_deltas
 from slide.network.inflight import batch_builds
 from slide.params import hidden_layer_count
@@ -67,8 +67,7 @@ def config_key(model):
     sparse = p["sparse_layers"]
     builds = batch_builds(p.get("batches_in_flight", 1), threads.threads_for(p.get("n_threads")))
     return (tuple(sorted(builds)), hidden_layer_count(p["hidden_sizes"]), p["sampler"],
-            p["hash_family"],
-            p["loss"], p["optimizer"], p["bucket_policy"], p["output_bias_init"],
+            p["hash_family"], p["loss"], p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
             bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
             int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0, p.get("engine"),
