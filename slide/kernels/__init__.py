@@ -16,3 +16,5 @@ from slide.kernels import cache  # noqa: F401,E402
 # code generator (whose CPU features set the vectors' width) by the first compilation
 from slide.kernels import codegen  # noqa: F401,E402
 from slide.kernels import threads  # noqa: F401,E402
+# before the first compilation: Numba's compile flags compared without building dicts
+from slide.kernels import compile_flags  # noqa: F401,E402
