@@ -5,11 +5,9 @@ While Numba types a kernel, every call to a function it implements by ``@overloa
 the argument types and by the flags the kernel is compiled with (a ``TargetConfig``). Those
 flags hash alike whatever their values (the hash covers the options' names only), so every
 lookup compares the flags of the entries with the same argument types, and Numba's
-``__eq__`` builds two dicts of every option's value a comparison (about 12 us). A cold warm-up
-of ``SlideClassifier()`` made about 520,000 comparisons: 6.5-6.8 s of its 109-113 s in one
-process, against 1.2-1.5 s with the comparison below (two alternating scratch pairs; the
-first-fit figures: ``bench/results/first_fit_debtags.md``, "Numba's compile flags compared
-faster").
+``__eq__`` builds two dicts of every option's value a comparison. A cold warm-up makes about
+half a million of them, some 5 % of its compile (``bench/results/first_fit_debtags.md``,
+"Numba's compile flags compared faster").
 
 The comparison here is Numba's, computed from the options a flags object has set: two flags
 of one class are equal when every option set on either has the same value on both (an option
