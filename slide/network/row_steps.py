@@ -149,37 +149,6 @@ def first_layer_step(W, MW, VW, TW, hyper, kind, w_off, frows, n_uniq, x_val, de
         _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, dels, u)
 
 
-# the fractional part of a batch's serial times this (the golden ratio's, 0.618...) is where
-# its block's row steps start: any W consecutive serials (the batches in flight at once)
-# start at least 0.47 n / W rows apart for W <= 16 (the three-gap theorem; the test checks it)
-START_STRIDE = 0.6180339887498949
-
-
-@njit(cache=True, nogil=True)
-def block_start(serial, n):
-    """The row of the shared block (of ``n`` rows) at which batch ``serial`` starts its row
-    steps. Every batch updates the same block rows (the exact head is in all of them): batches
-    in flight that walked the rows in one order from the same row would update each row at
-    about the same moment, and its cache lines would bounce between their cores through the
-    whole row's step. Spread out, each row's lines move once a batch."""
-    if n == 0:
-        return 0
-    return min(int((serial * START_STRIDE) % 1.0 * n), n - 1)
-
-
-@njit(cache=True, nogil=True)
-def _block_row(q, n, start):
-    """The block row of task ``q`` (of ``n``) when the walk starts at row ``start`` and wraps,
-    and the row after it in the walk (-1 after the last)."""
-    r = q + start
-    if r >= n:
-        r -= n
-    following = -1
-    if q + 1 < n:
-        following = r + 1 if r + 1 < n else 0
-    return r, following
-
-
 @njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True, error_model="numpy")
 def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows, n2, store,
                     block):
@@ -196,8 +165,8 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
       layer needs no gradient buffer at all (343 MB saved at Amazon-670K) and each touched
       row is read and written once a batch; gradient scratch ``out_rows.g_out[thread]``;
     - the shared block's rows, ``block`` = (rows, dW, db, stamp, serial): row rows[i] from
-      its batch gradient dW[i] / db[i], walked from ``block_start(serial)`` (batches in flight
-      start apart); ``stamp[j] = serial`` records the update for the incremental rehash.
+      its batch gradient dW[i] / db[i]; ``stamp[j] = serial`` records the update for the
+      incremental rehash.
 
     ``mom``, ``w_off``, ``b_off``: the output layer's; Adam (kind KIND_ADAM; non-empty step
     records: the missed zero-gradient steps first) or SGD with step hyper.lr_t. The three
@@ -214,7 +183,6 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
     uniq2, g_out = out_rows.uniq, out_rows.g_out
     rows3, dW, db, stamp, serial = block
     n3 = rows3.shape[0]
-    start3 = block_start(serial, n3)
     n_e = store.h_store.shape[1]
     n_b = dW.shape[1]
     for task in prange(n1 + n2 + n3):
@@ -226,13 +194,11 @@ def batch_row_steps(W, B, mom, hyper, kind, w_off, b_off, frows, first, out_rows
         extra = task < n1 + n2
         if extra:
             r, n_r, ids, n_in = task - n1, n2, uniq2, n_e
-            following = r + 1 if r + 1 < n_r else -1
         else:
-            r, following = _block_row(task - n1 - n2, n3, start3)
-            ids, n_in = rows3, n_b
+            r, n_r, ids, n_in = task - n1 - n2, n3, rows3, n_b
         j = ids[r]
-        if following >= 0:
-            jn = ids[following]
+        if r + 1 < n_r:
+            jn = ids[r + 1]
             _prefetch_output_row(W, B, MW, VW, MB, VB, TW, TB, w_off + np.int64(jn) * n_in, n_in,
                                  b_off + jn, jn)
         if extra:
