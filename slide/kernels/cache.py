@@ -32,7 +32,8 @@ a file, at module level or inside a function, whatever it binds:
 - ``importlib.import_module("slide.a")`` and ``__import__("slide.a")`` with a literal name.
 
 Plus, in every closure, ``slide.kernels`` (its ``__init__``: ``cache``, ``codegen``,
-``threads``, ``compile_flags``): the set-up every kernel is compiled under, whichever module it imports first.
+``threads``, ``compile_flags``): the set-up every kernel is compiled under, whichever module
+it imports first.
 
 What reaches a kernel as an argument rather than through an import. Numba keys each compiled
 signature by its argument types, which covers arrays, scalars and tuples whole, but:
