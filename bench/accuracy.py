@@ -32,7 +32,6 @@ import sys
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
 # run keys that are the bench's, not the estimator's: "normalize" (see below), "n_models"
 # (a slide.ensemble.SlideEnsemble of that many members, each built from the run's other keys)

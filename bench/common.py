@@ -185,8 +185,10 @@ def _read_path(data):
     X_te, Y_te = read_xc(te)
     n_lab = max(Y_tr.shape[1], Y_te.shape[1])
     n_feat = max(X_tr.shape[1], X_te.shape[1])
-    X_tr.resize((X_tr.shape[0], n_feat)); X_te.resize((X_te.shape[0], n_feat))
-    Y_tr.resize((Y_tr.shape[0], n_lab)); Y_te.resize((Y_te.shape[0], n_lab))
+    X_tr.resize((X_tr.shape[0], n_feat))
+    X_te.resize((X_te.shape[0], n_feat))
+    Y_tr.resize((Y_tr.shape[0], n_lab))
+    Y_te.resize((Y_te.shape[0], n_lab))
     return X_tr, Y_tr, X_te, Y_te
 
 

@@ -27,7 +27,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 
-
 def _mean_sd(values):
     a = np.asarray(values, dtype=np.float64)
     sd = float(a.std(ddof=1)) if a.size > 1 else 0.0
@@ -58,7 +57,7 @@ def summarise(out, seeds, command):
               f"{first['machine'].get('blas', 'not recorded')}",
              f"- settings: {json.dumps(first['settings'])}",
              f"- slide parameters: {json.dumps(first.get('slide_params'))}",
-             f"- per seed: `seed<S>/results.md`", "",
+             "- per seed: `seed<S>/results.md`", "",
              "| system | training s (all epochs) | one epoch without setup, s | samples/s "
              "| P@1 | P@5 | PSP@5 |",
              "|---|---|---|---|---|---|---|"]

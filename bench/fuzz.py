@@ -315,6 +315,7 @@ def run_case(model, model_path, i, seed, workdir):
                 def round_trip():
                     write_xc(path, X, Y)
                     return read_xc(path)
+
                 def same(got):
                     # label lists infer the label count (largest id + 1): compare the entries
                     same_y = Yc is None or np.array_equal(

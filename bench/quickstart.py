@@ -30,7 +30,6 @@ it cites (``tests/test_readme.py`` checks that).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource

@@ -157,14 +157,17 @@ def plot(rows, a, path):
         x0, y0 = dense[0]
         xs = sorted(a.labels)
         ax1.plot(xs, [y0 * x / x0 for x in xs], ls=":", c="grey", label="∝ labels")
-    ax1.set_xscale("log"); ax1.set_yscale("log")
-    ax1.set_xlabel("number of labels"); ax1.set_ylabel("seconds per epoch (measured whole)")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("number of labels")
+    ax1.set_ylabel("seconds per epoch (measured whole)")
     ax1.set_title(f"{T} threads, {a.epoch_points:,}-point epoch", fontsize=9)
     ax2.set_yscale("log")
     from matplotlib.ticker import NullFormatter
     for ax in (ax1, ax2):
         ax.yaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short spans
-    ax2.set_xlabel("threads"); ax2.set_ylabel("seconds per epoch (measured whole)")
+    ax2.set_xlabel("threads")
+    ax2.set_ylabel("seconds per epoch (measured whole)")
     ax2.set_xticks(a.threads_list)
     ax2.set_title(f"{a.thread_labels:,} labels", fontsize=9)
     for ax in (ax1, ax2):

@@ -94,6 +94,7 @@ def grid(args, model, Xt, Yt, exact, t_exact, k):
         for C, pr in itertools.product(args.cands, args.priors):
             if C == 0 and pr == 0:
                 continue
+
             def run():
                 H = net.hidden(Xt)
                 with blas_single_thread():

@@ -368,6 +368,7 @@ def test_a_diverged_batch_leaves_no_gradient_behind(tiny):
     Xtr, Ytr, _, _ = tiny
     m = SlideClassifier(**dict(SMALL, hidden_sizes=(16, 16), epochs=1, random_state=0,
                                n_threads=1))
+
     def poison_one_feature(model, info):
         if info["batch"] == 2:
             # one input feature's first-layer row becomes NaN: the samples that have it give a

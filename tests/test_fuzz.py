@@ -8,7 +8,6 @@ import os
 import sys
 
 import numpy as np
-import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -140,4 +140,3 @@ def set_chunk_size(typingctx, n):
         return context.get_dummy_value()
 
     return sig, codegen
-

@@ -390,4 +390,3 @@ def update(net, optimizer):
     net.pending_batch = None
     _update(call.model, call.work, call.data, call.draw, call.lists, call.step, call.sched)
     _default_chunks()
-

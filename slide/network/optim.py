@@ -18,6 +18,7 @@ from slide.network.adam import (KIND_ADAM, KIND_SGD, OPTIMIZERS, RATE_BLOCK, Hyp
                                 power_tables, touched_step)
 from slide.network.row_steps import batch_row_steps, first_layer_step
 
+
 class RowChunks(NamedTuple):
     """How a fused row step deals its rows to threads (``rows_a_chunk``)."""
     most: int                # at most this many rows a chunk
@@ -63,6 +64,7 @@ class BatchStep(NamedTuple):
     touched: TouchedStep     # the hidden layers' touched rows and biases
     out_moments: Moments     # the moments with the output layer's step records
     first_records: np.ndarray  # the first layer's row step records (empty: no catch-up)
+
 
 # re-exported: the optimizer's public names live here
 __all__ = ["SparseOptimizer", "OPTIMIZERS", "RATE_BLOCK", "adam_lr", "block_powers",
@@ -382,4 +384,3 @@ class SparseOptimizer:
                                  f"{a.dtype}, expected {target.shape} {target.dtype}")
             target[...] = a
         return opt
-

@@ -259,4 +259,3 @@ def add_vote(p, V, weight):
     V = V.tocoo()
     np.add.at(p, (V.row, V.col), np.asarray(weight * V.data, p.dtype))
     return p
-
