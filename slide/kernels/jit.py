@@ -6,8 +6,8 @@ users, first-class function values). slide never takes a kernel's address nor pa
 as a value, so the second wrapper is dead code that Numba still lowers, optimises and turns
 into machine code for every kernel, and again wherever a caller links the kernel in; the
 batch's kernels, whose bundles flatten into hundreds of arguments, have the largest ones.
-Without them a cold first fit of debtags compiled in 51.5-55.7 s against 55.3-68.1 s (three
-alternating rounds, ``bench/results/first_fit_debtags.md``). Every kernel module takes ``njit``
+Without them a cold compile is some 5 % shorter (``bench/results/first_fit_debtags.md``,
+"Kernels built without Numba's C-callable wrapper"). Every kernel module takes ``njit``
 from here (``tests/test_codegen.py`` checks that every kernel of slide's modules does).
 """
 import numba

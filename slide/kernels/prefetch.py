@@ -9,9 +9,9 @@ it never changes a result.
 """
 from llvmlite import ir
 from numba import types
+from numba.extending import intrinsic
 
 from slide.kernels.jit import njit
-from numba.extending import intrinsic
 
 # floats per 64-byte cache line
 LINE = 16
