@@ -10,12 +10,14 @@ test can still set one there. Figures cite their files in ``bench/results/``.
 # ---------------------------------------------------------------------------------------------
 # the network's training loop (slide.network.trainer)
 
-# epochs="auto": enough epochs for about this many batches, 3 at least, 10 at most. Measured
-# with the neighbour vote (bench/results/accuracy.md, round 5): the synthetic eurlex-4k and
-# wiki10-31k (~120 batches an epoch) gain 5-12 points of P@1 from 5-6 epochs over 3 and lose
-# again beyond 8-12; debtags (190 batches) and debdeps (355) lose from 4 epochs on
-AUTO_EPOCH_BATCHES = 625
-AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 10
+# epochs="auto": enough epochs for about this many batches, 3 at least, 8 at most. With the
+# whole model at width 256, 8 epochs against the 3-6 of the earlier 625 batches raised P@5 and
+# PSP@5 on all five sets measured (debdeps +0.8 and +2.6 points, debcontents +0.3 and +0.7,
+# debtags, eurlex-4k and wiki10-31k +0.1-0.7) with P@1 level or higher, for 1.2-1.5x the
+# training (bench/results/accuracy.md, round 11); sets of 715 batches an epoch or more
+# (91,000 rows at batch 128) keep their 3
+AUTO_EPOCH_BATCHES = 2500
+AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 8
 
 # hidden_sizes="auto": one hidden layer of AUTO_HIDDEN_WIDTH where the model at that width
 # (both layers' weights and Adam's two moments, float32) fits in AUTO_HIDDEN_MAX_MODEL_BYTES,

@@ -109,8 +109,8 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
         drawn once with the seed (``slide.data.cap_row_labels``). 0: every label.
     epochs : int or "auto"
         Passes of ``fit`` over the training set. "auto" (the default): 3, or more on small
-        training sets, enough for about 625 batches over all the rows given to ``fit`` (at most
-        10; ``slide.network.trainer.resolve_epochs``), run over the rows the network trains on (the
+        training sets, enough for about 2500 batches over all the rows given to ``fit`` (at most
+        8; ``slide.network.trainer.resolve_epochs``), run over the rows the network trains on (the
         re-ranker's held-out rows left out; ``planned_batches``).
     time_budget : float or None
         Seconds of training (``train_seconds_``, compilation excluded) after which ``fit``

@@ -179,8 +179,8 @@ TABLE = (
     _p("rehash_decay", "schedule.rehash_decay", "float", 0.02, "lambda: the t-th period is "
        "T_0 * exp(lambda * t)", ge=0, optional=True),
     _p("epochs", "train.epochs", "int_or_auto", "auto", "passes over the training set (the "
-       "learning-rate schedule spans them); auto: the count whose batches come nearest to 625, "
-       "at least 3 and at most 10, so more on small training sets (slide.network.trainer."
+       "learning-rate schedule spans them); auto: the count whose batches come nearest to "
+       "2500, at least 3 and at most 8, so more on small training sets (slide.network.trainer."
        "resolve_epochs, measured in bench/results/accuracy.md)", ge=1),
     # le: the training kernels stamp a sample's active-set marks serial * 2**20 + position + 1
     # (slide/network/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer

@@ -125,13 +125,13 @@ def test_train_from_data_paths_alone(tmp_path, capsys):
 
 
 def test_train_epochs_auto_is_resolved_from_the_data(tmp_path, capsys):
-    # 600 training rows in batches of 32: 19 an epoch, so "auto" is the cap, 10 epochs
+    # 600 training rows in batches of 32: 19 an epoch, so "auto" is the cap, 8 epochs
     cfg, run = tiny_config(tmp_path, epochs='"auto"', eval_every=0, ckpt_every=0)
     code, out, err = run_cli(["train", "--config", cfg], capsys)
     assert code == 0, err
-    assert "190 batches (10 epoch(s) of 19)" in out
+    assert "152 batches (8 epoch(s) of 19)" in out
     summary = json.load(open(os.path.join(run, "summary.json")))
-    assert summary["slide"]["batches"] == 190 and summary["slide"]["epochs"] == 10
+    assert summary["slide"]["batches"] == 152 and summary["slide"]["epochs"] == 8
     cfg, _ = tiny_config(tmp_path, "bad", epochs='"many"')
     code, out, err = run_cli(["train", "--config", cfg], capsys)
     assert code != 0 and "train.epochs" in err and "'auto'" in err

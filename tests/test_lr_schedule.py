@@ -98,36 +98,39 @@ def test_defaults_are_the_measured_schedule():
     assert defaults["epochs"] == "auto" and defaults["batch_size"] == 128
     assert defaults["hidden_sizes"] == "auto"
     # a default fit follows that schedule: 40 rows in batches of 16 are 3 batches an epoch,
-    # so "auto" means the most epochs (10): 30 batches, cosine from 1e-2
+    # so "auto" means the most epochs (8): 24 batches, cosine from 1e-2
     kw = {k: v for k, v in TINY.items() if k != "batch_size"}
     seen = []
     model = SlideClassifier(**kw, batch_size=16).fit(
         *tiny_data(), callback=lambda m, info: seen.append(m.optimizer_.learning_rate))
-    assert model.epoch_ == 10
-    np.testing.assert_allclose(seen, [1e-2 * 0.5 * (1 + math.cos(math.pi * k / 30))
-                                      for k in range(30)])
+    assert model.epoch_ == 8
+    np.testing.assert_allclose(seen, [1e-2 * 0.5 * (1 + math.cos(math.pi * k / 24))
+                                      for k in range(24)])
 
 
 @pytest.mark.parametrize("n_rows, batch_size, expected", [
-    (45_472, 128, 3),      # debdeps: 356 batches an epoch, 3 is already > 625 batches
-    (24_242, 128, 3),      # debtags: 190 an epoch, 625 / 190 = 3.3
-    (15_539, 128, 5),      # eurlex-4k preset: 122 an epoch, 5.1
-    (14_146, 128, 6),      # wiki10-31k preset: 111 an epoch, 5.6
-    (40, 16, 10),          # 3 batches an epoch: capped at 10
+    (45_472, 128, 7),      # debdeps: 356 batches an epoch, 2500 / 356 = 7.0
+    (34_060, 128, 8),      # debcontents: 267 an epoch, 9.4: capped at 8
+    (24_242, 128, 8),      # debtags: 190 an epoch, 13.2
+    (100_000, 128, 3),     # xc200k's training set: 782 an epoch, 3.2
+    (40, 16, 8),           # 3 batches an epoch: capped at 8
     (10**7, 128, 3),       # large sets: never fewer than 3
-    (15_539, 64, 3),       # the count is in batches: 243 an epoch at batch 64
+    (60_000, 128, 5),      # 469 an epoch, 5.3 ...
+    (60_000, 64, 3),       # ... but 938 at batch 64: the count is in batches
 ])
 def test_auto_epochs_aim_at_a_number_of_batches(n_rows, batch_size, expected):
     assert trainer.resolve_epochs("auto", n_rows, batch_size) == expected
     assert trainer.resolve_epochs(7, n_rows, batch_size) == 7       # a number is itself
 
 
-def test_auto_epochs_resolve_from_all_rows_when_the_reranker_holds_some_out():
+def test_auto_epochs_resolve_from_all_rows_when_the_reranker_holds_some_out(monkeypatch):
     """The rule was measured on whole training sets: the re-ranker's held-out tenth must not
-    move it (debtags' 190 batches an epoch are 171 without that tenth, 625 / 171 = 3.7: four
-    epochs, which cost P@1 there). 360 rows in batches of 2: 180 an epoch, 3 epochs; the
-    network trains on 324 rows, 162 batches an epoch, and the schedule ends at the third."""
+    move it. With the rule's constant at 625 batches (set here to keep the fit small), 360
+    rows in batches of 2 are 180 an epoch, 3 epochs; the network trains on 324 rows, 162
+    batches an epoch (625 / 162 = 3.9: four epochs, were the rule counted on them), and the
+    schedule ends at the third."""
     import scipy.sparse as sp
+    monkeypatch.setattr(trainer, "AUTO_EPOCH_BATCHES", 625)
     X, Y = tiny_data()
     X, Y = sp.vstack([X] * 9, format="csr"), sp.vstack([Y] * 9, format="csr")
     model = SlideClassifier(**{**TINY, "batch_size": 2})
