@@ -11,10 +11,10 @@ test can still set one there. Figures cite their files in ``bench/results/``.
 # the network's training loop (slide.network.trainer)
 
 # epochs="auto": enough epochs for about this many batches, 3 at least, 8 at most. With the
-# whole model at width 256, 8 epochs against the 3-6 of the earlier 625 batches raised P@5 and
-# PSP@5 on all five sets measured (debdeps +0.8 and +2.6 points, debcontents +0.3 and +0.7,
-# debtags, eurlex-4k and wiki10-31k +0.1-0.7) with P@1 level or higher, for 1.2-1.5x the
-# training (bench/results/accuracy.md, round 11); sets of 715 batches an epoch or more
+# whole model at width 256, 7-8 epochs against the 3 of the earlier 625 batches, 3 seeds beside
+# the trees: debdeps P@5 +0.8 and PSP@5 +2.4 points, debcontents +0.0 and +0.9, P@1 level,
+# for 1.2x and 1.4x the training (bench/results/accuracy_defaults_02c0d67_intel.md; probes on
+# debtags and the presets: accuracy.md, round 11); sets of 715 batches an epoch or more
 # (91,000 rows at batch 128) keep their 3
 AUTO_EPOCH_BATCHES = 2500
 AUTO_EPOCHS_MIN, AUTO_EPOCHS_MAX = 3, 8
