@@ -36,8 +36,8 @@ import numpy as np
 # run keys that are the bench's, not the estimator's: "normalize" (see below), "n_models"
 # (a slide.ensemble.SlideEnsemble of that many members, each built from the run's other keys)
 # and "fused" (the ensemble's); "search" (a slide.SlideSearch of that param_grid over the run's
-# other keys)
-BENCH_KEYS = ("normalize", "n_models", "fused", "search")
+# other keys) and "factor" (the search's successive halving: null trains every trial to the end)
+BENCH_KEYS = ("normalize", "n_models", "fused", "search", "factor")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,9 +116,10 @@ def run_slide(name, params, seed, data, args):
     n_models = params.pop("n_models", None)
     fused = params.pop("fused", True)
     grid = params.pop("search", None)
+    search_kw = {"factor": params.pop("factor")} if "factor" in params else {}
     if grid is not None:
         return run_search(name, params, grid, seed, (Xtr, Ytr, Xte, Yte, sample, inv_prop),
-                          args, normalize)
+                          args, normalize, **search_kw)
     if n_models is not None:
         split = (Xtr, Ytr, Xte, Yte, sample, inv_prop)
         return run_ensemble(name, params, n_models, seed, split, args, normalize, fused)
@@ -188,13 +189,14 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True
             "final": final}
 
 
-def run_search(name, params, grid, seed, data, args, normalize):
-    """Fit one SlideSearch of ``grid`` over ``params``; the record of its winner (its test
-    metrics, the search's seconds, every trial's held-out P@5)."""
+def run_search(name, params, grid, seed, data, args, normalize, **search_kw):
+    """Fit one SlideSearch of ``grid`` over ``params`` (``search_kw``: the search's own
+    settings); the record of its winner (its test metrics, the search's seconds, every trial's
+    held-out P@5 when last scored, the batches it had trained then and its rank)."""
     from slide import SlideClassifier, SlideSearch
     Xtr, Ytr, Xte, Yte, sample, inv_prop = data
     search = SlideSearch(SlideClassifier(**params, n_threads=args.threads, random_state=seed),
-                         grid)
+                         grid, **search_kw)
     t0 = time.perf_counter()
     search.fit(Xtr, Ytr)
     wall = time.perf_counter() - t0
@@ -202,12 +204,14 @@ def run_search(name, params, grid, seed, data, args, normalize):
     top = search.predict_topk(Xte, k=5)
     predict_s = time.perf_counter() - t0
     final = score_topk(Yte, top, inv_prop)
-    trials = [{"params": p, "held_out_P@5": float(sc)} for p, sc in
-              zip(search.cv_results_["params"], search.cv_results_["mean_test_score"])]
+    res = search.cv_results_
+    trials = [{"params": p, "held_out_P@5": float(sc), "batches": int(b), "rank": int(r)}
+              for p, sc, b, r in zip(res["params"], res["mean_test_score"], res["n_batches"],
+                                     res["rank_test_score"])]
     if args.verbose:
         print(f"  {name} seed {seed} {search.train_seconds_:.1f}s best {search.best_params_}",
               flush=True)
-    return {"system": "slide", "run": name, "params": dict(params, search=grid),
+    return {"system": "slide", "run": name, "params": dict(params, search=grid, **search_kw),
             "normalize": normalize, "seed": seed, "train_seconds": search.train_seconds_,
             "predict_seconds": predict_s, "compile_seconds": search.compile_seconds_,
             "fit_wall_seconds": wall, "stopped_early": False,

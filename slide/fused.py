@@ -143,18 +143,24 @@ def warm_up_members(members, X, Y, n_threads):
 
 
 def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
-                  callback=None, eval_set=None):
-    """Train the built ``members`` (fresh ``SlideClassifier``s that agree in ``PASS_PARAMS``)
-    together over the rows ``rows`` of (X, Y) (None: all), shuffled by ``order_seed``, on
-    ``n_threads`` threads, within ``time_budget`` seconds if set (the learning-rate schedule
-    then ends with the budget, as a single model's does). ``callback(k, member, info)`` runs
-    once a wave for each member still training (``info`` as ``SlideClassifier.fit``'s, with
-    ``batches``: the wave's size); a true return value stops that member. ``eval_set``
-    (checked (X, Y)): each member's P@1 on it in its ``history_`` at every epoch's end.
-    Returns the seconds trained (one clock for all members; each member's ``train_seconds_``
-    is set to it)."""
-    check_agree(members, PASS_PARAMS)
+                  callback=None, eval_set=None, pause_epoch=None, pause_seconds=None):
+    """Train the built ``members`` (``SlideClassifier``s that agree in ``PASS_PARAMS`` and
+    stand at the same position: fresh, or paused here together) together over the rows
+    ``rows`` of (X, Y) (None: all), shuffled by ``order_seed``, on ``n_threads`` threads,
+    within ``time_budget`` seconds if set (the learning-rate schedule then ends with the
+    budget, as a single model's does). ``callback(k, member, info)`` runs once a wave for each
+    member still training (``info`` as ``SlideClassifier.fit``'s, with ``batches``: the wave's
+    size); a true return value stops that member. ``eval_set`` (checked (X, Y)): each member's
+    P@1 on it in its ``history_`` at every epoch's end.
+
+    The pass pauses, every member synced, at the end of epoch ``pause_epoch`` (1-based) or at
+    the first wave end where its clock reached ``pause_seconds``; a later call goes on from
+    there, on the same schedule (``SlideSearch``'s successive halving). Returns the pass's
+    seconds so far (one clock for all members, which goes on from their ``train_seconds_``;
+    each member's ``train_seconds_`` is set to it)."""
+    check_agree(members, PASS_PARAMS + ("batches_", "epoch_", "batch_in_epoch_"))
     first = members[0]
+    start_epoch, start_batch = first.epoch_, first.batch_in_epoch_
     runs = [_MemberRun(k, m) for k, m in enumerate(members)]
     n_threads = max(1, int(n_threads))
     threads_each = max(1, n_threads // len(runs))
@@ -163,24 +169,30 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
     n_batches = -(-n // bs)
     epochs = trainer.resolve_epochs(first.epochs, X.shape[0], bs)
     total_batches = epochs * n_batches
+    end_epoch = epochs if pause_epoch is None else min(epochs, int(pause_epoch))
     Y_train = Y if rows is None else take_rows(Y, rows)
     for run in runs:
         run.steps.start(X, Y_train, threads_each)
         run.model.stopped_ = run.model.budget_spent_ = False
-    clock = 0.0
+    clock = float(first.train_seconds_)
     pool = ThreadPoolExecutor(min(len(runs), n_threads))
     try:
         with trainer.blas_single_thread():
-            for epoch in range(epochs):
+            for epoch in range(start_epoch, end_epoch):
                 t_epoch = time.perf_counter()
-                batches = list(iterate_minibatches(n, bs, int(order_seed), epoch))
-                for lo in range(0, n_batches, WAVE_BATCHES):
+                batches = list(iterate_minibatches(n, bs, int(order_seed), epoch,
+                                                   start_batch if epoch == start_epoch else 0))
+                for lo in range(0, len(batches), WAVE_BATCHES):
                     active = [r for r in runs if r.active]
                     if not active:
                         return clock
                     if time_budget and clock >= time_budget:
                         for r in active:
                             r.model.budget_spent_ = True
+                            r.model.sync()
+                        return clock
+                    if pause_seconds is not None and clock >= pause_seconds:
+                        for r in active:
                             r.model.sync()
                         return clock
                     t0 = time.perf_counter()

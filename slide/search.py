@@ -10,11 +10,22 @@ another. Each trial is scored by the precision at ``SCORE_K`` (5) of its network
 (exact, every label scored) on the held-out rows, which no trial trained on: the rows the
 template's re-ranker would hold out (``slide.rank.rerank.holdout_rows``, the same draw a
 ``SlideClassifier`` fit makes), or ``validation_fraction`` of the rows for a
-template without a re-ranker. The winner is then finished as its own ``fit`` would finish it:
-its neighbour memory and re-ranker fitted once, on the same split (``refit=True``), so
-``best_estimator_`` is the model ``SlideClassifier(**best_params_).fit`` trains with one batch
-in flight. The ranking stages' parameters (``neighbours``, ``neighbour_weight``, ``rerank``)
-are not searched: they are fitted once, for the winner.
+template without a re-ranker.
+
+Successive halving (``factor``, as scikit-learn's ``HalvingGridSearchCV``, with training
+batches for its resource). The trials train on their full schedules (epochs and learning
+rates as each would get alone), but the search pauses them in rounds: in each round the
+trials still in the search train on to a fraction of the schedule (``halving_rounds``:
+1/9, then 1/3 for four trials by 3), rounded to an epoch's end, are scored, and the best
+1/``factor`` of them go on; the last one left then trains to the end of its schedule. Paused
+at an epoch's end, a trial goes on exactly as it would have without the pause. ``factor=None``
+trains every trial to the end.
+
+The winner is then finished as its own ``fit`` would finish it: its neighbour memory and
+re-ranker fitted once, on the same split (``refit=True``), so ``best_estimator_`` is the model
+``SlideClassifier(**best_params_).fit`` trains with one batch in flight. The ranking stages'
+parameters (``neighbours``, ``neighbour_weight``, ``rerank``) are not searched: they are
+fitted once, for the winner.
 """
 import time
 
@@ -34,6 +45,7 @@ from slide.data import cap_row_labels
 from slide.data.inputs import take_rows
 from slide.labels import encode
 from slide.metrics import precision_at_k
+from slide.network import trainer
 from slide.network.trainer import blas_single_thread
 from slide.params import is_real
 
@@ -81,6 +93,52 @@ def check_param_grid(param_grid, template):
 SCORE_K = 5
 
 
+# successive halving's factor: scikit-learn's default. Scored after 1/9 and 1/3 of its
+# schedule, as four trials by 3 are, the learning-rate search's trials ranked the default rate
+# first on 6 of 6 runs of debdeps and debcontents (held-out P@5 at fractions of the schedule:
+# bench/results/search_38c5a2e_intel.md, "Part-way through the schedule")
+DEFAULT_FACTOR = 3
+
+
+def halving_rounds(n_trials, factor):
+    """The rounds of successive halving of ``n_trials`` trials by ``factor`` (None: none):
+    (fraction of the schedule trained when the round scores, trials kept after it), the last
+    keeping one. Round r of R scores at factor**(r - R - 1) of the schedule: four trials by
+    3 are scored at 1/9 and 1/3 and keep 2, then 1."""
+    if factor is None:
+        return []
+    kept = [int(n_trials)]
+    while kept[-1] > 1:
+        kept.append(-(-kept[-1] // int(factor)))
+    n_rounds = len(kept) - 1
+    return [(float(factor) ** (r - n_rounds - 1), kept[r]) for r in range(1, n_rounds + 1)]
+
+
+class _Trials:
+    """What the search records of each trial: its last score, the round and batches it was
+    scored at, its passes' seconds and its pass's group."""
+
+    def __init__(self, n):
+        self.score = np.zeros(n)
+        self.round = np.zeros(n, np.int64)
+        self.batches = np.zeros(n, np.int64)
+        self.seconds = np.zeros(n)
+        self.group = np.zeros(n, np.int64)
+        self.pass_seconds = 0.0
+
+    def ranks(self):
+        """1 for the winner: trials that reached a later round first, then by score; ties
+        share the better rank."""
+        order = np.lexsort((-self.score, -self.round))
+        ranks = np.empty(len(order), np.int64)
+        ranks[order] = np.arange(1, len(order) + 1)
+        for r in range(1, len(order)):
+            a, b = order[r], order[r - 1]
+            if (self.score[a], self.round[a]) == (self.score[b], self.round[b]):
+                ranks[a] = ranks[b]
+        return ranks
+
+
 def _pass_key(model):
     """What trials trained in one pass share (``fused.PASS_PARAMS``)."""
     return tuple(getattr(model, name) for name in fused_mod.PASS_PARAMS)
@@ -101,20 +159,28 @@ class SlideSearch(BaseEstimator):
         Share of the rows held out to score the trials when the template has no re-ranker
         (with one, its held-out rows score them).
     refit : bool
-        Finish the winner (its vote and re-ranker) as ``best_estimator_``.
+        Finish the winner: train it to the end of its schedule (with halving) and fit its vote
+        and re-ranker, as ``best_estimator_``. False: stop when one trial is left.
+    factor : int >= 2 or None
+        Successive halving: keep the best 1/``factor`` of the trials after each round (module
+        docstring). None: train every trial to the end and score it there.
 
     Fitted attributes: ``cv_results_`` (``params``, ``param_<name>``, ``mean_test_score``:
-    held-out P@5 of the trial's network, ``rank_test_score``, ``mean_fit_time``: seconds of
-    the trial's pass, shared by the trials fused in it, ``fused_group``), ``best_index_``,
-    ``best_params_``, ``best_score_``, ``best_estimator_`` (``refit``), ``n_held_out_``,
-    ``train_seconds_`` (every pass and the winner's stages), ``seed_``.
+    held-out P@5 of the trial's network when last scored, ``halving_round`` and ``n_batches``:
+    the round and the batches trained then, ``rank_test_score``: the trials of later rounds
+    first, then by score, ``mean_fit_time``: seconds of the trial's passes, shared by the
+    trials fused in them, ``fused_group``), ``best_index_``, ``best_params_``,
+    ``best_score_``, ``best_estimator_`` (``refit``), ``n_held_out_``, ``n_rounds_`` (of
+    halving), ``train_seconds_`` (every pass and the winner's stages), ``seed_``.
     """
 
-    def __init__(self, estimator=None, param_grid=None, validation_fraction=0.1, refit=True):
+    def __init__(self, estimator=None, param_grid=None, validation_fraction=0.1, refit=True,
+                 factor=DEFAULT_FACTOR):
         self.estimator = estimator
         self.param_grid = param_grid
         self.validation_fraction = validation_fraction
         self.refit = refit
+        self.factor = factor
 
     def _validate(self):
         template = fused_mod.template_estimator(self.estimator)
@@ -125,6 +191,10 @@ class SlideSearch(BaseEstimator):
                              f"{self.validation_fraction!r}")
         if not isinstance(self.refit, (bool, np.bool_)):
             raise ValueError(f"refit must be True or False, got {self.refit!r}")
+        if self.factor is not None and (isinstance(self.factor, (bool, np.bool_)) or
+                                        not isinstance(self.factor, (int, np.integer)) or
+                                        self.factor < 2):
+            raise ValueError(f"factor must be an integer >= 2 or None, got {self.factor!r}")
         return template, check_param_grid(self.param_grid, template)
 
     def _split(self, model, n_rows, n_labels, seed):
@@ -141,8 +211,9 @@ class SlideSearch(BaseEstimator):
                 np.sort(perm[:n_held]).astype(np.int64), False)
 
     def fit(self, X, Y, classes=None):
-        """Train every trial (fused by shape), score it on the held-out rows, and finish the
-        winner (``refit``). Y and ``classes``: as ``SlideClassifier.fit`` takes them."""
+        """Train the trials (fused by shape) in rounds of successive halving, score them on
+        the held-out rows, and finish the winner (``refit``). Y and ``classes``: as
+        ``SlideClassifier.fit`` takes them."""
         template, trials = self._validate()
         seed = template.random_state
         if seed is None:
@@ -157,11 +228,18 @@ class SlideSearch(BaseEstimator):
         groups = {}
         for i, m in enumerate(models):
             groups.setdefault(_pass_key(m), []).append(i)
+        groups = list(groups.values())
+        rounds = halving_rounds(len(models), self.factor)
+        n_threads = first._threads()
         # every trial's kernels as its pass runs them (a configuration compiled once per
-        # process: cheap when the trials differ in values only)
+        # process: cheap when the trials differ in values only), and a group's kernels alone
+        # on every thread, as the last trial of a halving search trains
         compile_seconds = sum(fused_mod.warm_up_members([models[i] for i in members], X, Y,
-                                                        first._threads())
-                              for members in groups.values())
+                                                        n_threads)
+                              for members in groups)
+        if rounds:
+            compile_seconds += sum(fused_mod.warm_up_members([models[members[0]]], X, Y,
+                                                             n_threads) for members in groups)
         X, Y, names = first._check_training_data(X, Y, False, names)
         Y = cap_row_labels(Y, first.max_row_labels, self.seed_)
         for m in models:
@@ -169,30 +247,27 @@ class SlideSearch(BaseEstimator):
             m._build(X.shape[1], Y.shape[1], hs, sparse)
             labels_mod.set_classes(m, names)
         fit_rows, held, for_rerank = self._split(first, X.shape[0], Y.shape[1], self.seed_)
-        seconds = np.zeros(len(models))
-        group_of = np.zeros(len(models), np.int64)
         # the template's time_budget is the whole search's: each pass gets an equal share
         budget = template.time_budget
         share = None if budget is None else float(budget) / len(groups)
-        for g, members in enumerate(groups.values()):
-            took = fused_mod.train_members([models[i] for i in members], X, Y, fit_rows,
-                                           self.seed_, first._threads(), time_budget=share)
-            seconds[members] = took
-            group_of[members] = g
-        scores = self._held_out_scores(models, X, Y, held)
-        order = np.argsort(-scores, kind="stable")
-        ranks = np.empty(len(models), np.int64)
-        ranks[order] = np.arange(1, len(models) + 1)
-        for r in range(1, len(models)):         # ties share the better rank
-            if scores[order[r]] == scores[order[r - 1]]:
-                ranks[order[r]] = ranks[order[r - 1]]
-        self.cv_results_ = self._results(trials, scores, ranks, seconds, group_of)
-        self.best_index_ = int(order[0])
+        state = _Trials(len(models))
+        alive = list(range(len(models)))
+        for r, (fraction, keep) in enumerate(rounds, start=1):
+            self._train(models, groups, alive, state, X, Y, fit_rows, share, fraction)
+            self._score(models, alive, state, X, Y, held, r)
+            alive = sorted(sorted(alive, key=lambda i: -state.score[i])[:keep])
+        if self.refit or not rounds:
+            self._train(models, groups, alive, state, X, Y, fit_rows, share, None)
+            self._score(models, alive, state, X, Y, held, len(rounds) + 1)
+        ranks = state.ranks()
+        self.cv_results_ = self._results(trials, state, ranks)
+        self.best_index_ = int(np.argmin(ranks))
         self.best_params_ = dict(trials[self.best_index_])
-        self.best_score_ = float(scores[self.best_index_])
+        self.best_score_ = float(state.score[self.best_index_])
         self.n_held_out_ = int(held.shape[0])
+        self.n_rounds_ = len(rounds)
         self.compile_seconds_ = float(compile_seconds)
-        total = float(sum(seconds[members[0]] for members in groups.values()))
+        total = state.pass_seconds
         if self.refit:
             best = models[self.best_index_]
             labels_mod.set_target(best, one_d)
@@ -204,6 +279,35 @@ class SlideSearch(BaseEstimator):
             self.best_estimator_ = best
         self.train_seconds_ = total
         return self
+
+    def _train(self, models, groups, alive, state, X, Y, fit_rows, share, fraction):
+        """Train the ``alive`` trials, one pass a group, to ``fraction`` of their schedules
+        (None: to the end): to that share of their epochs, at least one and rounded to an
+        epoch's end, or of the pass's time budget ``share``."""
+        for g, members in enumerate(groups):
+            members = [i for i in members if i in alive]
+            if not members:
+                continue
+            ms = [models[i] for i in members]
+            pause_epoch = pause_seconds = None
+            if fraction is not None:
+                epochs = trainer.resolve_epochs(ms[0].epochs, X.shape[0], ms[0].batch_size)
+                pause_epoch = max(1, int(round(fraction * epochs)))
+                pause_seconds = None if share is None else fraction * share
+            before = float(ms[0].train_seconds_)
+            took = fused_mod.train_members(ms, X, Y, fit_rows, self.seed_, ms[0]._threads(),
+                                           time_budget=share, pause_epoch=pause_epoch,
+                                           pause_seconds=pause_seconds) - before
+            state.seconds[members] += took
+            state.group[members] = g
+            state.pass_seconds += took
+
+    def _score(self, models, alive, state, X, Y, held, round_):
+        """Score the ``alive`` trials on the held-out rows, in round ``round_``."""
+        state.score[alive] = self._held_out_scores([models[i] for i in alive], X, Y, held)
+        state.round[alive] = round_
+        for i in alive:
+            state.batches[i] = models[i].batches_
 
     @staticmethod
     def _held_out_scores(models, X, Y, held):
@@ -219,9 +323,11 @@ class SlideSearch(BaseEstimator):
         return out
 
     @staticmethod
-    def _results(trials, scores, ranks, seconds, group_of):
-        res = {"params": [dict(p) for p in trials], "mean_test_score": scores,
-               "rank_test_score": ranks, "mean_fit_time": seconds, "fused_group": group_of}
+    def _results(trials, state, ranks):
+        res = {"params": [dict(p) for p in trials], "mean_test_score": state.score.copy(),
+               "rank_test_score": ranks, "mean_fit_time": state.seconds.copy(),
+               "fused_group": state.group.copy(), "n_batches": state.batches.copy(),
+               "halving_round": state.round.copy()}
         for key in sorted({k for p in trials for k in p}):
             col = np.ma.masked_all(len(trials), dtype=object)
             for i, p in enumerate(trials):

@@ -117,7 +117,8 @@ def test_ensemble_and_budget_runs_on_tiny(tmp_path):
     md = (tmp_path / "acc.md").read_text()
     assert ("| slide | n_models=2 | hidden_sizes=[16] learning_rate=0.01 epochs=2 n_models=2 "
             "fused=true |") in md
-    # the search's record: every trial's held-out P@5, the winner among them
+    # the search's record: every trial's held-out P@5, batches and rank; the winner ranks first
     assert [t["params"]["learning_rate"] for t in search["trials"]] == [1e-3, 1e-2]
-    best = max(search["trials"], key=lambda t: t["held_out_P@5"])
+    best = min(search["trials"], key=lambda t: t["rank"])
     assert search["best_params"] == best["params"] and 0.0 <= search["final"]["P@1"] <= 1.0
+    assert max(t["batches"] for t in search["trials"]) == best["batches"] > 0

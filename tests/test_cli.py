@@ -612,6 +612,8 @@ def test_search_table_trains_the_winner_and_resume_keeps_it(tmp_path, capsys):
     assert found["held_out_rows"] > 0 and "search: 2 trials" in text
     best = found["best"]["optimizer.learning_rate"]
     assert max(found["trials"], key=lambda t: t["held_out_P@5"])["values"] == found["best"]
+    # one epoch: halving scores both trials at its end, and keeps one
+    assert len({t["batches"] for t in found["trials"]}) == 1 and "after" in text
     model = slide_load(os.path.join(out, "model.slide"))
     assert model.learning_rate == best
     code, text, err = run_cli(["train", "--config", cfg, "--resume"], capsys)

@@ -169,11 +169,12 @@ def test_bad_fused_flag_and_mismatched_members_are_named(data):
         fused.check_agree([a, SlideClassifier(**dict(TINY, loss="sigmoid"))])
 
 
-@pytest.mark.parametrize("kind", ["ensemble", "search"])
+@pytest.mark.parametrize("kind", ["ensemble", "search", "halving search"])
 def test_the_warm_up_compiles_the_build_the_pass_runs(data, monkeypatch, kind):
     """Two members on two threads run their batches on one thread each, so the batch's
     one-thread build (``block_step.run_batch``): the warm-up must key and compile that build,
-    not the parallel one, else the pass compiles it inside its clock."""
+    not the parallel one, else the pass compiles it inside its clock. A halving search's last
+    trial trains alone on both threads: the warm-up compiles that build too."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs two threads")
     keys, threads_a_batch = [], []
@@ -190,11 +191,17 @@ def test_the_warm_up_compiles_the_build_the_pass_runs(data, monkeypatch, kind):
     monkeypatch.setattr(warmup, "warm_up", recording_warm_up)
     monkeypatch.setattr(block_step, "run_batch", recording_run)
     template = SlideClassifier(**dict(TINY, n_threads=2), neighbours=0, random_state=1)
+    grid = {"learning_rate": [1e-3, 1e-2]}
     if kind == "ensemble":
         SlideEnsemble(template, n_models=2, random_state=1).fit(*data)
+    elif kind == "search":
+        slide.SlideSearch(template, param_grid=grid, factor=None).fit(*data)
     else:
-        slide.SlideSearch(template, param_grid={"learning_rate": [1e-3, 1e-2]}).fit(*data)
-    assert threads_a_batch and set(threads_a_batch) == {1}
-    # the key's first entry: whether a batch takes the one-thread build
-    assert keys and all(key[0] for key in keys)
+        slide.SlideSearch(template, param_grid=grid, factor=2).fit(*data)
+    # the key's first entry: the builds a fit takes (True: one thread a batch)
+    builds = set().union(*(key[0] for key in keys))
+    if kind == "halving search":
+        assert set(threads_a_batch) == {1, 2} and builds == {True, False}
+    else:
+        assert threads_a_batch and set(threads_a_batch) == {1} and builds == {True}
     assert numba.get_num_threads() == 2         # the warm-up's share did not stay set

@@ -143,3 +143,126 @@ def test_a_trial_is_scored_by_its_networks_precision_at_5_on_the_held_out_rows(d
     top = best.network_.predict_topk_exact(take_rows(X, held), 5)
     assert searched.best_score_ == pytest.approx(precision_at_k(take_rows(Y, held), top, 5))
     assert slide.search.SCORE_K == 5
+
+
+@pytest.mark.parametrize("n_trials, factor, rounds", [
+    (4, 3, [(1 / 9, 2), (1 / 3, 1)]),
+    (4, 4, [(1 / 4, 1)]),
+    (4, 2, [(1 / 4, 2), (1 / 2, 1)]),
+    (5, 3, [(1 / 9, 2), (1 / 3, 1)]),
+    (10, 3, [(1 / 27, 4), (1 / 9, 2), (1 / 3, 1)]),
+    (1, 3, []),
+    (4, None, []),
+])
+def test_halving_rounds(n_trials, factor, rounds):
+    got = slide.search.halving_rounds(n_trials, factor)
+    assert [k for _, k in got] == [k for _, k in rounds]
+    np.testing.assert_allclose([f for f, _ in got], [f for f, _ in rounds])
+
+
+@pytest.fixture(scope="module")
+def halved(data):
+    """Four trials of 9 epochs by 3: scored after 1 epoch (1/9), the best two after 3 (1/3);
+    the last one trains on to epoch 9."""
+    grid = {"learning_rate": [1e-4, 1e-3, 1e-2, 3e-2]}
+    return SlideSearch(SlideClassifier(**dict(TINY, epochs=9)), grid, factor=3,
+                       validation_fraction=0.25).fit(*data)
+
+
+def test_halving_stops_the_worse_trials_part_way(data, halved):
+    res = halved.cv_results_
+    per_epoch = -(-(data[0].shape[0] - halved.n_held_out_) // TINY["batch_size"])
+    assert halved.n_rounds_ == 2
+    assert sorted(res["halving_round"]) == [1, 1, 2, 3]
+    assert sorted(res["n_batches"]) == [per_epoch, per_epoch, 3 * per_epoch, 9 * per_epoch]
+    best = halved.best_index_
+    assert res["halving_round"][best] == 3 and res["rank_test_score"][best] == 1
+    assert halved.best_estimator_.batches_ == 9 * per_epoch
+    # a later round ranks first; the trials stopped after the first round by their scores
+    second = int(np.flatnonzero(res["halving_round"] == 2)[0])
+    assert res["rank_test_score"][second] == 2
+    first_round = np.flatnonzero(res["halving_round"] == 1)
+    a, b = first_round
+    (ra, rb), (sa, sb) = res["rank_test_score"][first_round], res["mean_test_score"][first_round]
+    assert min(ra, rb) == 3 and (ra < rb) == (sa > sb) and (ra == rb) == (sa == sb)
+    assert halved.best_score_ == res["mean_test_score"][best]
+    # the last trial's passes: all three rounds'; a trial stopped after round 1 had the first
+    assert res["mean_fit_time"][best] > res["mean_fit_time"][a] > 0
+
+
+def test_a_halved_winner_is_the_fit_it_would_get_alone(data, halved):
+    """Paused at epoch ends and trained on, the winner is bit for bit the network
+    SlideClassifier(**best_params_) trains alone on one thread."""
+    X, Y = data
+    alone = SlideClassifier(**dict(TINY, epochs=9, **halved.best_params_), batches_in_flight=1)
+    hs, sparse = alone._checked_params()
+    alone._build(X.shape[1], Y.shape[1], hs, sparse)
+    fit_rows, _, _ = halved._split(alone, X.shape[0], Y.shape[1], halved.seed_)
+    slide.fused.train_members([alone], X, Y, fit_rows, halved.seed_, 1)
+    np.testing.assert_array_equal(alone.network_.W, halved.best_estimator_.network_.W)
+
+
+def test_without_halving_every_trial_trains_to_the_end(data):
+    grid = {"learning_rate": [1e-3, 1e-2, 3e-2]}
+    s = SlideSearch(SlideClassifier(**TINY), grid, factor=None).fit(*data)
+    res = s.cv_results_
+    assert s.n_rounds_ == 0 and set(res["halving_round"]) == {1}
+    assert len(set(res["n_batches"])) == 1 and s.best_score_ == res["mean_test_score"].max()
+
+
+def test_refit_false_stops_when_one_trial_is_left(data):
+    grid = {"learning_rate": [1e-4, 1e-3, 1e-2, 3e-2]}
+    s = SlideSearch(SlideClassifier(**dict(TINY, epochs=9)), grid, refit=False).fit(*data)
+    res = s.cv_results_
+    assert sorted(res["halving_round"]) == [1, 1, 2, 2]
+    assert res["n_batches"].max() == 3 * res["n_batches"].min()
+    assert res["rank_test_score"][s.best_index_] == 1 and not hasattr(s, "best_estimator_")
+
+
+def test_a_paused_pass_goes_on_as_if_uninterrupted(data):
+    """``train_members`` paused at an epoch's end and called again: the same bits as one
+    call (one thread). Paused by its clock, mid-epoch, it goes on from the next batch; the
+    sync there changes dense Adam's arithmetic (not its sum), so that case is checked bit for
+    bit with an optimizer whose sync changes nothing (``lazy_adam``)."""
+    X, Y = data
+
+    def built(**kw):
+        ms = [SlideClassifier(**dict(TINY, learning_rate=lr, batch_size=2, **kw))
+              for lr in (1e-3, 1e-2)]
+        for m in ms:
+            hs, sparse = m._checked_params()
+            m._build(X.shape[1], Y.shape[1], hs, sparse)
+        return ms
+
+    whole, paused = built(), built()
+    slide.fused.train_members(whole, X, Y, None, 3, 1)
+    slide.fused.train_members(paused, X, Y, None, 3, 1, pause_epoch=2)
+    assert [m.epoch_ for m in paused] == [2, 2]
+    slide.fused.train_members(paused, X, Y, None, 3, 1)
+    whole_lazy, timed = built(optimizer="lazy_adam"), built(optimizer="lazy_adam")
+    slide.fused.train_members(whole_lazy, X, Y, None, 3, 1)
+    assert -(-X.shape[0] // 2) > slide.fused.WAVE_BATCHES
+    slide.fused.train_members(timed, X, Y, None, 3, 1, pause_seconds=1e-9)
+    assert [m.batches_ for m in timed] == [slide.fused.WAVE_BATCHES] * 2    # after one wave
+    slide.fused.train_members(timed, X, Y, None, 3, 1)
+    for w, p, wl, t in zip(whole, paused, whole_lazy, timed):
+        assert w.batches_ == p.batches_ == wl.batches_ == t.batches_ > 0
+        np.testing.assert_array_equal(w.network_.W, p.network_.W)
+        np.testing.assert_array_equal(wl.network_.W, t.network_.W)
+
+
+def test_members_at_different_positions_are_refused(data):
+    X, Y = data
+    ms = [SlideClassifier(**TINY) for _ in range(2)]
+    for m in ms:
+        hs, sparse = m._checked_params()
+        m._build(X.shape[1], Y.shape[1], hs, sparse)
+    slide.fused.train_members(ms[:1], X, Y, None, 3, 1, pause_epoch=1)
+    with pytest.raises(ValueError, match="agree in batches_"):
+        slide.fused.train_members(ms, X, Y, None, 3, 1)
+
+
+@pytest.mark.parametrize("factor", [1, 0, 2.5, True, "3"])
+def test_a_bad_factor_is_named(data, factor):
+    with pytest.raises(ValueError, match="factor"):
+        SlideSearch(SlideClassifier(**TINY), {"learning_rate": [1e-3]}, factor=factor).fit(*data)

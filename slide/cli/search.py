@@ -38,7 +38,8 @@ def with_values(cfg, chosen):
 
 def run_search(cfg, run_dir, X_tr, Y_tr, resume):
     """The ``[search]`` step: a ``SlideSearch`` over the table's values on the training rows
-    (its trials fused, scored on held-out rows), its trials and winner written to
+    (its trials fused, scored on held-out rows, halved until one is left), its trials and
+    winner written to
     ``search.json``; returns the configuration with the winner's values, which the run then
     trains. A resumed run reads the winner back instead of searching again."""
     path = os.path.join(run_dir, SEARCH_FILE)
@@ -61,10 +62,11 @@ def run_search(cfg, run_dir, X_tr, Y_tr, resume):
     for i, p in enumerate(res["params"]):
         trials.append({"values": {k: _plain(p[n]) for k, n in keys.items()},
                        "held_out_P@5": float(res["mean_test_score"][i]),
+                       "batches": int(res["n_batches"][i]),
                        "rank": int(res["rank_test_score"][i]),
                        "pass_seconds": round(float(res["mean_fit_time"][i]), 3)})
         _info(f"  {_fmt_chosen(trials[-1]['values'])}: held-out P@5 "
-              f"{trials[-1]['held_out_P@5']:.4f}")
+              f"{trials[-1]['held_out_P@5']:.4f} after {trials[-1]['batches']} batches")
     chosen = trials[search.best_index_]["values"]
     write_text(path, json.dumps({"held_out_rows": search.n_held_out_,
                                  "seconds": round(search.train_seconds_, 3),
