@@ -235,11 +235,11 @@ class SlideSearch(BaseEstimator):
         n_threads = first._threads()
         # every trial's kernels as its pass runs them (a configuration compiled once per
         # process: cheap when the trials differ in values only), and a group's kernels alone
-        # on every thread, as the last trial of a halving search trains
+        # on every thread, as the last trial of a halving search trains on when refitted
         compile_seconds = sum(fused_mod.warm_up_members([models[i] for i in members], X, Y,
                                                         n_threads)
                               for members in groups)
-        if rounds:
+        if rounds and self.refit:
             compile_seconds += sum(fused_mod.warm_up_members([models[members[0]]], X, Y,
                                                              n_threads) for members in groups)
         X, Y, names = first._check_training_data(X, Y, False, names)
@@ -257,6 +257,7 @@ class SlideSearch(BaseEstimator):
         for r, (fraction, keep) in enumerate(rounds, start=1):
             self._train(models, groups, alive, state, X, Y, fit_rows, share, fraction)
             self._score(models, alive, state, X, Y, held, r)
+            # the best ``keep`` go on (equal scores: the earlier trial)
             alive = sorted(sorted(alive, key=lambda i: -state.score[i])[:keep])
         if self.refit or not rounds:
             self._train(models, groups, alive, state, X, Y, fit_rows, share, None)
