@@ -20,7 +20,9 @@ member trains the wave's batches one after another, as one task of a pool of ``m
 n_threads)`` threads (a member's batch is one compiled call that releases the GIL), on
 ``n_threads // K`` Numba threads (one where the members are as many as the threads or more).
 Between waves nothing runs: there the clock and the budget are checked, epochs end (each
-member's optimizer synced) and the callback is called once a member.
+member's optimizer synced) and the callback is called once a member. There a pass can also
+pause, at an epoch's end or a clock reading, and a later call with some of its members go on
+from there (``SlideSearch``'s successive halving).
 
 What is not fused: each member's batch stays its own compiled call (its products, row steps
 and optimizer): a member's flops and touched rows are its own however the members are laid
