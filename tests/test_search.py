@@ -266,3 +266,20 @@ def test_members_at_different_positions_are_refused(data):
 def test_a_bad_factor_is_named(data, factor):
     with pytest.raises(ValueError, match="factor"):
         SlideSearch(SlideClassifier(**TINY), {"learning_rate": [1e-3]}, factor=factor).fit(*data)
+
+
+def test_halving_compares_passes_at_the_same_share_of_their_own_schedules(data):
+    """Trials of two batch sizes (two passes) halved by 3: three trials, one round, at a third
+    of each pass's own epochs; the one left trains to the end of its schedule."""
+    X, Y = data
+    grid = [{"learning_rate": [1e-4, 1e-2]}, {"batch_size": [16]}]
+    s = SlideSearch(SlideClassifier(**dict(TINY, epochs=9)), grid,
+                    validation_fraction=0.25).fit(X, Y)
+    res = s.cv_results_
+    n_fit = X.shape[0] - s.n_held_out_
+    per_epoch = [-(-n_fit // p.get("batch_size", TINY["batch_size"])) for p in res["params"]]
+    assert s.n_rounds_ == 1 and len(set(res["fused_group"])) == 2
+    for i, p in enumerate(res["params"]):
+        epochs = 9 if i == s.best_index_ else 3
+        assert res["n_batches"][i] == epochs * per_epoch[i]
+        assert res["halving_round"][i] == (2 if i == s.best_index_ else 1)
