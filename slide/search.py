@@ -17,15 +17,17 @@ batches for its resource). The trials train on their full schedules (epochs and 
 rates as each would get alone), but the search pauses them in rounds: in each round the
 trials still in the search train on to a fraction of the schedule (``halving_rounds``:
 1/9, then 1/3 for four trials by 3), rounded to an epoch's end, are scored, and the best
-1/``factor`` of them go on; the last one left then trains to the end of its schedule. Paused
-at an epoch's end, a trial goes on exactly as it would have without the pause. ``factor=None``
-trains every trial to the end.
+1/``factor`` of them go on; the last one left then trains to the end of its schedule, alone,
+as its own fit trains (the template's ``batches_in_flight``; in the passes a trial trains one
+batch at a time). Paused at an epoch's end, a trial goes on exactly as it would have without
+the pause. ``factor=None`` trains every trial to the end, in its pass.
 
 The winner is then finished as its own ``fit`` would finish it: its neighbour memory and
 re-ranker fitted once, on the same split (``refit=True``), so ``best_estimator_`` is the model
-``SlideClassifier(**best_params_).fit`` trains with one batch in flight. The ranking stages'
-parameters (``neighbours``, ``neighbour_weight``, ``rerank``) are not searched: they are
-fitted once, for the winner.
+``SlideClassifier(**best_params_).fit`` trains (bit for bit on one thread; with several
+batches in flight, as different as two such fits). The ranking stages' parameters
+(``neighbours``, ``neighbour_weight``, ``rerank``) are not searched: they are fitted once, for
+the winner.
 """
 import time
 
@@ -234,14 +236,14 @@ class SlideSearch(BaseEstimator):
         rounds = halving_rounds(len(models), self.factor)
         n_threads = first._threads()
         # every trial's kernels as its pass runs them (a configuration compiled once per
-        # process: cheap when the trials differ in values only), and a group's kernels alone
-        # on every thread, as the last trial of a halving search trains on when refitted
+        # process: cheap when the trials differ in values only), and a group's kernels as its
+        # own fit runs them, as the last trial of a halving search trains on when refitted
         compile_seconds = sum(fused_mod.warm_up_members([models[i] for i in members], X, Y,
                                                         n_threads)
                               for members in groups)
         if rounds and self.refit:
-            compile_seconds += sum(fused_mod.warm_up_members([models[members[0]]], X, Y,
-                                                             n_threads) for members in groups)
+            compile_seconds += sum(self._as_fitted_alone(models[members[0]], template)
+                                   ._warm_up(X, Y) for members in groups)
         X, Y, names = first._check_training_data(X, Y, False, names)
         Y = cap_row_labels(Y, first.max_row_labels, self.seed_)
         for m in models:
@@ -259,8 +261,11 @@ class SlideSearch(BaseEstimator):
             self._score(models, alive, state, X, Y, held, r)
             # the best ``keep`` go on (equal scores: the earlier trial)
             alive = sorted(sorted(alive, key=lambda i: -state.score[i])[:keep])
-        if self.refit or not rounds:
+        if not rounds:
             self._train(models, groups, alive, state, X, Y, fit_rows, share, None)
+            self._score(models, alive, state, X, Y, held, 1)
+        elif self.refit:
+            self._finish(models, alive[0], template, state, X, Y, fit_rows, share)
             self._score(models, alive, state, X, Y, held, len(rounds) + 1)
         ranks = state.ranks()
         self.cv_results_ = self._results(trials, state, ranks)
@@ -304,6 +309,26 @@ class SlideSearch(BaseEstimator):
             state.seconds[members] += took
             state.group[members] = g
             state.pass_seconds += took
+
+    @staticmethod
+    def _as_fitted_alone(model, template):
+        """``model`` (a trial) with the template's ``batches_in_flight``: as its own fit would
+        train (a trial trains one batch at a time in the search's passes)."""
+        return clone(model).set_params(batches_in_flight=template.batches_in_flight)
+
+    def _finish(self, models, winner, template, state, X, Y, fit_rows, share):
+        """Train the last trial of a halving search on from its pause to the end of its
+        schedule as its own fit trains it (``trainer.train``, the template's
+        ``batches_in_flight``), within the pass's ``share`` of the time budget."""
+        best = models[winner]
+        best.set_params(batches_in_flight=template.batches_in_flight, time_budget=share)
+        before = float(best.train_seconds_)
+        best._train(X, Y, trainer.resolve_epochs(best.epochs, X.shape[0], best.batch_size),
+                    None, None, rows=fit_rows)
+        best.set_params(time_budget=None)
+        took = float(best.train_seconds_) - before
+        state.seconds[winner] += took
+        state.pass_seconds += took
 
     def _score(self, models, alive, state, X, Y, held, round_):
         """Score the ``alive`` trials on the held-out rows, in round ``round_``."""
