@@ -145,7 +145,8 @@ def warm_up_members(members, X, Y, n_threads):
 
 
 def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
-                  callback=None, eval_set=None, pause_epoch=None, pause_seconds=None):
+                  callback=None, eval_set=None, pause_epoch=None, pause_seconds=None,
+                  diverged=None):
     """Train the built ``members`` (``SlideClassifier``s that agree in ``PASS_PARAMS`` and
     stand at the same position: fresh, or paused here together) together over the rows
     ``rows`` of (X, Y) (None: all), shuffled by ``order_seed``, on ``n_threads`` threads,
@@ -157,9 +158,12 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
 
     The pass pauses, every member synced, at the end of epoch ``pause_epoch`` (1-based) or at
     the first wave end where its clock reached ``pause_seconds``; a later call goes on from
-    there, on the same schedule (``SlideSearch``'s successive halving). Returns the pass's
-    seconds so far (one clock for all members, which goes on from their ``train_seconds_``;
-    each member's ``train_seconds_`` is set to it)."""
+    there, on the same schedule (``SlideSearch``'s successive halving). A member whose loss
+    turns non-finite raises its ``DivergenceError`` when the wave ends; with ``diverged`` (a
+    dict) it stops instead, the others go on, and its error goes there under its index
+    (``SlideSearch``: one trial's too-high learning rate does not end the search). Returns the
+    pass's seconds so far (one clock for all members, which goes on from their
+    ``train_seconds_``; each member's ``train_seconds_`` is set to it)."""
     check_agree(members, PASS_PARAMS + ("batches_", "epoch_", "batch_in_epoch_"))
     first = members[0]
     start_epoch, start_batch = first.epoch_, first.batch_in_epoch_
@@ -203,7 +207,7 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                     time_done = clock / time_budget if time_budget else 0.0
                     futures = [pool.submit(r.train_wave, X, Y, wave, total_batches,
                                            time_done, threads_each) for r in active]
-                    results = [f.result() for f in futures]
+                    active, results = _wave_results(active, futures, diverged)
                     clock += time.perf_counter() - t0
                     _after_wave(active, results, clock, epoch, t_epoch, n_batches, callback,
                                 len(wave), eval_set)
@@ -211,6 +215,24 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
         pool.shutdown(wait=True)
         numba.set_num_threads(n_threads)
     return clock
+
+
+def _wave_results(active, futures, diverged):
+    """(the runs that trained the wave whole, their (mean loss, mean active size)), once every
+    member's part of the wave has ended. A member that diverged raises its
+    ``DivergenceError``, or with ``diverged`` (a dict) stops and leaves it there."""
+    done = []
+    for run, future in zip(active, futures):
+        try:
+            done.append((run, future.result()))
+        except DivergenceError as exc:
+            if diverged is None:
+                for other in futures:
+                    other.exception()      # the others' parts end before the error leaves
+                raise
+            run.active = False
+            diverged[run.index] = exc
+    return [run for run, _ in done], [result for _, result in done]
 
 
 def _after_wave(active, results, clock, epoch, t_epoch, n_batches, callback, wave_size,

@@ -30,6 +30,7 @@ batches in flight, as different as two such fits). The ranking stages' parameter
 the winner.
 """
 import time
+import warnings
 
 import numpy as np
 
@@ -39,7 +40,7 @@ try:
 except ImportError:  # pragma: no cover - scikit-learn is a dependency
     BaseEstimator = object
 
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import FitFailedWarning, NotFittedError
 
 from slide import fused as fused_mod
 from slide import labels as labels_mod
@@ -131,9 +132,10 @@ class _Trials:
         self.pass_seconds = 0.0
 
     def ranks(self):
-        """1 for the winner: trials that reached a later round first, then by score; ties
-        share the better rank."""
-        order = np.lexsort((-self.score, -self.round))
+        """1 for the winner: trials that reached a later round first, then by score, and the
+        trials that diverged (score nan) last; ties share the better rank."""
+        failed = np.isnan(self.score)
+        order = np.lexsort((-np.where(failed, 0.0, self.score), -self.round, failed))
         ranks = np.empty(len(order), np.int64)
         ranks[order] = np.arange(1, len(order) + 1)
         for r in range(1, len(order)):
@@ -170,7 +172,8 @@ class SlideSearch(BaseEstimator):
         docstring). None: train every trial to the end and score it there.
 
     Fitted attributes: ``cv_results_`` (``params``, ``param_<name>``, ``mean_test_score``:
-    held-out P@5 of the trial's network when last scored, ``halving_round`` and ``n_batches``:
+    held-out P@5 of the trial's network when last scored, nan for a trial that diverged (it
+    stops with a ``FitFailedWarning``; the others go on), ``halving_round`` and ``n_batches``:
     the round and the batches trained then, ``rank_test_score``: the trials of later rounds
     first, then by score, ``mean_fit_time``: seconds of the trial's passes, shared by the
     trials fused in them, ``fused_group``), ``best_index_``, ``best_params_``,
@@ -257,12 +260,14 @@ class SlideSearch(BaseEstimator):
         state = _Trials(len(models))
         alive = list(range(len(models)))
         for r, (fraction, keep) in enumerate(rounds, start=1):
-            self._train(models, groups, alive, state, X, Y, fit_rows, share, fraction)
+            alive = self._train(models, groups, alive, state, X, Y, fit_rows, share, fraction,
+                                trials, r)
             self._score(models, alive, state, X, Y, held, r)
             # the best ``keep`` go on (equal scores: the earlier trial)
             alive = sorted(sorted(alive, key=lambda i: -state.score[i])[:keep])
         if not rounds:
-            self._train(models, groups, alive, state, X, Y, fit_rows, share, None)
+            alive = self._train(models, groups, alive, state, X, Y, fit_rows, share, None,
+                                trials, 1)
             self._score(models, alive, state, X, Y, held, 1)
         elif self.refit:
             self._finish(models, alive[0], template, state, X, Y, fit_rows, share)
@@ -288,10 +293,14 @@ class SlideSearch(BaseEstimator):
         self.train_seconds_ = total
         return self
 
-    def _train(self, models, groups, alive, state, X, Y, fit_rows, share, fraction):
+    def _train(self, models, groups, alive, state, X, Y, fit_rows, share, fraction, trials,
+               round_):
         """Train the ``alive`` trials, one pass a group, to ``fraction`` of their schedules
         (None: to the end): to that share of their epochs, at least one and rounded to an
-        epoch's end, or of the pass's time budget ``share``."""
+        epoch's end, or of the pass's time budget ``share``. Returns the trials still alive:
+        a trial that diverged stops, with a warning, scored nan in round ``round_`` (as
+        scikit-learn's searches score a failed fit); ValueError when none is left."""
+        failed = {}
         for g, members in enumerate(groups):
             members = [i for i in members if i in alive]
             if not members:
@@ -303,12 +312,25 @@ class SlideSearch(BaseEstimator):
                 pause_epoch = max(1, int(round(fraction * epochs)))
                 pause_seconds = None if share is None else fraction * share
             before = float(ms[0].train_seconds_)
+            diverged = {}
             took = fused_mod.train_members(ms, X, Y, fit_rows, self.seed_, ms[0]._threads(),
                                            time_budget=share, pause_epoch=pause_epoch,
-                                           pause_seconds=pause_seconds) - before
+                                           pause_seconds=pause_seconds,
+                                           diverged=diverged) - before
             state.seconds[members] += took
             state.group[members] = g
             state.pass_seconds += took
+            failed.update((members[k], exc) for k, exc in diverged.items())
+        for i, exc in sorted(failed.items()):
+            state.score[i], state.round[i], state.batches[i] = np.nan, round_, exc.batch
+            warnings.warn(f"SlideSearch: the trial {trials[i]!r} diverged and is out of the "
+                          f"search (scored nan): {exc}", FitFailedWarning, stacklevel=3)
+        alive = [i for i in alive if i not in failed]
+        if not alive:
+            raise ValueError(f"SlideSearch: every trial left in the search diverged "
+                             f"(non-finite loss); lower the learning rates of param_grid, "
+                             f"e.g. below {min(float(models[i].learning_rate) for i in failed):g}")
+        return alive
 
     @staticmethod
     def _as_fitted_alone(model, template):

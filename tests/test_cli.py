@@ -621,6 +621,18 @@ def test_search_table_trains_the_winner_and_resume_keeps_it(tmp_path, capsys):
     assert "the winner of search.json" in text
 
 
+def test_a_diverging_search_trial_is_named_and_the_run_goes_on(tmp_path, capsys):
+    cfg, out = tiny_config(tmp_path, epochs=1, ckpt_every=0)
+    with open(cfg, "a") as f:
+        f.write('\n[search]\n"optimizer.learning_rate" = [2e-3, 1e38]\n'
+                '"optimizer.name" = ["sgd"]\n')
+    code, text, err = run_cli(["train", "--config", cfg], capsys)
+    assert code == 0, err
+    found = json.loads(open(os.path.join(out, "search.json")).read())
+    assert [t["held_out_P@5"] is None for t in found["trials"]] == [False, True]
+    assert found["best"]["optimizer.learning_rate"] == 2e-3 and "diverged after" in text
+
+
 def slide_load(path):
     import slide
     return slide.load(path)

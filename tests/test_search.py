@@ -283,3 +283,45 @@ def test_halving_compares_passes_at_the_same_share_of_their_own_schedules(data):
         epochs = 9 if i == s.best_index_ else 3
         assert res["n_batches"][i] == epochs * per_epoch[i]
         assert res["halving_round"][i] == (2 if i == s.best_index_ else 1)
+
+
+@pytest.mark.parametrize("factor", [3, None])
+def test_a_diverging_trial_is_out_of_the_search_not_the_end_of_it(data, factor):
+    """As scikit-learn's searches score a failed fit nan and go on: a trial whose loss turns
+    non-finite stops with a warning, scores nan and ranks last; the others are unaffected."""
+    from sklearn.exceptions import FitFailedWarning
+    grid = {"learning_rate": [1e-2, 1e38]}
+    template = SlideClassifier(**dict(TINY, optimizer="sgd"))
+    with pytest.warns(FitFailedWarning, match="diverged"):
+        s = SlideSearch(template, grid, factor=factor).fit(*data)
+    res = s.cv_results_
+    assert np.isnan(res["mean_test_score"][1]) and res["rank_test_score"][1] == 2
+    assert s.best_params_ == {"learning_rate": 1e-2} and np.isfinite(s.best_score_)
+    alone = SlideSearch(template, {"learning_rate": [1e-2]}, factor=factor).fit(*data)
+    np.testing.assert_array_equal(alone.best_estimator_.network_.W, s.best_estimator_.network_.W)
+
+
+def test_a_search_whose_every_trial_diverges_says_so(data):
+    template = SlideClassifier(**dict(TINY, optimizer="sgd"))
+    with pytest.warns(Warning), pytest.raises(ValueError, match="every trial left .* diverged"):
+        SlideSearch(template, {"learning_rate": [1e37, 1e38]}).fit(*data)
+
+
+def test_a_fused_pass_raises_a_members_divergence_unless_asked_to_go_on(data):
+    X, Y = data
+
+    def built(*rates):
+        ms = [SlideClassifier(**dict(TINY, optimizer="sgd", learning_rate=lr)) for lr in rates]
+        for m in ms:
+            hs, sparse = m._checked_params()
+            m._build(X.shape[1], Y.shape[1], hs, sparse)
+        return ms
+
+    with pytest.raises(slide.network.trainer.DivergenceError, match="member 1"):
+        slide.fused.train_members(built(1e-2, 1e38), X, Y, None, 3, 1)
+    diverged = {}
+    pair, (alone,) = built(1e-2, 1e38), built(1e-2)
+    slide.fused.train_members(pair, X, Y, None, 3, 1, diverged=diverged)
+    slide.fused.train_members([alone], X, Y, None, 3, 1)
+    assert list(diverged) == [1] and diverged[1].batch == pair[1].batches_ + 1
+    np.testing.assert_array_equal(pair[0].network_.W, alone.network_.W)

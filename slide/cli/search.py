@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import warnings
 
 from slide import config as config_mod
 from slide import params
@@ -48,6 +49,8 @@ def run_search(cfg, run_dir, X_tr, Y_tr, resume):
             chosen = json.load(f)["best"]
         _info(f"search: the winner of {SEARCH_FILE}: {_fmt_chosen(chosen)}")
         return with_values(cfg, chosen)
+    from sklearn.exceptions import FitFailedWarning
+
     from slide.search import SlideSearch
     est = _engine()
     grid = search_grid(cfg)
@@ -56,17 +59,23 @@ def run_search(cfg, run_dir, X_tr, Y_tr, resume):
                          refit=False)
     n_trials = math.prod(len(v) for v in grid.values())
     _info(f"search: {n_trials} trials of {', '.join(keys)} (fused where their shapes agree)")
-    search.fit(X_tr, Y_tr)
+    with warnings.catch_warnings():
+        # a diverged trial: the lines below name it
+        warnings.simplefilter("ignore", FitFailedWarning)
+        search.fit(X_tr, Y_tr)
     res = search.cv_results_
     trials = []
     for i, p in enumerate(res["params"]):
+        score = float(res["mean_test_score"][i])
+        diverged = math.isnan(score)
         trials.append({"values": {k: _plain(p[n]) for k, n in keys.items()},
-                       "held_out_P@5": float(res["mean_test_score"][i]),
+                       "held_out_P@5": None if diverged else score,
                        "batches": int(res["n_batches"][i]),
                        "rank": int(res["rank_test_score"][i]),
                        "pass_seconds": round(float(res["mean_fit_time"][i]), 3)})
-        _info(f"  {_fmt_chosen(trials[-1]['values'])}: held-out P@5 "
-              f"{trials[-1]['held_out_P@5']:.4f} after {trials[-1]['batches']} batches")
+        what = "diverged" if diverged else f"held-out P@5 {score:.4f}"
+        _info(f"  {_fmt_chosen(trials[-1]['values'])}: {what} after {trials[-1]['batches']} "
+              f"batches")
     chosen = trials[search.best_index_]["values"]
     write_text(path, json.dumps({"held_out_rows": search.n_held_out_,
                                  "seconds": round(search.train_seconds_, 3),
