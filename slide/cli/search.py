@@ -40,9 +40,9 @@ def with_values(cfg, chosen):
 def run_search(cfg, run_dir, X_tr, Y_tr, resume):
     """The ``[search]`` step: a ``SlideSearch`` over the table's values on the training rows
     (its trials fused, scored on held-out rows, halved until one is left), its trials and
-    winner written to
-    ``search.json``; returns the configuration with the winner's values, which the run then
-    trains. A resumed run reads the winner back instead of searching again."""
+    winner written to ``search.json``; returns the configuration with the winner's values,
+    which the run then trains. A resumed run reads the winner back instead of searching
+    again."""
     path = os.path.join(run_dir, SEARCH_FILE)
     if resume and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
