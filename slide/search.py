@@ -48,7 +48,6 @@ from slide.data import cap_row_labels
 from slide.data.inputs import take_rows
 from slide.labels import encode
 from slide.metrics import precision_at_k
-from slide.network import trainer
 from slide.network.trainer import blas_single_thread
 from slide.params import is_real
 
@@ -259,19 +258,20 @@ class SlideSearch(BaseEstimator):
         share = None if budget is None else float(budget) / len(groups)
         state = _Trials(len(models))
         alive = list(range(len(models)))
+        held_out = (take_rows(X, held), take_rows(Y, held))     # taken once: every round scores
         for r, (fraction, keep) in enumerate(rounds, start=1):
             alive = self._train(models, groups, alive, state, X, Y, fit_rows, share, fraction,
                                 trials, r)
-            self._score(models, alive, state, X, Y, held, r)
+            self._score(models, alive, state, held_out, r)
             # the best ``keep`` go on (equal scores: the earlier trial)
             alive = sorted(sorted(alive, key=lambda i: -state.score[i])[:keep])
         if not rounds:
             alive = self._train(models, groups, alive, state, X, Y, fit_rows, share, None,
                                 trials, 1)
-            self._score(models, alive, state, X, Y, held, 1)
+            self._score(models, alive, state, held_out, 1)
         elif self.refit:
             self._finish(models, alive[0], template, state, X, Y, fit_rows, share)
-            self._score(models, alive, state, X, Y, held, len(rounds) + 1)
+            self._score(models, alive, state, held_out, len(rounds) + 1)
         ranks = state.ranks()
         self.cv_results_ = self._results(trials, state, ranks)
         self.best_index_ = int(np.argmin(ranks))
@@ -308,7 +308,7 @@ class SlideSearch(BaseEstimator):
             ms = [models[i] for i in members]
             pause_epoch = pause_seconds = None
             if fraction is not None:
-                epochs = trainer.resolve_epochs(ms[0].epochs, X.shape[0], ms[0].batch_size)
+                epochs = ms[0].planned_batches(X.shape[0], Y.shape[1])[0]
                 pause_epoch = max(1, int(round(fraction * epochs)))
                 pause_seconds = None if share is None else fraction * share
             before = float(ms[0].train_seconds_)
@@ -345,25 +345,25 @@ class SlideSearch(BaseEstimator):
         best = models[winner]
         best.set_params(batches_in_flight=template.batches_in_flight, time_budget=share)
         before = float(best.train_seconds_)
-        best._train(X, Y, trainer.resolve_epochs(best.epochs, X.shape[0], best.batch_size),
-                    None, None, rows=fit_rows)
+        best._train(X, Y, best.planned_batches(X.shape[0], Y.shape[1])[0], None, None,
+                    rows=fit_rows)
         best.set_params(time_budget=None)
         took = float(best.train_seconds_) - before
         state.seconds[winner] += took
         state.pass_seconds += took
 
-    def _score(self, models, alive, state, X, Y, held, round_):
-        """Score the ``alive`` trials on the held-out rows, in round ``round_``."""
-        state.score[alive] = self._held_out_scores([models[i] for i in alive], X, Y, held)
+    def _score(self, models, alive, state, held_out, round_):
+        """Score the ``alive`` trials on the held-out rows ``held_out`` ((X, Y)), in round
+        ``round_``."""
+        state.score[alive] = self._held_out_scores([models[i] for i in alive], *held_out)
         state.round[alive] = round_
         for i in alive:
             state.batches[i] = models[i].batches_
 
     @staticmethod
-    def _held_out_scores(models, X, Y, held):
-        """P@``SCORE_K`` of each trial's network on the held-out rows."""
-        Xh, Yh = take_rows(X, held), take_rows(Y, held)
-        k = min(SCORE_K, Y.shape[1])
+    def _held_out_scores(models, Xh, Yh):
+        """P@``SCORE_K`` of each trial's network on the held-out rows (Xh, Yh)."""
+        k = min(SCORE_K, Yh.shape[1])
         out = np.empty(len(models))
         for i, m in enumerate(models):
             m._threads()
