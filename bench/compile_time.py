@@ -114,6 +114,38 @@ class Own(event.Listener):
 
 own = Own()
 event.register("numba:compile", own)
+
+# LLVM's part of the compile: seconds in Numba's calls to its function passes, module passes
+# and machine-code generation, a library at a time, and which libraries were linked into
+# another (a callee's code, optimised and generated once for itself and again in its caller)
+llvm, linked = collections.defaultdict(lambda: collections.Counter()), set()
+
+
+def _timed(cls, method, part):
+    orig = getattr(cls, method)
+
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            llvm[self.name][part] += time.perf_counter() - t0
+    setattr(cls, method, timed)
+
+
+try:
+    from numba.core import codegen
+    _timed(codegen.CPUCodeLibrary, "_optimize_functions", "function passes")
+    _timed(codegen.CPUCodeLibrary, "_optimize_final_module", "module passes")
+    _timed(codegen.JITCodeLibrary, "_finalize_specific", "machine code")
+    _link = codegen.CPUCodeLibrary.add_linking_library
+
+    def _linking(self, library):
+        linked.add(library.name)
+        return _link(self, library)
+    codegen.CPUCodeLibrary.add_linking_library = _linking
+except (ImportError, AttributeError):    # another Numba's layout: no LLVM figures
+    pass
 import slide
 t_import = time.perf_counter() - t_start
 t0 = time.perf_counter()
@@ -126,7 +158,12 @@ print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
                   "compile_s": model.compile_seconds_, "train_s": model.train_seconds_,
                   "rows": int(X.shape[0]), "labels": int(Y.shape[1]),
                   "slide": slide.__file__,
-                  "kernels": [[k, own.count[k], s] for k, s in own.own.most_common()]}))
+                  "kernels": [[k, own.count[k], s] for k, s in own.own.most_common()],
+                  "llvm": {"all": sum(llvm.values(), collections.Counter()),
+                           "linked": sum((c for n, c in llvm.items() if n in linked),
+                                         collections.Counter()),
+                           "libraries": len(llvm),
+                           "linked_libraries": len(linked & set(llvm))}}))
 """
 
 
@@ -397,6 +434,31 @@ def kernel_lines(cold, name, top=15):
              "| kernel | signatures | own seconds | share |", "|---|---|---|---|"]
     for k, n, s in kernels[:top]:
         lines.append(f"| `{k}` | {n} | {s:.2f} | {s / total:.0%} |")
+    return lines + llvm_lines(cold)
+
+
+LLVM_PARTS = ("function passes", "module passes", "machine code")
+
+
+def llvm_lines(cold):
+    """Report lines: LLVM's seconds in the cold run ``cold`` (this process), all of its
+    libraries and those linked into another library."""
+    llvm = cold.get("llvm")
+    if not llvm or not llvm["all"]:
+        return []
+    compile_s = cold["compile_s"]
+    lines = ["", f"LLVM's part of that run's compile ({compile_s:.1f} s in this process): "
+             "Numba's calls into LLVM's function passes, module passes and machine-code "
+             f"generation, over its {llvm['libraries']} code libraries and over the "
+             f"{llvm['linked_libraries']} of them linked into another library (a callee, a "
+             "parallel loop's body and wrappers: optimised and generated for itself, then "
+             "again inside its caller):", "",
+             "| libraries | " + " | ".join(LLVM_PARTS) + " | LLVM in all | share of the "
+             "compile |", "|---|---|---|---|---|---|"]
+    for key, label in (("all", "all"), ("linked", "linked into another")):
+        parts = [llvm[key].get(p, 0.0) for p in LLVM_PARTS]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.1f}" for v in parts)
+                     + f" | {sum(parts):.1f} | {sum(parts) / compile_s:.0%} |")
     return lines
 
 

@@ -227,6 +227,22 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert any("24,242 rows, 581 labels" in line for line in lines)
 
 
+def test_the_first_fit_report_gives_llvms_seconds_all_and_in_linked_libraries():
+    """``compile_time.llvm_lines``: a cold run's LLVM seconds by part, summed, and as a share of
+    its compile, for all libraries and those linked into another; nothing without figures."""
+    from bench import compile_time
+    cold = {"compile_s": 40.0, "llvm": {
+        "all": {"function passes": 4.0, "module passes": 6.0, "machine code": 10.0},
+        "linked": {"module passes": 3.0, "machine code": 2.0},
+        "libraries": 9, "linked_libraries": 4}}
+    lines = compile_time.llvm_lines(cold)
+    assert lines[-2] == "| all | 4.0 | 6.0 | 10.0 | 20.0 | 50% |"
+    assert lines[-1] == "| linked into another | 0.0 | 3.0 | 2.0 | 5.0 | 12% |"
+    assert "9 code libraries" in lines[1] and "4 of them" in lines[1]
+    assert compile_time.llvm_lines({"compile_s": 1.0}) == []
+    assert compile_time.llvm_lines({"compile_s": 1.0, "llvm": {"all": {}}}) == []
+
+
 def test_the_reads_report_reads_each_file_three_ways_on_a_fresh_cache_a_round(monkeypatch,
                                                                               tmp_path):
     """``compile_time.py --reads``: per round and file one fresh empty cache, read by NumPy,
