@@ -182,8 +182,8 @@ TABLE = (
        "learning-rate schedule spans them); auto: the count whose batches come nearest to "
        "2500, at least 3 and at most 8, so more on small training sets (slide.network.trainer."
        "resolve_epochs, measured in bench/results/accuracy.md)", ge=1),
-    # le: the training kernels stamp a sample's active-set marks serial * 2**20 + position + 1
-    # (slide/network/batch.py, slide/distributed/kernels.py): unique only while a batch has fewer
+    # batch_size's le: a sample's active-set marks are stamped serial * 2**20 + position + 1
+    # (slide.kernels.sample.mark_stamp, MARK_STRIDE): unique only while a batch has fewer
     # than 2**20 samples
     _p("engine", "train.engine", "str", "batched", "how a sampled output layer is computed: "
        "batched (the batch's shared negatives as three BLAS products, the per-sample loops "

@@ -23,7 +23,7 @@ from slide.kernels.expsum import exp_shifted_inplace, max_and_finite, max_or_nan
 from slide.kernels.negatives import correction_kind, find_sorted, is_label
 from slide.kernels.normal import normal_pair
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.sample import select_active
+from slide.kernels.sample import mark_stamp, select_active
 from slide.network.extras import add_delta_rows, row_logit
 
 
@@ -236,7 +236,7 @@ def shard_forward_kernel(params, spec, tables, sc, fw, labels, seed, serial, neg
             # outside it; one type compiles the callee once
             mx, ssum, lz, nf, cnt, n_x = _shard_sample_forward(
                 params, spec, tables, sc, np.int64(c), fw, s,
-                lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg, offs, rng, serial * 1048576 + s + 1,
+                lab_ind[lab_ptr[s]:lab_ptr[s + 1]], neg, offs, rng, mark_stamp(serial, s),
                 correct, scratch)
             stats[0, s] = mx
             stats[1, s] = ssum

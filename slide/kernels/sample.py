@@ -36,6 +36,19 @@ from slide.kernels.rng import randint
 # Active sets
 # ----------------------------------------------------------------------------------------------
 
+# a sample's marks (which neurons its active set holds) are stamps, not flags: sample s of
+# batch ``serial`` stamps with ``mark_stamp(serial, s)``, distinct for every sample of every
+# batch while batches hold fewer rows than MARK_STRIDE (``batch_size``'s bound), so no sample
+# clears the marks of the one before
+MARK_STRIDE = 1 << 20
+
+
+@njit(cache=True, nogil=True)
+def mark_stamp(serial, s):
+    """The active-set stamp of sample ``s`` of batch ``serial`` (never 0: unmarked)."""
+    return serial * MARK_STRIDE + s + 1
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _pad_random(ids, n, target, n_neurons, rng, mark, serial):
     """Append uniformly random neurons not yet in ``ids[:n]`` until ``target`` are present

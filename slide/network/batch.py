@@ -9,7 +9,7 @@ from slide.kernels.arrays import csr
 from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.sample import backward, forward, sample_loss
+from slide.kernels.sample import backward, forward, mark_stamp, sample_loss
 from slide.kernels.touched import collect_touched, output_entries
 
 
@@ -39,7 +39,7 @@ def train_batch_kernel(params, spec, tables, sc, store, X, Y, rows, seed, serial
             ids = sc.ids[s]
             n_act = sc.n_act[s]
             finite, n_c, n_s = forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val,
-                                       labels, neg.ids, rng, serial * 1048576 + s + 1)
+                                       labels, neg.ids, rng, mark_stamp(serial, s))
             if not finite:
                 losses[s] = np.nan
                 continue

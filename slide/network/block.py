@@ -47,7 +47,8 @@ from slide.kernels.negatives import (CORR_MIX, CORR_NONE, CORR_PLAIN, corr_array
                                      correction_kind, seek_sorted, sorted_union)
 from slide.kernels.prefetch import prefetch_row
 from slide.kernels.rng import STREAM_SAMPLE, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.sample import backward_from, forward_into, output_loss, sort_small
+from slide.kernels.sample import (backward_from, forward_into, mark_stamp, output_loss,
+                                  sort_small)
 from slide.kernels.touched import batch_entries, feature_entries
 from slide.network.extras import add_delta_rows, extras_logits, fill_offsets, row_logit
 from slide.network.products import (product_parts, split_backward_products,  # noqa: F401
@@ -101,7 +102,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
         n_act = sc_n_act[s]
         acts = b_acts[s]
         finite, n_c, n_s = forward_into(params, spec, tables, sc, t, acts, ids, n_act, x_idx,
-                                        x_val, labels, shared, rng, serial * 1048576 + s + 1,
+                                        x_val, labels, shared, rng, mark_stamp(serial, s),
                                         False)
         h = H[s]
         if not finite:

@@ -11,7 +11,7 @@ from slide.kernels.arrays import csr, make_scratch
 from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.rng import STREAM_PREDICT, STREAM_SERIAL_STRIDE, stream_seed
-from slide.kernels.sample import forward
+from slide.kernels.sample import forward, mark_stamp
 from slide.kernels.topk import insert_best_first, probabilities, topk_of_logits
 from slide.network.dense import hidden_forward
 
@@ -65,7 +65,7 @@ def predict_sparse_kernel(params, spec, tables, sc, X, seed, call, k, prior, out
             rng = stream_seed(seed, STREAM_PREDICT + call * STREAM_SERIAL_STRIDE, s)
             # the prior ids are forced as the labels are in training (the sampler skips them)
             forward(params, spec, tables, sc, c, ids, n_act, x_idx, x_val, prior, no_shared,
-                    rng, (call * 1048576 + s + 1) * 2)
+                    rng, mark_stamp(call, s))
             _insert_topk(sc.acts[c, sc.a_off[last]:sc.a_off[last + 1]], n_act[last],
                          ids[sc.s_off[last]:sc.s_off[last + 1]], not spec.sparse[last], k,
                          out_ids[s], out_scores[s])
