@@ -251,7 +251,9 @@ TABLE = (
        "flight kept one batch at a time's accuracy, 8 lost 1.6 points of P@1: "
        "bench/results/inflight_2core.md; on 16 cores 4 trained 8.0-8.5x one thread, 16 "
        "lost 5 points: bench/results/many_core_16core.md). Above 4, the first quarter of the "
-       "batches trains with 4 (slide.network.inflight.WARM_SHARE). At most the batches of an "
+       "batches trains with 4 (slide.network.inflight.WARM_SHARE): 16 in flight then kept "
+       "P@1 on a real set of 133k labels and lost about a point at 200k labels "
+       "(bench/results/inflight_staleness_2core_88ee465.md). At most the batches of an "
        "epoch; 1 where the compiled batch does not apply (a sparse first layer, engine "
        "per_sample, sampler dense)",
        ge=1),
