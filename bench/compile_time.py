@@ -117,7 +117,8 @@ event.register("numba:compile", own)
 
 # LLVM's part of the compile: seconds in Numba's calls to its function passes, module passes
 # and machine-code generation, a library at a time, and which libraries were linked into
-# another (a callee's code, optimised and generated once for itself and again in its caller)
+# another (a callee's code, optimised and generated once for itself and again in its caller).
+# Keyed by the library objects themselves (their names repeat: every overload's "impl")
 llvm, linked = collections.defaultdict(lambda: collections.Counter()), set()
 
 
@@ -129,7 +130,7 @@ def _timed(cls, method, part):
         try:
             return orig(self, *args, **kwargs)
         finally:
-            llvm[self.name][part] += time.perf_counter() - t0
+            llvm[self][part] += time.perf_counter() - t0
     setattr(cls, method, timed)
 
 
@@ -141,7 +142,7 @@ try:
     _link = codegen.CPUCodeLibrary.add_linking_library
 
     def _linking(self, library):
-        linked.add(library.name)
+        linked.add(library)
         return _link(self, library)
     codegen.CPUCodeLibrary.add_linking_library = _linking
 except (ImportError, AttributeError):    # another Numba's layout: no LLVM figures
@@ -160,7 +161,7 @@ print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
                   "slide": slide.__file__,
                   "kernels": [[k, own.count[k], s] for k, s in own.own.most_common()],
                   "llvm": {"all": sum(llvm.values(), collections.Counter()),
-                           "linked": sum((c for n, c in llvm.items() if n in linked),
+                           "linked": sum((c for lib, c in llvm.items() if lib in linked),
                                          collections.Counter()),
                            "libraries": len(llvm),
                            "linked_libraries": len(linked & set(llvm))}}))
