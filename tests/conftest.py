@@ -32,6 +32,13 @@ if int(os.environ.get("NUMBA_NUM_THREADS") or _cpus_available()) < 2:
 # tests that reach them later load them instead. SLIDE_TEST_PRECOMPILE=0 turns it off.
 PRECOMPILE_MIN_TESTS = 200
 
+# Under -n every core already runs a test process: a fit's compile helper (slide.warmup
+# .start_helper) would only be one process more on those cores, compiling the stages after the
+# network whether or not that process's tests ever reach them. Tests of the helper say so
+# themselves (monkeypatch, a subprocess's env).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("SLIDE_COMPILE_HELPER", "0")
+
 
 def pytest_collection_finish(session):
     if len(session.items) < PRECOMPILE_MIN_TESTS or _cpus_available() < 2 or \

@@ -541,10 +541,11 @@ def _quality(records):
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path, capsys):
-    # enough batches that the run is still going when the first checkpoints appear
-    # (~5.7k batches of ~0.3 ms: the first checkpoint appears early, the end seconds later;
-    # the test polls every 20 ms)
-    epochs = 300
+    # enough batches that the run is still going when its first checkpoints appear: 1,900
+    # batches of about 3 ms (vanilla sampler, a rehash every 7 batches) on the 2-core VM, a
+    # checkpoint every 400, so the end comes seconds after the second checkpoint, and still
+    # ~0.3 s after it were the batches ten times as fast; the test polls every 20 ms
+    epochs = 100
     cfg, run = tiny_config(tmp_path, "interrupted", epochs=epochs, eval_every=500,
                            ckpt_every=400)
     ref_cfg, ref_run = tiny_config(tmp_path, "reference", epochs=epochs, eval_every=500,
