@@ -209,7 +209,7 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
         tree, "ccc"))
     lines = compile_time.first_fit_report("/data/train.txt", [new, old], rounds=2, warm_fits=1)
     assert [c[4] for c in calls] == [new, new, old, old, new, new, old, old, new, old]
-    assert all(c[0] == "/data/train.txt" and c[3] is compile_time.FIRST_FIT_CHILD
+    assert all(c[0] == "/data/train.txt,0" and c[3] is compile_time.FIRST_FIT_CHILD
                for c in calls)
     # each round starts on an empty cache of its own checkout; its warm run sees the cold one's
     assert [c[2] for c in calls[:2]] == [[], ["filled1"]]
@@ -225,6 +225,11 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert lines.count("| `slide.a.big` | 1 | 30.00 | 75% |") == 2     # one table a checkout
     assert lines[-1] == "| `slide.b.small` | 2 | 10.00 | 25% |"
     assert any("24,242 rows, 581 labels" in line for line in lines)
+    # --rows: the children fit on the file's first rows, and the report says so
+    calls.clear()
+    lines = compile_time.first_fit_report("/data/train.txt", [new], n_rows=100)
+    assert [c[0] for c in calls] == ["/data/train.txt,100"] * 2
+    assert "--rows 100" in lines[2] and "(the first of the file)" in lines[2]
 
 
 def test_the_first_fit_report_gives_llvms_seconds_all_and_in_linked_libraries():

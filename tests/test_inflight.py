@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from slide import SlideClassifier
+from slide.network import block_step
 from slide.network.adam import later_step
-from slide.network.inflight import (AUTO_MOST_IN_FLIGHT, BATCHES_A_WORKER, WARM_SHARE,
-                                    batch_builds, check_batches_in_flight,
+from slide.network.inflight import (AUTO_MOST_IN_FLIGHT, BATCHES_A_WORKER, WARM_SHARE, Layout,
+                                    batch_builds, check_batches_in_flight, plan_layout,
                                     resolve_batches_in_flight, warm_batches, warm_workers)
 from slide.synthetic import generate
 from slide.network.trainer import DivergenceError
@@ -46,6 +47,51 @@ def test_resolution_clamps_to_the_epoch_and_to_the_compiled_batch():
     assert resolve_batches_in_flight("auto", 1, 100, True) == 1
     assert resolve_batches_in_flight("auto", 2, 100, True) == 2
     assert resolve_batches_in_flight("auto", 16, 100, True) == 4
+
+
+def test_a_small_epoch_drops_idle_workers_and_keeps_each_batchs_threads():
+    """The layout's batch threads are those of the workers asked for, whatever the epoch's
+    batches: a one-batch epoch of a fit with a worker a thread trains one batch at a time on
+    one thread (the one-thread build that ``batch_builds`` names), not on all of them."""
+    assert plan_layout("auto", 2, 100, True) == Layout(2, 1)
+    assert plan_layout("auto", 2, 1, True) == Layout(1, 1)          # was 1 batch on 2 threads
+    assert plan_layout("auto", 16, 2, True) == Layout(2, 4)
+    assert plan_layout(16, 16, 6, True) == Layout(6, 1)
+    assert plan_layout(1, 8, 100, True) == Layout(1, 8)             # one at a time, on all
+    assert plan_layout("auto", 8, 100, False) == Layout(1, 8)       # no compiled batch
+    for value, n_threads in [("auto", 2), ("auto", 16), (16, 16), (8, 16), (1, 2), (3, 3)]:
+        for n_batches in (1, 2, 5, 100):
+            one_thread = plan_layout(value, n_threads, n_batches, True).threads_each == 1
+            assert one_thread in batch_builds(value, n_threads), (value, n_threads, n_batches)
+
+
+class _Calls:
+    """Stands in for a kernel of ``block_step``, noting each call's kernel name."""
+
+    def __init__(self, kernel, name, calls):
+        self.kernel, self.name, self.calls = kernel, name, calls
+
+    def __call__(self, *args):
+        self.calls.append(self.name)
+        return self.kernel(*args)
+
+    @property
+    def signatures(self):
+        return self.kernel.signatures
+
+
+def test_a_one_batch_epoch_on_two_threads_trains_on_the_one_thread_build(data, monkeypatch):
+    """A fit of one batch an epoch with a worker a thread (auto, 2 threads) trains on the
+    one-thread build of the compiled batch, the one its warm-up compiled (one batch at a time
+    on both threads would call, and compile, the parallel build too); the fit leaves Numba's
+    thread count as it found it."""
+    calls = []
+    for name in ("block_batch", "block_batch_one_thread"):
+        monkeypatch.setattr(block_step, name, _Calls(getattr(block_step, name), name, calls))
+    Xtr, Ytr, _, _ = data
+    m = _model(epochs=2).fit(Xtr[:64], Ytr[:64])           # batch_size 64: one batch
+    assert m.batches_ == 2 and set(calls) == {"block_batch_one_thread"}
+    assert numba.get_num_threads() == 2
 
 
 def test_more_workers_than_auto_take_over_after_a_warm_share_of_the_batches():
@@ -160,7 +206,7 @@ def test_each_worker_runs_its_share_of_the_threads(data):
     m = _model(batches_in_flight=1, epochs=1).fit(Xtr, Ytr)
     old = numba.get_num_threads()
     try:
-        fl = InFlight(m.network_, 2, 2)
+        fl = InFlight(m.network_, Layout(2, 1))
         assert fl.threads_each == 1 and fl.n_workers == 2 and len(m.network_.workers) == 1
         fl.close()
         assert m.network_.workers == []

@@ -14,12 +14,13 @@ it is free, binds it to its scratch (``block_step.bind``) and trains it, so a sl
 not hold the others; the wave ends when the queue is empty and every worker is done.
 Between waves nothing is in flight: the trainer reports the wave, runs the rehash schedule,
 ends epochs, checks the time budget and calls the callback there, so a checkpoint never holds
-a half-applied batch. While a wave runs, at most ``W`` batches are in flight, each reading weights that the others are
-updating: the staleness of a read is at most ``W - 1`` batches, and results vary from run to
-run like any HOGWILD training.
+a half-applied batch. While a wave runs, at most ``W`` batches are in flight, each reading
+weights that the others are updating: the staleness of a read is at most ``W - 1`` batches,
+and results vary from run to run like any HOGWILD training.
 """
 import queue
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numba
 
@@ -86,18 +87,37 @@ def _threads_each(n_threads, n_workers):
     return max(1, int(n_threads) // int(n_workers))
 
 
-class InFlight:
-    """``n_workers`` workers over ``net`` (a network the compiled batch applies to), sharing
-    ``n_threads`` threads; ``run_wave`` trains a list of batches. The network is the first
-    worker (its own scratch); ``close`` ends the workers' threads."""
+class Layout(NamedTuple):
+    """How a fit's batches run: ``n_workers`` of them in flight (1: one at a time), each on
+    ``threads_each`` threads."""
+    n_workers: int
+    threads_each: int
 
-    def __init__(self, net, n_workers, n_threads):
+
+def plan_layout(value, n_threads, n_batches, applies):
+    """The ``Layout`` of a fit with ``batches_in_flight=value`` on ``n_threads`` threads whose
+    epochs have ``n_batches`` batches: the workers ``value`` stands for share the threads out,
+    then an epoch of fewer batches drops the workers it would leave idle and keeps each
+    batch's threads. So the build of the compiled batch (one thread, or parallel loops) is the
+    one ``batch_builds`` names, which the warm-up compiled, whatever the data's size: a set of
+    one batch an epoch, trained one batch at a time on both of 2 threads, compiled the parallel
+    build after the warm-up (bench/results/first_fit_debtags.md, "A small set's first fit")."""
+    wanted = resolve_batches_in_flight(value, n_threads, 1 << 30, applies)
+    return Layout(max(1, min(wanted, int(n_batches))), _threads_each(n_threads, wanted))
+
+
+class InFlight:
+    """The workers of ``layout`` (a ``Layout``) over ``net`` (a network the compiled batch
+    applies to); ``run_wave`` trains a list of batches. The network is the first worker (its
+    own scratch); ``close`` ends the workers' threads."""
+
+    def __init__(self, net, layout):
         self.net = net
-        self.threads_each = _threads_each(n_threads, n_workers)
+        self.threads_each = int(layout.threads_each)
         batch_size, _, max_labels = net._scratch_key
         self.workers = [None] + [Worker.allocate(net, batch_size, self.threads_each,
                                                  max_labels)
-                                 for _ in range(int(n_workers) - 1)]
+                                 for _ in range(int(layout.n_workers) - 1)]
         net.workers = self.workers[1:]
         self.pool = ThreadPoolExecutor(len(self.workers))
 
@@ -156,30 +176,33 @@ def warm_workers(n_workers):
 
 
 class WarmedInFlight:
-    """``InFlight`` of ``warm_workers(n_workers)`` workers until the fit's position reaches
-    ``warm_until`` batches, then of ``n_workers``: the trainer's waves run through it as
-    through one ``InFlight`` (``run_wave``, ``wave_size``, ``close``), and the workers change
-    between two waves, where nothing is in flight."""
+    """``InFlight`` of ``warm_workers`` workers (``n_threads`` shared out among them) until the
+    fit's position reaches ``warm_until`` batches, then of ``layout``'s: the trainer's waves
+    run through it as through one ``InFlight`` (``run_wave``, ``wave_size``, ``close``), and
+    the workers change between two waves, where nothing is in flight."""
 
-    def __init__(self, net, n_workers, n_threads, warm_until, position):
-        self.net, self.n_threads = net, n_threads
-        self.n_final, self.warm_until = int(n_workers), int(warm_until)
+    def __init__(self, net, layout, n_threads, warm_until, position):
+        self.net = net
+        warm = warm_workers(layout.n_workers)
+        self.warm_layout = Layout(warm, _threads_each(n_threads, warm))
+        self.final_layout = layout
+        self.warm_until = int(warm_until)
         self.position = int(position)           # batches trained before the next wave
-        self.crew = InFlight(net, self._wanted(), n_threads)
+        self.crew = InFlight(net, self._wanted())
 
     def _wanted(self):
-        return warm_workers(self.n_final) if self.position < self.warm_until else self.n_final
+        return self.warm_layout if self.position < self.warm_until else self.final_layout
 
     def run_wave(self, X, Y, batches, seed, optimizer):
-        if self.crew.n_workers != self._wanted():
+        if self.crew.n_workers != self._wanted().n_workers:
             self.crew.close()
-            self.crew = InFlight(self.net, self._wanted(), self.n_threads)
+            self.crew = InFlight(self.net, self._wanted())
         results = self.crew.run_wave(X, Y, batches, seed, optimizer)
         self.position = batches[-1][1]          # the wave's last serial
         return results
 
     def wave_size(self):
-        return BATCHES_A_WORKER * self._wanted()
+        return BATCHES_A_WORKER * self._wanted().n_workers
 
     def close(self):
         self.crew.close()

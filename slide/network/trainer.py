@@ -10,6 +10,7 @@ import contextlib
 import math
 import time
 
+import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -17,8 +18,7 @@ from slide import defaults
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
 from slide.network import block_step
-from slide.network.inflight import (InFlight, WarmedInFlight, resolve_batches_in_flight,
-                                    warm_batches)
+from slide.network.inflight import InFlight, Layout, WarmedInFlight, plan_layout, warm_batches
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -204,22 +204,22 @@ class NetworkSteps:
     def after_step(self):
         return maybe_rehash(self.model)
 
-    def in_flight(self, n_threads, n_batches, total_batches):
-        """The workers of a run with several batches in flight (``slide.network.inflight``),
-        or None for one batch at a time. Beyond ``AUTO_MOST_IN_FLIGHT`` of them, the first
-        ``WARM_SHARE`` of the fit's ``total_batches`` train with that many
-        (``WarmedInFlight``)."""
+    def layout(self, n_threads, n_batches):
+        """How this run's batches run (``slide.network.inflight.plan_layout``)."""
+        net = self.model.network_
+        return plan_layout(getattr(self.model, "batches_in_flight", 1), n_threads, n_batches,
+                           net.sparse.any() and block_step.applies(net))
+
+    def in_flight(self, layout, n_threads, total_batches):
+        """The workers of ``layout`` (several batches in flight). Beyond
+        ``AUTO_MOST_IN_FLIGHT`` of them, the first ``WARM_SHARE`` of the fit's
+        ``total_batches`` train with that many (``WarmedInFlight``)."""
         model = self.model
-        net = model.network_
-        n_workers = resolve_batches_in_flight(
-            getattr(model, "batches_in_flight", 1), n_threads, n_batches,
-            net.sparse.any() and block_step.applies(net))
-        if n_workers == 1:
-            return None
-        warm_until = warm_batches(n_workers, total_batches)
+        warm_until = warm_batches(layout.n_workers, total_batches)
         if model.batches_ < warm_until:
-            return WarmedInFlight(net, n_workers, n_threads, warm_until, model.batches_)
-        return InFlight(net, n_workers, n_threads)
+            return WarmedInFlight(model.network_, layout, n_threads, warm_until,
+                                  model.batches_)
+        return InFlight(model.network_, layout)
 
 
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
@@ -258,15 +258,32 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     # take_rows: scipy's Y[rows] would cast all of Y's label ids to int64 first
     steps.start(X, Y if rows is None else take_rows(Y, rows), n_threads)
     model.stopped_ = False
-    budget = getattr(model, "time_budget", None)
     model.budget_spent_ = False
-    in_flight = getattr(steps, "in_flight", lambda *a: None)(n_threads, n_batches, total_batches)
-    if in_flight is not None:
+    layout = steps.layout(n_threads, n_batches) if hasattr(steps, "layout") \
+        else Layout(1, n_threads)
+    if layout.n_workers > 1:
+        in_flight = steps.in_flight(layout, n_threads, total_batches)
         try:
             return _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
                                 in_flight, n_batches, total_batches)
         finally:
             in_flight.close()
+    # one batch at a time: on every thread, or on a worker's where a small set's epochs have
+    # fewer batches than the workers asked for (plan_layout)
+    numba.set_num_threads(layout.threads_each)
+    try:
+        return _train_batches(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
+                              n_batches, total_batches, layout.threads_each)
+    finally:
+        numba.set_num_threads(n_threads)
+
+
+def _train_batches(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, n_batches,
+                   total_batches, n_threads):
+    """``_train``'s loop with one batch at a time (each on ``n_threads`` threads)."""
+    bs = int(model.batch_size)
+    n = X.shape[0] if rows is None else rows.shape[0]
+    budget = getattr(model, "time_budget", None)
     while model.epoch_ < end_epoch_index:
         epoch = model.epoch_
         t_epoch = time.perf_counter()
@@ -306,7 +323,7 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
                 info = callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
-                                      rebuilt, **extra)
+                                     rebuilt, **extra)
                 if callback(model, info):
                     model.stopped_ = True
                     return
