@@ -254,8 +254,8 @@ TABLE = (
        "batches trains with 4 (slide.network.inflight.WARM_SHARE): 16 in flight then kept "
        "P@1 on a real set of 133k labels and lost about a point at 200k labels "
        "(bench/results/inflight_staleness_2core_88ee465.md). At most the batches of an "
-       "epoch; 1 where the compiled batch does not apply (a sparse first layer, engine "
-       "per_sample, sampler dense)",
+       "epoch (fewer workers then, each batch on a worker's threads); 1 where the compiled "
+       "batch does not apply (a sparse first layer, engine per_sample, sampler dense)",
        ge=1),
     _p("random_state", None, "int_or_none", None, "seed; None: a fresh one per fit", ge=0),
     _p("verbose", None, "int", 0, "0 silent, 1 a line per epoch (and the seconds a process's "
