@@ -18,7 +18,7 @@ from slide import defaults
 from slide.data import iterate_minibatches
 from slide.data.inputs import take_rows
 from slide.network import block_step
-from slide.network.inflight import InFlight, Layout, WarmedInFlight, plan_layout, warm_batches
+from slide.network.inflight import InFlight, WarmedInFlight, plan_layout, warm_batches
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -210,16 +210,25 @@ class NetworkSteps:
         return plan_layout(getattr(self.model, "batches_in_flight", 1), n_threads, n_batches,
                            net.sparse.any() and block_step.applies(net))
 
-    def in_flight(self, layout, n_threads, total_batches):
-        """The workers of ``layout`` (several batches in flight). Beyond
-        ``AUTO_MOST_IN_FLIGHT`` of them, the first ``WARM_SHARE`` of the fit's
-        ``total_batches`` train with that many (``WarmedInFlight``)."""
+    def in_flight(self, n_threads, n_batches, total_batches):
+        """The workers of a run with several batches in flight (``slide.network.inflight``),
+        or None for one batch at a time. Beyond ``AUTO_MOST_IN_FLIGHT`` of them, the first
+        ``WARM_SHARE`` of the fit's ``total_batches`` train with that many
+        (``WarmedInFlight``)."""
         model = self.model
+        layout = self.layout(n_threads, n_batches)
+        if layout.n_workers == 1:
+            return None
         warm_until = warm_batches(layout.n_workers, total_batches)
         if model.batches_ < warm_until:
             return WarmedInFlight(model.network_, layout, n_threads, warm_until,
                                   model.batches_)
         return InFlight(model.network_, layout)
+
+    def batch_threads(self, n_threads, n_batches):
+        """The threads of a batch trained one at a time: all of them, or a worker's where a
+        small set's epochs have fewer batches than the workers asked for."""
+        return self.layout(n_threads, n_batches).threads_each
 
 
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
@@ -259,21 +268,18 @@ def _train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=No
     steps.start(X, Y if rows is None else take_rows(Y, rows), n_threads)
     model.stopped_ = False
     model.budget_spent_ = False
-    layout = steps.layout(n_threads, n_batches) if hasattr(steps, "layout") \
-        else Layout(1, n_threads)
-    if layout.n_workers > 1:
-        in_flight = steps.in_flight(layout, n_threads, total_batches)
+    in_flight = getattr(steps, "in_flight", lambda *a: None)(n_threads, n_batches, total_batches)
+    if in_flight is not None:
         try:
             return _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
                                 in_flight, n_batches, total_batches)
         finally:
             in_flight.close()
-    # one batch at a time: on every thread, or on a worker's where a small set's epochs have
-    # fewer batches than the workers asked for (plan_layout)
-    numba.set_num_threads(layout.threads_each)
+    batch_threads = getattr(steps, "batch_threads", lambda t, n: t)(n_threads, n_batches)
+    numba.set_num_threads(batch_threads)
     try:
         return _train_batches(model, X, Y, end_epoch_index, eval_set, callback, steps, rows,
-                              n_batches, total_batches, layout.threads_each)
+                              n_batches, total_batches, batch_threads)
     finally:
         numba.set_num_threads(n_threads)
 
@@ -387,7 +393,7 @@ def _train_waves(model, X, Y, end_epoch_index, eval_set, callback, steps, rows, 
                 print(f"batch {serial} epoch {epoch} loss {loss:.4f} active {act:.0f}")
             if callback is not None:
                 info = callback_info(model, serial, epoch, n_batches, loss, act, rehashed,
-                                      rebuilt, batches=len(wave))
+                                     rebuilt, batches=len(wave))
                 if callback(model, info):
                     model.stopped_ = True
                     return
