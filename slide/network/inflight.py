@@ -99,9 +99,9 @@ def plan_layout(value, n_threads, n_batches, applies):
     epochs have ``n_batches`` batches: the workers ``value`` stands for share the threads out,
     then an epoch of fewer batches drops the workers it would leave idle and keeps each
     batch's threads. So the build of the compiled batch (one thread, or parallel loops) is the
-    one ``batch_builds`` names, which the warm-up compiled, whatever the data's size: a set of
-    one batch an epoch, trained one batch at a time on both of 2 threads, compiled the parallel
-    build after the warm-up (bench/results/first_fit_debtags.md, "A small set's first fit")."""
+    one ``batch_builds`` names, which the warm-up compiled, whatever the data's size; a set of
+    one batch an epoch trained on both of 2 threads would compile the parallel build inside the
+    training clock (bench/results/first_fit_debtags.md, "A small set's first fit")."""
     wanted = resolve_batches_in_flight(value, n_threads, 1 << 30, applies)
     return Layout(max(1, min(wanted, int(n_batches))), _threads_each(n_threads, wanted))
 
