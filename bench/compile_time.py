@@ -17,15 +17,14 @@ empty cache.
 with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on what
 it read (all cores), each timed, then the same again in a second interpreter on the cache the
 first one filled (``--rows N``: the fit on the file's first N rows, a small set).
-``--reads FILE
-...`` measures ``read_xc`` alone on each file, in fresh interpreters: by NumPy (what a first
-read takes while the parser is not compiled), by the parser with an empty cache (its compile
-included) and by the parser from the cache (``--rounds`` times each); the NumPy reader's size
-bound rests on it. ``--tree DIR`` measures the slide of another checkout; ``--before DIR`` adds
-a second checkout (an earlier commit) measured the same way, alternating with the first,
-``--rounds`` times each (a fresh empty cache every round), so that a before-and-after shares one
-run of the machine; ``--warm-fits N`` then times N more warm fits of each, alternating, for the
-network's training speed.
+``--reads FILE ...`` measures ``read_xc`` alone on each file, in fresh interpreters: by NumPy
+(what a first read takes while the parser is not compiled), by the parser with an empty cache
+(its compile included) and by the parser from the cache (``--rounds`` times each); the NumPy
+reader's size bound rests on it. ``--tree DIR`` measures the slide of another checkout;
+``--before DIR`` adds a second checkout (an earlier commit) measured the same way, alternating
+with the first, ``--rounds`` times each (a fresh empty cache every round), so that a
+before-and-after shares one run of the machine; ``--warm-fits N`` then times N more warm fits of
+each, alternating, for the network's training speed.
 
     flock -x /tmp/slide.lock python bench/compile_time.py --out bench/results/compile_time.md
     flock -x /tmp/slide.lock python bench/compile_time.py --first-fit debtags/train.txt \
