@@ -169,9 +169,11 @@ def warm_up(model, X=None, Y=None, then=()):
         print("compiling kernels (once a machine; later runs load them from Numba's cache) ...",
               end=" ", flush=True)
     copy = tiny_copy(model)
+    if X is not None and not kinds:
+        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
     later = [FollowingFit(tiny_copy(m), linear_kinds(m, X, Y), X is not None)
              for m in then if not is_warm(m, X, Y)]
-    helper = start_helper(copy, kinds, later) if X is None or kinds else None
+    helper = start_helper(copy, kinds, later)
     try:
         _warm_in_process(copy, kinds, X is not None)
     except BaseException:
@@ -294,21 +296,23 @@ def _warm_output_steps(copy):
     opt.flush(net.W, net.B)
 
 
-def ranking_cached():
-    """Whether the re-ranker's features kernel is compiled in this process or held by Numba's
-    cache for this source (a stale or missing index is cold); unknown counts as cached (no
-    helper)."""
-    # the kernel whose cache tells whether the stages after the network are compiled
-    return kernel_cache.is_compiled(candidate_features)
+def ranking_cached(copy=None):
+    """Whether the helper's half of ``copy``'s warm-up (any re-ranking configuration's, where
+    None) is compiled in this process or held by Numba's cache for this source (a stale or
+    missing index is cold); unknown counts as cached (no helper). Its probe is a kernel the
+    helper compiles and the fit calls last: the re-ranker's features kernel, or without a
+    re-ranker the exact top-k's split products."""
+    reranks = copy is None or (copy.rerank and copy.neighbours > 0)
+    return kernel_cache.is_compiled(candidate_features if reranks else topk.logits_into)
 
 
 def start_helper(copy, kinds, later=()):
-    """The helper process compiling the stages after the network (``warm_ranking``), then the
-    fits ``later`` (``FollowingFit``s), or None where it would not pay or could not run: no
-    re-ranker, their cache warm, one core, ``SLIDE_COMPILE_HELPER=0``, or a frozen
-    application."""
-    if os.environ.get("SLIDE_COMPILE_HELPER", "1") == "0" or not (
-            copy.rerank and copy.neighbours > 0) or _cores() < 2 or ranking_cached() \
+    """The helper process compiling the output layer's row steps and the stages after the
+    network (``warm_ranking``), then the fits ``later`` (``FollowingFit``s), or None where it
+    would not pay or could not run: their cache warm, one core, ``SLIDE_COMPILE_HELPER=0``,
+    or a frozen application."""
+    if os.environ.get("SLIDE_COMPILE_HELPER", "1") == "0" or _cores() < 2 \
+            or ranking_cached(copy) \
             or getattr(sys, "frozen", False):   # a frozen app's executable is not Python
         return None
     env = dict(os.environ)

@@ -15,14 +15,16 @@ import pytest
 import slide
 from slide import warmup
 from slide.cli import main
+from slide.kernels import topk
+from slide.rank.candidates import candidate_features
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # neighbours=0: train_seconds_ is then exactly the batches' clock (the vote's memory adds its
 # build time after the last batch)
-SMALL = dict(neighbours=0, hidden_sizes=(24,), hash_family="simhash", K=4, L=6, range_pow=6, bucket_size=32,
-             sampler_budget=40, min_active=50, shared_negatives=30, learning_rate=2e-3,
-             batch_size=32, epochs=1, n_threads=1, random_state=0,
+SMALL = dict(neighbours=0, hidden_sizes=(24,), hash_family="simhash", K=4, L=6, range_pow=6,
+             bucket_size=32, sampler_budget=40, min_active=50, shared_negatives=30,
+             learning_rate=2e-3, batch_size=32, epochs=1, n_threads=1, random_state=0,
              lr_schedule="constant", sampler="vanilla")
 
 
@@ -238,8 +240,8 @@ def test_linear_kinds_follow_the_data(monkeypatch):
     assert warmup.linear_kinds(m.set_params(rerank=True), *small) == set()
 
 
-def test_warm_up_with_the_data_compiles_only_the_linear_kind_it_selects(fresh_process,
-                                                                       monkeypatch):
+def test_warm_up_with_the_data_compiles_only_the_linear_kind_it_selects(
+        fresh_process, monkeypatch):
     from slide.rank import linear as label_linear
     X, Y, _, _ = slide.generate("tiny", seed=1, n_train=3000)
     m = slide.SlideClassifier(**dict(SMALL, neighbours=20, sampler="random"))
@@ -326,8 +328,9 @@ def signatures():
     return out
 
 
-kinds = frozenset(("ovr", "hashed"))
-model = slide.SlideClassifier()
+rerank = sys.argv[1] == "rerank"
+kinds = frozenset(("ovr", "hashed")) if rerank else frozenset()
+model = slide.SlideClassifier(rerank=rerank)
 warmup.warm_ranking(warmup.tiny_copy(model), kinds)
 helper = signatures()
 warmup.warm_up(model)
@@ -339,18 +342,20 @@ _AFTER_NETWORK = ("slide.rank.", "slide.kernels.topk.", "slide.network.infer.", 
                   "slide.network.row_steps.batch_row_steps", "slide.network.adam.adam_flush_rows")
 
 
-def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
+@pytest.mark.parametrize("rerank", ["rerank", "no-rerank"])
+def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network(rerank):
     """The helper's kernels, with their argument types, are the ones a fit calls after its
-    network: after them, the whole warm-up adds no signature to any kernel of those stages (the
-    fit loads them from the cache the helper wrote), and the helper compiled nothing the fit
-    does not call."""
+    network, with a re-ranker or without: after them, the whole warm-up adds no signature to
+    any kernel of those stages (the fit loads them from the cache the helper wrote), and the
+    helper compiled nothing the fit does not call."""
     env = dict(os.environ, SLIDE_COMPILE_HELPER="0")
-    out = subprocess.run([sys.executable, "-c", _SIGNATURES], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
+    out = subprocess.run([sys.executable, "-c", _SIGNATURES, rerank], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     helper, full = json.loads(out.stdout.strip().splitlines()[-1])
     after = {k: v for k, v in full.items() if k.startswith(_AFTER_NETWORK) and v}
-    assert "slide.rank.candidates.candidate_features" in after
+    assert ("slide.rank.candidates.candidate_features" in after) == (rerank == "rerank")
+    assert "slide.kernels.topk.logits_into" in after
     assert "slide.network.infer.hidden_batch_kernel" in after
     assert "slide.network.row_steps.batch_row_steps" in after
     for name, sigs in after.items():
@@ -362,14 +367,12 @@ def test_the_helper_compiles_exactly_what_the_fit_calls_after_the_network():
 def test_a_helper_runs_only_where_it_pays(monkeypatch):
     copy = warmup.tiny_copy(slide.SlideClassifier())
     kinds = frozenset(("hashed",))
-    monkeypatch.setattr(warmup, "ranking_cached", lambda: True)
+    monkeypatch.setattr(warmup, "ranking_cached", lambda copy=None: True)
     assert warmup.start_helper(copy, kinds) is None                 # compiled already
-    monkeypatch.setattr(warmup, "ranking_cached", lambda: False)
+    monkeypatch.setattr(warmup, "ranking_cached", lambda copy=None: False)
     monkeypatch.setenv("SLIDE_COMPILE_HELPER", "0")
     assert warmup.start_helper(copy, kinds) is None                 # switched off
     monkeypatch.delenv("SLIDE_COMPILE_HELPER")
-    assert warmup.start_helper(warmup.tiny_copy(slide.SlideClassifier(rerank=False)),
-                               kinds) is None                       # nothing after the network
     monkeypatch.setattr(warmup, "_cores", lambda: 1)
     assert warmup.start_helper(copy, kinds) is None                 # no second core
     monkeypatch.setattr(warmup, "_cores", lambda: 2)
@@ -380,6 +383,33 @@ def test_a_helper_runs_only_where_it_pays(monkeypatch):
     assert proc is not None
     warmup.finish_helper(proc)
     assert proc.returncode == 0
+
+
+def test_the_helpers_probe_is_a_kernel_its_configuration_compiles(monkeypatch):
+    """A configuration without a re-ranker never compiles the re-ranker's features kernel: its
+    helper's cache is probed by the exact top-k's split products, which every helper compiles
+    (else every later warm-up would start a helper again)."""
+    probed = []
+    monkeypatch.setattr(warmup.kernel_cache, "is_compiled",
+                        lambda kernel: probed.append(kernel) or False)
+    for params in ({}, {"rerank": False}, {"neighbours": 0}):
+        assert not warmup.ranking_cached(warmup.tiny_copy(slide.SlideClassifier(**params)))
+    assert probed == [candidate_features, topk.logits_into, topk.logits_into]
+
+
+def test_a_fit_too_small_for_a_re_ranker_still_gets_a_helper(monkeypatch, fresh_process):
+    """On rows too few to hold out for a re-ranker, the helper compiles the row steps and the
+    vote of a copy without one (before, no helper ran and this process compiled them)."""
+    started = []
+    monkeypatch.setattr(warmup, "start_helper",
+                        lambda copy, kinds, later=(): started.append((copy, kinds)))
+    monkeypatch.setattr(warmup, "_warm_in_process", lambda *a: None)
+    X, Y = warmup.tiny_data()
+    model = slide.SlideClassifier()
+    assert warmup.linear_kinds(model, X, Y) == frozenset()
+    warmup.warm_up(model, X, Y)
+    ((copy, kinds),) = started
+    assert copy.rerank is False and kinds == frozenset()
 
 
 def test_a_helper_that_does_not_finish_is_stopped():
