@@ -11,7 +11,7 @@ reports as ``compile_seconds_``, never as training time.
 
 A cold cache (the first fit after installing or changing slide) compiles for over a minute, one
 kernel after another on one core. The stages after the network (the vote, the linear
-classifiers, the re-ranker, the exact top-k) do not need a trained
+classifiers, the re-ranker where the fit has one, the exact top-k) do not need a trained
 network to compile, so ``warm_up`` then starts a **helper process** that compiles them into
 Numba's on-disk cache (``warm_ranking``: the same tiny copy, built but not trained), with the
 output layer's row steps (on no rows), while this process compiles the rest of the network's;
