@@ -66,7 +66,7 @@ def layout_value(name, threads):
     """The batches_in_flight a --layouts entry stands for at ``threads`` threads."""
     if name == "auto":
         from slide.network.inflight import resolve_batches_in_flight
-        return resolve_batches_in_flight("auto", threads, 1 << 30, True)
+        return resolve_batches_in_flight("auto", threads, True)
     if name == "half":
         return max(1, threads // 2)
     return int(name)

@@ -38,15 +38,16 @@ def test_bad_batches_in_flight_is_a_clear_value_error(bad, data):
             check_batches_in_flight(bad)
 
 
-def test_resolution_clamps_to_the_epoch_and_to_the_compiled_batch():
-    assert resolve_batches_in_flight(8, 16, 100, True) == 8
-    assert resolve_batches_in_flight(8, 16, 3, True) == 3          # batches of an epoch
-    assert resolve_batches_in_flight(8, 16, 100, False) == 1       # no compiled batch
-    assert resolve_batches_in_flight(np.int64(4), 16, 100, True) == 4
+def test_resolution_follows_the_value_and_the_compiled_batch():
+    assert resolve_batches_in_flight(8, 16, True) == 8
+    assert resolve_batches_in_flight(8, 16, False) == 1             # no compiled batch
+    assert resolve_batches_in_flight(np.int64(4), 16, True) == 4
     # auto: one a thread, at most AUTO_MOST_IN_FLIGHT (the threads then shared among them)
-    assert resolve_batches_in_flight("auto", 1, 100, True) == 1
-    assert resolve_batches_in_flight("auto", 2, 100, True) == 2
-    assert resolve_batches_in_flight("auto", 16, 100, True) == 4
+    assert resolve_batches_in_flight("auto", 1, True) == 1
+    assert resolve_batches_in_flight("auto", 2, True) == 2
+    assert resolve_batches_in_flight("auto", 16, True) == 4
+    with pytest.raises(ValueError, match="batches_in_flight"):
+        resolve_batches_in_flight(0, 16, False)                     # checked either way
 
 
 def test_a_small_epoch_drops_idle_workers_and_keeps_each_batchs_threads():

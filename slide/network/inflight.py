@@ -60,25 +60,23 @@ AUTO_MOST_IN_FLIGHT = 4
 WARM_SHARE = 0.25
 
 
-def resolve_batches_in_flight(value, n_threads, n_batches, applies):
+def resolve_batches_in_flight(value, n_threads, applies):
     """The number of workers ``value`` stands for: ``"auto"`` one a thread (each batch then
     runs on one thread: no join inside a batch), at most AUTO_MOST_IN_FLIGHT (beyond, the
-    threads are shared out among them); an integer itself. Clamped to the batches
-    of an epoch (a wave never spans two: more workers would idle) and to 1 where the network
-    does not take the compiled batch (``applies`` False: the per-sample engine, a dense
-    network)."""
+    threads are shared out among them); an integer itself; 1 where the network does not take
+    the compiled batch (``applies`` False: the per-sample engine, a dense network). An epoch
+    of fewer batches drops the workers it would leave idle (``plan_layout``)."""
     value = check_batches_in_flight(value)
-    workers = min(max(1, int(n_threads)), AUTO_MOST_IN_FLIGHT) if value == "auto" else value
     if not applies:
         return 1
-    return max(1, min(workers, int(n_batches)))
+    return min(max(1, int(n_threads)), AUTO_MOST_IN_FLIGHT) if value == "auto" else value
 
 
 def batch_builds(value, n_threads):
     """The builds of the compiled batch that a fit with ``batches_in_flight=value`` on
     ``n_threads`` threads takes (``block_step.run_batch``), as a frozenset of "one thread a
     batch": its workers' and, where fewer train its first batches (``warm_workers``), theirs."""
-    n_workers = resolve_batches_in_flight(value, n_threads, 1 << 30, True)
+    n_workers = resolve_batches_in_flight(value, n_threads, True)
     return frozenset(_threads_each(n_threads, w) == 1
                      for w in {n_workers, warm_workers(n_workers)})
 
@@ -102,7 +100,7 @@ def plan_layout(value, n_threads, n_batches, applies):
     one ``batch_builds`` names, which the warm-up compiled, whatever the data's size; a set of
     one batch an epoch trained on both of 2 threads would compile the parallel build inside the
     training clock (bench/results/first_fit_debtags.md, "A small set's first fit")."""
-    wanted = resolve_batches_in_flight(value, n_threads, 1 << 30, applies)
+    wanted = resolve_batches_in_flight(value, n_threads, applies)
     return Layout(max(1, min(wanted, int(n_batches))), _threads_each(n_threads, wanted))
 
 
