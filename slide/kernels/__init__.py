@@ -2,8 +2,7 @@
 thin array owners built on them (LSH tables, the serving index). Modules here import only
 numpy, numba and each other: ``rng`` (counter-based random numbers), ``layers``, ``arrays``
 (the bundles), ``sample`` (one sample's active sets, forward, loss, backward), ``negatives``,
-``touched``, ``parse`` (the XC text parser), ``sorting`` (a stable sort's order) and ``lsh``
-(hashing, tables, sampling, serving).
+``touched``, ``parse`` (the XC text parser) and ``lsh`` (hashing, tables, sampling, serving).
 
 A one-line helper of a hot loop is a plain ``@njit`` function, which LLVM inlines by itself:
 Numba's own ``inline="always"`` translates and types it again at every call site, and inside

@@ -50,7 +50,6 @@ from threadpoolctl import threadpool_limits
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.jit import njit
-from slide.kernels.sorting import stable_order
 from slide.kernels.topk import insert_best_first, topk_ids_of_logits
 from slide.rank.vote import POWER, NeighbourMemory
 
@@ -169,11 +168,8 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
                 labels[m] = label_ids[p]
                 weights[m] = w
                 m += 1
-        order = stable_order(labels, 0, m)
-        own_order = stable_order(own_ids, own_ptr[i], own_ptr[i + 1])
-        own = np.empty(own_order.shape[0], own_ids.dtype)
-        for t in range(own.shape[0]):
-            own[t] = own_ids[own_ptr[i] + own_order[t]]
+        order = np.argsort(labels, kind="mergesort")
+        own = np.sort(own_ids[own_ptr[i]:own_ptr[i + 1]])
         best_ids = np.full(k, -1, np.int64)
         best = np.full(k, -np.inf)
         a = 0
@@ -280,7 +276,7 @@ def _strongest_entries(x_ptr, x_dat, m, keep):
         if p1 - p0 <= m:
             keep[p0:p1] = True
             continue
-        order = stable_order(-np.abs(x_dat[p0:p1]), 0, p1 - p0)
+        order = np.argsort(-np.abs(x_dat[p0:p1]), kind="mergesort")
         for t in range(m):
             keep[p0 + order[t]] = True
 
