@@ -16,7 +16,8 @@ empty cache.
 ``--first-fit FILE`` measures instead what a new user's first run costs: in a fresh interpreter
 with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on what
 it read (all cores), each timed, then the same again in a second interpreter on the cache the
-first one filled (``--rows N``: the fit on the file's first N rows, a small set).
+first one filled (``--rows N``: the fit on the file's first N rows, a small set; ``--params
+JSON``: the estimator's other hyperparameters, e.g. ``'{"rerank": false}'``).
 ``--reads FILE ...`` measures ``read_xc`` alone on each file, in fresh interpreters: by NumPy
 (what a first read takes while the parser is not compiled), by the parser with an empty cache
 (its compile included) and by the parser from the cache (``--rounds`` times each); the NumPy
@@ -149,14 +150,14 @@ except (ImportError, AttributeError):    # another Numba's layout: no LLVM figur
     pass
 import slide
 t_import = time.perf_counter() - t_start
-path, n_rows = sys.argv[1].rsplit(",", 1)
+path, n_rows, params = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 X, Y = slide.read_xc(path)
 t_read = time.perf_counter() - t0
 if int(n_rows) > 0:                     # the fit takes the file's first rows only
     X, Y = X[:int(n_rows)], Y[:int(n_rows)]
 t0 = time.perf_counter()
-model = slide.SlideClassifier(random_state=0).fit(X, Y)
+model = slide.SlideClassifier(**dict(params, random_state=0)).fit(X, Y)
 t_fit = time.perf_counter() - t0
 print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
                   "compile_s": model.compile_seconds_, "train_s": model.train_seconds_,
@@ -232,6 +233,8 @@ def main(argv=None):
                     "more warm fits of each checkout, alternating (default 0)")
     ap.add_argument("--rows", type=int, default=0, help="with --first-fit: fit on the file's "
                     "first this many rows (default 0: all)")
+    ap.add_argument("--params", default="{}", help="with --first-fit: the estimator's "
+                    "hyperparameters beside random_state=0, as JSON (default {}: the defaults)")
     ap.add_argument("--reads", nargs="+", metavar="FILE", help="measure read_xc alone on "
                     "these XC files: by NumPy, by the parser cold and by the parser warm")
     args = ap.parse_args(argv)
@@ -248,7 +251,7 @@ def main(argv=None):
         trees = [os.path.abspath(args.tree)] + ([os.path.abspath(args.before)]
                                                 if args.before else [])
         lines = first_fit_report(os.path.abspath(args.first_fit), trees, args.rounds,
-                                 args.warm_fits, args.rows)
+                                 args.warm_fits, args.rows, json.loads(args.params))
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -305,11 +308,13 @@ def _machine():
     return f"{m['cores']} cores ({m['cpu']}; BLAS {m['blas']})"
 
 
-def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0):
+def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0, params=None):
     """A first run's read and fit of the XC file ``path`` (the fit on its first ``n_rows``
     rows; 0: all) with each checkout of ``trees``' slide, cold (empty cache) then warm,
     ``rounds`` times alternating between them, then ``warm_fits`` more warm fits of each, as
-    report lines."""
+    report lines. ``params``: the estimator's hyperparameters beside ``random_state=0``."""
+    params = dict(params or {})
+    arg = json.dumps([path, int(n_rows), params])
     rows = {tree: [] for tree in trees}
     name = {tree: commit(tree) for tree in trees}
     caches = {tree: tempfile.mkdtemp(prefix="slide-numba-cache-") for tree in trees}
@@ -319,8 +324,7 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0):
                 shutil.rmtree(caches[tree])
                 os.makedirs(caches[tree])
                 for state in ("cold", "warm"):
-                    m = measure(f"{path},{n_rows}", caches[tree], child=FIRST_FIT_CHILD,
-                                root=tree)
+                    m = measure(arg, caches[tree], child=FIRST_FIT_CHILD, root=tree)
                     rows[tree].append((state, m))
                     print(f"{name[tree]} {state:5s} read_xc {m['read_s']:6.1f} s  fit "
                           f"{m['fit_s']:6.1f} s (compile {m['compile_s']:.1f} s, train "
@@ -328,8 +332,7 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0):
                           flush=True)
         for _ in range(warm_fits):
             for tree in trees:
-                m = measure(f"{path},{n_rows}", caches[tree], child=FIRST_FIT_CHILD,
-                            root=tree)
+                m = measure(arg, caches[tree], child=FIRST_FIT_CHILD, root=tree)
                 rows[tree].append(("warm", m))
                 print(f"{name[tree]} warm  network training {m['train_s']:.2f} s", flush=True)
     finally:
@@ -337,9 +340,12 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0):
             shutil.rmtree(cache, ignore_errors=True)
     m = rows[trees[0]][0][1]
     names = " and ".join(f"`{name[t]}`" for t in trees)
-    lines = ["# A first run: reading a file and fitting `SlideClassifier(random_state=0)`", "",
+    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    lines = [f"# A first run: reading a file and fitting `SlideClassifier("
+             f"{shown + ', ' if shown else ''}random_state=0)`", "",
              f"`python bench/compile_time.py --first-fit {os.path.basename(path)} --rounds "
-             f"{rounds} --warm-fits {warm_fits}{f' --rows {n_rows}' if n_rows else ''}` at "
+             f"{rounds} --warm-fits {warm_fits}{f' --rows {n_rows}' if n_rows else ''}"
+             f"{f' --params {json.dumps(params)!r}' if params else ''}` at "
              f"commit `{commit()}`, measuring the slide "
              f"of commit{'s' if len(trees) > 1 else ''} {names}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}, run alone "

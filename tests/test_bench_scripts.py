@@ -209,8 +209,8 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
         tree, "ccc"))
     lines = compile_time.first_fit_report("/data/train.txt", [new, old], rounds=2, warm_fits=1)
     assert [c[4] for c in calls] == [new, new, old, old, new, new, old, old, new, old]
-    assert all(c[0] == "/data/train.txt,0" and c[3] is compile_time.FIRST_FIT_CHILD
-               for c in calls)
+    assert all(json.loads(c[0]) == ["/data/train.txt", 0, {}]
+               and c[3] is compile_time.FIRST_FIT_CHILD for c in calls)
     # each round starts on an empty cache of its own checkout; its warm run sees the cold one's
     assert [c[2] for c in calls[:2]] == [[], ["filled1"]]
     assert calls[4][2] == [] and calls[4][1] == calls[0][1] != calls[2][1]
@@ -228,8 +228,14 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     # --rows: the children fit on the file's first rows, and the report says so
     calls.clear()
     lines = compile_time.first_fit_report("/data/train.txt", [new], n_rows=100)
-    assert [c[0] for c in calls] == ["/data/train.txt,100"] * 2
+    assert [json.loads(c[0]) for c in calls] == [["/data/train.txt", 100, {}]] * 2
     assert "--rows 100" in lines[2] and "(the first of the file)" in lines[2]
+    # --params: the children fit with those hyperparameters, and the report names them
+    calls.clear()
+    lines = compile_time.first_fit_report("/data/train.txt", [new], params={"rerank": False})
+    assert [json.loads(c[0])[2] for c in calls] == [{"rerank": False}] * 2
+    assert "rerank=False, random_state=0" in lines[0]
+    assert """--params '{"rerank": false}'""" in lines[2]
 
 
 def test_the_first_fit_report_gives_llvms_seconds_all_and_in_linked_libraries():
