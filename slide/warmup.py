@@ -69,9 +69,15 @@ def config_key(model):
     return (tuple(sorted(builds)), hidden_layer_count(p["hidden_sizes"]), p["sampler"],
             p["hash_family"], p["loss"], p["optimizer"], p["bucket_policy"], p["output_bias_init"],
             bool(p["sampling_correction"]), float(p["negative_power"]) > 0.0,
-            bool(p.get("rerank", False)) and int(p.get("neighbours", 0)) > 0,
+            _reranks(model),
             int(p["shared_negatives"]) > 0, int(p["min_active"]) > 0, p.get("engine"),
             None if sparse is None else tuple(sorted(int(layer) for layer in sparse)))
+
+
+def _reranks(model):
+    """Whether a fit of ``model`` may fit a re-ranker (it does where its data leaves rows to
+    hold out for one: ``linear_kinds``)."""
+    return bool(getattr(model, "rerank", False)) and int(getattr(model, "neighbours", 0)) > 0
 
 
 def is_warm(model, X=None, Y=None):
@@ -87,7 +93,7 @@ def linear_kinds(model, X=None, Y=None):
     sizes): both without the data or when its shape leaves it open, none without a
     re-ranker. Decided without the seeded held-out draw: one-vs-rest is certain when the
     training rows with the most terms afford it, excluded when those with the fewest do not."""
-    if not (bool(getattr(model, "rerank", False)) and int(getattr(model, "neighbours", 0)) > 0):
+    if not _reranks(model):
         return frozenset()
     if X is None or Y is None or not (sp.issparse(X) and sp.issparse(Y)) \
             or X.shape[0] != Y.shape[0]:
@@ -168,9 +174,7 @@ def warm_up(model, X=None, Y=None, then=()):
     if announce:
         print("compiling kernels (once a machine; later runs load them from Numba's cache) ...",
               end=" ", flush=True)
-    copy = tiny_copy(model)
-    if X is not None and not kinds:
-        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
+    copy = _without_unused_reranker(tiny_copy(model), kinds, X is not None)
     later = [FollowingFit(tiny_copy(m), linear_kinds(m, X, Y), X is not None)
              for m in then if not is_warm(m, X, Y)]
     helper = start_helper(copy, kinds, later)
@@ -208,13 +212,20 @@ class HelperJob(NamedTuple):
 
 def _warm_in_process(copy, kinds, with_data):
     """The tiny copy's fit, linear classifiers, split products and evaluation, here."""
-    if with_data and not kinds:
-        copy.set_params(rerank=False)   # the data is too small for a re-ranker: none to compile
+    _without_unused_reranker(copy, kinds, with_data)
     X, Y = tiny_data()
     _tiny_rules(copy, kinds)
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
     _warm_batch_builds(copy, X, Y)
     _warm_after_network(copy, X, Y, kinds)
+
+
+def _without_unused_reranker(copy, kinds, with_data):
+    """``copy`` without a re-ranker where the data chose no linear classifier for one (too
+    small to hold rows out): none to compile, here or in the helper. Returns ``copy``."""
+    if with_data and not kinds:
+        copy.set_params(rerank=False)
+    return copy
 
 
 def _warm_batch_builds(copy, X, Y):
@@ -302,8 +313,8 @@ def ranking_cached(copy=None):
     missing index is cold); unknown counts as cached (no helper). Its probe is a kernel the
     helper compiles and the fit calls last: the re-ranker's features kernel, or without a
     re-ranker the exact top-k's split products."""
-    reranks = copy is None or (copy.rerank and copy.neighbours > 0)
-    return kernel_cache.is_compiled(candidate_features if reranks else topk.logits_into)
+    probe = candidate_features if copy is None or _reranks(copy) else topk.logits_into
+    return kernel_cache.is_compiled(probe)
 
 
 def start_helper(copy, kinds, later=()):
