@@ -88,9 +88,22 @@ print(json.dumps({"import_s": t_import, "compile_s": compile_s,
 
 
 FIRST_FIT_CHILD = r"""
-import collections, json, sys, time
+import collections, gc, json, resource, sys, time
 t_start = time.perf_counter()
 from numba.core import event
+
+# seconds inside Python's cyclic collector (each collection, its finalisers included)
+gc_seconds, _gc_start = [0.0], [0.0]
+
+
+def _gc_timer(phase, info):
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+    else:
+        gc_seconds[0] += time.perf_counter() - _gc_start[0]
+
+
+gc.callbacks.append(_gc_timer)
 
 
 class Own(event.Listener):
@@ -162,7 +175,8 @@ t_fit = time.perf_counter() - t0
 print(json.dumps({"import_s": t_import, "read_s": t_read, "fit_s": t_fit,
                   "compile_s": model.compile_seconds_, "train_s": model.train_seconds_,
                   "rows": int(X.shape[0]), "labels": int(Y.shape[1]),
-                  "slide": slide.__file__,
+                  "slide": slide.__file__, "gc_s": gc_seconds[0],
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "kernels": [[k, own.count[k], s] for k, s in own.own.most_common()],
                   "llvm": {"all": sum(llvm.values(), collections.Counter()),
                            "linked": sum((c for lib, c in llvm.items() if lib in linked),
@@ -328,7 +342,8 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0, params=None):
                     rows[tree].append((state, m))
                     print(f"{name[tree]} {state:5s} read_xc {m['read_s']:6.1f} s  fit "
                           f"{m['fit_s']:6.1f} s (compile {m['compile_s']:.1f} s, train "
-                          f"{m['train_s']:.1f} s)  whole process {m['process_s']:.1f} s",
+                          f"{m['train_s']:.1f} s)  whole process {m['process_s']:.1f} s, "
+                          f"collector {m['gc_s']:.1f} s",
                           flush=True)
         for _ in range(warm_fits):
             for tree in trees:
@@ -357,15 +372,18 @@ def first_fit_report(path, trees, rounds=1, warm_fits=0, n_rows=0, params=None):
              "user's first run: every kernel compiles), *warm* loads what the cold run left "
              "there. *fit* is the whole `fit` call: its compile (`compile_seconds_`, the "
              "warm-up before the clock), training and the stages after the network. The "
-             "checkouts alternate, round by round.", "",
+             "checkouts alternate, round by round. *Collector*: the seconds this process "
+             "spent inside Python's cyclic garbage collector (the helper's are not counted); "
+             "*peak*: its peak resident memory.", "",
              "| slide of | cache | import (s) | `read_xc` (s) | `fit` (s) | of which compile (s) "
-             "| of which network training (s) | whole process (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| of which network training (s) | whole process (s) | collector (s) | peak (MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for tree in trees:
         for state, m in rows[tree]:
             lines.append(f"| `{name[tree]}` | {state} | {m['import_s']:.1f} | "
                          f"{m['read_s']:.1f} | {m['fit_s']:.1f} | {m['compile_s']:.1f} | "
-                         f"{m['train_s']:.2f} | {m['process_s']:.1f} |")
+                         f"{m['train_s']:.2f} | {m['process_s']:.1f} | {m['gc_s']:.1f} | "
+                         f"{m['peak_mb']:.0f} |")
     lines += ["", "| slide of | cold whole process (s), median | cold `read_xc` (s), median | "
               "warm network training (s), mean ± sd |", "|---|---|---|---|"]
     for tree in trees:

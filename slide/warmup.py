@@ -20,6 +20,8 @@ comes next (``slide train``'s dense baseline), in the time its half leaves it. O
 their cache is cold, a second core is free, and ``SLIDE_COMPILE_HELPER`` is not ``0``; a helper
 that fails costs nothing but its gain (this process compiles what it needs itself).
 """
+import contextlib
+import gc
 import os
 import pickle
 import subprocess
@@ -179,7 +181,8 @@ def warm_up(model, X=None, Y=None, then=()):
              for m in then if not is_warm(m, X, Y)]
     helper = start_helper(copy, kinds, later)
     try:
-        _warm_in_process(copy, kinds, X is not None)
+        with collecting_rarely():
+            _warm_in_process(copy, kinds, X is not None)
     except BaseException:
         finish_helper(helper, 0.0)
         raise
@@ -369,9 +372,31 @@ def helper_main():
     """The helper process: its ``HelperJob`` from stdin, then ``warm_ranking`` and the fits
     that follow."""
     job = pickle.loads(sys.stdin.buffer.read())
-    warm_ranking(job.copy, job.kinds)
-    for fit in job.later:
-        _warm_in_process(fit.copy, fit.kinds, fit.with_data)
+    with collecting_rarely():
+        warm_ranking(job.copy, job.kinds)
+        for fit in job.later:
+            _warm_in_process(fit.copy, fit.kinds, fit.with_data)
+
+
+# Python's cyclic collector while kernels compile: young collections every 20,000 allocations
+# instead of 700, and a full one only after 100 of the middle generation's instead of 10. A
+# compile leaves millions of objects alive for its duration (Numba's IR, types and caches), so
+# by default a cold warm-up ran ~37 full collections over that heap: 10-12 s inside the
+# collector, against ~3.5 s with these, for 5 % more peak memory
+# (bench/results/first_fit_debtags.md, "The collector during a compile").
+COMPILE_GC_THRESHOLDS = (20_000, 20, 100)
+
+
+@contextlib.contextmanager
+def collecting_rarely():
+    """Python's cyclic collector at ``COMPILE_GC_THRESHOLDS`` inside the block (a warm-up's
+    compile), the caller's thresholds again after it."""
+    before = gc.get_threshold()
+    gc.set_threshold(*COMPILE_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _warm_split_products(model):

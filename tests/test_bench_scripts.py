@@ -203,6 +203,7 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
                 "fit_s": (60.0 if cold else 5.0) * slow, "compile_s": 50.0 if cold else 0.1,
                 "train_s": 2.0 * slow + 0.1 * len(calls), "rows": 24242, "labels": 581,
                 "process_s": (70.0 if cold else 7.0) * slow + len(calls),
+                "gc_s": 3.0 if cold else 0.2, "peak_mb": 700.0 + len(calls),
                 "kernels": [["slide.a.big", 1, 30.0], ["slide.b.small", 2, 10.0]]}
     monkeypatch.setattr(compile_time, "measure", measure)
     monkeypatch.setattr(compile_time, "commit", lambda tree=None: {new: "aaa", old: "bbb"}.get(
@@ -215,7 +216,8 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert [c[2] for c in calls[:2]] == [[], ["filled1"]]
     assert calls[4][2] == [] and calls[4][1] == calls[0][1] != calls[2][1]
     rows = [line for line in lines if line.startswith("| `aaa`") or line.startswith("| `bbb`")]
-    assert rows[0] == "| `aaa` | cold | 0.5 | 4.0 | 60.0 | 50.0 | 2.10 | 71.0 |"
+    assert rows[0] == "| `aaa` | cold | 0.5 | 4.0 | 60.0 | 50.0 | 2.10 | 71.0 | 3.0 | 701 |"
+    assert rows[1].endswith("| 0.2 | 702 |")
     assert len(rows) == 10 + 2
     # cold whole process: aaa 71 and 75 (median 73.0); bbb 143 and 147 (145.0); warm network
     # training: aaa 2.2, 2.6, 2.9 -> 2.57; bbb 4.4, 4.8, 5.0

@@ -508,3 +508,42 @@ def test_verbose_fit_says_when_it_compiles_and_then_not_again(data, fresh_proces
     warmup._WARMED.clear()
     slide.SlideClassifier(**SMALL).fit(X, Y)
     assert capsys.readouterr().out == ""
+
+
+def test_the_warm_up_compiles_with_the_collector_set_rarer_and_restores_the_callers(
+        monkeypatch, fresh_process):
+    """Inside the warm-up's compile (this process's and the helper's) Python's cyclic collector
+    runs at ``COMPILE_GC_THRESHOLDS``; after it, also after a failure, at the caller's own."""
+    import gc
+    seen = []
+    monkeypatch.setattr(warmup, "start_helper", lambda copy, kinds, later=(): None)
+    monkeypatch.setattr(warmup, "_warm_in_process",
+                        lambda *a: seen.append(gc.get_threshold()))
+    before = gc.get_threshold()
+    callers = (1234, 7, 9)
+    assert warmup.COMPILE_GC_THRESHOLDS not in (before, callers)
+    gc.set_threshold(*callers)
+    try:
+        warmup.warm_up(slide.SlideClassifier())
+        assert seen == [warmup.COMPILE_GC_THRESHOLDS] and gc.get_threshold() == callers
+
+        def fails(*a):
+            seen.append(gc.get_threshold())
+            raise RuntimeError("a kernel failed to compile")
+        monkeypatch.setattr(warmup, "_warm_in_process", fails)
+        monkeypatch.setattr(warmup, "_WARMED", {})
+        with pytest.raises(RuntimeError, match="failed to compile"):
+            warmup.warm_up(slide.SlideClassifier())
+        assert seen[-1] == warmup.COMPILE_GC_THRESHOLDS and gc.get_threshold() == callers
+
+        import io
+        import pickle
+        import types
+        monkeypatch.setattr(warmup, "warm_ranking",
+                            lambda copy, kinds: seen.append(gc.get_threshold()))
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(
+            pickle.dumps(warmup.HelperJob(slide.SlideClassifier(), frozenset(), [])))))
+        warmup.helper_main()
+        assert seen[-1] == warmup.COMPILE_GC_THRESHOLDS and gc.get_threshold() == callers
+    finally:
+        gc.set_threshold(*before)
