@@ -380,10 +380,11 @@ def helper_main():
 
 # Python's cyclic collector while kernels compile: young collections every 20,000 allocations
 # instead of 700, and a full one only after 100 of the middle generation's instead of 10. A
-# compile leaves millions of objects alive for its duration (Numba's IR, types and caches), so
-# by default a cold warm-up ran ~37 full collections over that heap: 10-12 s inside the
-# collector, against ~3.5 s with these, for 5 % more peak memory
-# (bench/results/first_fit_debtags.md, "The collector during a compile").
+# compile keeps millions of objects alive while it runs (Numba's IR, types and caches), and at
+# the default thresholds the collector went over them in full again and again: a first fit's
+# fitting process spent 5.2-5.5 s in it, 1.5-1.6 s with these, its peak memory a few per cent
+# higher (bench/results/first_fit_debtags.md, "The collector set rarer while a warm-up
+# compiles"; docs/design.md, "Compilation apart from training").
 COMPILE_GC_THRESHOLDS = (20_000, 20, 100)
 
 
