@@ -40,6 +40,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("SLIDE_COMPILE_HELPER", "0")
 
 
+def pytest_configure(config):
+    # Most of a cold suite is Numba compiling, in every test, not only in a fit's warm-up: the
+    # test process runs Python's cyclic collector as a warm-up's compile does
+    # (``warmup.COMPILE_GC_THRESHOLDS``). At the default thresholds the two processes of a cold
+    # suite on two cores spent 20 and 30 s in the collector.
+    import gc
+    from slide import warmup
+    gc.set_threshold(*warmup.COMPILE_GC_THRESHOLDS)
+
+
 def pytest_collection_finish(session):
     if len(session.items) < PRECOMPILE_MIN_TESTS or _cpus_available() < 2 or \
             os.environ.get("SLIDE_TEST_PRECOMPILE", "1") == "0" or \
