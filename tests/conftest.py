@@ -43,8 +43,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def pytest_configure(config):
     # Most of a cold suite is Numba compiling, in every test, not only in a fit's warm-up: the
     # test process runs Python's cyclic collector as a warm-up's compile does
-    # (``warmup.COMPILE_GC_THRESHOLDS``). At the default thresholds the two processes of a cold
-    # suite on two cores spent 20 and 30 s in the collector.
+    # (``warmup.COMPILE_GC_THRESHOLDS``; docs/design.md, "Python's collector during a compile").
     import gc
     from slide import warmup
     gc.set_threshold(*warmup.COMPILE_GC_THRESHOLDS)
