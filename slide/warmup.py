@@ -26,6 +26,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -388,16 +389,31 @@ def helper_main():
 COMPILE_GC_THRESHOLDS = (20_000, 20, 100)
 
 
+class _CollectorSetting:
+    """The thresholds to give back once the last block inside ``collecting_rarely`` ends: the
+    collector's setting is the process's, and blocks may overlap (warm-ups in threads)."""
+    lock = threading.Lock()
+    blocks = 0               # blocks inside collecting_rarely now
+    saved = None             # the thresholds before the first of them
+
+
 @contextlib.contextmanager
 def collecting_rarely():
     """Python's cyclic collector at ``COMPILE_GC_THRESHOLDS`` inside the block (a warm-up's
-    compile), the caller's thresholds again after it."""
-    before = gc.get_threshold()
-    gc.set_threshold(*COMPILE_GC_THRESHOLDS)
+    compile); the thresholds from before once no such block runs in the process."""
+    state = _CollectorSetting
+    with state.lock:
+        if state.blocks == 0:
+            state.saved = gc.get_threshold()
+            gc.set_threshold(*COMPILE_GC_THRESHOLDS)
+        state.blocks += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        with state.lock:
+            state.blocks -= 1
+            if state.blocks == 0:
+                gc.set_threshold(*state.saved)
 
 
 def _warm_split_products(model):

@@ -547,3 +547,27 @@ def test_the_warm_up_compiles_with_the_collector_set_rarer_and_restores_the_call
         assert seen[-1] == warmup.COMPILE_GC_THRESHOLDS and gc.get_threshold() == callers
     finally:
         gc.set_threshold(*before)
+
+
+def test_overlapping_warm_ups_give_the_collectors_thresholds_back_once_the_last_ends():
+    """Warm-ups in two threads: their blocks end in either order, and the thresholds from
+    before the first come back when the last ends, not before (the setting is the process's)."""
+    import gc
+    before = gc.get_threshold()
+    callers = (1234, 7, 9)
+    gc.set_threshold(*callers)
+    try:
+        first, second = warmup.collecting_rarely(), warmup.collecting_rarely()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)          # the first to start ends first
+        assert gc.get_threshold() == warmup.COMPILE_GC_THRESHOLDS
+        second.__exit__(None, None, None)
+        assert gc.get_threshold() == callers
+        with warmup.collecting_rarely():
+            with warmup.collecting_rarely():
+                pass
+            assert gc.get_threshold() == warmup.COMPILE_GC_THRESHOLDS
+        assert gc.get_threshold() == callers
+    finally:
+        gc.set_threshold(*before)
