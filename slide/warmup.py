@@ -385,7 +385,9 @@ def helper_main():
 # the default thresholds the collector went over them in full again and again: a first fit's
 # fitting process spent 5.2-5.5 s in it, 1.5-1.6 s with these, its peak memory a few per cent
 # higher (bench/results/first_fit_debtags.md, "The collector set rarer while a warm-up
-# compiles"; docs/design.md, "Compilation apart from training").
+# compiles"; docs/design.md, "Compilation apart from training"). Where the collector is
+# incremental (Python 3.14), the second value slows its scan of the old objects and the third
+# is ignored: rarer still.
 COMPILE_GC_THRESHOLDS = (20_000, 20, 100)
 
 
