@@ -65,6 +65,7 @@ RESUME_MUTABLE = frozenset({
     "distributed.address",
 })
 
+
 def _build_schema() -> dict:
     """The nested TOML schema (table -> key -> :class:`slide.params.Param`), in the table's
     order."""

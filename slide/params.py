@@ -158,7 +158,8 @@ TABLE = (
        optional=True),
     _p("optimizer", "optimizer.name", "str", "adam", "adam: rows a batch skipped catch up on "
        "dense Adam's momentum at their next touch, each missed step at its own scheduled "
-       "rate (dense Adam's trajectory); lazy_adam: untouched rows do not move; sgd", choices=OPTIMIZERS),
+       "rate (dense Adam's trajectory); lazy_adam: untouched rows do not move; sgd",
+       choices=OPTIMIZERS),
     _p("learning_rate", "optimizer.learning_rate", "float", 1e-2, "step size (the peak of the "
        "schedule; measured best on real sets, bench/results/accuracy.md; the SLIDE paper used "
        "1e-4 with a constant rate)", gt=0),

@@ -93,7 +93,8 @@ def cmd_evaluate(args):
     seconds = time.perf_counter() - t0
     res = metrics.evaluate(Y, topk, ks=KS, inv_propensity=inv)
     out = {"model": os.path.abspath(mpath), "data": os.path.abspath(args.data),
-           "points": int(X.shape[0]), "inference": "sparse (serving index)" if args.sparse else "exact",
+           "points": int(X.shape[0]),
+           "inference": "sparse (serving index)" if args.sparse else "exact",
            "propensities": source, "predict_seconds": round(seconds, 3),
            **{k: float(v) for k, v in res.items()}}
     text = json.dumps(out, indent=2)

@@ -36,7 +36,7 @@ def build_parser():
     t.add_argument("--config", "-c", help="TOML run configuration (default: none, every key "
                                           "at its default)")
     t.add_argument("--train", metavar="PATH", help="training file (XC, or raw text: .jsonl / .tsv, "
-                        "docs/text.md): data.train")
+                   "docs/text.md): data.train")
     t.add_argument("--test", metavar="PATH", help="test file (same format): data.test")
     t.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted, e.g. lsh.K=8, "
@@ -49,8 +49,8 @@ def build_parser():
 
     e = sub.add_parser("evaluate", help="P@k, nDCG@k, PSP@k of a model on a data file")
     e.add_argument("--model", "-m", required=True, help="run directory or model/checkpoint file")
-    e.add_argument("--data", "-d", required=True, help="XC-format file with true labels, or a .jsonl / "
-                   ".tsv text file for a model trained on text")
+    e.add_argument("--data", "-d", required=True, help="XC-format file with true labels, or a "
+                   ".jsonl / .tsv text file for a model trained on text")
     e.add_argument("--sparse", action="store_true",
                    help="sparse inference instead of exact: the serving index's "
                    "candidates (LSH over the output weights, built on first use) plus the "
@@ -61,8 +61,8 @@ def build_parser():
 
     r = sub.add_parser("predict", help="top-k labels with scores for each line of a file")
     r.add_argument("--model", "-m", required=True, help="run directory or model/checkpoint file")
-    r.add_argument("--data", "-d", required=True, help="XC-format file (labels may be empty), or a .jsonl "
-                   "/ .tsv text file for a model trained on text (writes JSON lines of "
+    r.add_argument("--data", "-d", required=True, help="XC-format file (labels may be empty), or a "
+                   ".jsonl / .tsv text file for a model trained on text (writes JSON lines of "
                    "label names and scores)")
     r.add_argument("--k", "-k", type=int, default=5, help="labels per point (default 5)")
     r.add_argument("--out", "-o", default="-", help="output file ('-' = stdout, the default)")

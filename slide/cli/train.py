@@ -360,8 +360,8 @@ class _Phase:
 def data_overrides(args):
     """``--train`` / ``--test`` as ``--set`` overrides (before the user's own ``--set``, which
     therefore win); the paths as TOML strings, so no path is read as a number or a boolean."""
-    return [f"data.{key}={json.dumps(path)}" for key, path in (("train", args.train),
-                                                                ("test", args.test)) if path]
+    return [f"data.{key}={json.dumps(path)}"
+            for key, path in (("train", args.train), ("test", args.test)) if path]
 
 
 def cmd_train(args):
@@ -393,8 +393,8 @@ def cmd_train(args):
             _check_resume_config({"config": saved}, cfg, None, cfg_path)
     # the resolved configuration, with every default spelled out
     write_text(os.path.join(run_dir, CONFIG_FILE),
-                       "# resolved configuration written by 'slide train'\n"
-                       + config_mod.to_toml(config_mod.strip_private(cfg)))
+               "# resolved configuration written by 'slide train'\n"
+               + config_mod.to_toml(config_mod.strip_private(cfg)))
 
     with StopFlag() as stop:
         try:

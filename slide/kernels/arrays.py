@@ -95,8 +95,9 @@ class Block(NamedTuple):
     dWS: np.ndarray          # [n_shared, h] float32
     dbS: np.ndarray          # [n_shared] float32
     forced: np.ndarray       # [threads, most labels + exact ids] int32: a sample's C ids
-    dels1: np.ndarray        # [batch, h1] float32: the first layer's deltas as whole rows
-                             # (2+ hidden layers, copied from dels; else empty)
+    # [batch, h1] float32: the first layer's deltas as whole rows (2+ hidden layers, copied
+    # from dels; else empty)
+    dels1: np.ndarray
 
 
 class Extras(NamedTuple):

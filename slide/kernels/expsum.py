@@ -51,8 +51,9 @@ def max_and_finite(z):
     """(largest entry of the float32 row z, whether every entry is finite): the shift of a
     softmax over a row of S's logits and its divergence check (an inf or NaN there is an
     overflow: S's offsets are finite). Eight independent maxima, which the compiler packs
-    into one vector max (a single running max stays scalar without "nnan"), and a sum of z * 0 (0 unless some entry is inf or NaN). The maximum is the
-    same whatever the order. -inf for an empty row."""
+    into one vector max (a single running max stays scalar without "nnan"), and a sum of
+    z * 0 (0 unless some entry is inf or NaN). The maximum is the same whatever the order.
+    -inf for an empty row."""
     n = z.shape[0]
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
     n8 = n - n % 8

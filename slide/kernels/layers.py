@@ -150,8 +150,9 @@ def zeros_touched(n, dtype):
     """``np.zeros(n, dtype)`` with every page written now, by every thread. np.zeros leaves
     the pages to be faulted in by their first use; for Adam's moments that is the scattered
     rows of the first few hundred batches, a page fault each, spread over the epoch's batches
-    (on a VM whose host backs memory on first touch, about a second a GB). Touched here they cost the same but
-    belong to building the model, where a framework's ``zeros_like`` moments pay them too."""
+    (on a VM whose host backs memory on first touch, about a second a GB). Touched here they
+    cost the same but belong to building the model, where a framework's ``zeros_like``
+    moments pay them too."""
     a = np.empty(int(n), dtype)
     if a.shape[0]:
         _fill_zero(a)

@@ -315,8 +315,8 @@ class SharedNegatives:
     """The batch-shared negatives of a sampled output layer with ``n_out`` neurons.
 
     ``corr`` (length n_out when ``power`` > 0, else empty) holds -log P(j drawn at least once
-    in the ``n_shared - n_head`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for every neuron, made with the
-    distribution (``inclusion_offsets``); the kernels read them by neuron id
+    in the ``n_shared - n_head`` draws) and ``corr_mix`` log((1 + 1/P) / 2) for every neuron,
+    made with the distribution (``inclusion_offsets``); the kernels read them by neuron id
     (:func:`correction`).
 
     ``n_head`` > 0 (frequency draws only): the ``n_head`` labels of highest q -- the most

@@ -57,10 +57,11 @@ def init_stream(layer):
     return STREAM_INIT + STREAM_SERIAL_STRIDE * (layer // 4) + layer % 4
 
 
-SHARED_NEGATIVES_KEY = 0x5EED  # engine: numpy Generator key (seed, serial, key) of a batch's
-                               # shared negatives (drawn in Python, not by the counter RNG)
-SERVING_INDEX_KEY = 0x5E7E   # lsh.serving: numpy Generator key (seed, key) of the serving
-                             # index's projections
+# engine: numpy Generator key (seed, serial, key) of a batch's shared negatives (drawn in
+# Python, not by the counter RNG)
+SHARED_NEGATIVES_KEY = 0x5EED
+# lsh.serving: numpy Generator key (seed, key) of the serving index's projections
+SERVING_INDEX_KEY = 0x5E7E
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -76,7 +77,8 @@ def splitmix64(state):
 
 @njit(cache=True, nogil=True)
 def stream_seed(seed, stream, index):
-    """A well-mixed uint64 starting state for draw sequence ``index`` of ``stream`` under ``seed``."""
+    """A well-mixed uint64 starting state for draw sequence ``index`` of ``stream`` under
+    ``seed``."""
     s = np.uint64(seed)
     s, a = splitmix64(s ^ (np.uint64(stream) * _MIX1))
     s, b = splitmix64(a ^ (np.uint64(index) * _MIX2))

@@ -79,7 +79,7 @@ def block_forward(params, spec, tables, sc, blk, X, Y, rows, seed, serial, share
     # bundle members out before the prange: Numba's parfor lowering drops stores made through
     # a tuple attribute inside the loop (see slide.network.row_steps.batch_row_steps)
     b_acts, b_col, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.col, blk.extra,
-                                                         blk.counts, sc.ids, sc.n_act)
+                                                        blk.counts, sc.ids, sc.n_act)
     b_forced = blk.forced
     sc_forced = sc.forced_buf
     n_list = 1 if frows.mark.shape[0] > 0 else 0
@@ -149,8 +149,9 @@ def _active_columns(out, n_c, n_s, shared, col, extra, pos, lazy):
     the row pass, which reads C's columns only. ``out``: a
     sample's output active set [C | S minus C | fill]; ``pos``: the sorted positions in S of
     C's ids that ``sample._append_shared`` left there for this active set. C's ids come in
-    ascending order (the sample's sorted labels; exact ids join them by a sorted union), so the ones in S take those positions in turn, each checked against S; an
-    id that does not match is looked up (an extra, or an LSH candidate out of order: then the
+    ascending order (the sample's sorted labels; exact ids join them by a sorted union), so
+    the ones in S take those positions in turn, each checked against S; an id that does not
+    match is looked up (an extra, or an LSH candidate out of order: then the
     positions are collected again). The same columns as a lookup of every id, without a
     search per id of C."""
     n_x = 0
@@ -239,7 +240,7 @@ def block_loss(params, spec, sc, blk, Y, rows, neg, Z, offs, xt, losses, scale, 
                 fill_offsets(d_store[s, :n_x], n - n_s, ranges.log_w2)
             else:
                 extras_logits(W, B, w_off, b_off, H[s], b_extra[s, :n_x], n - n_s,
-                               ranges.log_w2, d_store[s])
+                              ranges.log_w2, d_store[s])
             args = (Z[s], offs[kind], offs[0], ranges.log_w1, b_col[s], out, n_c, d_store[s, :n_x],
                     labels, scale, zbuf[t])
             if each is not None:
@@ -359,7 +360,7 @@ def block_backward(params, spec, sc, blk, X, rows, dH, xt, first_weights):
     n_h = spec.n_in[last]
     a_off, s_off = sc.a_off, sc.s_off
     b_acts, b_dels, b_extra, counts, sc_ids, sc_n_act = (blk.acts, blk.dels, blk.extra,
-                                                          blk.counts, sc.ids, sc.n_act)
+                                                         blk.counts, sc.ids, sc.n_act)
     Xp, Xi, Xd = X.ptr, X.ind, X.dat
     d_store, x_ptr, x_part = xt.d, xt.ptr, xt.part
     for s in prange(nb):

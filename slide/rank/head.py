@@ -9,10 +9,11 @@ that reaches their node, pick the first label better
 ``HEAD_MIN_ROWS`` fitting rows (the ``HEAD_MAX_LABELS`` most frequent, as many as
 ``linear.MAX_OVR_WORK`` allows) get a ``OneVsRest`` classifier over (at most ``HEAD_MAX_ROWS``
 of) the fitting rows, its score a feature of its own, 0 for the other labels. On debcontents,
-paired on one network per seed (``bench/results/head_ovr_column_debcontents_27d221f.md``): P@1 +0.0104 / +0.0069 / +0.0035 with
-an unbounded score in a column of its own, against +0.0047 / +0.0030 / +0.0045 in place of the
-hashed score; as built, with its bounds, +0.0014 / +0.0026 / +0.0017
-(``bench/results/head_score_debcontents_e803ba1.md``), Amazon-670K's peak memory +10-23 MB.
+paired on one network per seed (``bench/results/head_ovr_column_debcontents_27d221f.md``):
+P@1 +0.0104 / +0.0069 / +0.0035 with an unbounded score in a column of its own, against
++0.0047 / +0.0030 / +0.0045 in place of the hashed score; as built, with its bounds,
++0.0014 / +0.0026 / +0.0017 (``bench/results/head_score_debcontents_e803ba1.md``),
+Amazon-670K's peak memory +10-23 MB.
 """
 import numpy as np
 import scipy.sparse as sp

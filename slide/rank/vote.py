@@ -7,9 +7,10 @@ and that is where the trees' lead came from (``bench/results/accuracy.md``). The
 the network learned is a good metric, though: on the real sets, the labels of a query's 20
 nearest training rows in it (cosine similarity) predict the top label better than the network's
 own output layer, and a blend of the two better still (debdeps 0.738 -> 0.770 P@1, debtags
-0.939 -> 0.952; ``bench/results/accuracy_summary.md``, round 4). So after training, ``SlideClassifier`` keeps a memory of
-the training rows -- their L2-normalised last hidden layer (float32 ``[n_rows, h]``) and their
-labels (CSR) -- and its exact predictions score label j for a row as
+0.939 -> 0.952; ``bench/results/accuracy_summary.md``, round 4). So after training,
+``SlideClassifier`` keeps a memory of the training rows -- their L2-normalised last hidden
+layer (float32 ``[n_rows, h]``) and their labels (CSR) -- and its exact predictions score
+label j for a row as
 
     (1 - weight) * softmax(z)_j + weight * vote_j,
     vote_j = (sum over the k nearest rows r with label j of s_r ** POWER)

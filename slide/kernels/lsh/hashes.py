@@ -8,7 +8,8 @@ same codes for the same vector (a weight row hashed densely must land where a qu
 sparsely looks). DOPH alone allocates small buffers per call (see below).
 
 A table's bucket id is the concatenation of its K codes of ``bits`` bits each:
-``id = code_0 << (K-1)*bits | ... | code_{K-1}``, so ids lie in ``[0, 2**(K*bits)) c [0, 2**range_pow)``.
+``id = code_0 << (K-1)*bits | ... | code_{K-1}``, so ids lie in
+``[0, 2**(K*bits)) c [0, 2**range_pow)``.
 
 Families (all hashes of all tables are numbered ``j = l*K + k``):
 
@@ -63,7 +64,8 @@ SIMHASH_MATRIX_LIMIT = 1 << 25
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _MASK32 = np.uint64(0xFFFFFFFF)
-_EMPTY_BIN = np.uint64(0xFFFFFFFFFFFFFFFF)  # "no element in this bin" (a hash equals it w.p. 2**-64)
+# "no element in this bin" (a hash equals it with probability 2**-64)
+_EMPTY_BIN = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 class HashFunctions(NamedTuple):
@@ -85,7 +87,8 @@ def _family_code(family):
         return FAMILIES[family]
     code = int(family)
     if code not in _FAMILY_NAMES:
-        raise ValueError(f"unknown hash family code {family!r}; expected one of {sorted(_FAMILY_NAMES)}")
+        raise ValueError(f"unknown hash family code {family!r}; expected one of "
+                         f"{sorted(_FAMILY_NAMES)}")
     return code
 
 
@@ -108,10 +111,12 @@ def check_hash_config(family, K, L, range_pow):
             raise ValueError(f"{nm} must be a positive integer, got {v!r}")
     K, L, range_pow = int(K), int(L), int(range_pow)
     if range_pow > MAX_RANGE_POW:
-        raise ValueError(f"range_pow={range_pow} is too large (at most {MAX_RANGE_POW}: bucket ids are int32)")
+        raise ValueError(f"range_pow={range_pow} is too large (at most {MAX_RANGE_POW}: "
+                         "bucket ids are int32)")
     if code == DOPH:
         if K > range_pow:
-            raise ValueError(f"K={K} DOPH hashes need at least 1 bit each ({K} bits) but range_pow={range_pow}")
+            raise ValueError(f"K={K} DOPH hashes need at least 1 bit each ({K} bits) but "
+                             f"range_pow={range_pow}")
         return
     bits = bits_per_hash(code, K, range_pow)
     if K * bits > range_pow:
@@ -485,7 +490,8 @@ def draw_hash_functions(family, dim, K, L, range_pow, seed, doph_top=DOPH_DEFAUL
             int_params[j, 0], int_params[j, 1] = _split_key(keys[j])
     elif code in (WTA, DWTA):
         if dim < BIN_SIZE:
-            raise ValueError(f"{_FAMILY_NAMES[code]} needs dim >= {BIN_SIZE} (bins of {BIN_SIZE}), got dim={dim}")
+            raise ValueError(f"{_FAMILY_NAMES[code]} needs dim >= {BIN_SIZE} (bins of "
+                             f"{BIN_SIZE}), got dim={dim}")
         rng = np.random.default_rng([seed, code])
         per_perm = dim // BIN_SIZE
         n_perm = -(-KL // per_perm)
@@ -520,7 +526,8 @@ def hash_dense_batch(hf, X):
     if not np.all(np.isfinite(X)):
         raise ValueError("X contains non-finite values")
     out = np.empty((X.shape[0], hf.L), dtype=np.int32)
-    _hash_dense_batch_kernel(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params, X, out)
+    _hash_dense_batch_kernel(hf.family_code, hf.K, hf.L, hf.bits, hf.int_params, hf.float_params,
+                             X, out)
     return out
 
 

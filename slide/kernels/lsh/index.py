@@ -150,14 +150,16 @@ class LSHIndex:
                  doph_top=DOPH_DEFAULT_TOP):
         if isinstance(policy, str):
             if policy not in POLICIES:
-                raise ValueError(f"unknown bucket policy {policy!r}; expected one of {sorted(POLICIES)}")
+                raise ValueError(f"unknown bucket policy {policy!r}; expected one of "
+                                 f"{sorted(POLICIES)}")
             self.policy_code = POLICIES[policy]
         else:
             self.policy_code = _check_int("policy", policy, 0, 1)
         self.bucket_size = _check_int("bucket_size", bucket_size, 1)
         self.seed = _check_int("seed", seed, 0)
         self.doph_top = _check_int("doph_top", doph_top, 1)
-        self.hf = draw_hash_functions(family, dim, K, L, range_pow, self.seed, doph_top=self.doph_top)
+        self.hf = draw_hash_functions(family, dim, K, L, range_pow, self.seed,
+                                      doph_top=self.doph_top)
         self.generation = 0
         self.n_neurons = 0
         self.offsets = None
@@ -178,8 +180,8 @@ class LSHIndex:
 
     def __repr__(self):
         return (f"LSHIndex({self.family!r}, dim={self.dim}, K={self.K}, L={self.L}, "
-                f"range_pow={self.range_pow}, bucket_size={self.bucket_size}, policy={self.policy!r}, "
-                f"seed={self.seed}, n_neurons={self.n_neurons})")
+                f"range_pow={self.range_pow}, bucket_size={self.bucket_size}, "
+                f"policy={self.policy!r}, seed={self.seed}, n_neurons={self.n_neurons})")
 
     # -- building -----------------------------------------------------------------------------
     def _check_weights(self, W, check_finite=True):
@@ -310,8 +312,9 @@ class LSHIndex:
         d = {
             "format": STATE_FORMAT,
             "family_code": int(self.hf.family_code), "dim": int(self.dim), "K": int(self.K),
-            "L": int(self.L), "range_pow": int(self.range_pow), "bucket_size": int(self.bucket_size),
-            "policy_code": int(self.policy_code), "seed": int(self.seed), "doph_top": int(self.doph_top),
+            "L": int(self.L), "range_pow": int(self.range_pow),
+            "bucket_size": int(self.bucket_size), "policy_code": int(self.policy_code),
+            "seed": int(self.seed), "doph_top": int(self.doph_top),
             "generation": int(self.generation), "n_neurons": int(self.n_neurons),
             "int_params": self.hf.int_params.copy(), "float_params": self.hf.float_params.copy(),
         }
@@ -333,12 +336,13 @@ class LSHIndex:
         if int(d["format"]) != STATE_FORMAT:
             raise ValueError(f"unsupported LSH index state format {d['format']!r}")
         idx = cls(_family_code(int(d["family_code"])), int(d["dim"]), int(d["K"]), int(d["L"]),
-                  int(d["range_pow"]), bucket_size=int(d["bucket_size"]), policy=int(d["policy_code"]),
-                  seed=int(d["seed"]), doph_top=int(d["doph_top"]))
+                  int(d["range_pow"]), bucket_size=int(d["bucket_size"]),
+                  policy=int(d["policy_code"]), seed=int(d["seed"]), doph_top=int(d["doph_top"]))
         ip = np.asarray(d["int_params"])
         fp = np.asarray(d["float_params"])
         if ip.shape != idx.hf.int_params.shape or not np.array_equal(ip, idx.hf.int_params):
-            raise ValueError("LSH index state: int_params do not match the functions drawn from its seed")
+            raise ValueError("LSH index state: int_params do not match the functions drawn from "
+                             "its seed")
         if fp.shape != idx.hf.float_params.shape:
             raise ValueError("LSH index state: float_params have the wrong shape")
         idx.generation = _check_int("generation", d["generation"], 0)

@@ -336,7 +336,8 @@ def _sample_batch_kernel(sampler_code, codes, offsets, items, n_neurons, budget,
     set_keys, set_counts, order = scratch
     for i in prange(codes.shape[0]):
         tid = numba.get_thread_id()
-        state = stream_seed(seed, STREAM_SAMPLE_BATCH, i)  # a row's draws never depend on its thread
+        # a row's draws never depend on its thread
+        state = stream_seed(seed, STREAM_SAMPLE_BATCH, i)
         n, state = sample_into(sampler_code, codes[i], offsets, items, n_neurons, budget, threshold,
                                f_indices[f_indptr[i]:f_indptr[i + 1]], min_active, state,
                                set_keys[tid], set_counts[tid], order[tid], out[i])
@@ -359,7 +360,8 @@ def sample_batch(sampler, codes, offsets, items, n_neurons, budget, threshold=1,
         raise ValueError("codes, offsets and items must be 2-D")
     n, L = codes.shape
     if offsets.shape[0] != L or items.shape[0] != L:
-        raise ValueError(f"codes have {L} tables but offsets/items have {offsets.shape[0]}/{items.shape[0]}")
+        raise ValueError(f"codes have {L} tables but offsets/items have "
+                         f"{offsets.shape[0]}/{items.shape[0]}")
     if n and (codes.min() < 0 or codes.max() >= offsets.shape[1] - 1):
         raise ValueError(f"bucket ids must lie in [0, {offsets.shape[1] - 1})")
     n_neurons = _nonneg("n_neurons", n_neurons)
