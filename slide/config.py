@@ -43,8 +43,7 @@ class ConfigError(ValueError):
         n = len(self.problems)
         where = f" in {self.source}" if self.source else ""
         head = f"invalid configuration{where} ({n} problem{'s' if n != 1 else ''}):"
-        lines = [head] + [f"  {key}: {msg}" for key, msg in self.problems]
-        return "\n".join(lines)
+        return "\n".join([head] + [f"  {key}: {msg}" for key, msg in self.problems])
 
 
 # Keys a resumed run may change without being refused: they do not alter what is trained, only
