@@ -17,7 +17,8 @@ empty cache.
 with an empty cache, ``slide.read_xc(FILE)`` and ``SlideClassifier(random_state=0).fit`` on what
 it read (all cores), each timed, then the same again in a second interpreter on the cache the
 first one filled (``--rows N``: the fit on the file's first N rows, a small set; ``--params
-JSON``: the estimator's other hyperparameters, e.g. ``'{"rerank": false}'``).
+JSON``: the estimator's other hyperparameters, e.g. ``'{"rerank": false}'``); each process's
+seconds inside Python's cyclic garbage collector and its peak memory beside them.
 ``--reads FILE ...`` measures ``read_xc`` alone on each file, in fresh interpreters: by NumPy
 (what a first read takes while the parser is not compiled), by the parser with an empty cache
 (its compile included) and by the parser from the cache (``--rounds`` times each); the NumPy
