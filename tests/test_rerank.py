@@ -517,7 +517,7 @@ def test_fit_after_the_warm_up_compiles_nothing_with_the_reranker(data, monkeypa
     before = warmup.kernel_signatures()
     for kernel in ("rank.candidates.candidate_features", "rank.linear.ovr_epoch",
                    "rank.linear.score_ovr", "rank.linear.train_epoch",
-                   "rank.linear.score_candidates", "rank.linear._strongest_entries",
+                   "rank.linear.score_candidates", "kernels.topk.strongest_entries",
                    "rank.logistic._expanded_scores", "kernels.topk.logits_into"):
         assert before.get("slide." + kernel, 0) > 0
     if not ovr:

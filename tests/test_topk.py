@@ -117,3 +117,25 @@ def test_the_output_layers_dense_logits_equal_numpys_product():
     finally:
         numba.set_num_threads(before)
     np.testing.assert_allclose(got, H @ W.T + b, rtol=2e-6, atol=2e-5)
+
+
+def test_strongest_entries_keep_what_a_stable_sort_by_magnitude_keeps():
+    """Each row's m largest magnitudes, ties to the earlier entries, as the first m of a
+    stable argsort of -|x| (rows with many ties: values drawn from a few levels and signs)."""
+    from slide.kernels.topk import strongest_entries
+    rng = np.random.default_rng(5)
+    lens = rng.integers(0, 40, size=300)
+    x_ptr = np.zeros(lens.shape[0] + 1, np.int64)
+    np.cumsum(lens, out=x_ptr[1:])
+    x_dat = (rng.integers(1, 6, size=x_ptr[-1]) * rng.choice([-1, 1], size=x_ptr[-1]))
+    x_dat = (x_dat * 0.25).astype(np.float32)
+    for m in (1, 3, 10):
+        keep = np.zeros(x_ptr[-1], np.bool_)
+        strongest_entries(x_ptr, x_dat, m, keep)
+        expect = np.zeros_like(keep)
+        for r in range(lens.shape[0]):
+            p0 = x_ptr[r]
+            order = np.argsort(-np.abs(x_dat[p0:x_ptr[r + 1]]), kind="stable")[:m]
+            expect[p0 + order] = True
+        np.testing.assert_array_equal(keep, expect)
+        assert keep.sum() == np.minimum(lens, m).sum()

@@ -50,7 +50,7 @@ from threadpoolctl import threadpool_limits
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.jit import njit
-from slide.kernels.topk import insert_best_first, topk_ids_of_logits
+from slide.kernels.topk import insert_best_first, strongest_entries, topk_ids_of_logits
 from slide.rank.vote import POWER, NeighbourMemory
 
 
@@ -267,20 +267,6 @@ def score_candidates(cand_ptr, counts, ids, x_ptr, x_ind, x_dat, weights, bias, 
             out[u, col] = _score(x_ind, x_dat, p0, p1, inv_norm, ids[u], weights, bias, mask)
 
 
-@njit(cache=True, parallel=True)
-def _strongest_entries(x_ptr, x_dat, m, keep):
-    """keep[p]: whether entry p is among its row's m largest in magnitude (ties: the earlier
-    entry)."""
-    for r in numba.prange(x_ptr.shape[0] - 1):
-        p0, p1 = x_ptr[r], x_ptr[r + 1]
-        if p1 - p0 <= m:
-            keep[p0:p1] = True
-            continue
-        order = np.argsort(-np.abs(x_dat[p0:p1]), kind="mergesort")
-        for t in range(m):
-            keep[p0 + order[t]] = True
-
-
 def strongest_terms(X, m=MAX_ROW_TERMS):
     """The CSR rows of X cut to their m largest entries in magnitude (ids in their order);
     X itself when no row is longer."""
@@ -288,7 +274,7 @@ def strongest_terms(X, m=MAX_ROW_TERMS):
     if X.shape[0] == 0 or np.diff(x_ptr).max() <= m:
         return X
     keep = np.zeros(X.nnz, np.bool_)
-    _strongest_entries(x_ptr, X.data, int(m), keep)
+    strongest_entries(x_ptr, X.data, int(m), keep)
     indptr = np.zeros(X.shape[0] + 1, np.int64)
     row_of = np.repeat(np.arange(X.shape[0]), np.diff(x_ptr))
     np.cumsum(np.bincount(row_of[keep], minlength=X.shape[0]), out=indptr[1:])
