@@ -52,7 +52,9 @@ def fold_logits(S, base, k, top_ids, top_z, run_max, run_sum):
     log-sum-exp (``run_max``, ``run_sum`` of exp(z - run_max)): one pass over the block,
     parallel over rows, libm's exp per entry (``fold_logits_f32``: the vectorised fold)."""
     for r in prange(S.shape[0]):
-        _fold_row_scalar(S[r], base, k, top_ids[r], top_z[r], run_max, run_sum, r)
+        # the loop's index cast: int64 where Numba first types the body, uint64 in the
+        # parallel build, and the callee would compile for each
+        _fold_row_scalar(S[r], base, k, top_ids[r], top_z[r], run_max, run_sum, np.int64(r))
 
 
 @njit(cache=True, nogil=True)
@@ -82,7 +84,7 @@ def fold_logits_f32(S, base, k, top_ids, top_z, run_max, run_sum):
         z = top_z[r]
         m, finite = max_and_finite(row)
         if not finite:
-            _fold_row_scalar(row, base, k, ids, z, run_max, run_sum, r)
+            _fold_row_scalar(row, base, k, ids, z, run_max, run_sum, np.int64(r))
             continue
         m = max(m, run_max[r])
         for j in range(row.shape[0]):
@@ -295,16 +297,17 @@ def strongest_entries(x_ptr, x_dat, m, keep):
             for p in range(p0, p1):
                 keep[p] = True
             continue
-        magnitudes = np.empty(n, x_dat.dtype)
+        # float64, as the centroids' cut calls the quickselect: one compiled signature
+        magnitudes = np.empty(n, np.float64)
         for q in range(n):
             magnitudes[q] = abs(x_dat[p0 + q])
         cut = select_inplace(magnitudes, n, n - m)      # the m-th largest magnitude
         n_kept = 0
         for p in range(p0, p1):
-            if abs(x_dat[p]) > cut:
+            if abs(np.float64(x_dat[p])) > cut:
                 keep[p] = True
                 n_kept += 1
         for p in range(p0, p1):
-            if n_kept < m and abs(x_dat[p]) == cut:
+            if n_kept < m and abs(np.float64(x_dat[p])) == cut:
                 keep[p] = True
                 n_kept += 1

@@ -28,7 +28,7 @@ def collect_touched(spec, row_off, s_off, ids, n_act, X, rows, tb, serial, row_p
     ``first_rows`` False: the first layer's rows (the batch's input features) are left out,
     its biases stay (the batched engine updates those rows by ``feature_entries`` and
     ``slide.network.row_steps.first_layer_step``). Returns (n_rows, n_bias)."""
-    nr = 0
+    nr = np.int64(0)        # not a literal 0, which would compile _list_row apart
     nbias = 0
     nb = rows.shape[0]
     n0 = spec.n_out[0]

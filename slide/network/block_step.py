@@ -290,7 +290,8 @@ def block_batch(call):
     active = 0
     for s in range(nb):
         active += sc.n_act[s, sc.n_act.shape[1] - 1]
-    return ok, pairwise_sum(losses, 0, nb) / nb, active / nb
+    # np.int64(0): a literal 0 would compile _block_sum a second time
+    return ok, pairwise_sum(losses, np.int64(0), nb) / nb, active / nb
 
 
 # A batch on one thread (each of ``batches_in_flight`` workers on a thread of its own: the

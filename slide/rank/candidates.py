@@ -152,7 +152,8 @@ def _add_votes(near, sims, m_ptr, m_ids, a, m, out_ids, out_feat, table):
         s = sims[t]
         w = max(s, 0.0) ** POWER / wsum
         for q in range(m_ptr[i], m_ptr[i + 1]):
-            u, m = _slot_of(table, out_ids, out_feat, m_ids[q], a, m, True)
+            # int64 ids and a bool, not a literal: one compiled signature for every caller
+            u, m = _slot_of(table, out_ids, out_feat, np.int64(m_ids[q]), a, m, np.bool_(True))
             out_feat[u, VOTE] += w
             out_feat[u, NEIGHBOUR_SHARE] += 1.0 / k
             if s > out_feat[u, BEST_SIMILARITY]:
@@ -177,7 +178,7 @@ def _add_word_votes(near, sims, n_new, m_ptr, m_ids, a, m, out_ids, out_feat, ta
             continue
         w = max(sims[t], 0.0) ** WORD_POWER / wsum if wsum > 0.0 else 0.0
         for q in range(m_ptr[i], m_ptr[i + 1]):
-            u, m = _slot_of(table, out_ids, out_feat, m_ids[q], a, m, t < n_new)
+            u, m = _slot_of(table, out_ids, out_feat, np.int64(m_ids[q]), a, m, t < n_new)
             if u >= 0:
                 out_feat[u, WORD_VOTE] += w
     return m
@@ -190,7 +191,7 @@ def _add_retrieved(labels, a, m, out_ids, out_feat, table):
     for t in range(labels.shape[0]):
         j = labels[t]
         if j >= 0:
-            m = _slot_of(table, out_ids, out_feat, j, a, m, True)[1]
+            m = _slot_of(table, out_ids, out_feat, j, a, m, np.bool_(True))[1]
     return m
 
 
@@ -269,8 +270,10 @@ def candidate_features(top, sigmoid, nb, word_nb, m_ptr, m_ids, retrieved, H, Wo
         m = _add_retrieved(retrieved[r], a, m, out_ids, out_feat, table)
         out_n[r] = m
         nearest = sims[r, 0] if k > 0 and near[r, 0] >= 0 else 0.0
-        _finish_candidates(r, a, m, n_top, lse[r], sigmoid, nearest, H, Wo, bo, log_count, cen,
-                           X, out_ids, out_feat)
+        # a parallel loop's index is int64 where Numba first types the body and uint64 in
+        # the parallel build: cast, or the callee compiles twice
+        _finish_candidates(np.int64(r), a, m, n_top, lse[r], sigmoid, nearest, H, Wo, bo,
+                           log_count, cen, X, out_ids, out_feat)
 
 
 def features(output, X, H, memory, k_nn, centroids, n_top, exclude=None, log_count=None,

@@ -105,7 +105,8 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
                 # the m-th largest value by partition (O(nt); a full sort of a frequent
                 # label's thousands of features was most of the time), then the larger ones
                 # and as many of the equal ones as fit, lower feature ids first
-                thr = select_inplace(vals.copy(), nt, nt - m)
+                # nt cast: Numba types it a literal 0 in one of the loop's two typings
+                thr = select_inplace(vals.copy(), np.int64(nt), nt - m)
                 sel = np.empty(m, np.int64)
                 ns = 0
                 for t in range(nt):
