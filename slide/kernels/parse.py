@@ -7,6 +7,7 @@ fast path (Clinger) are handed back as "hard" tokens for Python's ``float``.
 import numpy as np
 
 from slide.kernels.jit import njit
+from slide.kernels.sort import stable_order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,41 +168,9 @@ def _find_colon(buf, a, b):
 
 
 @njit(cache=True, nogil=True)
-def _sort_order(keys, a, b):
-    """The positions 0..b-a-1 of keys[a:b] in stable ascending order of their keys: a
-    bottom-up merge sort, written out because Numba's ``np.argsort`` and ``np.sort`` compile
-    their generic sorts and a slice assignment's error path for what is one line's short sort
-    (a cold first ``read_xc``: 9.4 -> 5.4 s, ``bench/results/first_fit_debtags.md``)."""
-    n = b - a
-    order = np.empty(n, np.int64)
-    spare = np.empty(n, np.int64)
-    for k in range(n):
-        order[k] = k
-    width = 1
-    while width < n:
-        lo = 0
-        while lo < n:
-            mid = min(lo + width, n)
-            hi = min(lo + 2 * width, n)
-            i, j = lo, mid
-            for o in range(lo, hi):
-                # the left run's entry first on ties: stable
-                if j >= hi or (i < mid and keys[a + order[i]] <= keys[a + order[j]]):
-                    spare[o] = order[i]
-                    i += 1
-                else:
-                    spare[o] = order[j]
-                    j += 1
-            lo = hi
-        order, spare = spare, order
-        width *= 2
-    return order
-
-
-@njit(cache=True, nogil=True)
 def _sort_line(ind, dat, a, b, hard, n_hard, line_id):
     """Sort ind[a:b] (with dat) and move the x-positions of this line's pending hard values."""
-    order = _sort_order(ind, a, b)
+    order = stable_order(ind, a, b)
     ti = np.empty(b - a, ind.dtype)
     td = np.empty(b - a, dat.dtype)
     for k in range(b - a):
@@ -319,7 +288,7 @@ def _finish_line(x_ind, x_dat, y_ind, x0, nx, y0, ny, x_sorted, y_sorted, hard, 
                 err[4] = x_ind[k]
                 return _E_DUPLICATE, ny
     if not y_sorted:
-        order = _sort_order(y_ind, y0, ny)
+        order = stable_order(y_ind, y0, ny)
         tmp = np.empty(ny - y0, y_ind.dtype)
         for k in range(ny - y0):
             tmp[k] = y_ind[y0 + order[k]]

@@ -27,6 +27,7 @@ from numba import prange
 
 from slide import defaults
 from slide.kernels.jit import njit
+from slide.kernels.sort import stable_order
 from slide.kernels.topk import insert_best_first, select_inplace
 
 CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
@@ -100,35 +101,35 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
             norm = np.sqrt(norm)
             if norm == 0.0:
                 norm = 1.0
+            # the m largest values: above the m-th largest (found by partition, O(nt): a
+            # full sort of a frequent label's thousands of features was most of the time),
+            # then as many equal to it as fit, lower feature ids first; all when nt <= m
             keep = min(m, nt)
+            thr = -np.inf
             if nt > m:
-                # the m-th largest value by partition (O(nt); a full sort of a frequent
-                # label's thousands of features was most of the time), then the larger ones
-                # and as many of the equal ones as fit, lower feature ids first
                 # nt cast: Numba types it a literal 0 in one of the loop's two typings
                 thr = select_inplace(vals.copy(), np.int64(nt), nt - m)
-                sel = np.empty(m, np.int64)
-                ns = 0
-                for t in range(nt):
+            cand = np.empty(nt, np.int64)
+            n_cand = 0
+            n_above = 0
+            for t in range(nt):
+                if vals[t] >= thr:
+                    cand[n_cand] = touched[t]
+                    n_cand += 1
                     if vals[t] > thr:
-                        sel[ns] = touched[t]
-                        ns += 1
-                if ns < m:
-                    ties = np.empty(nt, np.int64)
-                    n_ties = 0
-                    for t in range(nt):
-                        if vals[t] == thr:
-                            ties[n_ties] = touched[t]
-                            n_ties += 1
-                    ties = np.sort(ties[:n_ties])
-                    for t in range(m - ns):
-                        sel[ns + t] = ties[t]
-                feats = np.sort(sel)
-            else:
-                feats = np.sort(touched[:nt])
-            for t in range(keep):
-                out_ids[j, t] = feats[t]
-                out_vals[j, t] = acc[feats[t]] / norm
+                        n_above += 1
+            ties_left = keep - n_above
+            order = stable_order(cand, 0, n_cand)     # the output in ascending feature id
+            kept = 0
+            for t in range(n_cand):
+                f = cand[order[t]]
+                if acc[f] == thr:
+                    if ties_left == 0:
+                        continue
+                    ties_left -= 1
+                out_ids[j, kept] = f
+                out_vals[j, kept] = acc[f] / norm
+                kept += 1
             for t in range(nt):                 # the accumulator back to zero for the next
                 acc[touched[t]] = 0.0
                 seen[touched[t]] = False
