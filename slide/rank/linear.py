@@ -50,6 +50,7 @@ from threadpoolctl import threadpool_limits
 from slide import defaults
 from slide.data.inputs import take_rows
 from slide.kernels.jit import njit
+from slide.kernels.sort import stable_order
 from slide.kernels.topk import insert_best_first, strongest_entries, topk_ids_of_logits
 from slide.rank.vote import POWER, NeighbourMemory
 
@@ -168,8 +169,10 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
                 labels[m] = label_ids[p]
                 weights[m] = w
                 m += 1
-        order = np.argsort(labels, kind="mergesort")
-        own = np.sort(own_ids[own_ptr[i]:own_ptr[i + 1]])
+        order = stable_order(labels, 0, m)
+        o0 = own_ptr[i]
+        own_order = stable_order(own_ids, o0, own_ptr[i + 1])      # the row's own, ascending
+        o = 0
         best_ids = np.full(k, -1, np.int64)
         best = np.full(k, -np.inf)
         a = 0
@@ -183,8 +186,10 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
             a = b
             if total <= 0.0:
                 continue
-            pos = np.searchsorted(own, j)
-            if pos < own.shape[0] and own[pos] == j:
+            # the labels come in ascending order: the pointer into the own ones only advances
+            while o < own_order.shape[0] and own_ids[o0 + own_order[o]] < j:
+                o += 1
+            if o < own_order.shape[0] and own_ids[o0 + own_order[o]] == j:
                 continue
             insert_best_first(total, j, k, best_ids, best)
         for t in range(k):
