@@ -119,7 +119,9 @@ def _centroid_kernel(l_ptr, l_rows, use_row, x_ptr, x_ind, x_dat, n_features, m,
                     if vals[t] > thr:
                         n_above += 1
             ties_left = keep - n_above
-            order = stable_order(cand, 0, n_cand)     # the output in ascending feature id
+            # the output in ascending feature id (int64 bounds: a count from 0 is a literal 0
+            # in one of Numba's typings of a parallel loop, which would compile the sort apart)
+            order = stable_order(cand, np.int64(0), np.int64(n_cand))
             kept = 0
             for t in range(n_cand):
                 f = cand[order[t]]

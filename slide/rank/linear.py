@@ -169,7 +169,9 @@ def _vote_negatives(near, sims, label_ptr, label_ids, own_ptr, own_ids, n_neighb
                 labels[m] = label_ids[p]
                 weights[m] = w
                 m += 1
-        order = stable_order(labels, 0, m)
+        # int64 bounds: a count that starts at 0 is a literal 0 in one of Numba's two typings
+        # of a parallel loop's body, and each literal compiles the sort apart
+        order = stable_order(labels, np.int64(0), np.int64(m))
         o0 = own_ptr[i]
         own_order = stable_order(own_ids, o0, own_ptr[i + 1])      # the row's own, ascending
         o = 0
