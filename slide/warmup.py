@@ -183,8 +183,6 @@ def warm_up(model, X=None, Y=None, then=()):
     helper = start_helper(copy, kinds, later)
     try:
         with collecting_rarely():
-            if helper is not None:
-                _warm_following_networks(later)
             _warm_in_process(copy, kinds, X is not None)
     except BaseException:
         finish_helper(helper, 0.0)
@@ -224,18 +222,6 @@ def _warm_in_process(copy, kinds, with_data):
     copy._fit_core(X, Y, eval_set=None, callback=None, resume=False)
     _warm_batch_builds(copy, X, Y)
     _warm_after_network(copy, X, Y, kinds)
-
-
-def _warm_following_networks(later):
-    """The networks of the fits that follow (``FollowingFit``s), here, before this fit's own
-    kernels: the helper compiles their stages after its own half and then loads their network
-    kernels from the cache. The helper's half is otherwise the longer by those networks (the
-    quickstart's dense baseline: docs/design.md, "Compilation apart from training")."""
-    X, Y = tiny_data()
-    for fit in later:
-        network_only = type(fit.copy)(**dict(fit.copy.get_params(deep=False), neighbours=0,
-                                             rerank=False))
-        network_only._fit_core(X, Y, eval_set=None, callback=None, resume=False)
 
 
 def _without_unused_reranker(copy, kinds, with_data):
