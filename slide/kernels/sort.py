@@ -1,6 +1,7 @@
 """A stable sort written out for the kernels: Numba's ``np.argsort`` and ``np.sort`` compile
-generic quick and merge sorts (over a second of a cold first fit each), and the sorts the
-kernels need are short (a line's features, a label centroid's terms)."""
+generic quick and merge sorts into every first fit (docs/design.md, "One compile a kernel"),
+and the sorts the kernels need are short (a line's features, a label centroid's terms, a
+row's neighbours' labels)."""
 import numpy as np
 
 from slide.kernels.jit import njit

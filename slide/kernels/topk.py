@@ -289,7 +289,8 @@ def strongest_entries(x_ptr, x_dat, m, keep):
     """keep[p] = True where entry p of a CSR row (``x_ptr``, ``x_dat``) is among its row's m
     largest in magnitude, ties going to the earlier entries (what the first m of a stable
     argsort of -|x| would keep). The m-th largest is found by ``select_inplace``, not a sort:
-    Numba's ``np.argsort`` compiles a generic merge sort, about 2 s of a cold first fit."""
+    Numba's ``np.argsort`` compiles a generic merge sort into every first fit (docs/design.md,
+    "One compile a kernel")."""
     for r in prange(x_ptr.shape[0] - 1):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         n = p1 - p0
