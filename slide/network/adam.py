@@ -156,10 +156,11 @@ def discounted_rate_sum(sums, s, e, r, tables=np.zeros((0, 0), np.float64)):
         b = (k // RATE_BLOCK) * RATE_BLOCK
         hi = min(e, b + RATE_BLOCK - 1)
         part = sums[hi] if k == b else sums[hi] - sums[k - 1]
-        # np.int64 where a literal would do: Numba compiles a literal argument apart
-        total += part * _power(tables, np.int64(0), r, b - s, np.int64(RATE_BLOCK))
+        # literal row and shift on purpose (a signature each): they fold into the catch-up's
+        # loop (docs/design.md, "One compile a kernel")
+        total += part * _power(tables, 0, r, b - s, RATE_BLOCK)
         k = hi + 1
-        if _power(tables, np.int64(0), r, k - s, np.int64(RATE_BLOCK)) < TAIL_WEIGHT:
+        if _power(tables, 0, r, k - s, RATE_BLOCK) < TAIL_WEIGHT:
             break
     return total
 
@@ -257,8 +258,7 @@ def _missed_steps(last, t, hyper):
     r = hyper.beta1 / np.sqrt(hyper.beta2)
     p = hyper.power_tables
     return (discounted_rate_sum(hyper.rate_sums, last, t - 1, r, p),
-            _power(p, np.int64(1), hyper.beta1, n, np.int64(0)),
-            _power(p, np.int64(2), hyper.beta2, n, np.int64(0)), n)
+            _power(p, 1, hyper.beta1, n, 0), _power(p, 2, hyper.beta2, n, 0), n)
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
