@@ -53,7 +53,9 @@ def insertion_order_into(seed, table, out):
     n = out.shape[0]
     for i in range(n):
         out[i] = i
-    state = stream_seed(seed, STREAM_ORDER, table)
+    # int64 stream and index: a literal constant, or a parallel loop's uint64 index, would
+    # each compile stream_seed once more (docs/design.md, "One compile a kernel")
+    state = stream_seed(seed, np.int64(STREAM_ORDER), np.int64(table))
     for i in range(n - 1, 0, -1):
         state, r = randint(state, i + 1)
         tmp = out[i]
@@ -107,7 +109,7 @@ def build_tables_into(codes, bucket_size, policy_code, seed, offsets, items):
                 if s >= drop:
                     row[off[b] + s - max(drop, 0)] = i
         else:                       # reservoir (Algorithm R), the same draws as the reference
-            state = stream_seed(seed, STREAM_RESERVOIR, l)
+            state = stream_seed(seed, np.int64(STREAM_RESERVOIR), np.int64(l))    # (as above)
             for r in range(N):
                 i = order[r]
                 b = col[i]

@@ -337,7 +337,8 @@ def _sample_batch_kernel(sampler_code, codes, offsets, items, n_neurons, budget,
     for i in prange(codes.shape[0]):
         tid = numba.get_thread_id()
         # a row's draws never depend on its thread
-        state = stream_seed(seed, STREAM_SAMPLE_BATCH, i)
+        # int64 stream and index: a literal or the loop's uint64 index compiles stream_seed apart
+        state = stream_seed(seed, np.int64(STREAM_SAMPLE_BATCH), np.int64(i))
         n, state = sample_into(sampler_code, codes[i], offsets, items, n_neurons, budget, threshold,
                                f_indices[f_indptr[i]:f_indptr[i + 1]], min_active, state,
                                set_keys[tid], set_counts[tid], order[tid], out[i])
