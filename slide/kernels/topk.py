@@ -284,31 +284,50 @@ def select_inplace(a, n, kth):
     return a[kth]
 
 
+@njit(cache=True, nogil=True)
+def largest_positions(values, a, b, m, out):
+    """The positions (ascending) of the m largest of values[a:b] into ``out``, ties to the
+    earlier position (the lower id in a sorted list); all of them when there are at most m.
+    Returns how many."""
+    n = b - a
+    if m <= 0:
+        return 0
+    if n <= m:
+        for t in range(n):
+            out[t] = a + t
+        return n
+    thr = select_inplace(values[a:b].copy(), n, n - m)
+    ties = m
+    for p in range(a, b):
+        if values[p] > thr:
+            ties -= 1
+    kept = 0
+    for p in range(a, b):
+        if values[p] > thr or (values[p] == thr and ties > 0):
+            if values[p] == thr:
+                ties -= 1
+            out[kept] = p
+            kept += 1
+    return kept
+
+
 @njit(cache=True, parallel=True)
 def strongest_entries(x_ptr, x_dat, m, keep):
     """keep[p] = True where entry p of a CSR row (``x_ptr``, ``x_dat``) is among its row's m
     largest in magnitude, ties going to the earlier entries (what the first m of a stable
-    argsort of -|x| would keep). The m-th largest is found by ``select_inplace``, not a sort:
-    Numba's ``np.argsort`` compiles a generic merge sort into every first fit (docs/design.md,
-    "One compile a kernel")."""
+    argsort of -|x| would keep): ``largest_positions`` of the row's magnitudes, a quickselect,
+    not a sort (Numba's ``np.argsort`` compiles a generic merge sort into every first fit:
+    docs/design.md, "One compile a kernel")."""
     for r in prange(x_ptr.shape[0] - 1):
         p0, p1 = x_ptr[r], x_ptr[r + 1]
         n = p1 - p0
-        if n <= m:
+        if n <= m:                  # most rows: all kept, nothing to allocate
             for p in range(p0, p1):
                 keep[p] = True
             continue
-        # float64, as the centroids' cut calls the quickselect: one compiled signature
-        magnitudes = np.empty(n, np.float64)
+        magnitudes = np.empty(n, x_dat.dtype)
         for q in range(n):
             magnitudes[q] = abs(x_dat[p0 + q])
-        cut = select_inplace(magnitudes, n, n - m)      # the m-th largest magnitude
-        n_kept = 0
-        for p in range(p0, p1):
-            if abs(np.float64(x_dat[p])) > cut:
-                keep[p] = True
-                n_kept += 1
-        for p in range(p0, p1):
-            if n_kept < m and abs(np.float64(x_dat[p])) == cut:
-                keep[p] = True
-                n_kept += 1
+        kept = np.empty(m, np.int64)
+        for t in range(largest_positions(magnitudes, np.int64(0), n, m, kept)):
+            keep[p0 + kept[t]] = True

@@ -28,7 +28,7 @@ from numba import prange
 from slide import defaults
 from slide.kernels.jit import njit
 from slide.kernels.sort import stable_order
-from slide.kernels.topk import insert_best_first, select_inplace
+from slide.kernels.topk import insert_best_first, largest_positions, select_inplace
 
 CENTROID_TERMS = defaults.RERANK_CENTROID_TERMS
 _CENTROID_ENTRIES = defaults.RERANK_CENTROID_ENTRIES
@@ -222,7 +222,7 @@ def _invert(c_ptr, c_ids, c_val, n_features, per_feature):
     keep = np.empty(per_feature, np.int64)
     pos = 0
     for f in range(n_features):
-        for t in range(_largest(weights, ptr[f], ptr[f + 1], per_feature, keep)):
+        for t in range(largest_positions(weights, ptr[f], ptr[f + 1], per_feature, keep)):
             labels[pos] = labels[keep[t]]           # in place: pos never passes keep[t]
             weights[pos] = weights[keep[t]]
             pos += 1
@@ -239,33 +239,6 @@ def build_index(centroids, n_features, per_feature=LABELS_PER_FEATURE):
     return CentroidIndex(ptr, labels, weights, int(c_ptr.shape[0] - 1))
 
 
-@njit(cache=True, nogil=True)
-def _largest(values, a, b, m, out):
-    """The positions (ascending) of the m largest of values[a:b] into ``out``, ties to the
-    earlier position (the lower id in a sorted list); all of them when there are at most m.
-    Returns how many."""
-    n = b - a
-    if m <= 0:
-        return 0
-    if n <= m:
-        for t in range(n):
-            out[t] = a + t
-        return n
-    thr = select_inplace(values[a:b].copy(), n, n - m)
-    ties = m
-    for p in range(a, b):
-        if values[p] > thr:
-            ties -= 1
-    kept = 0
-    for p in range(a, b):
-        if values[p] > thr or (values[p] == thr and ties > 0):
-            if values[p] == thr:
-                ties -= 1
-            out[kept] = p
-            kept += 1
-    return kept
-
-
 @njit(cache=True, parallel=True)
 def _top_labels(x_ptr, x_ind, x_dat, i_ptr, i_lab, i_wt, n_labels, n_terms, k, n_chunks,
                 out):
@@ -280,7 +253,7 @@ def _top_labels(x_ptr, x_ind, x_dat, i_ptr, i_lab, i_wt, n_labels, n_terms, k, n
         terms = np.empty(n_terms, np.int64)
         scores = np.empty(k, np.float32)
         for r in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
-            m = _largest(x_dat, x_ptr[r], x_ptr[r + 1], n_terms, terms)     # query words
+            m = largest_positions(x_dat, x_ptr[r], x_ptr[r + 1], n_terms, terms)     # query words
             nt = 0
             for t in range(m):
                 p = terms[t]
