@@ -80,9 +80,11 @@ def git_commit():
 
 
 def machine_description():
-    """CPU model, core count and RAM of this machine, as the README reports them."""
+    """CPU model (with LLVM's name for its generation, which a VM's model name may hide), core
+    count and RAM of this machine, as the README reports them."""
     from slide.environment import cpu_model
-    model = cpu_model()
+    from slide.kernels.codegen import target_cpu_name
+    model = f"{cpu_model()}, {target_cpu_name()}"
     ram = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

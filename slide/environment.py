@@ -22,7 +22,7 @@ import scipy.linalg.cython_blas  # noqa: F401  (loads scipy's OpenBLAS, the one 
 import sklearn
 from threadpoolctl import threadpool_info
 
-from slide.kernels.codegen import vector_width
+from slide.kernels.codegen import target_cpu_name, vector_width
 from slide.kernels.threads import TBB_PATH, layer_warning
 
 
@@ -84,7 +84,8 @@ def notes(info):
 def system_info():
     """A dict of everything ``show_versions`` prints."""
     info = {"slide": _slide_version(), "python": platform.python_version(),
-            "platform": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "platform": platform.platform(), "cpu": cpu_model(), "cpu_target": target_cpu_name(),
+            "cores": os.cpu_count(),
             "numpy": np.__version__, "scipy": scipy.__version__, "numba": numba.__version__,
             "scikit-learn": sklearn.__version__, "numba_threads": numba.get_num_threads(),
             "threading_layer": _threading_layer(), "vector_width": vector_width(),
@@ -97,8 +98,8 @@ def system_info():
 def format_info(info):
     """``system_info()`` as the lines ``show_versions`` prints."""
     lines = [f"{k + ':':17s}{info[k]}" for k in
-             ("slide", "python", "platform", "cpu", "cores", "numpy", "scipy", "numba",
-              "scikit-learn", "numba_threads", "threading_layer", "vector_width")]
+             ("slide", "python", "platform", "cpu", "cpu_target", "cores", "numpy", "scipy",
+              "numba", "scikit-learn", "numba_threads", "threading_layer", "vector_width")]
     for b in info["blas"]:
         lines.append(f"{'blas:':17s}{b['library']} {b['version']}, kernel {b['kernel']}, "
                      f"{b['threads']} threads ({b['file']})")

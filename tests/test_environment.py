@@ -22,6 +22,16 @@ def test_system_info_reports_the_blas_kernels_this_process_runs():
     assert loaded and {(b["library"], b["version"], b["kernel"]) for b in info["blas"]} == loaded
 
 
+def test_the_cpu_target_names_the_generation_numba_compiles_for(monkeypatch):
+    import llvmlite.binding as ll
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    assert environment.system_info()["cpu_target"] == ll.get_host_cpu_name()
+    monkeypatch.setenv("NUMBA_CPU_NAME", "znver3")       # the user's target, not the host's
+    assert environment.system_info()["cpu_target"] == "znver3"
+    assert any(line.startswith("cpu_target:") and "znver3" in line
+               for line in environment.format_info(environment.system_info()))
+
+
 def test_a_pinned_openblas_kernel_gets_a_note(monkeypatch):
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     info = environment.system_info()

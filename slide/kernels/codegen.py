@@ -36,6 +36,14 @@ WIDE_TUNING_OFF = "-prefer-256-bit"
 SLIDE_FEATURES = "SLIDE_NUMBA_CPU_FEATURES"
 
 
+def target_cpu_name():
+    """LLVM's name for the CPU the kernels compile for (``znver3``, ``znver4``,
+    ``sapphirerapids``, ...): ``NUMBA_CPU_NAME`` where set, else the host's. A VM often hides
+    the model name (``AMD EPYC``), and this tells the generations apart, which compile and run
+    at different speeds."""
+    return os.environ.get("NUMBA_CPU_NAME") or ll.get_host_cpu_name()
+
+
 def _codegen_started():
     """Whether Numba's CPU code generator exists already in this process."""
     return "_toplevel_target_context" in cpu_target.__dict__
