@@ -32,7 +32,7 @@ class HiddenLayer:
         if init:
             # init_params' Glorot std of layer 0 (fan-in: the input features)
             std = np.sqrt(2.0 / (self.n_features + self.n_hidden))
-            init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.uint64(init_stream(0)))
+            init_rows_like_global(self.W, 0, 0, std, np.uint64(seed), np.int64(init_stream(0)))
         # no weight gradient buffer: the rows' step forms each row's gradient itself
         self.GW = np.zeros(0, np.float32)
         self.GB = np.zeros_like(self.B)

@@ -117,7 +117,7 @@ class OutputShard:
         W, _ = self.net.output_view()
         std = np.sqrt(2.0 / (h + self.n_labels))
         init_rows_like_global(W.reshape(-1), n_f * h, n_f * h + self.lo * h, std,
-                              np.uint64(self.config["seed"]), np.uint64(init_stream(1)))
+                              np.uint64(self.config["seed"]), np.int64(init_stream(1)))
 
     # -- setup ---------------------------------------------------------------------------------
     def prepare(self, batch_size, n_chunks, max_labels, counts, n_samples, log_prior):

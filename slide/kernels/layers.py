@@ -170,7 +170,8 @@ def init_params(layout, seed):
     wo = layout.w_off
     for l in range(layout.n_layers):
         std = np.sqrt(2.0 / (layout.sizes[l] + layout.sizes[l + 1]))
-        _init_normal(W, int(wo[l]), int(wo[l + 1]), std, np.uint64(seed), np.uint64(init_stream(l)))
+        # the stream id int64, as every other caller of rng.stream_seed gives it (one compile)
+        _init_normal(W, int(wo[l]), int(wo[l + 1]), std, np.uint64(seed), np.int64(init_stream(l)))
     return W, B
 
 

@@ -67,7 +67,8 @@ def _fold_row_scalar(row, base, k, ids, z, run_max, run_sum, r):
     for j in range(row.shape[0]):
         acc += np.exp(row[j] - m)
         if row[j] > z[k - 1]:
-            insert_best_first(row[j], base + j, k, ids, z)
+            # a float64 value into the float64 top-k, whatever the block's type (one compile)
+            insert_best_first(np.float64(row[j]), base + j, k, ids, z)
     run_sum[r] = run_sum[r] * np.exp(run_max[r] - m) + acc
     run_max[r] = m
 
@@ -89,7 +90,7 @@ def fold_logits_f32(S, base, k, top_ids, top_z, run_max, run_sum):
         m = max(m, run_max[r])
         for j in range(row.shape[0]):
             if row[j] > z[k - 1]:
-                insert_best_first(row[j], base + j, k, ids, z)
+                insert_best_first(np.float64(row[j]), base + j, k, ids, z)   # (as above)
         acc = exp_shifted_inplace(row, m)
         run_sum[r] = run_sum[r] * np.exp(run_max[r] - m) + acc
         run_max[r] = m
@@ -103,7 +104,8 @@ def segment_topk(cand_ptr, cand_n, cand_ids, scores, k, out_ids, out_scores):
         out_scores[r, :] = -np.inf
         a = cand_ptr[r]
         for u in range(a, a + cand_n[r]):
-            insert_best_first(scores[u], cand_ids[u], k, out_ids[r], out_scores[r])
+            # int64 ids, as the other callers give them (int32 would compile it again)
+            insert_best_first(scores[u], np.int64(cand_ids[u]), k, out_ids[r], out_scores[r])
 
 
 @njit(cache=True, nogil=True, parallel=True)

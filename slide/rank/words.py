@@ -114,7 +114,7 @@ def _nearest_rows(query, power, index, excluded, k, lo, hi, near, sims):
         for t in range(m):
             i = touched[t]
             if not excluded[i] and acc[i] > best[k - 1]:
-                insert_best_first(acc[i], i, k, ids, best)
+                insert_best_first(acc[i], np.int64(i), k, ids, best)   # int64: one compile
             acc[i] = 0.0
             seen[i] = False
 
