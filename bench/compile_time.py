@@ -470,7 +470,16 @@ def kernel_lines(cold, name, top=15):
              "| kernel | signatures | own seconds | share |", "|---|---|---|---|"]
     for k, n, s in kernels[:top]:
         lines.append(f"| `{k}` | {n} | {s:.2f} | {s / total:.0%} |")
-    return lines + llvm_lines(cold)
+    return lines + twice_lines(kernels) + llvm_lines(cold)
+
+
+def twice_lines(kernels):
+    """Report lines: the kernels of ``kernels`` ([name, compiles, seconds]) that compiled more
+    than once in the process, each for another tuple of argument types (a literal, an
+    integer's width, a dtype): where a cast at a call site could save a compile."""
+    twice = sorted((k, n) for k, n, _ in kernels if n > 1)
+    listed = ", ".join(f"`{k}` ({n})" for k, n in twice) if twice else "none"
+    return ["", f"Kernels of this process compiled more than once (a signature each): {listed}."]
 
 
 LLVM_PARTS = ("function passes", "module passes", "machine code")

@@ -225,7 +225,10 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert rows[-1].startswith("| `bbb` | 145.0 | 8.0 | 4.73 ± ")
     # the first checkout's first cold run: its kernels' own compile seconds, largest first
     assert lines.count("| `slide.a.big` | 1 | 30.00 | 75% |") == 2     # one table a checkout
-    assert lines[-1] == "| `slide.b.small` | 2 | 10.00 | 25% |"
+    assert lines[-3] == "| `slide.b.small` | 2 | 10.00 | 25% |"
+    # and the kernels that compiled more than once, with how many times
+    assert lines[-1] == ("Kernels of this process compiled more than once (a signature each): "
+                         "`slide.b.small` (2).")
     assert any("24,242 rows, 581 labels" in line for line in lines)
     # --rows: the children fit on the file's first rows, and the report says so
     calls.clear()
@@ -238,6 +241,13 @@ def test_the_first_fit_report_alternates_checkouts_each_cold_then_warm(monkeypat
     assert [json.loads(c[0])[2] for c in calls] == [{"rerank": False}] * 2
     assert "rerank=False, random_state=0" in lines[0]
     assert """--params '{"rerank": false}'""" in lines[2]
+
+
+def test_the_first_fit_report_lists_the_kernels_compiled_more_than_once():
+    from bench import compile_time
+    kernels = [["slide.a", 1, 3.0], ["slide.c", 3, 2.0], ["slide.b", 2, 1.0]]
+    assert compile_time.twice_lines(kernels)[-1].endswith(": `slide.b` (2), `slide.c` (3).")
+    assert compile_time.twice_lines(kernels[:1])[-1].endswith(": none.")
 
 
 def test_the_first_fit_report_gives_llvms_seconds_all_and_in_linked_libraries():
