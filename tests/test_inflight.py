@@ -2,6 +2,7 @@
 a run's counters and callbacks, its accuracy against one batch at a time, a run stopped and
 resumed, divergence, and step records that only move forward."""
 import math
+import threading
 
 import numba
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 
 from slide import SlideClassifier
 from slide.network import block_step
-from slide.network.adam import later_step
+from slide.kernels.atomic import claim_step, compare_exchange
+from slide.kernels.jit import njit
 from slide.network.inflight import (AUTO_MOST_IN_FLIGHT, BATCHES_A_WORKER, WARM_SHARE, Layout,
                                     batch_builds, check_batches_in_flight, plan_layout,
                                     resolve_batches_in_flight, warm_batches, warm_workers)
@@ -123,10 +125,49 @@ def test_a_run_of_many_workers_starts_with_fewer(data):
     assert np.isfinite(m.score(data[2], data[3]))
 
 
-def test_later_step_never_goes_back():
-    assert later_step(3, 5) == 5
-    assert later_step(7, 5) == 7
-    assert later_step(0, 1) == 1
+@njit(nogil=True)
+def _claim(records, i, t):
+    return claim_step(records, i, t)
+
+
+@njit(nogil=True)
+def _claim_steps(records, gate, first, n, replaced):
+    """Claim steps first, first + 2, ... of row 0 once both threads are here (``gate``, an
+    arrival count read and raised atomically); replaced[k]: the record each claim found."""
+    while True:
+        g = gate[0]
+        if compare_exchange(gate, 0, g, g + 1) == g:
+            break
+    while compare_exchange(gate, 0, -1, -1) < 2:      # an atomic read: both have arrived
+        pass
+    for k in range(n):
+        replaced[k] = claim_step(records, 0, first + 2 * k)
+
+
+def test_a_step_record_is_claimed_atomically_and_never_goes_back():
+    """claim_step records t and returns the record it replaced, or leaves a later record; two
+    threads claiming steps of one row at once (odd ones and even ones) each catch up a missed
+    step at most once: the claims that moved the record form one chain 0 -> t1 -> t2 -> ...,
+    no two of them starting from the same record (which a read, then a write, would give)."""
+    records = np.array([3, 7, 0], np.int32)
+    assert _claim(records, 0, 5) == 3 and records[0] == 5
+    assert _claim(records, 1, 5) == 7 and records[1] == 7        # a later step's record stays
+    assert _claim(records, 2, 1) == 0 and records[2] == 1
+    records, gate, n = np.zeros(1, np.int32), np.zeros(1, np.int64), 1_000_000
+    replaced = [np.empty(n, np.int32) for _ in range(2)]
+    threads = [threading.Thread(target=_claim_steps, args=(records, gate, 1 + j, n,
+                                                           replaced[j])) for j in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    steps = np.concatenate([np.arange(1 + j, 1 + j + 2 * n, 2) for j in range(2)])
+    last = np.concatenate(replaced).astype(np.int64)
+    moved = last < steps
+    order = np.argsort(steps[moved])
+    steps, last = steps[moved][order], last[moved][order]
+    assert records[0] == steps[-1] == 2 * n
+    assert last[0] == 0 and (last[1:] == steps[:-1]).all()
 
 
 def test_a_run_in_flight_counts_every_batch_once_and_calls_back_once_a_wave(data):

@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
+from slide.kernels.atomic import claim_step
 from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 
@@ -239,15 +240,6 @@ def _adam_row_scaled(w, mm, vv, xv, d, k):
         w[i] -= lr * m / (np.sqrt(v) + ep)
 
 
-@njit(cache=True, nogil=True)
-def later_step(last, t):
-    """A step record after step ``t`` touched a row last touched at step ``last``: ``t``, or
-    ``last`` where a later step already touched it. Several batches in flight claim their steps
-    in order but may finish out of order; a record that went back would make the next touch
-    catch up steps the row already had (``_missed_steps`` skips a gap of none or less)."""
-    return t if t > last else last
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _missed_steps(last, t, hyper):
     """Closed form of the zero-gradient Adam steps a row updated at step ``last`` missed before
@@ -297,14 +289,15 @@ def _apply_missed(w, mm, vv, missed, hyper):
 def adam_rows(W, M, V, G, T, starts, lens, rowids, n, hyper):
     """Adam on the rows ``W[starts[i]:starts[i]+lens[i]]`` for i < n; zeroes their gradient.
     With a step record ``T`` (non-empty), first the zero-gradient steps each row missed since
-    ``T[rowids[i]]``, then ``T[rowids[i]] = t``."""
+    ``T[rowids[i]]``, whose record becomes t in the same atomic claim (``claim_step``: a batch
+    in flight beside this one catches up none of the steps this one does)."""
     k = _consts(hyper)
     for r in prange(n):
         s = starts[r]
         e = s + lens[r]
         if T.shape[0] > 0:
-            _catch_up(W[s:e], M[s:e], V[s:e], T[rowids[r]], hyper.t, hyper)
-            T[rowids[r]] = later_step(T[rowids[r]], hyper.t)
+            _catch_up(W[s:e], M[s:e], V[s:e], claim_step(T, rowids[r], hyper.t), hyper.t,
+                      hyper)
         _adam_row(W[s:e], M[s:e], V[s:e], G[s:e], k, False)
         G[s:e] = 0.0
 
@@ -314,8 +307,7 @@ def _adam_id(B, M, V, G, T, e, k, hyper):
     """Adam on the single entry ``B[e]`` (missed steps first with a step record ``T``);
     zeroes its gradient: ``adam_ids``' and ``adam_ids_serial``'s one body."""
     if T.shape[0] > 0:
-        _catch_up(B[e:e + 1], M[e:e + 1], V[e:e + 1], T[e], hyper.t, hyper)
-        T[e] = later_step(T[e], hyper.t)
+        _catch_up(B[e:e + 1], M[e:e + 1], V[e:e + 1], claim_step(T, e, hyper.t), hyper.t, hyper)
     _adam_row(B[e:e + 1], M[e:e + 1], V[e:e + 1], G[e:e + 1], k, False)
     G[e] = 0.0
 

@@ -9,11 +9,12 @@ import numba
 import numpy as np
 from numba import prange
 
+from slide.kernels.atomic import claim_step
 from slide.kernels.jit import njit
 from slide.kernels.layers import FASTMATH
 from slide.kernels.prefetch import prefetch_line, prefetch_row
 from slide.network.adam import (KIND_ADAM, _adam_row, _adam_row_scaled, _apply_missed,
-                                _catch_up, _consts, _missed_steps, later_step)
+                                _catch_up, _consts, _missed_steps)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -77,14 +78,14 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
         if TW.shape[0] > 0:
             # the row's and the bias's records are set together here, so they agree: one
             # closed form serves both (its scalar chain is a noticeable part of a row's step)
-            last = TW[j]
+            # each record claimed atomically (another batch in flight may touch the row)
+            last = claim_step(TW, j, t)
+            last_b = claim_step(TB, j, t)
             missed = _missed_steps(last, t, hyper)
             _apply_missed(w, mw, vw, missed, hyper)
-            if TB[j] != last:
-                missed = _missed_steps(TB[j], t, hyper)
+            if last_b != last:
+                missed = _missed_steps(last_b, t, hyper)
             _apply_missed(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], missed, hyper)
-            TW[j] = later_step(last, t)
-            TB[j] = later_step(TB[j], t)
         _adam_row(w, mw, vw, g, k, True)
         _adam_row(B[e:e + 1], MB[e:e + 1], VB[e:e + 1], gb, k, False)
     else:
@@ -114,8 +115,7 @@ def _first_row(W, MW, VW, TW, hyper, kind, w_off, frows, g_buf, n_uniq, x_val, d
     if kind == KIND_ADAM:
         mw, vw = MW[base:base + n_h], VW[base:base + n_h]
         if TW.shape[0] > 0:
-            _catch_up(w, mw, vw, TW[f], hyper.t, hyper)
-            TW[f] = later_step(TW[f], hyper.t)
+            _catch_up(w, mw, vw, claim_step(TW, f, hyper.t), hyper.t, hyper)
         if e1 - e0 == 1:
             # one entry (most rows): the gradient is x_value * delta, formed as read
             _adam_row_scaled(w, mw, vw, x_val[ent_p[e0]], dels[ent_s[e0]], k)
