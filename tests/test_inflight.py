@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from slide import SlideClassifier
-from slide.network import block_step
 from slide.kernels.atomic import claim_step, compare_exchange
 from slide.kernels.jit import njit
+from slide.network import block_step
 from slide.network.inflight import (AUTO_MOST_IN_FLIGHT, BATCHES_A_WORKER, WARM_SHARE, Layout,
                                     batch_builds, check_batches_in_flight, plan_layout,
                                     resolve_batches_in_flight, warm_batches, warm_workers)

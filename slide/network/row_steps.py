@@ -76,9 +76,9 @@ def _output_row_step(W, B, MW, VW, MB, VB, TW, TB, base, e, j, g, gb, hyper, kin
         mw = MW[base:base + n_in]
         vw = VW[base:base + n_in]
         if TW.shape[0] > 0:
-            # the row's and the bias's records are set together here, so they agree: one
-            # closed form serves both (its scalar chain is a noticeable part of a row's step)
-            # each record claimed atomically (another batch in flight may touch the row)
+            # both records claimed here, each atomically (a batch in flight beside this one
+            # may touch the row); they agree unless such a batch came between, so one closed
+            # form usually serves both (its scalar chain is a noticeable part of a row's step)
             last = claim_step(TW, j, t)
             last_b = claim_step(TB, j, t)
             missed = _missed_steps(last, t, hyper)
