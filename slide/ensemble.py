@@ -5,13 +5,16 @@ Each member is a clone of ``estimator`` with its own seed, so it differs in its 
 weights, hash functions and sampled negatives; the members' errors are partly independent and
 their combination ranks better than any one of them.
 
-Fused (``fused=True``, the default; ``slide.fused``): the members train in one pass over the
-same batches (member 0's order of rows and held-out split), side by side on the threads, and
-the ensemble fits one set of ranking stages (vote, re-ranker, linear classifiers) on their
-stacked network, whose logits are the mean of the members'; its predictions come from there
-(``rank_``). Sequential (``fused=False``): the members train one after another, each on all
-the cores, each in its own order and with its own re-ranker when the estimator has one, and
-are combined as below.
+Sequential (``fused=False``, the default): the members train one after another, each on all
+the cores, each in its own order, on its own held-out split and with its own re-ranker when the
+estimator has one, and are combined as below. Fused (``fused=True``; ``slide.fused``): the
+members train in one pass, side by side on the threads, each in its own order but all on
+member 0's held-out split, and the ensemble fits one set of ranking stages (vote, re-ranker,
+linear classifiers) on their stacked network, whose logits are the mean of the members'; its
+predictions come from there (``rank_``). Why sequential is the default: on the real sets four
+fused members ranked within noise of one ``SlideClassifier`` (P@1), while two members one after
+another ranked 0.4-0.5 points above it, in two thirds of the fused four's training time
+(``docs/design.md``, "Fused members").
 
 Sequential ``predict_topk``: members with a re-ranker (the default) each rank their
 ``FUSE_DEPTH`` best labels (``SlideClassifier.predict_topk_scored``), and a label's score is
@@ -103,12 +106,14 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         The members' configuration (unfitted; cloned per member). None: ``SlideClassifier()``.
         Its ``time_budget``, if set, is the whole ensemble's: each member gets an equal share.
     n_models : int >= 1
+        Two by default: three ranked level with two on the real sets, for 1.5x the time
+        (``docs/design.md``, "Fused members").
     random_state : int or None
         Member k is seeded ``member_seed(random_state, k)``; None: the estimator's
         ``random_state`` if set, else a fresh seed per fit.
     fused : bool
-        Train the members in one pass and rank them as one stacked network (module
-        docstring); False: one after another, each ranked on its own.
+        False (the default): the members train one after another, each ranked on its own;
+        True: in one pass, ranked as one stacked network (module docstring).
 
     Fitted attributes: ``members_`` (the fitted members), ``n_features_in_``, ``n_labels_``,
     ``seed_``, ``train_seconds_`` and ``compile_seconds_`` (sequential: sums over the
@@ -116,7 +121,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     stacked network's ``RankStack``) and ``order_seed_`` (the seed of its order of rows).
     """
 
-    def __init__(self, estimator=None, n_models=3, random_state=None, fused=True):
+    def __init__(self, estimator=None, n_models=2, random_state=None, fused=False):
         self.estimator = estimator
         self.n_models = n_models
         self.random_state = random_state
@@ -185,8 +190,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     def _fit_fused(self, members, X, Y, names, one_d, eval_set, callback, budget):
         """``fit`` with ``fused=True``: the members built on one check of the data, trained
         together (``slide.fused.train_members``, within the template's ``budget``) on the rows
-        of member 0's held-out split, in member 0's order of rows, then one ranking stack on
-        their stacked network."""
+        of member 0's held-out split, each in its own order of rows (its own seed's, as it would
+        train alone), then one ranking stack on their stacked network."""
         self._drop_fused()
         for m in members:
             # the ensemble's clock and budget drive the pass; a member runs one batch at a
@@ -207,7 +212,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         cb = None if callback is None else \
             (lambda k, m, info: callback(m, dict(info, member=k)))
         seconds = fused_mod.train_members(
-            members, X, Y, None if split is None else split[0], order_seed, first._threads(),
+            members, X, Y, None if split is None else split[0],
+            [m.seed_ for m in members], first._threads(),
             time_budget=budget, callback=cb, eval_set=eval_set)
         for m in members:
             labels_mod.set_target(m, one_d)

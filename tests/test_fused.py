@@ -28,38 +28,51 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     return SlideEnsemble(SlideClassifier(**TINY, neighbours=0), n_models=3,
-                         random_state=5).fit(*data)
+                         random_state=5, fused=True).fit(*data)
 
 
-def test_member_zero_trains_bit_for_bit_as_it_would_alone(data, fitted):
-    """Member 0's seed is the ensemble's order of rows: on one thread its network is the one
-    ``SlideClassifier.fit`` trains alone with that seed, one batch at a time."""
+@pytest.mark.parametrize("k", [0, 2])
+def test_every_member_trains_bit_for_bit_as_it_would_alone(data, fitted, k):
+    """An ensemble's member k shuffles the rows by its own seed: on one thread its network is
+    the one ``SlideClassifier.fit`` trains alone with that seed, one batch at a time."""
     alone = SlideClassifier(**TINY, neighbours=0, batches_in_flight=1,
-                            random_state=member_seed(5, 0)).fit(*data)
-    m0 = fitted.members_[0]
-    assert m0.batches_ == alone.batches_ > 0
-    np.testing.assert_array_equal(m0.network_.W, alone.network_.W)
-    np.testing.assert_array_equal(m0.network_.B, alone.network_.B)
+                            random_state=member_seed(5, k)).fit(*data)
+    member = fitted.members_[k]
+    assert member.batches_ == alone.batches_ > 0
+    np.testing.assert_array_equal(member.network_.W, alone.network_.W)
+    np.testing.assert_array_equal(member.network_.B, alone.network_.B)
 
 
-def test_members_do_not_touch_each_other(data, fitted):
-    """Member 2 of three trains the same bits as member 2 trained with no other member beside
-    it (the same order of rows, its own seed)."""
-    X, Y = data
+def _built_members(X, Y, n):
     members = [SlideClassifier(**TINY, neighbours=0, batches_in_flight=1,
-                               random_state=member_seed(5, k)) for k in range(3)]
+                               random_state=member_seed(5, k)) for k in range(n)]
     for m in members:
         hs, sparse = m._checked_params()
         m._build(X.shape[1], Y.shape[1], hs, sparse)
-    fused.train_members(members[2:], X, Y, None, fitted.order_seed_, 1)
-    np.testing.assert_array_equal(members[2].network_.W, fitted.members_[2].network_.W)
-    assert not np.array_equal(fitted.members_[1].network_.W, fitted.members_[2].network_.W)
+    return members
+
+
+def test_members_on_one_order_do_not_touch_each_other(data):
+    """One order of rows for all (a search's trials): member 2 of three trains the same bits
+    as member 2 trained on that order with no other member beside it."""
+    X, Y = data
+    three, alone = _built_members(X, Y, 3), _built_members(X, Y, 3)[2:]
+    fused.train_members(three, X, Y, None, 11, 1)
+    fused.train_members(alone, X, Y, None, 11, 1)
+    np.testing.assert_array_equal(alone[0].network_.W, three[2].network_.W)
+    assert not np.array_equal(three[1].network_.W, three[2].network_.W)
+
+
+def test_an_order_seed_a_member_or_one_for_all(data):
+    X, Y = data
+    with pytest.raises(ValueError, match="2 seeds for 3 members"):
+        fused.train_members(_built_members(X, Y, 3), X, Y, None, [1, 2], 1)
 
 
 def test_two_threads_train_every_member_to_a_finite_useful_model(data):
     X, Y = data
     ens = SlideEnsemble(SlideClassifier(**dict(TINY, n_threads=2, epochs=30), neighbours=0),
-                        n_models=3, random_state=1).fit(X, Y)
+                        n_models=3, random_state=1, fused=True).fit(X, Y)
     for m in ens.members_:
         assert m.epoch_ == 30 and np.isfinite(m.network_.W).all()
         assert m.train_seconds_ == ens.members_[0].train_seconds_
@@ -85,7 +98,7 @@ def reranked():
     """A fused ensemble with the vote and the re-ranker (enough rows to hold some out)."""
     Xtr, Ytr = keyword_data(2400, 0)
     Xte, Yte = keyword_data(300, 1)
-    ens = SlideEnsemble(SlideClassifier(epochs=1, **SMALL), n_models=2).fit(Xtr, Ytr)
+    ens = SlideEnsemble(SlideClassifier(epochs=1, **SMALL), n_models=2, fused=True).fit(Xtr, Ytr)
     return ens, Xte, Yte
 
 
@@ -121,7 +134,7 @@ def test_save_load_and_pickle_keep_the_predictions(reranked, tmp_path):
 def test_a_corrupt_fused_ranking_is_refused(data, tmp_path):
     X, Y = data
     ens = SlideEnsemble(SlideClassifier(**TINY, neighbours=4), n_models=2,
-                        random_state=3).fit(X, Y)
+                        random_state=3, fused=True).fit(X, Y)
     assert ens.rank_.memory is not None
     path = tmp_path / "fused.slide"
     ens.save(path)
@@ -144,7 +157,7 @@ def test_callback_stops_one_member_and_the_others_finish(data):
         return info["member"] == 1
 
     ens = SlideEnsemble(SlideClassifier(**TINY, neighbours=0), n_models=3,
-                        random_state=2).fit(X, Y, callback=stop_member_one)
+                        random_state=2, fused=True).fit(X, Y, callback=stop_member_one)
     # the tiny set's epoch is one wave: member 1 stopped after its first epoch
     assert ens.members_[1].stopped_ and ens.members_[1].epoch_ == 1
     assert ens.members_[0].epoch_ == ens.members_[2].epoch_ == 2
@@ -154,7 +167,7 @@ def test_callback_stops_one_member_and_the_others_finish(data):
 def test_time_budget_is_the_ensembles(data):
     X, Y = data
     ens = SlideEnsemble(SlideClassifier(**dict(TINY, epochs=50), neighbours=0, time_budget=1e-9),
-                        n_models=2, random_state=2).fit(X, Y)
+                        n_models=2, random_state=2, fused=True).fit(X, Y)
     # the budget is checked between waves: each member trained the first wave (one epoch)
     assert all(m.budget_spent_ and m.epoch_ == 1 for m in ens.members_)
 
@@ -194,7 +207,7 @@ def test_the_warm_up_compiles_the_build_the_pass_runs(data, monkeypatch, kind):
     template = SlideClassifier(**dict(TINY, n_threads=2), neighbours=0, random_state=1)
     grid = {"learning_rate": [1e-3, 1e-2]}
     if kind == "ensemble":
-        SlideEnsemble(template, n_models=2, random_state=1).fit(*data)
+        SlideEnsemble(template, n_models=2, random_state=1, fused=True).fit(*data)
     elif kind == "search":
         slide.SlideSearch(template, param_grid=grid, factor=None).fit(*data)
     else:
