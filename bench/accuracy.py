@@ -22,7 +22,8 @@ Examples::
 bench's own key: ``"l2"`` L2-normalises every input row before training and testing).
 ``--defaults`` adds a run of ``SlideClassifier()`` with no hyperparameter but threads and seed.
 A run with ``"n_models": K`` trains a ``SlideEnsemble`` of K members (seeded from the run's
-seed; ``"fused": false`` one after another, else fused); its curve is its final score on the
+seed; one after another, or with ``"fused": true`` fused, as ``SlideEnsemble``'s ``fused``
+says); its curve is its final score on the
 test sample.
 """
 import argparse
@@ -114,7 +115,7 @@ def run_slide(name, params, seed, data, args):
     elif normalize is not None:
         raise ValueError(f"normalize must be 'l2' or absent, got {normalize!r}")
     n_models = params.pop("n_models", None)
-    fused = params.pop("fused", True)
+    fused = params.pop("fused", None)
     grid = params.pop("search", None)
     search_kw = {"factor": params.pop("factor")} if "factor" in params else {}
     if grid is not None:
@@ -157,13 +158,15 @@ def run_slide(name, params, seed, data, args):
             "curve": curve, "final": final}
 
 
-def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True):
-    """Train one SlideEnsemble of ``n_models`` members built from ``params``; its record."""
+def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=None):
+    """Train one SlideEnsemble of ``n_models`` members built from ``params`` (``fused``: its
+    flag, None for its default); its record."""
     from slide import SlideClassifier
     from slide.ensemble import SlideEnsemble
     Xtr, Ytr, Xte, Yte, sample, inv_prop = data
     model = SlideEnsemble(SlideClassifier(**params, n_threads=args.threads), n_models=n_models,
-                          random_state=seed, fused=fused)
+                          random_state=seed,
+                          **({} if fused is None else {"fused": bool(fused)}))
     t0 = time.perf_counter()
     model.fit(Xtr, Ytr, callback=lambda m, info: m.train_seconds_ > args.max_seconds)
     wall = time.perf_counter() - t0
@@ -180,7 +183,7 @@ def run_ensemble(name, params, n_models, seed, data, args, normalize, fused=True
     predict_s = time.perf_counter() - t0
     final = score_topk(Yte, top, inv_prop)
     return {"system": "slide", "run": name,
-            "params": dict(params, n_models=n_models, fused=bool(fused)),
+            "params": dict(params, n_models=n_models, fused=bool(model.fused)),
             "normalize": normalize, "seed": seed, "train_seconds": model.train_seconds_,
             "predict_seconds": predict_s,
             "compile_seconds": model.compile_seconds_, "fit_wall_seconds": wall,

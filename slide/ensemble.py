@@ -8,13 +8,13 @@ their combination ranks better than any one of them.
 Sequential (``fused=False``, the default): the members train one after another, each on all
 the cores, each in its own order, on its own held-out split and with its own re-ranker when the
 estimator has one, and are combined as below. Fused (``fused=True``; ``slide.fused``): the
-members train in one pass, side by side on the threads, each in its own order but all on
-member 0's held-out split, and the ensemble fits one set of ranking stages (vote, re-ranker,
-linear classifiers) on their stacked network, whose logits are the mean of the members'; its
-predictions come from there (``rank_``). Why sequential is the default: on the real sets four
-fused members ranked within noise of one ``SlideClassifier`` (P@1), while two members one after
-another ranked 0.4-0.5 points above it, in two thirds of the fused four's training time
-(``docs/design.md``, "Fused members").
+members train in one pass over the same batches (member 0's order of rows and held-out
+split), side by side on the threads, and the ensemble fits one set of ranking stages (vote,
+re-ranker, linear classifiers) on their stacked network, whose logits are the mean of the
+members'; its predictions come from there (``rank_``). Why sequential is the default: on
+the real sets four fused members ranked within noise of one ``SlideClassifier`` (P@1), while
+two members one after another ranked 0.4-0.5 points above it, in two thirds of the fused
+four's training time (``docs/design.md``, "Fused members").
 
 Sequential ``predict_topk``: members with a re-ranker (the default) each rank their
 ``FUSE_DEPTH`` best labels (``SlideClassifier.predict_topk_scored``), and a label's score is
@@ -190,8 +190,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
     def _fit_fused(self, members, X, Y, names, one_d, eval_set, callback, budget):
         """``fit`` with ``fused=True``: the members built on one check of the data, trained
         together (``slide.fused.train_members``, within the template's ``budget``) on the rows
-        of member 0's held-out split, each in its own order of rows (its own seed's, as it would
-        train alone), then one ranking stack on their stacked network."""
+        of member 0's held-out split, in member 0's order of rows, then one ranking stack on
+        their stacked network."""
         self._drop_fused()
         for m in members:
             # the ensemble's clock and budget drive the pass; a member runs one batch at a
@@ -212,8 +212,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         cb = None if callback is None else \
             (lambda k, m, info: callback(m, dict(info, member=k)))
         seconds = fused_mod.train_members(
-            members, X, Y, None if split is None else split[0],
-            [m.seed_ for m in members], first._threads(),
+            members, X, Y, None if split is None else split[0], order_seed, first._threads(),
             time_budget=budget, callback=cb, eval_set=eval_set)
         for m in members:
             labels_mod.set_target(m, one_d)

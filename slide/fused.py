@@ -1,10 +1,8 @@
 """Fused members: K networks trained in one pass over the same batches, side by side on the
 threads, and ranked as one stacked network (``SlideEnsemble(fused=True)``, ``SlideSearch``).
 
-What the members share. One check of the data, one held-out split, the batches' schedule
-(every member trains its batch t at step t, as HFTA's fused models do; in an ensemble each
-member's rows come in its own seed's order, as they would alone, and a search's trials share one
-order, so that they differ only in their settings), one clock (the
+What the members share. One check of the data, one held-out split, one shuffled order of the
+rows (every member sees batch t's rows at step t, as HFTA's fused models do), one clock (the
 ``time_budget`` and the learning-rate schedule's share of it) and, in an ensemble, one ranking
 stack: the members' last hidden layers side by side, [H_1 ... H_K], under the output layer
 [W_1 ... W_K] / K with the mean of their biases, whose logits are the mean of the members'
@@ -14,9 +12,8 @@ real sets (``docs/design.md``, "Fused members").
 
 What each member keeps. Its seed (initial weights, negatives), layers, learning rate,
 schedule, loss and block settings; its network, optimizer and step records. Member k's
-training is the one it gets alone with the same order of rows and held-out split: the same
-calls on the same state, one batch at a time (``tests/test_fused.py``: bit for bit on one
-thread).
+training is the one it gets alone with the same order of rows: the same calls on the same
+state, one batch at a time (``tests/test_fused.py``: bit for bit on one thread).
 
 How the pass runs. The batches of an epoch go in waves of ``WAVE_BATCHES``; in a wave each
 member trains the wave's batches one after another, as one task of a pool of ``min(K,
@@ -152,9 +149,7 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                   diverged=None):
     """Train the built ``members`` (``SlideClassifier``s that agree in ``PASS_PARAMS`` and
     stand at the same position: fresh, or paused here together) together over the rows
-    ``rows`` of (X, Y) (None: all), shuffled by ``order_seed`` (one seed: every member sees
-    batch t's rows at step t; a sequence: member k's own order by ``order_seed[k]``), on
-    ``n_threads`` threads,
+    ``rows`` of (X, Y) (None: all), shuffled by ``order_seed``, on ``n_threads`` threads,
     within ``time_budget`` seconds if set (the learning-rate schedule then ends with the
     budget, as a single model's does). ``callback(k, member, info)`` runs once a wave for each
     member still training (``info`` as ``SlideClassifier.fit``'s, with ``batches``: the wave's
@@ -182,7 +177,6 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
     total_batches = epochs * n_batches
     end_epoch = epochs if pause_epoch is None else min(epochs, int(pause_epoch))
     Y_train = Y if rows is None else take_rows(Y, rows)
-    order_seeds = _order_seeds(order_seed, len(runs))
     for run in runs:
         run.steps.start(X, Y_train, threads_each)
         run.model.stopped_ = run.model.budget_spent_ = False
@@ -192,10 +186,9 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
         with trainer.blas_single_thread():
             for epoch in range(start_epoch, end_epoch):
                 t_epoch = time.perf_counter()
-                skip = start_batch if epoch == start_epoch else 0
-                orders = {seed: list(iterate_minibatches(n, bs, seed, epoch, skip))
-                          for seed in set(order_seeds)}
-                for lo in range(0, n_batches - skip, WAVE_BATCHES):
+                batches = list(iterate_minibatches(n, bs, int(order_seed), epoch,
+                                                   start_batch if epoch == start_epoch else 0))
+                for lo in range(0, len(batches), WAVE_BATCHES):
                     active = [r for r in runs if r.active]
                     if not active:
                         return clock
@@ -209,31 +202,19 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
                             r.model.sync()
                         return clock
                     t0 = time.perf_counter()
-                    waves = [[b if rows is None else rows[b] for b in
-                              orders[order_seeds[r.index]][lo:lo + WAVE_BATCHES]]
-                             for r in active]
+                    wave = [b if rows is None else rows[b]
+                            for b in batches[lo:lo + WAVE_BATCHES]]
                     time_done = clock / time_budget if time_budget else 0.0
                     futures = [pool.submit(r.train_wave, X, Y, wave, total_batches,
-                                           time_done, threads_each)
-                               for r, wave in zip(active, waves)]
+                                           time_done, threads_each) for r in active]
                     active, results = _wave_results(active, futures, diverged)
                     clock += time.perf_counter() - t0
                     _after_wave(active, results, clock, epoch, t_epoch, n_batches, callback,
-                                len(waves[0]), eval_set)
+                                len(wave), eval_set)
     finally:
         pool.shutdown(wait=True)
         numba.set_num_threads(n_threads)
     return clock
-
-
-def _order_seeds(order_seed, n_members):
-    """Each member's seed of its order of rows: ``order_seed`` for all, or its k-th entry."""
-    if isinstance(order_seed, (int, np.integer)):
-        return [int(order_seed)] * n_members
-    seeds = [int(s) for s in order_seed]
-    if len(seeds) != n_members:
-        raise ValueError(f"order_seed has {len(seeds)} seeds for {n_members} members")
-    return seeds
 
 
 def _wave_results(active, futures, diverged):
