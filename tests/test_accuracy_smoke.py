@@ -56,13 +56,13 @@ def test_summary_takes_mean_and_std_over_seeds():
 def test_end_to_end_on_tiny_with_label_trees(tmp_path):
     out = str(tmp_path / "acc")
     records = accuracy.main([
-        "--preset", "tiny", "--name", "tiny", "--trees", "omikuji,napkinxc",
+        "--preset", "tiny", "--name", "tiny", "--trees", "omikuji,napkinxc", "--tree-runs", "2",
         "--base", '{"hidden_sizes": [16], "learning_rate": 1e-2, "epochs": 2}',
         "--lever", 'normalize="l2"', "--seeds", "0,1", "--threads", "1",
         "--eval-points", "40", "--evals-per-epoch", "2", "--out", out,
         "--work-dir", str(tmp_path)])
     systems = [r["system"] for r in records]
-    assert systems == ["omikuji", "napkinxc"] + ["slide"] * 4
+    assert systems == ["omikuji"] * 2 + ["napkinxc"] * 2 + ["slide"] * 4
     for r in records:
         assert set(r["final"]) == {"P@1", "P@5", "PSP@5"}
         assert all(0.0 <= v <= 1.0 for v in r["final"].values())
@@ -87,7 +87,9 @@ def test_end_to_end_on_tiny_with_label_trees(tmp_path):
     assert "| slide | base | hidden_sizes=[16] learning_rate=0.01 epochs=2 | 2 |" in md
     assert ('| slide | normalize="l2" | hidden_sizes=[16] learning_rate=0.01 epochs=2 '
             'normalize="l2" | 2 |') in md
-    assert "| omikuji |" in md and "| napkinxc |" in md
+    # each tree's two fits are one row, their mean and std
+    assert "| omikuji | omikuji (defaults) | library defaults | 2 |" in md
+    assert "| napkinxc | napkinXC PLT (defaults) | library defaults | 2 |" in md
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "acc.png").stat().st_size > 0
     # a second invocation appends: the report covers both

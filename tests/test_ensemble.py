@@ -80,6 +80,14 @@ def test_reproducible_with_a_seed(data, fitted):
         np.testing.assert_array_equal(a.network_.W, b.network_.W)
 
 
+def test_the_default_ensemble_is_two_members_one_after_another(data):
+    """``SlideEnsemble()``'s defaults (docs/design.md, "Fused members"): two members, each
+    trained and ranked on its own, no stacked ranking."""
+    ens = SlideEnsemble(SlideClassifier(**TINY), random_state=0).fit(*data)
+    assert len(ens.members_) == 2 and not ens.fused and not hasattr(ens, "rank_")
+    assert ens.members_[0].batches_ == ens.members_[1].batches_ > 0
+
+
 def test_seed_falls_back_to_the_estimators(data):
     ens = SlideEnsemble(SlideClassifier(**TINY, random_state=9), n_models=2).fit(*data)
     assert ens.seed_ == 9 and ens.members_[1].random_state == member_seed(9, 1)
