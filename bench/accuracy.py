@@ -6,8 +6,8 @@ at every epoch end (and ``--evals-per-epoch`` times within an epoch) it is score
 shuffled sample of the test set (P@1, P@5, PSP@5: the curve), and at the end on every test
 point. The label trees (Omikuji, Parabel-like; napkinXC's PLT) train on the same split with the
 same number of threads, in the same invocation, for reference; ``--tree-runs N`` fits each N
-times (Omikuji takes no seed and its trees differ from fit to fit: P@1 0.631 and 0.634 in two
-fits on debcontents), so their rows carry a standard deviation as slide's seeds do.
+times, so that their rows carry a standard deviation as slide's seeds do (Omikuji takes no seed
+and its fits differ: ``bench/results/accuracy_defaults_amd.md``, last section).
 
 Records are appended to ``OUT.jsonl`` (so several invocations on one data set accumulate); the
 table ``OUT.md`` and the plot ``OUT.png`` (test-sample P@1 against cumulative training seconds)
@@ -24,9 +24,8 @@ Examples::
 bench's own key: ``"l2"`` L2-normalises every input row before training and testing).
 ``--defaults`` adds a run of ``SlideClassifier()`` with no hyperparameter but threads and seed.
 A run with ``"n_models": K`` trains a ``SlideEnsemble`` of K members (seeded from the run's
-seed; one after another, or with ``"fused": true`` fused, as ``SlideEnsemble``'s ``fused``
-says); its curve is its final score on the
-test sample.
+seed; one after another, or fused with ``"fused": true``, as ``SlideEnsemble``'s ``fused``
+says); its curve is its final score on the test sample.
 """
 import argparse
 import json

@@ -14,7 +14,8 @@ re-ranker, linear classifiers) on their stacked network, whose logits are the me
 members'; its predictions come from there (``rank_``). Why sequential is the default: on
 the real sets four fused members ranked within noise of one ``SlideClassifier`` (P@1), while
 two members one after another ranked 0.4-0.5 points above it, in two thirds of the fused
-four's training time (``docs/design.md``, "Fused members").
+four's training time (``bench/results/accuracy_defaults_amd.md``, "Ensembles at equal training
+time"; ``docs/design.md``, "Fused members").
 
 Sequential ``predict_topk``: members with a re-ranker (the default) each rank their
 ``FUSE_DEPTH`` best labels (``SlideClassifier.predict_topk_scored``), and a label's score is
@@ -107,7 +108,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         Its ``time_budget``, if set, is the whole ensemble's: each member gets an equal share.
     n_models : int >= 1
         Two by default: three ranked level with two on the real sets, for 1.5x the time
-        (``docs/design.md``, "Fused members").
+        (the same results file).
     random_state : int or None
         Member k is seeded ``member_seed(random_state, k)``; None: the estimator's
         ``random_state`` if set, else a fresh seed per fit.
