@@ -98,6 +98,15 @@ def member_seed(seed, k):
     return int(np.random.SeedSequence([int(seed), int(k)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def _unfinished(member, n_rows, fused):
+    """Whether a fitted member has training left: stopped by its callback (``stopped_``; a
+    member loaded from a file has no such flag), short of its epochs over ``n_rows`` rows, or,
+    in a sequential ensemble, without the neighbour memory its ``fit`` ends with."""
+    epochs = member.planned_batches(n_rows, member.n_labels_)[0]
+    return (getattr(member, "stopped_", False) or member.epoch_ < epochs
+            or (not fused and member.neighbours > 0 and not member.rank_.fitted))
+
+
 class SlideEnsemble(ClassifierMixin, BaseEstimator):
     """``n_models`` ``SlideClassifier`` members, their rankings fused (module docstring).
 
@@ -162,18 +171,25 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return [clone(template).set_params(random_state=member_seed(seed, k), time_budget=share)
                 for k in range(int(self.n_models))]
 
-    def fit(self, X, Y, eval_set=None, callback=None, classes=None):
+    def fit(self, X, Y, eval_set=None, callback=None, classes=None, resume=False):
         """Train the members: fused (``fused=True``), in one pass side by side, ranked as one
         stacked network (``slide.fused``); else one after another, each with its own ranking
         stages. ``callback(member, info)`` is each member's ``fit`` callback, with
         ``info["member"]`` = its index (fused: once a wave of batches); a true return value
         stops that member (the others still train; a fused ensemble with a stopped member
         fits no ranking stages). Y and ``classes``: as ``SlideClassifier.fit`` takes them
-        (read once; every member gets the same ``classes_``)."""
+        (read once; every member gets the same ``classes_``).
+
+        resume=True (a fitted ensemble, or one loaded from its file): the members its callback
+        stopped train on from where they stopped, on the same data, to the end of their epochs,
+        as ``SlideClassifier.fit(resume=True)`` does, and a fused ensemble then fits its
+        ranking stages; members that finished are kept as they are. Unfitted: a fresh fit."""
         template = self._validate()
-        members = self._members_to_fit(template)
         one_d = labels_mod.one_label_per_row(Y)
         Y, names = encode(Y, name="Y", classes=classes)
+        if resume and hasattr(self, "members_"):
+            return self._resume(X, Y, names, one_d, eval_set, callback)
+        members = self._members_to_fit(template)
         if self.fused:
             return self._fit_fused(members, X, Y, names, one_d, eval_set, callback,
                                    template.time_budget)
@@ -185,6 +201,24 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             fitted.append(member.fit(X, Y, eval_set=eval_set, callback=cb, classes=names))
             labels_mod.set_target(member, one_d)    # each member was given Y as a matrix
         self._set_members(fitted)
+        return self
+
+    def _resume(self, X, Y, names, one_d, eval_set, callback):
+        """``fit(resume=True)`` of a fitted ensemble (its docstring)."""
+        members = self.members_
+        if len(members) != int(self.n_models) or bool(self.fused) != self._is_fused():
+            raise ValueError(f"resume needs the ensemble as it was fitted: {len(members)} "
+                             f"members, fused={self._is_fused()}; it is set to n_models="
+                             f"{self.n_models}, fused={self.fused}")
+        stopped = [k for k, m in enumerate(members) if _unfinished(m, X.shape[0], self.fused)]
+        if self.fused:
+            return self._resume_fused(stopped, X, Y, names, one_d, eval_set, callback)
+        for k in stopped:
+            cb = None if callback is None else \
+                (lambda m, info, k=k: callback(m, dict(info, member=k)))
+            members[k].fit(X, Y, eval_set=eval_set, callback=cb, classes=names, resume=True)
+            labels_mod.set_target(members[k], one_d)
+        self._set_members(members)
         return self
 
     # -- fused members (slide.fused) -------------------------------------------------------------
@@ -222,6 +256,39 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         self.rank_ = RankStack()
         if first.neighbours > 0 and not any(m.stopped_ for m in members):
             t0 = time.perf_counter()
+            self._fit_ranking(X, Y, split)
+            seconds += time.perf_counter() - t0
+        self.train_seconds_ = float(seconds)
+        self.compile_seconds_ = float(compile_seconds)
+        return self
+
+    def _resume_fused(self, stopped, X, Y, names, one_d, eval_set, callback):
+        """``fit(resume=True)`` of a fused ensemble: each stopped member trained on alone from
+        its position, over the same rows in the same order (a member's training does not
+        depend on the others: ``tests/test_fused.py``), then the ranking stages."""
+        members = self.members_
+        first = members[0]
+        stopped_members = [members[k] for k in stopped]
+        compile_seconds = (fused_mod.warm_up_members(stopped_members, X, Y, first._threads())
+                           if stopped else 0.0)
+        X, Y, _ = first._check_training_data(X, Y, True, names)
+        Y = cap_row_labels(Y, first.max_row_labels, self.order_seed_)
+        if eval_set is not None:
+            eval_set = first._check_eval_set(eval_set, X, Y)
+        split = first._rerank_split(X.shape[0], Y.shape[1])
+        seconds = float(self.train_seconds_)
+        for k in stopped:
+            cb = None if callback is None else \
+                (lambda _, m, info, k=k: callback(m, dict(info, member=k)))
+            clock = fused_mod.train_members(
+                [members[k]], X, Y, None if split is None else split[0], self.order_seed_,
+                first._threads(), callback=cb, eval_set=eval_set)
+            seconds = max(seconds, clock)
+            labels_mod.set_target(members[k], one_d)
+        still_stopped = any(getattr(m, "stopped_", False) for m in members)
+        if first.neighbours > 0 and not still_stopped and not self.rank_.fitted:
+            t0 = time.perf_counter()
+            self._stacked = None
             self._fit_ranking(X, Y, split)
             seconds += time.perf_counter() - t0
         self.train_seconds_ = float(seconds)

@@ -88,6 +88,26 @@ def test_the_default_ensemble_is_two_members_one_after_another(data):
     assert ens.members_[0].batches_ == ens.members_[1].batches_ > 0
 
 
+def test_a_stopped_member_resumes_to_the_uninterrupted_ensemble(data, tmp_path):
+    """The callback stops member 0 at batch 3 (member 1 still trains); resumed, in this
+    process and after a save and load, the ensemble is the one that was never stopped."""
+    whole = SlideEnsemble(SlideClassifier(**TINY), n_models=2, random_state=4).fit(*data)
+    ens = SlideEnsemble(SlideClassifier(**TINY), n_models=2, random_state=4)
+    ens.fit(*data, callback=lambda m, info: info["member"] == 0 and info["batch"] >= 3)
+    assert ens.members_[0].stopped_ and ens.members_[0].batches_ == 3
+    assert not ens.members_[1].stopped_
+    ens.save(tmp_path / "stopped.slide")
+    for resumed in (ens, slide.load(tmp_path / "stopped.slide")):
+        resumed.fit(*data, resume=True)
+        for a, b in zip(resumed.members_, whole.members_):
+            assert not getattr(a, "stopped_", False) and a.batches_ == b.batches_
+            np.testing.assert_array_equal(a.network_.W, b.network_.W)
+        np.testing.assert_array_equal(resumed.predict_topk(data[0], k=3),
+                                      whole.predict_topk(data[0], k=3))
+    with pytest.raises(ValueError, match="resume needs the ensemble as it was fitted"):
+        ens.set_params(n_models=3).fit(*data, resume=True)
+
+
 def test_seed_falls_back_to_the_estimators(data):
     ens = SlideEnsemble(SlideClassifier(**TINY, random_state=9), n_models=2).fit(*data)
     assert ens.seed_ == 9 and ens.members_[1].random_state == member_seed(9, 1)

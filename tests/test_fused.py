@@ -151,6 +151,26 @@ def test_callback_stops_one_member_and_the_others_finish(data):
     assert {k for k, _ in seen} == {0, 1, 2} and all(b >= 1 for _, b in seen)
 
 
+def test_a_stopped_member_resumes_and_the_ranking_is_fitted(data, tmp_path):
+    """Member 1 stopped after the first wave leaves the stacked ranking unfitted; resumed
+    after a save and load, the member trains on alone and the ranking is fitted: the ensemble
+    that was never stopped, bit for bit on one thread."""
+    kw = dict(n_models=2, random_state=6, fused=True)
+    whole = SlideEnsemble(SlideClassifier(**TINY, neighbours=4), **kw).fit(*data)
+    ens = SlideEnsemble(SlideClassifier(**TINY, neighbours=4), **kw)
+    ens.fit(*data, callback=lambda m, info: info["member"] == 1)
+    assert ens.members_[1].stopped_ and not ens.rank_.fitted
+    ens.save(tmp_path / "stopped.slide")
+    back = slide.load(tmp_path / "stopped.slide")
+    back.fit(*data, resume=True)
+    assert back.rank_.fitted and not back.members_[1].stopped_
+    for a, b in zip(back.members_, whole.members_):
+        assert a.batches_ == b.batches_
+        np.testing.assert_array_equal(a.network_.W, b.network_.W)
+    np.testing.assert_array_equal(back.predict_topk(data[0], k=3),
+                                  whole.predict_topk(data[0], k=3))
+
+
 def test_time_budget_is_the_ensembles(data):
     X, Y = data
     ens = SlideEnsemble(SlideClassifier(**dict(TINY, epochs=50), neighbours=0, time_budget=1e-9),
