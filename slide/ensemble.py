@@ -268,21 +268,23 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         depend on the others: ``tests/test_fused.py``), then the ranking stages."""
         members = self.members_
         first = members[0]
-        stopped_members = [members[k] for k in stopped]
-        compile_seconds = (fused_mod.warm_up_members(stopped_members, X, Y, first._threads())
-                           if stopped else 0.0)
+        seconds = float(self.train_seconds_)
+        budget = self._template().time_budget       # the pass's, as in ``_fit_fused``
+        if budget and seconds >= budget:
+            stopped = []                            # spent: no more training, as alone
+        compile_seconds = (fused_mod.warm_up_members([members[k] for k in stopped], X, Y,
+                                                     first._threads()) if stopped else 0.0)
         X, Y, _ = first._check_training_data(X, Y, True, names)
         Y = cap_row_labels(Y, first.max_row_labels, self.order_seed_)
         if eval_set is not None:
             eval_set = first._check_eval_set(eval_set, X, Y)
         split = first._rerank_split(X.shape[0], Y.shape[1])
-        seconds = float(self.train_seconds_)
         for k in stopped:
             cb = None if callback is None else \
                 (lambda _, m, info, k=k: callback(m, dict(info, member=k)))
             clock = fused_mod.train_members(
                 [members[k]], X, Y, None if split is None else split[0], self.order_seed_,
-                first._threads(), callback=cb, eval_set=eval_set)
+                first._threads(), time_budget=budget, callback=cb, eval_set=eval_set)
             seconds = max(seconds, clock)
             labels_mod.set_target(members[k], one_d)
         still_stopped = any(getattr(m, "stopped_", False) for m in members)

@@ -177,6 +177,9 @@ def test_time_budget_is_the_ensembles(data):
                         n_models=2, random_state=2, fused=True).fit(X, Y)
     # the budget is checked between waves: each member trained the first wave (one epoch)
     assert all(m.budget_spent_ and m.epoch_ == 1 for m in ens.members_)
+    # spent, a resumed fit trains no further (as a SlideClassifier's does)
+    ens.fit(X, Y, resume=True)
+    assert all(m.epoch_ == 1 for m in ens.members_)
 
 
 def test_bad_fused_flag_and_mismatched_members_are_named(data):
