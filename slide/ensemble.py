@@ -100,10 +100,12 @@ def member_seed(seed, k):
 
 def _unfinished(member, n_rows, fused):
     """Whether a fitted member has training left: stopped by its callback (``stopped_``; a
-    member loaded from a file has no such flag), short of its epochs over ``n_rows`` rows, or,
-    in a sequential ensemble, without the neighbour memory its ``fit`` ends with."""
+    member loaded from a file has no such flag), short of its epochs over ``n_rows`` rows with
+    time left in its own ``time_budget``, or, in a sequential ensemble, without the neighbour
+    memory its ``fit`` ends with."""
     epochs = member.planned_batches(n_rows, member.n_labels_)[0]
-    return (getattr(member, "stopped_", False) or member.epoch_ < epochs
+    spent = member.time_budget is not None and member.train_seconds_ >= member.time_budget
+    return (getattr(member, "stopped_", False) or (member.epoch_ < epochs and not spent)
             or (not fused and member.neighbours > 0 and not member.rank_.fitted))
 
 
@@ -239,25 +241,18 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         for m in members:
             m._build(X.shape[1], Y.shape[1], hs, sparse)
             labels_mod.set_classes(m, names)
-        order_seed = first.seed_
-        Y = cap_row_labels(Y, first.max_row_labels, order_seed)
-        if eval_set is not None:
-            eval_set = first._check_eval_set(eval_set, X, Y)
-        split = first._rerank_split(X.shape[0], Y.shape[1])
+        self.order_seed_ = int(first.seed_)
+        Y, eval_set, split = self._pass_rows(first, X, Y, eval_set)
         cb = None if callback is None else \
             (lambda k, m, info: callback(m, dict(info, member=k)))
         seconds = fused_mod.train_members(
-            members, X, Y, None if split is None else split[0], order_seed, first._threads(),
-            time_budget=budget, callback=cb, eval_set=eval_set)
+            members, X, Y, None if split is None else split[0], self.order_seed_,
+            first._threads(), time_budget=budget, callback=cb, eval_set=eval_set)
         for m in members:
             labels_mod.set_target(m, one_d)
         self._set_members(members)
-        self.order_seed_ = int(order_seed)
         self.rank_ = RankStack()
-        if first.neighbours > 0 and not any(m.stopped_ for m in members):
-            t0 = time.perf_counter()
-            self._fit_ranking(X, Y, split)
-            seconds += time.perf_counter() - t0
+        seconds += self._rank_when_trained(X, Y, split)
         self.train_seconds_ = float(seconds)
         self.compile_seconds_ = float(compile_seconds)
         return self
@@ -275,10 +270,7 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         compile_seconds = (fused_mod.warm_up_members([members[k] for k in stopped], X, Y,
                                                      first._threads()) if stopped else 0.0)
         X, Y, _ = first._check_training_data(X, Y, True, names)
-        Y = cap_row_labels(Y, first.max_row_labels, self.order_seed_)
-        if eval_set is not None:
-            eval_set = first._check_eval_set(eval_set, X, Y)
-        split = first._rerank_split(X.shape[0], Y.shape[1])
+        Y, eval_set, split = self._pass_rows(first, X, Y, eval_set)
         for k in stopped:
             cb = None if callback is None else \
                 (lambda _, m, info, k=k: callback(m, dict(info, member=k)))
@@ -287,15 +279,29 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
                 first._threads(), time_budget=budget, callback=cb, eval_set=eval_set)
             seconds = max(seconds, clock)
             labels_mod.set_target(members[k], one_d)
-        still_stopped = any(getattr(m, "stopped_", False) for m in members)
-        if first.neighbours > 0 and not still_stopped and not self.rank_.fitted:
-            t0 = time.perf_counter()
-            self._stacked = None
-            self._fit_ranking(X, Y, split)
-            seconds += time.perf_counter() - t0
-        self.train_seconds_ = float(seconds)
+        self.train_seconds_ = float(seconds + self._rank_when_trained(X, Y, split))
         self.compile_seconds_ = float(compile_seconds)
         return self
+
+    def _pass_rows(self, first, X, Y, eval_set):
+        """(Y as the pass trains on it: capped by the order's seed, ``eval_set`` checked, the
+        re-ranker's held-out split) of checked (X, Y), as ``first`` (member 0) splits them."""
+        Y = cap_row_labels(Y, first.max_row_labels, self.order_seed_)
+        if eval_set is not None:
+            eval_set = first._check_eval_set(eval_set, X, Y)
+        return Y, eval_set, first._rerank_split(X.shape[0], Y.shape[1])
+
+    def _rank_when_trained(self, X, Y, split):
+        """Fit the stacked ranking where the members have a vote, none is stopped and it is
+        not fitted yet; returns its seconds (0.0 where not fitted)."""
+        members = self.members_
+        if (members[0].neighbours <= 0 or self.rank_.fitted
+                or any(getattr(m, "stopped_", False) for m in members)):
+            return 0.0
+        t0 = time.perf_counter()
+        self._stacked = None            # the stacked output of the members as trained now
+        self._fit_ranking(X, Y, split)
+        return time.perf_counter() - t0
 
     def _fit_ranking(self, X, Y, split):
         """The stacked network's ranking stages (``RankStack``: with ``split``, the re-ranker
