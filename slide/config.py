@@ -468,8 +468,8 @@ def _check_cross(cfg: dict, problems: list, check_files=True, require_data=True)
         problems.append(("sampler.threshold", f"{sampler['threshold']} exceeds lsh.L = "
                                               f"{lsh['L']} (a neuron appears in at most L "
                                               f"tables)"))
-    if sampler["kind"] == "threshold" and sampler["threshold"] is None:
-        pass  # the engine has a default threshold
+    if cfg["model"]["n_models"] > 1 and cfg["distributed"]["shards"]:
+        problems.append(("model.n_models", "an ensemble trains here: not with distributed.shards"))
     cfg["_n_labels_hint"] = n_labels
 
 

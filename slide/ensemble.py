@@ -47,6 +47,7 @@ from sklearn.exceptions import NotFittedError
 from slide import fused as fused_mod
 from slide import labels as labels_mod
 from slide.data import as_feature_matrix, cap_row_labels
+from slide.estimator import SlideClassifier
 from slide.kernels.topk import fold_topk, probabilities
 from slide.labels import encode, encode_known
 from slide.params import check_k, is_int
@@ -204,6 +205,41 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             labels_mod.set_target(member, one_d)    # each member was given Y as a matrix
         self._set_members(fitted)
         return self
+
+    @classmethod
+    def from_members(cls, members, random_state):
+        """The sequential ensemble of ``members``, fitted ``SlideClassifier``s seeded
+        ``member_seed(random_state, k)`` (member k), as ``fit`` would have trained them, e.g.
+        one a process (``slide train`` with ``model.n_models``). The members must agree in
+        every hyperparameter but their seed and in their inputs, labels and label names."""
+        members = list(members)
+        if not members or not all(isinstance(m, SlideClassifier) and hasattr(m, "network_")
+                                  for m in members):
+            raise ValueError("members must be one or more fitted SlideClassifiers")
+        first = members[0]
+        own = ("random_state", "time_budget")
+        shared = {k: v for k, v in first.get_params(deep=False).items() if k not in own}
+        for k, m in enumerate(members):
+            if m.random_state != member_seed(random_state, k):
+                raise ValueError(f"member {k} is seeded {m.random_state}, not "
+                                 f"member_seed({random_state}, {k}) = "
+                                 f"{member_seed(random_state, k)}")
+            theirs = {p: v for p, v in m.get_params(deep=False).items() if p not in own}
+            differ = sorted(p for p in shared if theirs.get(p) != shared[p])
+            if differ:
+                raise ValueError(f"member {k} differs from member 0 in {', '.join(differ)}")
+            if ((m.n_features_in_, m.n_labels_) != (first.n_features_in_, first.n_labels_)
+                    or not np.array_equal(np.asarray(m.classes_), np.asarray(first.classes_))):
+                raise ValueError(f"member {k} was fitted on other inputs or labels than "
+                                 f"member 0")
+        budget = first.time_budget
+        estimator = clone(first).set_params(
+            random_state=random_state,
+            time_budget=None if budget is None else budget * len(members))
+        ensemble = cls(estimator=estimator, n_models=len(members), random_state=random_state)
+        ensemble.seed_ = int(random_state)
+        ensemble._set_members(members)
+        return ensemble
 
     def _resume(self, X, Y, names, one_d, eval_set, callback):
         """``fit(resume=True)`` of a fitted ensemble (its docstring)."""

@@ -24,6 +24,7 @@ PROPENSITY_FILE = "inv_propensity.npy"
 SEARCH_FILE = "search.json"         # the [search] table's trials and winner
 CHECKPOINT_DIR = "checkpoints"
 BASELINE_DIR = "baseline-dense"
+MEMBER_DIR = "member-{}"            # an ensemble run's member k (slide.cli.ensemble)
 KS = (1, 3, 5)
 
 

@@ -47,6 +47,14 @@ def _conform(X, n_features, path):
     return X
 
 
+def _check_sparse(args, model, path):
+    """``--sparse`` needs a model with an LSH serving index: an ensemble scores every label."""
+    if args.sparse and hasattr(model, "members_"):
+        raise CliError(f"--sparse: {path} is an ensemble, which scores every label; serve one "
+                       f"of its members with --sparse (an ensemble run keeps each in "
+                       f"member-K/), or leave --sparse out", EXIT_USAGE)
+
+
 def _evaluation_data(args, model, run_dir):
     """``(classifier, X, Y)`` of ``slide evaluate``'s data file: XC, or raw text for a model
     trained on text (its vectorizer, its label names; unseen names left out with a note)."""
@@ -67,6 +75,7 @@ def cmd_evaluate(args):
     from slide import metrics
     model, mpath, run_dir = _resolve_model(args.model)
     model, X, Y = _evaluation_data(args, model, run_dir)
+    _check_sparse(args, model, mpath)
     n_features, n_labels = _model_dims(model)
     X = _conform(X, n_features, args.data)
     if n_labels is not None and Y.shape[1] != n_labels:
@@ -184,6 +193,7 @@ def cmd_predict(args):
     from slide.data.textfile import format_of
     model, mpath, run_dir = _resolve_model(args.model)
     args.text_steps, model = text_parts(model, run_dir)
+    _check_sparse(args, model, mpath)
     args.text_input = format_of(args.data) != "xc"
     n_features, _ = _model_dims(model)
     to_stdout = args.out in (None, "-")

@@ -7,7 +7,7 @@ import time
 from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_ERROR, EXIT_OK, EXIT_USAGE,
                               METRICS_FILE, PLOT_FILE, CliError, _info)
-from slide.cli.rundir import read_metrics
+from slide.cli.rundir import member_dirs, read_metrics
 from slide.config import ConfigError
 from slide.fileio import atomic_write
 
@@ -74,15 +74,39 @@ def _plot_series(run_dir):
                 name += " (dense)" if kind == "dense" else f" (slide, {kind} sampler)"
             except (ConfigError, KeyError, TypeError):
                 pass
-        # the network's curve; what fit builds after it (the neighbour vote and re-ranker) is
-        # its own point, at the network's seconds plus its own
-        net = [r for r in recs if not r.get("neighbour_vote")]
-        post = [r for r in recs if r.get("neighbour_vote")]
-        series.append((name, [0.0] + [r["train_seconds"] for r in net],
-                       [None] + [r["P@1"] for r in net], False))
-        if post:
-            series.append((name + " + vote, re-ranker", [r["train_seconds"] for r in post],
-                           [r["P@1"] for r in post], True))
+        if not sub and member_dirs(run_dir):
+            # an ensemble's members, one after another on the clock, then the ensemble
+            series.extend(_member_series(run_dir, name))
+            series.append((name + ", ensemble", [r["train_seconds"] for r in recs],
+                           [r["P@1"] for r in recs], True))
+        else:
+            series.extend(_network_series(recs, name))
+    return series
+
+
+def _network_series(recs, name, offset=0.0):
+    """A network's curve; what fit builds after it (the neighbour vote and re-ranker) is its
+    own point, at the network's seconds plus its own; every second shifted by ``offset``."""
+    net = [r for r in recs if not r.get("neighbour_vote")]
+    post = [r for r in recs if r.get("neighbour_vote")]
+    series = [(name, [offset] + [offset + r["train_seconds"] for r in net],
+               [None] + [r["P@1"] for r in net], False)]
+    if post:
+        series.append((name + " + vote, re-ranker", [offset + r["train_seconds"] for r in post],
+                       [r["P@1"] for r in post], True))
+    return series
+
+
+def _member_series(run_dir, name):
+    """The curves of an ensemble run's members, each starting where the one before ended."""
+    series, offset = [], 0.0
+    for d in member_dirs(run_dir):
+        path = os.path.join(d, METRICS_FILE)
+        recs = ([r for r in read_metrics(path) if r.get("P@1") is not None]
+                if os.path.exists(path) else [])
+        if recs:
+            series.extend(_network_series(recs, f"{name}, {os.path.basename(d)}", offset))
+            offset += recs[-1]["train_seconds"]
     return series
 
 

@@ -8,7 +8,7 @@ import shutil
 
 from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CHECKPOINT_DIR, CONFIG_FILE, EXIT_CHECKPOINT,
-                              METRICS_FILE, MODEL_FILE, PROPENSITY_FILE, SEARCH_FILE,
+                              MEMBER_DIR, METRICS_FILE, MODEL_FILE, PROPENSITY_FILE, SEARCH_FILE,
                               SUMMARY_FILE, CliError, _engine, _err)
 from slide.fileio import write_text
 
@@ -101,14 +101,23 @@ def read_metrics(path):
 # ---------------------------------------------------------------------------------------------
 # train
 
+def member_dirs(run_dir):
+    """The member directories an ensemble run has written so far (slide.cli.ensemble)."""
+    import glob
+    found = glob.glob(os.path.join(run_dir, MEMBER_DIR.format("[0-9]*")))
+    return sorted(found, key=lambda d: int(d.rsplit("-", 1)[1]))
+
+
 def _run_dir_has_run(run_dir):
-    return any(os.path.exists(os.path.join(run_dir, n))
-               for n in (CHECKPOINT_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE))
+    return bool(member_dirs(run_dir)) or any(
+        os.path.exists(os.path.join(run_dir, n))
+        for n in (CHECKPOINT_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE))
 
 
 def _clean_run_dir(run_dir):
     import shutil
-    for name in (CHECKPOINT_DIR, BASELINE_DIR, "data"):
+    members = [os.path.basename(d) for d in member_dirs(run_dir)]
+    for name in (CHECKPOINT_DIR, BASELINE_DIR, "data", *members):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     for name in (METRICS_FILE, MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROPENSITY_FILE,
                  SEARCH_FILE, "vectorizer.slide"):     # slide.cli.textdata.VECTORIZER_FILE
@@ -190,6 +199,12 @@ def _resolve_model(spec):
             _err(f"note: {spec} has no final {MODEL_FILE} (training unfinished?); using "
                  f"checkpoint {path} (batch {batch})")
             return model, path, spec
+        members = member_dirs(spec)
+        if members:
+            raise CliError(f"{spec} is an ensemble run whose {MODEL_FILE} is not written yet "
+                           f"(its members are not all trained: resume it with slide train "
+                           f"--resume); a member is a model of its own: --model "
+                           f"{members[0]}", EXIT_CHECKPOINT)
         raise CliError(f"{spec} holds neither {MODEL_FILE} nor checkpoints", EXIT_CHECKPOINT)
     if not os.path.exists(spec):
         raise CliError(f"model not found: {spec}", EXIT_CHECKPOINT)

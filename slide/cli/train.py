@@ -80,7 +80,7 @@ class _Phase:
 
     def __init__(self, cfg, run_dir, phase, sampler_kind, data, inv_prop, stop, resume,
                  announce_fresh=True, resume_hint="slide train --config ... --resume",
-                 text=None, next_kind=None):
+                 text=None, next_kind=None, label=None):
         self.text = text        # slide.cli.textdata.TextRun of a run on raw text, else None
         self.classes = None if text is None else text.classes     # its label names
         self.announce_fresh = announce_fresh
@@ -88,7 +88,7 @@ class _Phase:
         self.cfg = cfg
         self.run_dir = run_dir
         self.phase = phase
-        self.label = "slide" if phase == "slide" else "dense"
+        self.label = label or ("slide" if phase == "slide" else "dense")
         self.sampler_kind = sampler_kind
         self.next_kind = next_kind      # the sampler of the phase after this one, or None
         self.X, self.Y, self.X_eval, self.Y_eval = data
@@ -437,25 +437,37 @@ def _train(cfg, run_dir, args, stop):
     import shlex
     hint = shlex.join(["slide", "train", "--config", args.config]
                       + [a for kv in args.set for a in ("--set", kv)] + ["--resume"])
-    phases = [("slide", cfg["sampler"]["kind"], run_dir)]
-    if cfg["train"]["baseline"] == "dense" and cfg["sampler"]["kind"] != "dense":
-        phases.append(("dense-baseline", "dense", os.path.join(run_dir, BASELINE_DIR)))
-    results = {}
-    for i, (phase, kind, pdir) in enumerate(phases):
-        resume = args.resume or phase != "slide"
-        next_kind = phases[i + 1][1] if i + 1 < len(phases) else None
-        model, res = _Phase(cfg, pdir, phase, kind, data, inv_prop, stop, resume,
-                            announce_fresh=args.resume, resume_hint=hint, text=text,
-                            next_kind=next_kind).run()
-        results[phase] = res
+    kind = cfg["sampler"]["kind"]
+    baseline = cfg["train"]["baseline"] == "dense" and kind != "dense"
+    how = dict(announce_fresh=args.resume, resume_hint=hint, text=text)
+    if cfg["model"]["n_models"] > 1:        # the members one after another (slide.cli.ensemble)
+        from slide.cli.ensemble import train_ensemble
+
+        def run_member(member_cfg, member_dir, phase, label, last):
+            # every member resumes what it finds: on a fresh run its directory is empty
+            return _Phase(member_cfg, member_dir, phase, kind, data, inv_prop, stop, True,
+                          next_kind="dense" if baseline and last else None, label=label,
+                          **how).run()
+        results, ensemble = train_ensemble(cfg, run_dir, data, run_member, text)
+    else:
+        model, res = _Phase(cfg, run_dir, "slide", kind, data, inv_prop, stop, args.resume,
+                            next_kind="dense" if baseline else None, **how).run()
+        results, ensemble = {"slide": res}, None
         del model
+    if baseline:
+        _, results["dense-baseline"] = _Phase(cfg, os.path.join(run_dir, BASELINE_DIR),
+                                              "dense-baseline", "dense", data, inv_prop, stop,
+                                              True, **how).run()
 
     from slide.environment import system_info       # what the speed depended on
     summary = {"config": os.path.join(run_dir, CONFIG_FILE), "eval_points": n_eval,
                "eval_source": pool_name, **results, "environment": system_info()}
+    if ensemble is not None:
+        summary["ensemble"] = ensemble
     if text is not None:        # raw text: the vectorizer's fit on the training file
         summary["vectorizer_seconds"] = round(text.vectorize_seconds, 3)
-    s, b = results.get("slide"), results.get("dense-baseline")
+    # against the dense network: slide's network, or an ensemble's member 0
+    s, b = results.get("slide", results.get("member-0")), results.get("dense-baseline")
     if s and b and s["train_seconds"] > 0:
         summary.update(_versus_dense(run_dir, s, b))
     write_text(os.path.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
@@ -484,7 +496,8 @@ def _versus_dense(run_dir, s, b):
     out["dense_P@1_at_slide_time"] = within[-1]["P@1"] if within else None
     target = b["P@1"]
     if target is not None:
-        reached = [r for r in _network_records(os.path.join(run_dir, METRICS_FILE))
+        own = run_dir if s["phase"] == "slide" else os.path.join(run_dir, s["phase"])
+        reached = [r for r in _network_records(os.path.join(own, METRICS_FILE))
                    if r["P@1"] >= target]
         if reached and reached[0]["train_seconds"] > 0:
             t = reached[0]["train_seconds"]
@@ -493,12 +506,20 @@ def _versus_dense(run_dir, s, b):
     return out
 
 
+def _network_name(phase, sampler):
+    """"slide's network", an ensemble's "member 0" (slide.cli.ensemble), or "dense network"."""
+    if phase == "dense-baseline" or sampler == "dense":
+        return "dense network"
+    return "slide's network" if phase == "slide" else phase.replace("-", " ")
+
+
 def _phase_name(phase, sampler):
-    if phase != "slide" or sampler == "dense":
+    who = _network_name(phase, sampler)
+    if who == "dense network":
         return "dense network (full softmax)"
     if sampler == "random":
-        return "slide's network (sampled softmax)"
-    return f"slide's network ({sampler} LSH sampler)"
+        return f"{who} (sampled softmax)"
+    return f"{who} ({sampler} LSH sampler)"
 
 
 def _p1(p):
@@ -516,31 +537,40 @@ def summary_lines(summary, results, n_eval, pool_name):
                      f"{_fmt_seconds(r['train_seconds']):>9s}   ({r['batches']:,} batches"
                      f"{compiled})")
     if "speedup_vs_dense" in summary:
-        s, b = results["slide"], results["dense-baseline"]
+        phase = "slide" if "slide" in results else "member-0"
+        s, b = results[phase], results["dense-baseline"]
+        who = _network_name(phase, s["sampler"])
+        whole = "slide's whole network" if phase == "slide" else f"{who}'s whole network"
         if "slide_seconds_to_dense_final_P@1" in summary:
             lines.append(
-                f"  slide's network reached the dense network's final P@1 ({b['P@1']:.3f}) "
+                f"  {who} reached the dense network's final P@1 ({b['P@1']:.3f}) "
                 f"after {_fmt_seconds(summary['slide_seconds_to_dense_final_P@1'])}, "
                 f"{summary['time_to_dense_final_P@1_speedup']:.1f}x sooner; per epoch "
                 f"{summary['speedup_vs_dense']:.1f}x faster")
         else:
-            lines.append(f"  slide's network did not reach the dense network's final P@1 "
+            lines.append(f"  {who} did not reach the dense network's final P@1 "
                          f"({_p1(b['P@1'])}); per epoch {summary['speedup_vs_dense']:.1f}x "
                          f"faster")
         at = summary["dense_P@1_at_slide_time"]
         at = "not evaluated yet" if at is None else f"at P@1 {at:.4f}"
-        lines.append(f"  after {_fmt_seconds(s['train_seconds'])} of training (slide's whole "
-                     f"network) the dense network was {at}")
+        lines.append(f"  after {_fmt_seconds(s['train_seconds'])} of training ({whole}) the "
+                     f"dense network was {at}")
     post = [(phase, r["post_fit"]) for phase, r in results.items() if r.get("post_fit")]
     if post:
         stage = post[0][1]["stage"]
         lines.append(f"then, fitted after each network (seconds not counted above), the "
                      f"{stage}:")
         for phase, pf in post:
-            on = ("slide's network" if phase == "slide" and results[phase]["sampler"] != "dense"
-                  else "the dense network")
+            on = _network_name(phase, results[phase]["sampler"])
+            on = "the dense network" if on == "dense network" else on
             lines.append(f"  {'on ' + on:36s} P@1 {_p1(pf['P@1'])}  "
                          f"{_fmt_seconds(pf['seconds']):>9s}")
+    ens = summary.get("ensemble")
+    if ens:
+        lines.append(f"the ensemble of the {ens['members']} members (their rankings fused; "
+                     f"seconds: all of theirs):")
+        lines.append(f"  {'ensemble (model.slide)':36s} P@1 {_p1(ens['P@1'])}  "
+                     f"{_fmt_seconds(ens['train_seconds']):>9s}")
     return lines
 
 
