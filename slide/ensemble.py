@@ -65,11 +65,13 @@ FUSE_FLOOR = 1e-6
 _FUSE_ROWS = 16384
 
 
-def fuse_ranked(lists, k, n_labels):
+def fuse_ranked(lists, k, n_labels, with_scores=False):
     """(n, k) int64: the k best labels of each row by the sum over the members' ranked lists
     ``lists`` ([(ids [n, d], probabilities [n, d])], -1 for no label) of log(max(p,
     FUSE_FLOOR)), log(FUSE_FLOOR) for a member that did not list the label; ties to the lower
-    label. A row with fewer than k labels listed is padded with -1."""
+    label. A row with fewer than k labels listed is padded with -1. ``with_scores``: also
+    their scores [n, k] float64, the geometric mean of the members' (floored) probabilities,
+    which orders them as the sum does (0.0 where padded)."""
     first_ids, _ = lists[0]
     n = first_ids.shape[0]
     ids = np.concatenate([np.asarray(i, np.int64) for i, _ in lists], axis=1)
@@ -90,7 +92,12 @@ def fuse_ranked(lists, k, n_labels):
     out = np.full((n, k), -1, np.int64)
     keep = rank < k
     out[row[keep], rank[keep]] = label[keep]
-    return out
+    if not with_scores:
+        return out
+    scores = np.zeros((n, k), np.float64)
+    scores[row[keep], rank[keep]] = np.exp(score[order][keep] / len(lists)
+                                           + np.log(FUSE_FLOOR))
+    return out, scores
 
 
 def member_seed(seed, k):
@@ -377,15 +384,21 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             return None
         return int(first.neighbours_), float(first.neighbour_weight_)
 
-    def _fused_stacked_topk(self, X, k):
+    def _fused_stacked_topk(self, X, k, with_scores=False):
+        """The stacked network's exact top-k: ids, or (ids, scores [n, k] float64) with
+        ``with_scores``: the re-ranker's probabilities, the blend with the vote, or the
+        logits, as ``SlideClassifier.predict_topk_scored``'s."""
         X, H = self._stacked_rows(X)
         out, vote = self._stacked_output(), self._vote()
         with blas_single_thread():
             if vote is None:
-                return out.topk_lse(H, k)[0]
-            if self.rank_.reranker is not None:
-                return self.rank_.topk_reranked(H, out, X, k)[0]
-            return self.rank_.topk_blended(H, out, k, *vote)[0]
+                ids, logits = out.topk_lse(H, k)[:2]
+                ranked = ids, np.asarray(logits, np.float64)
+            elif self.rank_.reranker is not None:
+                ranked = self.rank_.topk_reranked(H, out, X, k)
+            else:
+                ranked = self.rank_.topk_blended(H, out, k, *vote)
+        return ranked if with_scores else ranked[0]
 
     def _fused_proba(self, X):
         X, H = self._stacked_rows(X)
@@ -462,13 +475,24 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         if not exact:
             raise ValueError("SlideEnsemble scores every label: exact=False is not supported "
                              "(serve a member with exact=False instead)")
+        ids = self._topk(X, k, False)
+        return np.asarray(self.classes_)[ids] if return_names else ids
+
+    def predict_topk_scored(self, X, k=5):
+        """``predict_topk``'s labels with the score that ranked each: (ids [n, k] int64,
+        scores [n, k] float64): fused, the stacked network's (as ``SlideClassifier.
+        predict_topk_scored``'s); re-ranked members, the geometric mean of their re-ranked
+        probabilities (``fuse_ranked``); else the mean member probability."""
+        self._check_fitted()
+        return self._topk(X, check_k(k, self.n_labels_), True)
+
+    def _topk(self, X, k, with_scores):
+        """ids, or (ids, scores) with ``with_scores``, of the exact top-k (``predict_topk``)."""
         if self._is_fused():
-            ids = self._fused_stacked_topk(X, k)
-            return np.asarray(self.classes_)[ids] if return_names else ids
+            return self._fused_stacked_topk(X, k, with_scores)
         if self._reranked():
-            ids = self._fused_topk(X, k)
-            return np.asarray(self.classes_)[ids] if return_names else ids
-        out = []
+            return self._fused_topk(X, k, with_scores)
+        ids_out, score_out = [], []
         for p in self._blocks(X):
             # one parallel pass (ties: the lower label), not numpy's partition and sort
             ids = np.full((p.shape[0], k), -1, np.int64)
@@ -476,18 +500,21 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
             short = (ids < 0).any(axis=1)        # NaN or -inf entries: numpy's order there
             if short.any():
                 ids[short] = np.argsort(-p[short], axis=1, kind="stable")[:, :k]
-            out.append(ids)
-        ids = np.vstack(out)
-        return np.asarray(self.classes_)[ids] if return_names else ids
+            ids_out.append(ids)
+            score_out.append(np.take_along_axis(p, ids, axis=1).astype(np.float64))
+        ids = np.vstack(ids_out)
+        return (ids, np.vstack(score_out)) if with_scores else ids
 
-    def _fused_topk(self, X, k):
+    def _fused_topk(self, X, k, with_scores):
         X = self._rows(X)
         depth = min(max(k, FUSE_DEPTH), self.n_labels_)
         out = []
         for a in range(0, X.shape[0], _FUSE_ROWS):
             block = X[a:a + _FUSE_ROWS]
             out.append(fuse_ranked([m.predict_topk_scored(block, k=depth)
-                                    for m in self.members_], k, self.n_labels_))
+                                    for m in self.members_], k, self.n_labels_, with_scores))
+        if with_scores:
+            return np.vstack([i for i, _ in out]), np.vstack([s for _, s in out])
         return np.vstack(out)
 
     def predict(self, X, k=1):

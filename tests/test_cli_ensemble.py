@@ -83,7 +83,11 @@ def test_evaluate_and_predict_read_the_ensemble(ensemble_run, tmp_path, capsys):
                             str(tmp_path / "p.txt")], capsys)
     assert code == 0, err
     lines = open(tmp_path / "p.txt").read().splitlines()
-    assert len(lines) == X.shape[0] and all(len(line.split()) == 3 for line in lines)
+    # each label with the score that ranked it (SlideEnsemble.predict_topk_scored)
+    ids, scores = slide.load(os.path.join(run, "model.slide")).predict_topk_scored(X, k=3)
+    got = [[pair.split(":") for pair in line.split()] for line in lines]
+    assert [[int(i) for i, _ in row] for row in got] == ids.tolist()
+    np.testing.assert_allclose([[float(v) for _, v in row] for row in got], scores, rtol=1e-5)
     # --sparse needs one model's serving index: a clear usage error, no traceback
     for cmd in ("evaluate", "predict"):
         code, _, err = run_cli([cmd, "--model", run, "--data", test, "--sparse"], capsys)

@@ -116,6 +116,10 @@ def test_save_load_and_pickle_keep_the_predictions(reranked, tmp_path):
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(ens)).predict_topk(Xte, k=3), want)
     np.testing.assert_allclose(back.predict_proba(Xte[:5]), ens.predict_proba(Xte[:5]),
                                rtol=1e-6)
+    # the stacked re-ranker's probabilities that ranked them
+    ids, scores = back.predict_topk_scored(Xte, k=3)
+    np.testing.assert_array_equal(ids, want)
+    assert (np.diff(scores, axis=1) <= 0).all() and ((scores > 0) & (scores <= 1)).all()
 
 
 def test_a_corrupt_fused_ranking_is_refused(data, tmp_path):

@@ -339,6 +339,16 @@ def test_ensemble_members_rerank_and_their_ranked_lists_are_fused(data, tmp_path
     lists = [m.predict_topk_scored(Xte, k=depth) for m in ens.members_]
     np.testing.assert_array_equal(top, slide.ensemble.fuse_ranked(lists, 5, Ytr.shape[1]))
     assert not np.array_equal(top, ens.members_[0].predict_topk(Xte, k=5))
+    # the scores that ranked them: the geometric mean of the members' floored probabilities
+    ids, scores = ens.predict_topk_scored(Xte, k=5)
+    np.testing.assert_array_equal(ids, top)
+    assert (np.diff(scores, axis=1) <= 0).all()
+    floor = slide.ensemble.FUSE_FLOOR
+    for r in (0, 7, 301):
+        for j, got in zip(ids[r], scores[r]):
+            p = [dict(zip(li[r].tolist(), lp[r].tolist())).get(int(j), floor)
+                 for li, lp in lists]
+            assert got == pytest.approx(np.exp(np.mean(np.log(np.maximum(p, floor)))))
     ens.save(tmp_path / "e.slide")
     np.testing.assert_array_equal(slide.load(tmp_path / "e.slide").predict_topk(Xte, k=5), top)
     # members without a re-ranker: the mean of their probabilities, as before
@@ -347,6 +357,9 @@ def test_ensemble_members_rerank_and_their_ranked_lists_are_fused(data, tmp_path
     p = ens.predict_proba(Xte)
     mean_top = ens.predict_topk(Xte, k=1)[:, 0]
     np.testing.assert_array_equal(p[np.arange(Xte.shape[0]), mean_top], p.max(axis=1))
+    ids, scores = ens.predict_topk_scored(Xte, k=3)
+    np.testing.assert_array_equal(ids, ens.predict_topk(Xte, k=3))
+    np.testing.assert_allclose(scores, np.take_along_axis(p, ids, axis=1), rtol=1e-6)
 
 
 def test_fused_ranking_sums_log_probabilities_with_a_floor_for_unlisted_labels():

@@ -276,9 +276,10 @@ def _write_text_predictions(out, model, args):
 def _topk_with_scores(model, X, k, exact):
     """Top-k label ids and their scores for a chunk: exact, the scores that ranked them
     (``predict_topk_scored``: the re-ranker's probabilities, else the blended probabilities
-    with the neighbour vote, else the logits). Sparse, or a model without that method (an
-    ensemble), the top-k comes without scores, so they are read from ``predict_scores`` on
-    slices small enough that the dense score block stays under ~64 MB even at 670K labels."""
+    with the neighbour vote, else the logits; an ensemble's, ``SlideEnsemble.
+    predict_topk_scored``). Sparse, or a model without that method (a sharded one), the top-k
+    comes without scores, so they are read from ``predict_scores`` on slices small enough that
+    the dense score block stays under ~64 MB even at 670K labels."""
     import numpy as np
     if exact and hasattr(model, "predict_topk_scored"):
         labels, scores = model.predict_topk_scored(X, k=k)
