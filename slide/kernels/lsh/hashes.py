@@ -3,9 +3,11 @@
 Each family is described by a :class:`HashFunctions` tuple of flat arrays drawn from an explicit
 seed. The kernels ``hash_dense_into`` / ``hash_sparse_into`` are plain ``@njit`` functions that a
 caller's own kernels (the training engine's per-sample loop) can call; they allocate nothing and
-need no scratch: every family is written so that the dense and sparse paths compute exactly the
-same codes for the same vector (a weight row hashed densely must land where a query hashed
-sparsely looks). DOPH alone allocates small buffers per call (see below).
+need no scratch. Both go through one function of the families (``_hash_tables``) that reads a
+vector's entries either way, so the dense and sparse forms of a vector get exactly the same
+codes (a weight row hashed densely must land where a query hashed sparsely looks); dense
+SimHash alone has a path of its own, a product with its projections as a matrix. DOPH alone
+allocates small buffers per call (see below).
 
 A table's bucket id is the concatenation of its K codes of ``bits`` bits each:
 ``id = code_0 << (K-1)*bits | ... | code_{K-1}``, so ids lie in
@@ -196,11 +198,21 @@ def _dot(a, x):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _wta_dense_code(int_params, j, x):
-    best = x[int_params[j, 0]]
+def _entry(ids, vals, dense, d):
+    """x[d] of the vector whose entries are ``vals`` (``dense``: at coordinates 0, 1, ...;
+    else a CSR row's, at the sorted coordinates ``ids``; 0.0 where absent)."""
+    if dense:
+        return vals[d]
+    return _sparse_lookup(ids, vals, d)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wta_code(int_params, j, ids, vals, dense):
+    """Position (0..7) of the largest entry of bin j (the first on ties)."""
+    best = _entry(ids, vals, dense, int_params[j, 0])
     pos = 0
     for s in range(1, BIN_SIZE):
-        v = x[int_params[j, s]]
+        v = _entry(ids, vals, dense, int_params[j, s])
         if v > best:
             best = v
             pos = s
@@ -208,36 +220,12 @@ def _wta_dense_code(int_params, j, x):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _wta_sparse_code(int_params, j, indices, values):
-    best = _sparse_lookup(indices, values, int_params[j, 0])
-    pos = 0
-    for s in range(1, BIN_SIZE):
-        v = _sparse_lookup(indices, values, int_params[j, s])
-        if v > best:
-            best = v
-            pos = s
-    return pos
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _dwta_dense_raw(int_params, j, x):
+def _dwta_raw(int_params, j, ids, vals, dense):
     """Argmax position over the nonzero entries of bin j, or -1 when the bin is empty."""
     pos = -1
     best = np.float32(0.0)
     for s in range(BIN_SIZE):
-        v = x[int_params[j, s]]
-        if v != 0 and (pos < 0 or v > best):
-            best = v
-            pos = s
-    return pos
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _dwta_sparse_raw(int_params, j, indices, values):
-    pos = -1
-    best = np.float32(0.0)
-    for s in range(BIN_SIZE):
-        v = _sparse_lookup(indices, values, int_params[j, s])
+        v = _entry(ids, vals, dense, int_params[j, s])
         if v != 0 and (pos < 0 or v > best):
             best = v
             pos = s
@@ -309,13 +297,56 @@ _NO_IDS = np.zeros(1, dtype=np.int32)
 
 
 @njit(cache=True, nogil=True)
-def _doph_dense(K, L, bits, int_params, x, out):
-    _doph_tables(K, L, bits, int_params, _NO_IDS, x, True, out)
-
-
-@njit(cache=True, nogil=True)
-def _doph_sparse(K, L, bits, int_params, indices, values, out):
-    _doph_tables(K, L, bits, int_params, indices, values, False, out)
+def _hash_tables(family_code, K, L, bits, int_params, ids, vals, dense, out):
+    """The L bucket ids of the vector with entries ``vals`` (``dense``: at coordinates 0, 1,
+    ...; else at the sorted coordinates ``ids``, a CSR row) into ``out``, for every family
+    (SimHash evaluating its coefficients on the fly). The dense and sparse forms of a vector
+    read the same nonzero entries in the same order, so they get the same ids, bit for bit."""
+    KL = K * L
+    if family_code == SIMHASH:
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                key = _key(int_params, l * K + k)
+                s = 0.0
+                for p in range(vals.shape[0]):
+                    v = vals[p]
+                    if v != 0:
+                        s += _simhash_coef(key, p if dense else ids[p]) * v
+                bid = (bid << 1) | (1 if s > 0 else 0)
+            out[l] = bid
+    elif family_code == WTA:
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                bid = (bid << bits) | _wta_code(int_params, l * K + k, ids, vals, dense)
+            out[l] = bid
+    elif family_code == DWTA:
+        key = _key(int_params, KL)
+        nonzero = False
+        for p in range(vals.shape[0]):
+            if vals[p] != 0:
+                nonzero = True
+                break
+        for l in range(L):
+            bid = 0
+            for k in range(K):
+                j = l * K + k
+                code = 0
+                if nonzero:
+                    # an empty bin borrows the code of the bin a hash of (j, attempt) names
+                    pos = _dwta_raw(int_params, j, ids, vals, dense)
+                    attempt = 1
+                    while pos < 0 and attempt <= MAX_PROBES:
+                        pos = _dwta_raw(int_params, _below(_mix3(key, j, attempt), KL), ids,
+                                        vals, dense)
+                        attempt += 1
+                    if pos >= 0:
+                        code = pos
+                bid = (bid << bits) | code
+            out[l] = bid
+    else:  # DOPH
+        _doph_tables(K, L, bits, int_params, ids, vals, dense, out)
 
 
 # ----------------------------------------------------------------------------- public kernels
@@ -326,54 +357,15 @@ def hash_dense_into(family_code, K, L, bits, int_params, float_params, x, out):
 
     Callable from other njit code (including prange bodies); allocation-free except DOPH, which
     allocates buffers of ~3 dim + K words per call."""
-    KL = K * L
-    if family_code == SIMHASH:
-        matrix_mode = int_params[0, 2] == 1
+    if family_code == SIMHASH and int_params[0, 2] == 1:
+        # the projections as a dense +-1/0 matrix: one vectorised dot product a hash
         for l in range(L):
             bid = 0
             for k in range(K):
-                j = l * K + k
-                s = 0.0
-                if matrix_mode:
-                    s = _dot(float_params[j], x)
-                else:
-                    key = _key(int_params, j)
-                    for d in range(x.shape[0]):
-                        if x[d] != 0:
-                            s += _simhash_coef(key, d) * x[d]
-                bid = (bid << 1) | (1 if s > 0 else 0)
+                bid = (bid << 1) | (1 if _dot(float_params[l * K + k], x) > 0 else 0)
             out[l] = bid
-    elif family_code == WTA:
-        for l in range(L):
-            bid = 0
-            for k in range(K):
-                bid = (bid << bits) | _wta_dense_code(int_params, l * K + k, x)
-            out[l] = bid
-    elif family_code == DWTA:
-        key = _key(int_params, KL)
-        nonzero = False
-        for d in range(x.shape[0]):
-            if x[d] != 0:
-                nonzero = True
-                break
-        for l in range(L):
-            bid = 0
-            for k in range(K):
-                j = l * K + k
-                code = 0
-                if nonzero:
-                    pos = _dwta_dense_raw(int_params, j, x)
-                    attempt = 1
-                    while pos < 0 and attempt <= MAX_PROBES:
-                        jj = _below(_mix3(key, j, attempt), KL)
-                        pos = _dwta_dense_raw(int_params, jj, x)
-                        attempt += 1
-                    if pos >= 0:
-                        code = pos
-                bid = (bid << bits) | code
-            out[l] = bid
-    else:  # DOPH
-        _doph_dense(K, L, bits, int_params, x, out)
+    else:
+        _hash_tables(family_code, K, L, bits, int_params, _NO_IDS, x, True, out)
 
 
 @njit(cache=True, nogil=True)
@@ -381,51 +373,7 @@ def hash_sparse_into(family_code, K, L, bits, int_params, float_params, indices,
     """Write the L bucket ids of a sparse vector (CSR row: int32 ``indices`` sorted ascending,
     float32 ``values``) into ``out`` (int32[L]); the same ids ``hash_dense_into`` gives for the
     dense form of the vector. Allocation-free except DOPH (buffers of ~3 nnz + K words)."""
-    KL = K * L
-    if family_code == SIMHASH:
-        for l in range(L):
-            bid = 0
-            for k in range(K):
-                j = l * K + k
-                key = _key(int_params, j)
-                s = 0.0
-                for p in range(indices.shape[0]):
-                    v = values[p]
-                    if v != 0:
-                        s += _simhash_coef(key, indices[p]) * v
-                bid = (bid << 1) | (1 if s > 0 else 0)
-            out[l] = bid
-    elif family_code == WTA:
-        for l in range(L):
-            bid = 0
-            for k in range(K):
-                bid = (bid << bits) | _wta_sparse_code(int_params, l * K + k, indices, values)
-            out[l] = bid
-    elif family_code == DWTA:
-        key = _key(int_params, KL)
-        nonzero = False
-        for p in range(values.shape[0]):
-            if values[p] != 0:
-                nonzero = True
-                break
-        for l in range(L):
-            bid = 0
-            for k in range(K):
-                j = l * K + k
-                code = 0
-                if nonzero:
-                    pos = _dwta_sparse_raw(int_params, j, indices, values)
-                    attempt = 1
-                    while pos < 0 and attempt <= MAX_PROBES:
-                        jj = _below(_mix3(key, j, attempt), KL)
-                        pos = _dwta_sparse_raw(int_params, jj, indices, values)
-                        attempt += 1
-                    if pos >= 0:
-                        code = pos
-                bid = (bid << bits) | code
-            out[l] = bid
-    else:  # DOPH
-        _doph_sparse(K, L, bits, int_params, indices, values, out)
+    _hash_tables(family_code, K, L, bits, int_params, indices, values, False, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
