@@ -174,3 +174,14 @@ def test_an_ensemble_of_a_text_run_answers_in_names(tmp_path, capsys):
     assert code == 0, err
     lines = [json.loads(line) for line in open(pred)]
     assert [r["labels"] for r in lines] == model.predict_topk(X, k=2, return_names=True).tolist()
+
+
+def test_overwrite_removes_the_members(ensemble_run, tmp_path, capsys):
+    cfg, first_run, _ = ensemble_run
+    run = str(tmp_path / "run")
+    shutil.copytree(first_run, run)
+    code, _, err = run_cli(["train", "--config", cfg, "--set", f"output_dir={run}",
+                            "--overwrite"], capsys)
+    assert code == 0, err
+    assert not any(name.startswith("member-") for name in os.listdir(run))
+    assert isinstance(slide.load(os.path.join(run, "model.slide")), slide.SlideClassifier)
