@@ -4,6 +4,7 @@ model file; evaluate, predict, plot and resume on it. Tiny synthetic set, one th
 import json
 import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from slide import config as config_mod
 from slide.data import read_xc
 from slide.ensemble import SlideEnsemble, member_seed
 from slide.synthetic import generate
-from test_cli import run_cli, tiny_config
+from test_cli import _spawn, _wait_for_checkpoint, run_cli, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +186,26 @@ def test_overwrite_removes_the_members(ensemble_run, tmp_path, capsys):
     assert code == 0, err
     assert not any(name.startswith("member-") for name in os.listdir(run))
     assert isinstance(slide.load(os.path.join(run, "model.slide")), slide.SlideClassifier)
+
+
+def test_a_member_stopped_by_ctrl_c_resumes_to_the_uninterrupted_ensemble(tmp_path, capsys):
+    # 40 epochs of 19 batches a member: member 1 is still training when its first checkpoint
+    # (every 5 batches) appears
+    cfg, run = tiny_config(tmp_path, "stopped", epochs=40, eval_every=0)
+    ref_cfg, ref_run = tiny_config(tmp_path, "whole", epochs=40, eval_every=0)
+    proc = _spawn(cfg, "--set", "model.n_models=2")
+    _wait_for_checkpoint(proc, os.path.join(run, "member-1"))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "[member 1] stopped by Ctrl-C" in err, err
+    assert not os.path.exists(os.path.join(run, "model.slide"))
+    code, out, err = run_cli(["train", "--config", cfg, "--set", "model.n_models=2",
+                              "--resume"], capsys)
+    assert code == 0, err
+    assert "[member 1] resuming from" in out
+    assert run_cli(["train", "--config", ref_cfg, "--set", "model.n_models=2"], capsys)[0] == 0
+    Xt, _ = read_xc(os.path.join(run, "data", "test.txt"))
+    a, b = (slide.load(os.path.join(r, "model.slide")) for r in (run, ref_run))
+    np.testing.assert_array_equal(a.predict_topk_scored(Xt, k=5)[1],
+                                  b.predict_topk_scored(Xt, k=5)[1])
+    np.testing.assert_array_equal(a.predict_topk(Xt, k=5), b.predict_topk(Xt, k=5))
