@@ -17,7 +17,8 @@ import os
 import time
 
 from slide import config as config_mod
-from slide.cli.common import KS, MEMBER_DIR, METRICS_FILE, MODEL_FILE, _info
+from slide.cli.common import (KS, MEMBER_DIR, METRICS_FILE, MODEL_FILE, _has_neighbour_memory,
+                              _info)
 from slide.fileio import write_text
 
 
@@ -62,8 +63,8 @@ def _finish(ensemble, cfg, run_dir, data, results, text):
               "train_seconds": round(ensemble.train_seconds_, 4),
               **{f"P@{k}": round(float(scores[f"P@{k}"]), 6) for k in KS},
               "eval_seconds": round(eval_seconds, 3), "members": len(member_results),
-              # the whole model, as the point fit's end adds to a single network's log
-              "neighbour_vote": True}
+              # as in a member's log: whether the predictions had the neighbour vote in them
+              "neighbour_vote": _has_neighbour_memory(ensemble.members_[0])}
     # its one line (a resumed run's ensemble is evaluated afresh)
     write_text(os.path.join(run_dir, METRICS_FILE), json.dumps(record) + "\n")
     path = os.path.join(run_dir, MODEL_FILE)
