@@ -219,6 +219,9 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         ``member_seed(random_state, k)`` (member k), as ``fit`` would have trained them, e.g.
         one a process (``slide train`` with ``model.n_models``). The members must agree in
         every hyperparameter but their seed and in their inputs, labels and label names."""
+        if not is_int(random_state) or random_state < 0:
+            raise ValueError(f"random_state must be the non-negative integer the members were "
+                             f"seeded from, got {random_state!r}")
         members = list(members)
         if not members or not all(isinstance(m, SlideClassifier) and hasattr(m, "network_")
                                   for m in members):

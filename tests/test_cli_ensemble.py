@@ -144,6 +144,8 @@ def test_from_members_checks_what_it_is_given(ensemble_run):
         SlideEnsemble.from_members([b, a], 3)
     with pytest.raises(ValueError, match="fitted SlideClassifiers"):
         SlideEnsemble.from_members([], 3)
+    with pytest.raises(ValueError, match="random_state"):
+        SlideEnsemble.from_members([a, b], None)
     other = slide.load(os.path.join(run, "member-1", "model.slide"))
     other.set_params(learning_rate=1.0)
     with pytest.raises(ValueError, match="learning_rate"):
