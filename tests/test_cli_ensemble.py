@@ -196,7 +196,7 @@ def test_a_member_stopped_by_ctrl_c_resumes_to_the_uninterrupted_ensemble(tmp_pa
     cfg, run = tiny_config(tmp_path, "stopped", epochs=40, eval_every=0)
     ref_cfg, ref_run = tiny_config(tmp_path, "whole", epochs=40, eval_every=0)
     proc = _spawn(cfg, "--set", "model.n_models=2")
-    _wait_for_checkpoint(proc, os.path.join(run, "member-1"))
+    _wait_for_checkpoint(proc, os.path.join(run, "member-1"), timeout=300)   # a cold compile first
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "[member 1] stopped by Ctrl-C" in err, err
