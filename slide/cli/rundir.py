@@ -103,9 +103,13 @@ def read_metrics(path):
 
 def member_dirs(run_dir):
     """The member directories an ensemble run has written so far (slide.cli.ensemble)."""
-    import glob
-    found = glob.glob(os.path.join(run_dir, MEMBER_DIR.format("[0-9]*")))
-    return sorted(found, key=lambda d: int(d.rsplit("-", 1)[1]))
+    import re
+    if not os.path.isdir(run_dir):
+        return []
+    pattern = re.compile(MEMBER_DIR.format(r"(\d+)"))
+    found = [(int(m.group(1)), name) for name in os.listdir(run_dir)
+             if (m := pattern.fullmatch(name))]
+    return [os.path.join(run_dir, name) for _, name in sorted(found)]
 
 
 def _run_dir_has_run(run_dir):
