@@ -209,7 +209,7 @@ def test_candidate_features_match_a_row_by_row_reference(tiny, loss, monkeypatch
                                (linear, head, words, 3)):
         monkeypatch.setattr(words_mod, "NEW_ROWS", n_new)
         ptr, counts, ids, F = rerank.features(net.output_layer(), X, H, memory, k, cen, n_top,
-                                             linear=lin, head=hd, words=wd)
+                                              linear=lin, head=hd, words=wd)
         for r in range(X.shape[0]):
             ref = _reference_features(net, X[r], H[r], memory, k, cen, n_top,
                                       loss == "sigmoid", lin, hd,
