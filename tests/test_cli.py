@@ -656,3 +656,35 @@ def test_bad_search_tables_are_named(tmp_path, capsys):
         f.write('\n[distributed]\nshards = 2\n[search]\n"optimizer.learning_rate" = [1e-3]\n')
     code, _, err = run_cli(["train", "--config", cfg], capsys)
     assert code == 2 and "search: trains its trials in one process" in err, err
+
+
+def test_a_run_stopped_after_its_batches_resumes_into_the_ranking_stages(
+        tmp_path, capsys, monkeypatch):
+    """Killed after its last batch's checkpoint, while fit built the neighbour vote: the
+    resumed run builds it (it used to save the network alone as the final model) and ends
+    where the uninterrupted run does."""
+    import slide
+    from slide.cli.common import _has_neighbour_memory
+    cfg, run = tiny_config(tmp_path, "stopped", epochs=1, ckpt_every=19)
+    ref_cfg, ref_run = tiny_config(tmp_path, "whole", epochs=1, ckpt_every=19)
+    build = slide.SlideClassifier._build_memory
+
+    def killed(self, X, *args, **kwargs):
+        if X.shape[0] < 500:            # the warm-up's tiny fit compiles it
+            return build(self, X, *args, **kwargs)
+        raise KeyboardInterrupt         # as a second Ctrl-C would: no checkpoint written
+    monkeypatch.setattr(slide.SlideClassifier, "_build_memory", killed)
+    assert run_cli(["train", "--config", cfg], capsys)[0] == cli.EXIT_SIGINT
+    assert checkpoints(run) == ["ckpt-000000019.slide"]
+    assert not os.path.exists(os.path.join(run, "model.slide"))
+    monkeypatch.setattr(slide.SlideClassifier, "_build_memory", build)
+    code, out, err = run_cli(["train", "--config", cfg, "--resume"], capsys)
+    assert code == 0, err
+    assert run_cli(["train", "--config", ref_cfg], capsys)[0] == 0
+    a, b = (slide.load(os.path.join(r, "model.slide")) for r in (run, ref_run))
+    assert _has_neighbour_memory(a)
+    from slide.data import read_xc
+    X, _ = read_xc(os.path.join(run, "data", "test.txt"))
+    np.testing.assert_array_equal(a.predict_topk_scored(X, k=5)[1],
+                                  b.predict_topk_scored(X, k=5)[1])
+    assert _quality(metrics(run)) == _quality(metrics(ref_run))

@@ -211,7 +211,9 @@ class _Phase:
             model, resumed = self._fresh(est), False
         self.epochs, self.batches_per_epoch = model.planned_batches(*self.Y.shape)
         self.total_batches = self.batches_per_epoch * self.epochs
-        if self.batch >= self.total_batches:
+        # done with its batches and with what fit builds after them (the neighbour vote and
+        # re-ranker): a run stopped between the two resumes into fit, which builds them
+        if self.batch >= self.total_batches and not _ranking_missing(model):
             self.finished = True
 
         progress = Progress(self.label, self.total_batches, self.batch,
@@ -231,6 +233,7 @@ class _Phase:
                       f"({self.epochs} epoch(s) of {self.batches_per_epoch:,})"
                       f" into {self.run_dir}")
             self.stop.immediate = False
+            start = self.batch          # a resume past the last batch trains none
             self._warm_up(model)
             try:
                 model.fit(self.X, self.Y, callback=callback, resume=resumed, classes=self.classes)
@@ -253,7 +256,7 @@ class _Phase:
                 raise Stopped(f"[{self.label}] stopped by {self.stop.name} after batch "
                               f"{self.batch}; checkpoint written to {path}\nresume with: "
                               f"{self.resume_hint}", self.stop.code)
-            if not math.isfinite(self.last_loss) and self.batch > 0:
+            if not math.isfinite(self.last_loss) and self.batch > start:
                 raise CliError(f"[{self.label}] training diverged: loss {self.last_loss} at "
                                f"batch {self.batch}", EXIT_DIVERGED)
         return self._finish(model)
@@ -355,6 +358,12 @@ class _Phase:
                   "post_fit": post_fit, "compile_seconds": round(self.compile_seconds, 3),
                   "rehashes": self.rehashes, "rebuilds": self.rebuilds}
         return model, result
+
+
+def _ranking_missing(model):
+    """Whether ``model`` should have the neighbour vote that ``fit`` builds after the network
+    (``neighbours`` > 0) and has not got it."""
+    return getattr(model, "neighbours", 0) > 0 and not _has_neighbour_memory(model)
 
 
 def data_overrides(args):
