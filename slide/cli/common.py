@@ -75,3 +75,9 @@ def _has_neighbour_memory(model):
     """Whether ``model`` predicts with the neighbour vote (``slide.rank.vote``)."""
     vote = getattr(model, "_neighbour_vote", None)
     return vote is not None and vote() is not None
+
+
+def _ranking_missing(model):
+    """Whether ``model`` should have the neighbour vote that ``fit`` builds after the network
+    (``neighbours`` > 0) and has not got it."""
+    return getattr(model, "neighbours", 0) > 0 and not _has_neighbour_memory(model)

@@ -11,7 +11,7 @@ from slide import config as config_mod
 from slide.cli.common import (BASELINE_DIR, CONFIG_FILE, EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED,
                               EXIT_OK, EXIT_SIGINT, EXIT_USAGE, KS, METRICS_FILE, MODEL_FILE,
                               PLOT_FILE, PROPENSITY_FILE, SUMMARY_FILE, CliError, Stopped, _engine,
-                              _err, _fmt_seconds, _has_neighbour_memory, _info)
+                              _err, _fmt_seconds, _has_neighbour_memory, _info, _ranking_missing)
 from slide.cli.infer import _scores
 from slide.cli.progress import Progress, StopFlag
 from slide.cli.rundir import (Checkpoints, MetricsLog, _check_resume_config, _clean_run_dir,
@@ -358,12 +358,6 @@ class _Phase:
                   "post_fit": post_fit, "compile_seconds": round(self.compile_seconds, 3),
                   "rehashes": self.rehashes, "rebuilds": self.rebuilds}
         return model, result
-
-
-def _ranking_missing(model):
-    """Whether ``model`` should have the neighbour vote that ``fit`` builds after the network
-    (``neighbours`` > 0) and has not got it."""
-    return getattr(model, "neighbours", 0) > 0 and not _has_neighbour_memory(model)
 
 
 def data_overrides(args):
