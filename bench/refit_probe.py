@@ -3,10 +3,11 @@ on every row (the re-ranker's held-out tenth included), after the ranking stages
 the first network, raise the whole model's accuracy? Paired per seed: the default fit, then the
 same model with the second network in place of the first and its neighbour memory rebuilt.
 
-    python bench/refit_probe.py TRAIN TEST 0,1,2 [E]   (one JSON line a seed)
+    python bench/refit_probe.py TRAIN TEST 0,1,2 [E [all|fit]]   (one JSON line a seed)
 
 With E: instead of a second network, the first one trained E more epochs over every row (its
-cosine schedule stretched to the new end), the re-ranker kept, the memory rebuilt.
+cosine schedule stretched to the new end), the re-ranker kept, the memory rebuilt; with "fit",
+the control: the E more epochs over the network's own rows only (the held-out tenth still out).
 """
 import json
 import sys
@@ -18,6 +19,7 @@ from slide.data.inputs import cap_row_labels
 
 train, test, seeds = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
 more_epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+more_rows = sys.argv[5] if len(sys.argv) > 5 else "all"
 Xtr, Ytr = slide.read_xc(train)
 Xte, Yte = slide.read_xc(test)
 inv = metrics.inverse_propensity(Ytr)
@@ -39,7 +41,9 @@ for seed in seeds:
         reranker, t0 = A.rank_.reranker, time.perf_counter()
         end = A.epoch_ + more_epochs
         A.epochs = end
-        A._train(Xtr, Ycap, end, None, None, rows=None)
+        rows = None if more_rows == "all" else \
+            A._rerank_split(Xtr.shape[0], Ytr.shape[1])[0]
+        A._train(Xtr, Ycap, end, None, None, rows=rows)
         A.rank_.reranker = reranker
         second_s = time.perf_counter() - t0
     else:
