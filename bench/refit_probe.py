@@ -7,7 +7,9 @@ same model with the second network in place of the first and its neighbour memor
 
 With E: instead of a second network, the first one trained E more epochs over every row (its
 cosine schedule stretched to the new end), the re-ranker kept, the memory rebuilt; with "fit",
-the control: the E more epochs over the network's own rows only (the held-out tenth still out).
+the control: the E more epochs over the network's own rows only (the held-out tenth still out);
+with "within", the schedule's last E epochs (not more) run over every row: a second default fit
+stopped E epochs before its end, its ranking stages fitted there, then trained to the end.
 """
 import json
 import sys
@@ -33,11 +35,33 @@ def score(model):
             "predict_s": round(time.perf_counter() - t0, 1)}
 
 
+def within(seed, last_epochs):
+    """A default fit whose last ``last_epochs`` epochs run over every row, after its ranking
+    stages were fitted (its train_seconds_ covers all of it)."""
+    model = slide.SlideClassifier(random_state=seed)
+    n_epochs = model.planned_batches(Xtr.shape[0], Ytr.shape[1])[0]
+    stop = n_epochs - last_epochs
+    model.fit(Xtr, Ytr, callback=lambda m, info: m.epoch_ >= stop)
+    Ycap = cap_row_labels(Ytr, model.max_row_labels, model.seed_)
+    print(f"seed {seed}: stopped at epoch {model.epoch_} + {model.batch_in_epoch_} batches "
+          f"of {n_epochs} epochs", flush=True)
+    t0 = time.perf_counter()
+    model._build_memory(Xtr, Ycap, model._rerank_split(Xtr.shape[0], Ytr.shape[1]))
+    model.train_seconds_ += time.perf_counter() - t0      # _train counts its own seconds
+    reranker = model.rank_.reranker
+    model._train(Xtr, Ycap, n_epochs, None, None, rows=None)
+    model.rank_.reranker = reranker
+    return model
+
+
 for seed in seeds:
     A = slide.SlideClassifier(random_state=seed).fit(Xtr, Ytr)
     base, first_s = score(A), A.train_seconds_
     Ycap = cap_row_labels(Ytr, A.max_row_labels, A.seed_)
-    if more_epochs:
+    if more_rows == "within":
+        A = within(seed, more_epochs)
+        second_s = A.train_seconds_
+    elif more_epochs:
         reranker, t0 = A.rank_.reranker, time.perf_counter()
         end = A.epoch_ + more_epochs
         A.epochs = end
