@@ -7,7 +7,7 @@ shuffled sample of the test set (P@1, P@5, PSP@5: the curve), and at the end on 
 point. The label trees (Omikuji, Parabel-like; napkinXC's PLT) train on the same split with the
 same number of threads, in the same invocation, for reference; ``--tree-runs N`` fits each N
 times, so that their rows carry a standard deviation as slide's seeds do (Omikuji takes no seed
-and its fits differ: ``bench/results/accuracy_defaults_amd.md``, last section).
+and its fits differ: ``bench/results/accuracy_defaults_amd.md``, "Omikuji fitted three times").
 
 Records are appended to ``OUT.jsonl`` (so several invocations on one data set accumulate); the
 table ``OUT.md`` and the plot ``OUT.png`` (test-sample P@1 against cumulative training seconds)
