@@ -537,7 +537,8 @@ class SlideEnsemble(ClassifierMixin, BaseEstimator):
         return float(np.asarray(Y[np.arange(top.shape[0]), top]).ravel().mean())
 
     # ------------------------------------------------------------------------------------------
-    def save(self, path, extra=None):
-        """Write the whole ensemble to one file atomically; ``slide.load`` reads it back."""
+    def save(self, path, extra=None, optimizer_state=True):
+        """Write the whole ensemble to one file atomically; ``slide.load`` reads it back.
+        ``optimizer_state=False``: its members as ``SlideClassifier.save`` writes them so."""
         self._check_fitted()
-        save_ensemble(self, path, extra)
+        save_ensemble(self, path, extra, optimizer_state=optimizer_state)

@@ -585,15 +585,15 @@ class SlideClassifier(ScikitLearnAPI, ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------
-    def save(self, path, extra=None):
-        """Write a checkpoint (``slide.persist.checkpoint``) atomically; ``extra`` is any
-        JSON-serialisable value returned as ``extra_`` by ``slide.load``."""
+    def save(self, path, extra=None, optimizer_state=True):
+        """Write a checkpoint (``slide.persist.checkpoint``) atomically; ``extra``: any JSON value,
+        ``extra_`` after ``slide.load``. ``optimizer_state=False``: synced weights without Adam's
+        moments (2/3 of the network's arrays): the loaded model predicts alike, cannot train on."""
         self._check_fitted()
-        save_checkpoint(self, path, extra)
+        save_checkpoint(self, path, extra, optimizer_state=optimizer_state)
 
     def sample_loss_and_grads(self, x_indices, x_data, labels, return_active=False):
-        """Loss and flat gradients (W, B layout of ``network_.layout``) of one sample under the
-        current weights, without updating anything."""
+        """One sample's loss and flat gradients (``network_.layout``'s W, B), updating nothing."""
         self._check_fitted()
         self._ensure_lsh()
         return self.network_.sample_loss_and_grads(x_indices, x_data, labels,

@@ -165,6 +165,8 @@ def train_members(members, X, Y, rows, order_seed, n_threads, time_budget=None,
     pass's seconds so far (one clock for all members, which goes on from their
     ``train_seconds_``; each member's ``train_seconds_`` is set to it)."""
     check_agree(members, PASS_PARAMS + ("batches_", "epoch_", "batch_in_epoch_"))
+    for member in members:
+        trainer.check_trainable(member)
     first = members[0]
     start_epoch, start_batch = first.epoch_, first.batch_in_epoch_
     runs = [_MemberRun(k, m) for k, m in enumerate(members)]

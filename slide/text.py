@@ -143,15 +143,16 @@ def pipeline_from_state(model, meta, arrays):
     return Pipeline(steps + [(meta["final"], model)])
 
 
-def save(obj, path, extra=None):
+def save(obj, path, extra=None, **options):
     """Write a fitted ``SlideClassifier``, ``SlideEnsemble``, ``ShardedSlideClassifier``
     (``obj.save``) or a ``Pipeline`` of text steps and a ``SlideClassifier`` (one checkpoint
-    carrying the vectorizer) to ``path``; ``slide.load`` reads any of them back."""
+    carrying the vectorizer) to ``path``; ``slide.load`` reads any of them back. ``options``:
+    the model's ``save``'s (``optimizer_state``)."""
     if not isinstance(obj, Pipeline):
-        return obj.save(path, extra=extra)
+        return obj.save(path, extra=extra, **options)
     _, (_, model) = split_pipeline(obj)
     model._check_fitted()
-    save_checkpoint(model, path, extra, attachment=pipeline_state(obj))
+    save_checkpoint(model, path, extra, attachment=pipeline_state(obj), **options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -249,3 +249,56 @@ def test_a_format_2_file_must_record_every_parameter_and_the_step_rates(tiny, tm
 def _write(path, meta, arrays):
     with open(path, "wb") as f:
         np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+
+
+def test_a_model_saved_without_its_optimizer_state_predicts_alike_and_cannot_train_on(
+        tiny, tmp_path):
+    """``save(..., optimizer_state=False)``: a model to predict with. Saved mid-epoch, with
+    steps pending, it syncs first, so the file predicts what the model does; it leaves out
+    Adam's moments and step records (a smaller file of its own version), and the loaded model
+    refuses to train on (from zero moments it would be neither its run nor a fresh one) but
+    fits afresh, and stays without the state through a pickle and a second save."""
+    import pickle
+    Xtr, Ytr, Xte, _ = tiny
+    kw = dict(hidden_sizes=(16,), batch_size=32, epochs=6, lr_schedule="cosine",
+              random_state=2, n_threads=1, neighbours=0)
+    model = SlideClassifier(**kw).fit(Xtr, Ytr, callback=lambda m, i: i["batch"] >= 45)
+    assert model.optimizer_.pending
+    full, small = tmp_path / "full.slide", tmp_path / "small.slide"
+    model.save(small, optimizer_state=False)
+    assert not model.optimizer_.pending and model.optimizer_.has_state
+    model.save(full)
+    meta, arrays = checkpoint.read(small)
+    assert meta["version"] == checkpoint.NO_OPTIMIZER_VERSION and not meta["optimizer_state"]
+    assert not [name for name in arrays if name.startswith("opt_")]
+    assert os.path.getsize(small) < 0.6 * os.path.getsize(full)
+    loaded = load(small)
+    assert not loaded.optimizer_.has_state
+    np.testing.assert_array_equal(loaded.predict_topk(Xte, k=5), model.predict_topk(Xte, k=5))
+    np.testing.assert_array_equal(loaded.predict_proba(Xte), model.predict_proba(Xte))
+    for train_on in (lambda m: m.fit(Xtr, Ytr, resume=True), lambda m: m.partial_fit(Xtr, Ytr)):
+        with pytest.raises(ValueError, match="without its optimizer's state"):
+            train_on(loaded)
+    np.testing.assert_array_equal(loaded.network_.W, load(small).network_.W)   # untouched
+    again = pickle.loads(pickle.dumps(loaded))
+    assert not again.optimizer_.has_state
+    np.testing.assert_array_equal(again.network_.W, loaded.network_.W)
+    loaded.save(tmp_path / "resaved.slide")         # a state it does not have is not invented
+    assert not checkpoint.read(tmp_path / "resaved.slide")[0]["optimizer_state"]
+    loaded.fit(Xtr, Ytr)                            # a fresh fit builds a fresh optimizer
+    assert loaded.optimizer_.has_state and loaded.batches_ > 45
+
+
+def test_a_file_without_optimizer_state_is_refused_by_its_version_where_the_reader_is_older(
+        tiny, tmp_path):
+    """Readers of version 7 and before require the moments; the version tells them first."""
+    Xtr, Ytr, _, _ = tiny
+    model = SlideClassifier(hidden_sizes=(8,), epochs=1, n_threads=1, neighbours=0,
+                            random_state=0).fit(Xtr, Ytr)
+    small = tmp_path / "small.slide"
+    model.save(small, optimizer_state=False)
+    as_old = tmp_path / "as_old.slide"
+    _rewrite_meta(small, as_old, version=checkpoint.FORMAT_VERSION, optimizer_state=True)
+    with pytest.raises(CheckpointError, match="optimizer array 'opt_"):
+        load(as_old)
+    assert checkpoint.NO_OPTIMIZER_VERSION > checkpoint.FUSED_ENSEMBLE_VERSION

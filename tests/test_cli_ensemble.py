@@ -46,6 +46,9 @@ def test_members_train_one_after_another_into_their_directories(ensemble_run):
     model = slide.load(os.path.join(run, "model.slide"))
     assert isinstance(model, SlideEnsemble) and len(model.members_) == 2
     assert model.seed_ == 3 and not model._is_fused()
+    # the ensemble's file is for predicting: the members' moments are in their checkpoints only
+    assert not any(m.optimizer_.has_state for m in model.members_)
+    assert slide.load(os.path.join(run, "member-0", "model.slide")).optimizer_.has_state
     # the run's own log: one line, the ensemble on the evaluation sample
     [rec] = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     summary = json.load(open(os.path.join(run, "summary.json")))

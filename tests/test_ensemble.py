@@ -134,6 +134,21 @@ def test_save_and_load_round_trip(fitted, data, tmp_path):
     np.testing.assert_allclose(back.predict_proba(X), fitted.predict_proba(X), rtol=1e-6)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_ensemble_saved_without_optimizer_state_predicts_alike(data, tmp_path, fused):
+    X, Y = data
+    ens = SlideEnsemble(SlideClassifier(**TINY), n_models=2, random_state=1, fused=fused).fit(X, Y)
+    path = tmp_path / "small.slide"
+    ens.save(path, optimizer_state=False)
+    from slide.persist import checkpoint
+    meta, arrays = checkpoint.read(path)
+    assert meta["version"] == checkpoint.NO_OPTIMIZER_VERSION
+    assert not [name for name in arrays if "/opt_" in name]
+    back = slide.load(path)
+    assert not any(m.optimizer_.has_state for m in back.members_)
+    np.testing.assert_array_equal(back.predict_topk(X, k=3), ens.predict_topk(X, k=3))
+
+
 def test_truncated_ensemble_file_is_refused(fitted, tmp_path):
     path = tmp_path / "ens.slide"
     fitted.save(path)

@@ -7,7 +7,8 @@ single-model run directory of its own) and resumes on its own, so a run stopped 
 keeps members 0 and 1 as they finished. The members are then put together
 (``SlideEnsemble.from_members``), evaluated on the run's evaluation sample (one line in the
 run's ``metrics.jsonl``) and saved as the run's ``model.slide``, which ``slide evaluate`` and
-``slide predict`` read like any model file.
+``slide predict`` read like any model file; it holds no optimizer state (the members' own
+checkpoints hold theirs), so it predicts and does not train on.
 """
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def _finish(ensemble, cfg, run_dir, data, results, text):
     # its one line (a resumed run's ensemble is evaluated afresh)
     write_text(os.path.join(run_dir, METRICS_FILE), json.dumps(record) + "\n")
     path = os.path.join(run_dir, MODEL_FILE)
+    # without the members' optimizer state: their own checkpoints hold it for a resume, and
+    # this file is for predicting (so their moments are not on disk twice)
     save_final(ensemble, path, text, {"config": config_mod.strip_private(cfg),
-                                      "phase": "ensemble"})
+                                      "phase": "ensemble"}, optimizer_state=False)
     _info(f"[ensemble] {len(member_results)} members: P@1 {record['P@1']:.4f} on the "
           f"evaluation sample; saved to {path}")
     return {"members": len(member_results), "batches": record["batch"],

@@ -122,11 +122,13 @@ def read_text_for_model(path, steps, model, need_labels):
     return _transform(steps, texts), label_lists
 
 
-def save_final(model, path, run, extra):
-    """The run's final model file: with the vectorizer for a text run."""
-    if run is None or not hasattr(model, "network_"):    # XC, or a sharded model (a
-        model.save(path, extra=extra)                   # directory): vectorizer.slide beside
+def save_final(model, path, run, extra, **options):
+    """The run's final model file: with the vectorizer for a text run. ``options``: the
+    model's ``save``'s."""
+    if run is None or not hasattr(model, "network_"):    # XC, an ensemble, or a sharded model
+        model.save(path, extra=extra, **options)        # (a directory): vectorizer.slide beside
         return
     from sklearn.pipeline import Pipeline
     from slide import text as text_mod
-    text_mod.save(Pipeline(list(run.steps) + [("slideclassifier", model)]), path, extra=extra)
+    text_mod.save(Pipeline(list(run.steps) + [("slideclassifier", model)]), path, extra=extra,
+                  **options)

@@ -112,6 +112,9 @@ class SparseOptimizer:
         self._powers = block_powers(self.beta1, self.beta2)
         self._power_tables = power_tables(self.beta1, self.beta2)
         self._t = 0
+        # False for a model loaded from a file saved without this state (``save(...,
+        # optimizer_state=False)``): it predicts, but cannot continue its run (``trainer``)
+        self.has_state = True
         self._compiled_static = None     # compiled_step_args' bundles of the moments
         self._rates = np.zeros(RATE_BLOCK, np.float64)
         self._rate_sums = np.zeros(RATE_BLOCK, np.float64)

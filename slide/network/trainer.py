@@ -231,11 +231,22 @@ class NetworkSteps:
         return self.layout(n_threads, n_batches).threads_each
 
 
+def check_trainable(model):
+    """ValueError where ``model`` was loaded from a file saved without its optimizer's state
+    (its moments and step records): training on from zero moments would be neither its run
+    nor a fresh one."""
+    if not model.optimizer_.has_state:
+        raise ValueError("this model was saved without its optimizer's state (save(..., "
+                         "optimizer_state=False)): it predicts but cannot train on; fit it "
+                         "afresh (resume=False), or load a file saved with that state")
+
+
 def train(model, X, Y, end_epoch_index, eval_set, callback, steps=None, rows=None):
     """``_train`` with BLAS single-threaded for the whole run: the batched engine's and the
     dense network's products run between Numba's parallel loops, whose spinning threads an
     OpenBLAS pool would fight (on 2 cores, 8.6 ms a batch at 200k labels with one BLAS thread
     against 39.5 ms with two: bench/results/block_phases_blas_threads.log)."""
+    check_trainable(model)
     with blas_single_thread():
         return _train(model, X, Y, end_epoch_index, eval_set, callback, steps, rows)
 

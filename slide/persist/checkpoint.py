@@ -16,17 +16,13 @@ dtype (from the headers) before it builds a model, then reads each array as it c
 and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
 truncated, mismatched or unsupported file.
 
-Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (the catch-up of
-rows idle since an earlier step reads it: without it, the first sync after a load applied the
-pending momentum at the base rate, not the schedule's). Version-1 files load with every past
-step at the base learning rate (exact at a constant schedule); files written before the
-optimizer recorded each row's last step (no ``opt_TW`` / ``opt_TB``) load with every row up
-to date; every hyperparameter a version-1 file does not record (it was written before the
-parameter existed) is pinned to the behaviour of the code that wrote it
-(``UNRECORDED_PARAMS``), never to today's default. Version 3 adds ``engine`` (files
-before it were trained by the per-sample engine, and resume on it); version 4 adds
-``exact_head`` (files before it drew every shared negative). Version 4 records them all. A
-file of another version is refused with its version number.
+Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (read by the catch-up
+of rows idle since an earlier step; version-1 files load with every past step at the base
+rate, exact at a constant schedule); files without ``opt_TW`` / ``opt_TB`` load with every row
+up to date. 3 to 6 each record one hyperparameter more; ``UNRECORDED_PARAMS`` pins one an
+older file lacks to the behaviour of the code that wrote it, never to today's default. 7 is
+a fused ensemble's file, 8 one saved without the optimizer's state (their constants say
+why). A file of another version is refused with its version number.
 """
 import json
 import os
@@ -51,7 +47,11 @@ FORMAT_VERSION = 6
 # version 6 would load its members without those stages, silently ranking otherwise; from 7 on
 # it refuses the file instead. Its hyperparameters are recorded as version 6's.
 FUSED_ENSEMBLE_VERSION = 7
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# a file saved without the optimizer's state (``optimizer_state=False``): a reader of 7 or
+# before would refuse it for its missing moments; from 8 on it loads a model that predicts and
+# refuses to train on. Its hyperparameters are recorded as version 6's.
+NO_OPTIMIZER_VERSION = 8
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 # The hyperparameters a checkpoint may not record, by the format version from which every file
 # records them: a file of an older version was written by code that may have predated some of
@@ -91,9 +91,8 @@ UNRECORDED_PARAMS = {
 def pin_unrecorded_params(path, params, version, names=None):
     """``params`` (a file's recorded hyperparameters, format ``version``) completed with
     UNRECORDED_PARAMS' value for each parameter of ``names`` (default: ``SlideClassifier``'s,
-    the ``slide.params`` table's)
-    that a file of that version may lack; CheckpointError naming a parameter it must record
-    and does not."""
+    the ``slide.params`` table's) that a file of that version may lack; CheckpointError
+    naming a parameter it must record and does not."""
     params = dict(params)
     for name in sorted(params_mod.BY_NAME) if names is None else names:
         if name in params:
@@ -119,11 +118,12 @@ class CheckpointError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # writing
 
-def _model_arrays(model):
+def _model_arrays(model, optimizer_state=True):
     net = model.network_
     arrays = {"W": net.W, "B": net.B}
-    arrays.update(model.optimizer_.state_arrays())
-    arrays["opt_rates"] = model.optimizer_.step_rates
+    if optimizer_state:
+        arrays.update(model.optimizer_.state_arrays())
+        arrays["opt_rates"] = model.optimizer_.step_rates
     for l, idx in net.indices.items():
         _add_arrays(arrays, f"lsh{l}_", idx)
     rank = model.rank_
@@ -149,10 +149,12 @@ def _add_arrays(arrays, prefix, part):
             arrays[f"{prefix}{k}"] = v
 
 
-def _metadata(model, arrays, extra):
+def _metadata(model, arrays, extra, optimizer_state=True):
     net = model.network_
     meta = {
-        "format": FORMAT, "version": FORMAT_VERSION,
+        "format": FORMAT, "version": FORMAT_VERSION if optimizer_state else NO_OPTIMIZER_VERSION,
+        # optional (files before it hold the state): the optimizer's moments and step records
+        "optimizer_state": bool(optimizer_state),
         "params": model.get_params(deep=False),
         "sizes": list(net.layout.sizes),
         "sparse_layers": list(model.sparse_layers_),
@@ -163,9 +165,7 @@ def _metadata(model, arrays, extra):
         "train_seconds": model.train_seconds_,
         "schedule": model.schedule_.state(),
         "history": model.history_,
-        "lsh": {str(l): {k: v for k, v in idx.state_dict().items()
-                         if not isinstance(v, np.ndarray)}
-                for l, idx in net.indices.items()},
+        "lsh": {str(l): _settings(idx) for l, idx in net.indices.items()},
         "serving": _settings(net.serving),
         "neighbours": _settings(model.rank_.memory),
         "reranker": _settings(model.rank_.reranker),
@@ -192,29 +192,41 @@ def _write_arrays(f, meta, arrays):
     np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
 
 
-def save(model, path, extra=None, attachment=None):
+def _with_optimizer_state(model, optimizer_state):
+    """Whether ``model``'s file holds its optimizer's state: as asked, never for a model loaded
+    without it. Without it the weights are synced first (pending steps applied, as predict's)."""
+    keep = bool(optimizer_state) and model.optimizer_.has_state
+    if not keep:
+        model.sync()
+    return keep
+
+
+def save(model, path, extra=None, attachment=None, optimizer_state=True):
     """Write ``model``'s checkpoint to ``path`` atomically (the previous file survives any
     failure). ``attachment``: ``(meta, arrays)`` of the text steps in front of the model
-    (``slide.text.pipeline_state``; ``load`` then returns the pipeline)."""
+    (``slide.text.pipeline_state``; ``load`` then returns the pipeline). ``optimizer_state``:
+    False leaves out Adam's moments and step records (``NO_OPTIMIZER_VERSION``), a model to
+    predict with that cannot train on."""
     if extra is not None:
         try:
             json.dumps(extra)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
-    arrays = _model_arrays(model)
+    keep = _with_optimizer_state(model, optimizer_state)
+    arrays = _model_arrays(model, keep)
     if attachment is not None:
         arrays.update(attachment[1])
-    meta = _metadata(model, arrays, extra)
+    meta = _metadata(model, arrays, extra, keep)
     if attachment is not None:
         meta["text"] = attachment[0]
     with atomic_write(path, "wb") as f:
         _write_arrays(f, meta, arrays)
 
 
-def save_ensemble(ensemble, path, extra=None):
+def save_ensemble(ensemble, path, extra=None, optimizer_state=True):
     """Write a fitted ``SlideEnsemble`` to ``path`` atomically: one archive whose ``__meta__``
     holds the ensemble's parameters and each member's checkpoint metadata, and whose arrays
-    are the members' (member k's under ``m<k>/``)."""
+    are the members' (member k's under ``m<k>/``; ``optimizer_state`` as ``save``'s)."""
     if extra is not None:
         try:
             json.dumps(extra)
@@ -222,8 +234,9 @@ def save_ensemble(ensemble, path, extra=None):
             raise ValueError(f"extra must be JSON-serialisable: {exc}") from None
     arrays, members = {}, []
     for k, member in enumerate(ensemble.members_):
-        own = _model_arrays(member)
-        members.append(_metadata(member, own, None))
+        keep = _with_optimizer_state(member, optimizer_state)
+        own = _model_arrays(member, keep)
+        members.append(_metadata(member, own, None, keep))
         arrays.update({f"m{k}/{name}": a for name, a in own.items()})
     template = {k: list(v) if isinstance(v, tuple) else v
                 for k, v in ensemble._template().get_params(deep=False).items()}
@@ -236,8 +249,9 @@ def save_ensemble(ensemble, path, extra=None):
         for prefix, part in (("fused/nbr_", rank.memory), ("fused/rr_", rank.reranker)):
             if part is not None:
                 _add_arrays(arrays, prefix, part)
-    meta = {"format": ENSEMBLE_FORMAT,
-            "version": FORMAT_VERSION if fused is None else FUSED_ENSEMBLE_VERSION,
+    versions = [FORMAT_VERSION if fused is None else FUSED_ENSEMBLE_VERSION]
+    versions += [m["version"] for m in members]
+    meta = {"format": ENSEMBLE_FORMAT, "version": max(versions),
             "n_models": len(members), "random_state": ensemble.random_state,
             "seed": ensemble.seed_, "estimator": template, "members": members,
             "fused": fused,
@@ -408,6 +422,8 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
     for name, target in (("W", net.W), ("B", net.B)):
         if _shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"array {name!r} does not fit the network {sizes}")
+    if not meta.get("optimizer_state", True):
+        return
     for name, target in model.optimizer_.state_arrays().items():
         if name not in arrays and name in ("opt_TW", "opt_TB"):
             # written before the step records existed: treat every row as up to date
@@ -432,17 +448,10 @@ def _restore(model, path, meta, arrays):
     if not (np.isfinite(net.W).all() and np.isfinite(net.B).all()):
         raise CheckpointError(path, "weights contain non-finite values")
     opt = model.optimizer_
-    for name, target in opt.state_arrays().items():
-        target[:] = arrays[name]
-    if "opt_rates" in arrays:
-        try:
-            opt.set_step_rates(arrays["opt_rates"])
-        except ValueError as exc:
-            raise CheckpointError(path, str(exc)) from None
+    if not meta.get("optimizer_state", True):
+        opt.has_state = False   # the fresh optimizer's (no step pending); it cannot train on
     else:
-        # format 1 did not record the steps' rates: the base rate's, which that code's
-        # first sync after a load used too (exact for a constant schedule)
-        opt.set_step_rates(opt.constant_rates(int(meta["opt_t"])))
+        _restore_optimizer(opt, path, meta, arrays)
     model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
                         epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
                         train_seconds=float(meta["train_seconds"]),
@@ -459,6 +468,21 @@ def _restore(model, path, meta, arrays):
     set_target(model, meta.get("one_label_per_row", False))
     model.extra_ = meta.get("extra")
     model.checkpoint_meta_ = meta
+
+
+def _restore_optimizer(opt, path, meta, arrays):
+    """The moments, step records and step rates of a file that holds them."""
+    for name, target in opt.state_arrays().items():
+        target[:] = arrays[name]
+    if "opt_rates" in arrays:
+        try:
+            opt.set_step_rates(arrays["opt_rates"])
+        except ValueError as exc:
+            raise CheckpointError(path, str(exc)) from None
+    else:
+        # format 1 did not record the steps' rates: the base rate's, which that code's
+        # first sync after a load used too (exact for a constant schedule)
+        opt.set_step_rates(opt.constant_rates(int(meta["opt_t"])))
 
 
 def _load_lsh(model, path, lsh_meta, arrays):
