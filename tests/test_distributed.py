@@ -258,7 +258,7 @@ def test_a_sharded_model_pickles_and_resumes_exactly(tiny):
     assert pickle.loads(pickle.dumps(ShardedSlideClassifier(**kw))).n_shards == 2
 
 
-def test_single_process_and_sharded_models_convert_both_ways(tiny, three_shards):
+def test_single_process_and_sharded_models_convert_both_ways(tiny, three_shards, tmp_path):
     _, _, Xte, Yte = tiny
     single = to_single(three_shards)
     assert isinstance(single, SlideClassifier)
@@ -266,6 +266,9 @@ def test_single_process_and_sharded_models_convert_both_ways(tiny, three_shards)
     back = from_single(single, 4)
     np.testing.assert_array_equal(back.predict_topk(Xte, 5), single.predict_topk(Xte, 5))
     assert back.backend_.n_shards == 4
+    single.save(tmp_path / "compact.slide", optimizer_state=False)
+    with pytest.raises(ValueError, match="without its optimizer's state"):
+        from_single(slide.load(tmp_path / "compact.slide"), 2)
 
 
 def test_bad_input_gives_clear_errors(tiny, tmp_path, three_shards):

@@ -57,6 +57,10 @@ def from_single(single, n_shards, backend="local", ray_address=None):
     """A ``ShardedSlideClassifier`` with the weights and optimizer state of ``single`` (a
     fitted one-hidden-layer ``SlideClassifier``), its output layer split into ``n_shards``."""
     single._check_fitted()
+    if not single.optimizer_.has_state:
+        raise ValueError("from_single: this model was saved without its optimizer's state "
+                         "(save(..., optimizer_state=False)), which a sharded model trains "
+                         "on; convert a model saved with that state")
     model = ShardedSlideClassifier(n_shards=n_shards, backend=backend, ray_address=ray_address,
                                    **single.get_params(deep=False))
     _, sparse = model._checked_params()

@@ -234,8 +234,9 @@ class NetworkSteps:
 def check_trainable(model):
     """ValueError where ``model`` was loaded from a file saved without its optimizer's state
     (its moments and step records): training on from zero moments would be neither its run
-    nor a fresh one."""
-    if not model.optimizer_.has_state:
+    nor a fresh one. A sharded model's optimizers live in its shards, always with their state."""
+    optimizer = getattr(model, "optimizer_", None)
+    if optimizer is not None and not optimizer.has_state:
         raise ValueError("this model was saved without its optimizer's state (save(..., "
                          "optimizer_state=False)): it predicts but cannot train on; fit it "
                          "afresh (resume=False), or load a file saved with that state")
