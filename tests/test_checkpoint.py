@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from slide.persist import checkpoint
+from slide.persist import archive, checkpoint
 from slide.persist.checkpoint import CheckpointError
 from slide.persist.models import load
 from slide.estimator import SlideClassifier
@@ -131,15 +131,15 @@ def test_load_reads_each_array_only_to_copy_it(tiny, tmp_path, monkeypatch):
     from collections import Counter
     path = tmp_path / "m.slide"
     model = _saved_small_model(tiny, path)
-    npz, meta = checkpoint._open(path)
-    arrays = checkpoint._ArchiveArrays(npz)
+    npz, meta = checkpoint.open_checkpoint(path)
+    arrays = archive.ArchiveArrays(npz)
     NpzFile = type(npz)
     original = NpzFile.__getitem__
 
     def refuse(self, name):
         raise AssertionError(f"array {name} read by a shape check")
     monkeypatch.setattr(NpzFile, "__getitem__", refuse)
-    checkpoint._check_listed_arrays(str(path), meta, arrays)        # headers only
+    archive.check_listed_arrays(str(path), meta, arrays)        # headers only
     monkeypatch.undo()
     npz.close()
     reads = Counter()

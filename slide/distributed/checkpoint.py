@@ -15,10 +15,10 @@ import os
 import numpy as np
 
 from slide.fileio import atomic_write, write_text
-from slide.labels import fitted_on_1d, names_for_saving, set_classes, set_target
+from slide.labels import fitted_on_1d, names_for_saving
 from slide.params import hidden_sizes_value
 from slide.persist.checkpoint import (VOTE_SETTINGS, CheckpointError, memory_from_arrays,
-                                      pin_unrecorded_params)
+                                      pin_unrecorded_params, restore_labels, restore_position)
 
 
 MANIFEST = "manifest.json"
@@ -172,15 +172,8 @@ def restore_driver(model, path, man):
     model.schedule_.set_state(meta["schedule"])
     # the touched-row stamps hold batch serials: after a rollback the same serials come again
     hid.reset_stamps()
-    model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
-                        epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
-                        train_seconds=float(meta["train_seconds"]),
-                        history=list(meta["history"]))
-    try:
-        set_classes(model, meta.get("label_names"))
-    except ValueError as exc:
-        raise CheckpointError(path, f"label names: {exc}") from None
-    set_target(model, meta.get("one_label_per_row", False))
+    restore_position(model, meta)
+    restore_labels(model, path, meta)
     model.extra_ = man.get("extra")
 
 

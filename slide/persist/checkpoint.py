@@ -4,17 +4,17 @@ This module writes a model's parts and reads them back into a model built by ``l
 imports the components (LSH and serving indices, the neighbour memory, the re-ranker), never
 the estimators.
 
-One file, written atomically through ``slide.fileio.atomic_write``: an ``np.savez`` archive with
-a JSON ``__meta__`` entry (format tag and version, hyperparameters, sizes, seed, optimizer step,
-schedule state, epoch position, history, the caller's ``extra``) and the arrays ``W``, ``B``,
-the optimizer's state (``opt_*``) and each LSH index's tables and hash parameters
-(``lsh<layer>_*``), and the serving index of sparse inference when one was built
-(``serve_*``, settings under ``serving``; optional, so older files load), and the neighbour
-memory of the training rows when the model has one (``nbr_*``, settings under ``neighbours``;
-optional likewise). ``load`` checks the format, the metadata and every array's shape and
-dtype (from the headers) before it builds a model, then reads each array as it copies it in,
-and raises :class:`CheckpointError` (a ``ValueError`` naming the file) on a corrupt,
-truncated, mismatched or unsupported file.
+One file, written atomically through ``slide.fileio.atomic_write``: an archive
+(``slide.persist.archive``) whose JSON ``__meta__`` entry holds the format tag and version,
+hyperparameters, sizes, seed, optimizer step, schedule state, epoch position, history and the
+caller's ``extra``, and whose arrays are ``W``, ``B``, the optimizer's state (``opt_*``), each
+LSH index's tables and hash parameters (``lsh<layer>_*``), the serving index of sparse
+inference when one was built (``serve_*``, settings under ``serving``; optional, so older
+files load) and the neighbour memory of the training rows when the model has one (``nbr_*``,
+settings under ``neighbours``; optional likewise). ``load`` checks the format, the metadata
+and every array's shape and dtype (from the headers) before it builds a model, then reads
+each array as it copies it in, and raises :class:`CheckpointError` (a ``ValueError`` naming
+the file) on a corrupt, truncated, mismatched or unsupported file.
 
 Format versions: 2 adds ``opt_rates``, the rate of every optimizer step (read by the catch-up
 of rows idle since an earlier step; version-1 files load with every past step at the base
@@ -25,8 +25,6 @@ a fused ensemble's file, 8 one saved without the optimizer's state (their consta
 why). A file of another version is refused with its version number.
 """
 import json
-import os
-import zipfile
 
 import numpy as np
 
@@ -35,6 +33,8 @@ from slide.fileio import atomic_write
 from slide.kernels.lsh.index import LSHIndex
 from slide.kernels.lsh.serving import ServingIndex
 from slide.labels import fitted_on_1d, names_for_saving, set_classes, set_target
+from slide.persist.archive import (ArchiveArrays, CheckpointError, Unreadable, open_archive,
+                                   shape_dtype, write_archive)
 from slide.rank.rerank import ReRanker
 from slide.rank.vote import NeighbourMemory
 
@@ -104,15 +104,6 @@ def pin_unrecorded_params(path, params, version, names=None):
                                         f"format-{version} file records it)")
         params[name] = pinned[0]
     return params
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupted or does not match what is expected."""
-
-    def __init__(self, path, problem):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +180,7 @@ def _metadata(model, arrays, extra, optimizer_state=True):
 
 def _write_arrays(f, meta, arrays):
     """The archive itself (a test replaces this to fail half-way through a write)."""
-    np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+    write_archive(f, meta, arrays)
 
 
 def _with_optimizer_state(model, optimizer_state):
@@ -264,127 +255,20 @@ def save_ensemble(ensemble, path, extra=None, optimizer_state=True):
 # ---------------------------------------------------------------------------------------------
 # reading
 
-class _ArchiveArrays:
-    """The arrays of an open checkpoint archive, each read from the file when it is asked for
-    (and not kept): ``load`` builds the model first and then copies the saved arrays into it
-    one at a time, so a large model is never in memory twice (a 670k-label file of 1.45 GB
-    peaked at 2.9 GB when every array was read first). ``shape_dtype`` reads an array's
-    header only. Values set here (the step records of old files) are kept."""
-
-    def __init__(self, npz):
-        self._npz = npz
-        self._names = [n for n in npz.files if n != "__meta__"]
-        self._set = {}
-
-    def __getitem__(self, name):
-        if name in self._set:
-            return self._set[name]
-        if name not in self._names:
-            raise KeyError(name)
-        try:
-            return self._npz[name]
-        except _READ_ERRORS as exc:
-            raise _Unreadable(exc) from None
-
-    def __setitem__(self, name, value):
-        self._set[name] = value
-
-    def __contains__(self, name):
-        return name in self._set or name in self._names
-
-    def __iter__(self):
-        return iter(list(dict.fromkeys(self._names + list(self._set))))
-
-    def read_all(self):
-        return {name: self[name] for name in self}
-
-    def shape_dtype(self, name):
-        if name in self._set:
-            return self._set[name].shape, self._set[name].dtype
-        if name not in self._names:
-            raise KeyError(name)
-        try:
-            with self._npz.zip.open(name + ".npy") as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-                else:
-                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-        except _READ_ERRORS as exc:
-            raise _Unreadable(exc) from None
-        return tuple(shape), dtype
-
-
-class _Unreadable(Exception):
-    """An array of an open archive could not be read (``load`` names the file)."""
-
-
-def _shape_dtype(arrays, name):
-    """(shape, dtype) of a saved array without reading it where the arrays allow that."""
-    if isinstance(arrays, _ArchiveArrays):
-        return arrays.shape_dtype(name)
-    return arrays[name].shape, arrays[name].dtype
-
-
-# what a damaged archive raises when it is read (the directory, a header or an array)
-_READ_ERRORS = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, UnicodeDecodeError)
-
-
-def _open(path):
+def open_checkpoint(path):
     """``(npz, meta)`` of a checkpoint file of a supported version, its archive left open."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(path, "no such file")
-    try:
-        z = np.load(path, allow_pickle=False)
-    except _READ_ERRORS as exc:
-        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    try:
-        if "__meta__" not in z.files:
-            raise CheckpointError(path, "not a slide checkpoint (no metadata entry)")
-        meta = json.loads(z["__meta__"].tobytes().decode())
-        _check_format(path, meta)
-    except CheckpointError:
-        z.close()
-        raise
-    except _READ_ERRORS as exc:
-        z.close()
-        raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
-    return z, meta
-
-
-def _check_format(path, meta):
-    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, ENSEMBLE_FORMAT):
-        raise CheckpointError(path, "not a slide checkpoint (wrong format tag)")
-    if meta.get("version") not in SUPPORTED_VERSIONS:
-        raise CheckpointError(path, f"format version {meta.get('version')!r} is not supported "
-                                    f"(this slide reads version "
-                                    f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+    return open_archive(path, (FORMAT, ENSEMBLE_FORMAT), SUPPORTED_VERSIONS)
 
 
 def read(path):
     """``(meta, arrays)`` of a checkpoint file of a supported version; nothing is built."""
-    npz, meta = _open(path)
+    npz, meta = open_checkpoint(path)
     try:
-        return meta, _ArchiveArrays(npz).read_all()
-    except _Unreadable as exc:
+        return meta, ArchiveArrays(npz).read_all()
+    except Unreadable as exc:
         raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
     finally:
         npz.close()
-
-
-def _check_listed_arrays(path, meta, arrays):
-    expected = meta["arrays"]
-    for name, (shape, dtype) in expected.items():
-        if name not in arrays:
-            raise CheckpointError(path, f"array {name!r} is missing")
-        a_shape, a_dtype = _shape_dtype(arrays, name)
-        if list(a_shape) != list(shape) or str(a_dtype) != dtype:
-            raise CheckpointError(path, f"array {name!r} has shape {a_shape} / {a_dtype}, "
-                                        f"expected {tuple(shape)} / {dtype}")
-    extra_names = set(arrays) - set(expected)
-    if extra_names:
-        raise CheckpointError(path, f"unexpected arrays {sorted(extra_names)}")
 
 
 def load_model(path, meta, arrays, cls):
@@ -420,7 +304,7 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
     written before they existed)."""
     net = model.network_
     for name, target in (("W", net.W), ("B", net.B)):
-        if _shape_dtype(arrays, name) != (target.shape, target.dtype):
+        if shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"array {name!r} does not fit the network {sizes}")
     if not meta.get("optimizer_state", True):
         return
@@ -429,11 +313,11 @@ def _check_state_arrays(path, meta, arrays, model, sizes):
             # written before the step records existed: treat every row as up to date
             arrays[name] = np.full(target.shape, min(int(meta["opt_t"]), 2**31 - 1),
                                    dtype=target.dtype)
-        if name not in arrays or _shape_dtype(arrays, name) != (target.shape, target.dtype):
+        if name not in arrays or shape_dtype(arrays, name) != (target.shape, target.dtype):
             raise CheckpointError(path, f"optimizer array {name!r} does not fit")
     steps = int(meta["opt_t"])
     if "opt_rates" in arrays:
-        if _shape_dtype(arrays, "opt_rates") != ((steps + 1,), np.dtype(np.float64)):
+        if shape_dtype(arrays, "opt_rates") != ((steps + 1,), np.dtype(np.float64)):
             raise CheckpointError(path, f"optimizer array 'opt_rates' does not fit (one "
                                         f"float64 rate per step: {steps + 1} entries)")
     elif meta["version"] >= 2:
@@ -452,22 +336,32 @@ def _restore(model, path, meta, arrays):
         opt.has_state = False   # the fresh optimizer's (no step pending); it cannot train on
     else:
         _restore_optimizer(opt, path, meta, arrays)
-    model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
-                        epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
-                        train_seconds=float(meta["train_seconds"]),
-                        history=list(meta["history"]))
+    restore_position(model, meta)
     model.schedule_.set_state(meta["schedule"])
     _load_lsh(model, path, meta.get("lsh", {}), arrays)
     _load_serving(model, path, meta.get("serving"), arrays)
     _load_memory(model, path, meta.get("neighbours"), arrays)
     _load_reranker(model, path, meta.get("reranker"), arrays)
+    restore_labels(model, path, meta)
+    model.extra_ = meta.get("extra")
+    model.checkpoint_meta_ = meta
+
+
+def restore_position(model, meta):
+    """The training position a file records: batches, samples, epoch, place in it, clock."""
+    model._set_position(batches=int(meta["batches"]), samples=int(meta["samples"]),
+                        epoch=int(meta["epoch"]), batch_in_epoch=int(meta["batch_in_epoch"]),
+                        train_seconds=float(meta["train_seconds"]),
+                        history=list(meta["history"]))
+
+
+def restore_labels(model, path, meta):
+    """The label names and the target's form (1-D or multi-label) a file records."""
     try:
         set_classes(model, meta.get("label_names"))
     except ValueError as exc:
         raise CheckpointError(path, f"label names: {exc}") from None
     set_target(model, meta.get("one_label_per_row", False))
-    model.extra_ = meta.get("extra")
-    model.checkpoint_meta_ = meta
 
 
 def _restore_optimizer(opt, path, meta, arrays):

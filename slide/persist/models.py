@@ -11,9 +11,9 @@ from slide.distributed.estimator import ShardedSlideClassifier
 from slide.ensemble import SlideEnsemble
 from slide.estimator import SlideClassifier
 from slide.text import pipeline_from_state
-from slide.persist.checkpoint import (ENSEMBLE_FORMAT, CheckpointError, _ArchiveArrays,
-                                      _check_listed_arrays, _open, fused_ranking_from_arrays,
-                                      load_model, _Unreadable, pin_unrecorded_params)
+from slide.persist.archive import ArchiveArrays, CheckpointError, Unreadable, check_listed_arrays
+from slide.persist.checkpoint import (ENSEMBLE_FORMAT, fused_ranking_from_arrays, load_model,
+                                      open_checkpoint, pin_unrecorded_params)
 from slide.rank.stack import RankStack
 
 
@@ -24,14 +24,14 @@ def load(path):
     if os.path.isdir(os.fspath(path)):
         # a sharded model's checkpoint directory (slide.distributed.checkpoint)
         return load_sharded(path)
-    npz, meta = _open(path)
+    npz, meta = open_checkpoint(path)
     try:
-        arrays = _ArchiveArrays(npz)
+        arrays = ArchiveArrays(npz)
         if meta["format"] == ENSEMBLE_FORMAT:
             # the members' arrays are split by prefix: read them all (ensembles of small
             # members; a single model reads each array when it copies it)
             arrays = arrays.read_all()
-        _check_listed_arrays(path, meta, arrays)
+        check_listed_arrays(path, meta, arrays)
         if meta["format"] == ENSEMBLE_FORMAT:
             return _load_ensemble(path, meta, arrays)
         model = load_model(path, meta, arrays, SlideClassifier)
@@ -41,7 +41,7 @@ def load(path):
         return pipeline_from_state(model, meta["text"], arrays)
     except CheckpointError:
         raise
-    except _Unreadable as exc:
+    except Unreadable as exc:
         raise CheckpointError(path, f"unreadable, truncated or corrupted ({exc})") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise CheckpointError(path, f"invalid metadata ({type(exc).__name__}: {exc})") from None
@@ -57,7 +57,7 @@ def _load_ensemble(path, meta, arrays):
     for k, member_meta in enumerate(meta["members"]):
         prefix = f"m{k}/"
         own = {name[len(prefix):]: a for name, a in arrays.items() if name.startswith(prefix)}
-        _check_listed_arrays(path, member_meta, own)
+        check_listed_arrays(path, member_meta, own)
         members.append(load_model(path, member_meta, own, SlideClassifier))
     if len({(m.n_features_in_, m.n_labels_) for m in members}) != 1:
         raise CheckpointError(path, "ensemble members differ in their input or label count")

@@ -14,7 +14,8 @@ import tempfile
 
 from slide.fileio import atomic_write
 from slide.labels import set_classes
-from slide.persist.checkpoint import _ArchiveArrays, _check_listed_arrays, _open, load_model
+from slide.persist.archive import ArchiveArrays, check_listed_arrays
+from slide.persist.checkpoint import load_model, open_checkpoint
 
 _KEY = "__slide_checkpoint__"
 _PLAIN = (bool, int, float, str, type(None))
@@ -62,10 +63,10 @@ def from_bytes(data, cls):
             return cls._load_directory(path)
         with atomic_write(path, "wb") as f:      # slide writes files through fileio only
             f.write(data)
-        npz, meta = _open(path)
+        npz, meta = open_checkpoint(path)
         try:
-            arrays = _ArchiveArrays(npz)
-            _check_listed_arrays(path, meta, arrays)
+            arrays = ArchiveArrays(npz)
+            check_listed_arrays(path, meta, arrays)
             return load_model(path, meta, arrays, cls)
         finally:
             npz.close()
