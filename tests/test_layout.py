@@ -28,6 +28,7 @@ LAYERS = (
     ("slide.config",),                          # the TOML run configuration
     ("slide.network",),                         # the trainable MLP: Network, trainer, optim
     ("slide.rank",),                            # post-fit stages; they never see Network
+    ("slide.persist.archive",),                 # the archive a file is: numpy only
     ("slide.persist.checkpoint",),              # the file format; knows components only
     ("slide.persist.pickling",),                # pickle through the format (the caller's class)
     ("slide.text",),                            # vectorizers in the format (no model class)
