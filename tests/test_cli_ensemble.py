@@ -180,6 +180,18 @@ def test_an_ensemble_of_a_text_run_answers_in_names(tmp_path, capsys):
     assert code == 0, err
     lines = [json.loads(line) for line in open(pred)]
     assert [r["labels"] for r in lines] == model.predict_topk(X, k=2, return_names=True).tolist()
+    # exported, the ensemble's file holds no vectorizer: the note says where it is
+    out = tmp_path / "served" / "model.slide"
+    out.parent.mkdir()
+    code, _, err = run_cli(["export", "--model", run, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "holds no vectorizer" in err and "vectorizer.slide" in err
+    shutil.copy(os.path.join(run, "vectorizer.slide"), out.parent)
+    code, out_json, err = run_cli(["evaluate", "--model", str(out), "--data", test, "--json"],
+                                  capsys)
+    assert code == 0, err
+    p_at_1 = np.mean([t in y for t, y in zip(top, te_Y)])
+    assert json.loads(out_json)["P@1"] == pytest.approx(p_at_1)
 
 
 def test_overwrite_removes_the_members(ensemble_run, tmp_path, capsys):

@@ -9,6 +9,7 @@ from slide import config as config_mod
 from slide.cli.common import (EXIT_CHECKPOINT, EXIT_DATA, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK,
                               EXIT_SIGINT, EXIT_USAGE, CliError, _err)
 from slide.cli.compile import cmd_compile
+from slide.cli.export import cmd_export
 from slide.cli.infer import cmd_evaluate, cmd_predict
 from slide.cli.info import cmd_info
 from slide.cli.plot import cmd_generate, cmd_plot
@@ -72,6 +73,8 @@ def build_parser():
                    help="lines read and predicted at a time (default 10000)")
     r.set_defaults(func=cmd_predict)
 
+    _add_export_parser(sub)
+
     g = sub.add_parser("generate", help="write a synthetic XC data set")
     g.add_argument("--preset", required=True, help="synthetic preset, e.g. tiny, amazon670k")
     g.add_argument("--scale", type=float, default=1.0,
@@ -94,6 +97,18 @@ def build_parser():
     i.add_argument("--json", action="store_true", help="print JSON instead of lines")
     i.set_defaults(func=cmd_info)
     return p
+
+
+def _add_export_parser(sub):
+    """`slide export`'s arguments (`slide.cli.export`)."""
+    x = sub.add_parser("export", help="a run's model as one file to predict with: without the "
+                                      "optimizer's state, with the vectorizer of a text run")
+    x.add_argument("--model", "-m", required=True, help="run directory or model/checkpoint file")
+    x.add_argument("--out", "-o", required=True, help="the file to write")
+    x.add_argument("--optimizer-state", action="store_true",
+                   help="keep the optimizer's moments and step records (a file that can be "
+                        "trained on, as large as a checkpoint)")
+    x.set_defaults(func=cmd_export)
 
 
 def _add_compile_parser(sub):

@@ -1,0 +1,50 @@
+"""``slide export``: a run's model as one file to predict with. The run's own ``model.slide``
+is its last checkpoint, which keeps the optimizer's moments and step records so that training
+can go on from it; a model that is only served needs none of that (``save(...,
+optimizer_state=False)``, ``slide.persist.checkpoint``), and a model trained on text is
+written with its vectorizer, so that the file alone answers raw text in label names."""
+from __future__ import annotations
+
+import os
+
+from slide.cli.common import EXIT_OK, EXIT_USAGE, CliError, _err
+from slide.cli.rundir import _resolve_model
+from slide.cli.textdata import VECTORIZER_FILE, text_parts
+
+
+def cmd_export(args):
+    model, source, run_dir = _resolve_model(args.model)
+    out = args.out
+    if os.path.isdir(out):
+        raise CliError(f"--out {out} is a directory; give the file to write", EXIT_USAGE)
+    if os.path.exists(out) and os.path.samefile(out, source):
+        raise CliError(f"--out {out} is the model it reads ({source}); write another file",
+                       EXIT_USAGE)
+    steps, classifier = text_parts(model, run_dir)
+    if not hasattr(classifier, "network_") and not hasattr(classifier, "members_"):
+        raise CliError(f"{source}: a sharded model saves into a directory of shards; convert "
+                       f"it to one process's model first (slide.distributed.convert.to_single)",
+                       EXIT_USAGE)
+    from slide import text as text_mod
+    # a classifier's file can carry its vectorizer; an ensemble's cannot (slide.text)
+    pipelined = steps is not None and hasattr(classifier, "network_")
+    written = classifier
+    if pipelined:
+        from sklearn.pipeline import Pipeline
+        written = Pipeline(steps + [("slideclassifier", classifier)])
+    text_mod.save(written, out, extra=getattr(classifier, "extra_", None),
+                  optimizer_state=args.optimizer_state)
+    if steps is not None and not pipelined:
+        # evaluate and predict look for the vectorizer in the model file's directory
+        _err(f"note: an ensemble's file holds no vectorizer; for raw text, copy "
+             f"{os.path.join(run_dir, VECTORIZER_FILE)} beside {out}")
+    state = ("with the optimizer's state: it can be trained on" if args.optimizer_state else
+             "without the optimizer's state: it predicts as the source, and cannot be trained on")
+    print(f"wrote {out}: {_mb(os.path.getsize(out))} (the source {source}: "
+          f"{_mb(os.path.getsize(source))}), {'with its vectorizer, ' if pipelined else ''}"
+          f"{state}")
+    return EXIT_OK
+
+
+def _mb(n_bytes):
+    return f"{n_bytes / 1e6:.1f} MB"
