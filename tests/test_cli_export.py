@@ -96,3 +96,15 @@ def test_a_text_run_exports_one_file_with_its_vectorizer(tmp_path, capsys):
         assert code == 0, err
         preds.append(stdout)
     assert preds[0] == preds[1] and preds[0]
+
+
+def test_a_sharded_model_is_converted_first(xc_run, tmp_path, capsys):
+    from slide.distributed.convert import from_single
+    _, run = xc_run
+    single = slide.load(os.path.join(run, "model.slide"))
+    sharded_run = tmp_path / "sharded"
+    from_single(single, 2).save(sharded_run / "model.slide")      # a directory of shards
+    code, _, err = run_cli(["export", "--model", str(sharded_run), "--out",
+                            str(tmp_path / "x.slide")], capsys)
+    assert code == 2 and "to_single" in err, err
+    assert not os.path.exists(tmp_path / "x.slide")

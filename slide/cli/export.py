@@ -20,11 +20,11 @@ def cmd_export(args):
     if os.path.exists(out) and os.path.samefile(out, source):
         raise CliError(f"--out {out} is the model it reads ({source}); write another file",
                        EXIT_USAGE)
-    steps, classifier = text_parts(model, run_dir)
-    if not hasattr(classifier, "network_") and not hasattr(classifier, "members_"):
+    if os.path.isdir(source):
         raise CliError(f"{source}: a sharded model saves into a directory of shards; convert "
                        f"it to one process's model first (slide.distributed.convert.to_single)",
                        EXIT_USAGE)
+    steps, classifier = text_parts(model, run_dir)
     from slide import text as text_mod
     # a classifier's file can carry its vectorizer; an ensemble's cannot (slide.text)
     pipelined = steps is not None and hasattr(classifier, "network_")
