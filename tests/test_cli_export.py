@@ -103,7 +103,10 @@ def test_a_sharded_model_is_converted_first(xc_run, tmp_path, capsys):
     _, run = xc_run
     single = slide.load(os.path.join(run, "model.slide"))
     sharded_run = tmp_path / "sharded"
-    from_single(single, 2).save(sharded_run / "model.slide")      # a directory of shards
+    sharded = from_single(single, 2)
+    sharded.save(sharded_run / "model.slide")                      # a directory of shards
+    with pytest.raises(ValueError, match="to_single"):
+        slide.save(sharded, tmp_path / "compact", optimizer_state=False)
     code, _, err = run_cli(["export", "--model", str(sharded_run), "--out",
                             str(tmp_path / "x.slide")], capsys)
     assert code == 2 and "to_single" in err, err

@@ -215,10 +215,15 @@ class ShardedSlideClassifier(SlideClassifier):
         return self
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save(self, path, extra=None):
+    def save(self, path, extra=None, optimizer_state=True):
         """A checkpoint directory: one file per shard, then the driver's file, then the
-        manifest (written last: a directory without it is not a checkpoint)."""
+        manifest (written last: a directory without it is not a checkpoint). It always holds
+        the optimizers' state (``optimizer_state=False`` is refused: ``to_single`` first)."""
         self._check_fitted()
+        if not optimizer_state:
+            raise ValueError("a sharded model's checkpoint keeps its shards' optimizer state; "
+                             "to save one without it, convert it to one process's model "
+                             "(slide.distributed.convert.to_single) and save that")
         save(self, path, extra)
 
     @classmethod
