@@ -265,6 +265,9 @@ def test_a_model_saved_without_its_optimizer_state_predicts_alike_and_cannot_tra
     model = SlideClassifier(**kw).fit(Xtr, Ytr, callback=lambda m, i: i["batch"] >= 45)
     assert model.optimizer_.pending
     full, small = tmp_path / "full.slide", tmp_path / "small.slide"
+    with pytest.raises(ValueError, match="optimizer_state must be True or False"):
+        model.save(small, optimizer_state="no")
+    assert not small.exists() and model.optimizer_.pending      # refused before anything
     model.save(small, optimizer_state=False)
     assert not model.optimizer_.pending and model.optimizer_.has_state
     model.save(full)

@@ -186,6 +186,8 @@ def _write_arrays(f, meta, arrays):
 def _with_optimizer_state(model, optimizer_state):
     """Whether ``model``'s file holds its optimizer's state: as asked, never for a model loaded
     without it. Without it the weights are synced first (pending steps applied, as predict's)."""
+    if not isinstance(optimizer_state, (bool, np.bool_)):
+        raise ValueError(f"optimizer_state must be True or False, got {optimizer_state!r}")
     keep = bool(optimizer_state) and model.optimizer_.has_state
     if not keep:
         model.sync()
