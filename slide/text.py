@@ -25,7 +25,7 @@ from sklearn.feature_extraction.text import (HashingVectorizer,
 from sklearn.pipeline import Pipeline
 
 from slide.fileio import atomic_write
-from slide.persist.checkpoint import save as save_checkpoint
+from slide.persist.checkpoint import save as save_checkpoint, save_ensemble
 
 FORMAT_KEY = "text"         # the checkpoint metadata entry (slide.persist.checkpoint)
 ARRAY_PREFIX = "text_"
@@ -110,15 +110,26 @@ def step_from_state(meta, arrays):
 
 
 def split_pipeline(pipe):
-    """``(text steps [(name, step)], final (name, SlideClassifier))`` of a pipeline slide
-    saves; ValueError otherwise."""
+    """``(text steps [(name, step)], final (name, model))`` of a pipeline slide saves (its
+    model a fitted ``SlideClassifier`` or ``SlideEnsemble``); ValueError otherwise."""
     if not isinstance(pipe, Pipeline):
         raise ValueError(f"expected a scikit-learn Pipeline, got {type(pipe).__name__}")
     *head, (name, last) = pipe.steps
-    if not hasattr(last, "network_"):
+    if not carries_text(last):
+        sharded = ("a sharded model saves into a directory of shards (convert it with "
+                   "slide.distributed.convert.to_single first); " if hasattr(last, "n_shards")
+                   else "")
         raise ValueError("slide's format saves a pipeline ending in a fitted SlideClassifier "
-                         f"(got {type(last).__name__}); save others with joblib.dump")
+                         f"or SlideEnsemble (got {type(last).__name__}); {sharded}save "
+                         "others with joblib.dump")
     return head, (name, last)
+
+
+def carries_text(model):
+    """Whether ``model``'s file can hold the text steps in front of it: a fitted classifier's
+    or ensemble's can; a sharded model saves into a directory of shards, which cannot."""
+    return (hasattr(model, "members_")
+            or (hasattr(model, "network_") and not hasattr(model, "n_shards")))
 
 
 def pipeline_state(pipe):
@@ -145,14 +156,15 @@ def pipeline_from_state(model, meta, arrays):
 
 def save(obj, path, extra=None, **options):
     """Write a fitted ``SlideClassifier``, ``SlideEnsemble``, ``ShardedSlideClassifier``
-    (``obj.save``) or a ``Pipeline`` of text steps and a ``SlideClassifier`` (one checkpoint
-    carrying the vectorizer) to ``path``; ``slide.load`` reads any of them back. ``options``:
-    the model's ``save``'s (``optimizer_state``)."""
+    (``obj.save``) or a ``Pipeline`` of text steps and a ``SlideClassifier`` or
+    ``SlideEnsemble`` (one file carrying the vectorizer) to ``path``; ``slide.load`` reads
+    any of them back. ``options``: the model's ``save``'s (``optimizer_state``)."""
     if not isinstance(obj, Pipeline):
         return obj.save(path, extra=extra, **options)
     _, (_, model) = split_pipeline(obj)
     model._check_fitted()
-    save_checkpoint(model, path, extra, attachment=pipeline_state(obj), **options)
+    write = save_ensemble if hasattr(model, "members_") else save_checkpoint
+    write(model, path, extra, attachment=pipeline_state(obj), **options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -246,6 +246,37 @@ def test_an_ensemble_pickles_and_slide_save_takes_any_model(text, tmp_path):
                                   ens.predict(Xte).toarray())
 
 
+def test_a_text_pipeline_ending_in_an_ensemble_saves_as_one_file(text, tmp_path):
+    docs, Y, docs_te, _ = text
+    pipe = make_pipeline(TfidfVectorizer(sublinear_tf=True),
+                         slide.SlideEnsemble(slide.SlideClassifier(**SMALL), n_models=2,
+                                             random_state=2)).fit(docs, Y)
+    before = pipe[-1].predict_topk(pipe[0].transform(docs_te), k=3, return_names=True)
+    for name, options in (("full.slide", {}), ("serve.slide", {"optimizer_state": False})):
+        slide.save(pipe, tmp_path / name, **options)
+        back = slide.load(tmp_path / name)
+        assert [n for n, _ in back.steps] == [n for n, _ in pipe.steps]
+        assert isinstance(back[-1], slide.SlideEnsemble)
+        np.testing.assert_array_equal(
+            back[-1].predict_topk(back[0].transform(docs_te), k=3, return_names=True), before)
+        np.testing.assert_array_equal(back.predict(docs_te).toarray(),
+                                      pipe.predict(docs_te).toarray())
+    assert (tmp_path / "serve.slide").stat().st_size < (tmp_path / "full.slide").stat().st_size
+
+
+def test_a_text_pipeline_ending_in_a_sharded_model_is_refused_by_name(text, tmp_path):
+    from slide.distributed import ShardedSlideClassifier
+    docs, Y = text[0], text[1]
+    pipe = make_pipeline(TfidfVectorizer(), ShardedSlideClassifier(
+        n_shards=2, backend="local", neighbours=0, **SMALL)).fit(docs, Y)
+    try:
+        with pytest.raises(ValueError, match="sharded model saves into a directory.*to_single"):
+            slide.save(pipe, tmp_path / "m.slide")
+        assert not (tmp_path / "m.slide").exists()
+    finally:
+        pipe[-1].close()
+
+
 def _dump(obj, path):
     joblib.dump(obj, path)
     return path

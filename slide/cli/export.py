@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 
-from slide.cli.common import EXIT_OK, EXIT_USAGE, CliError, _err
+from slide.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from slide.cli.rundir import _resolve_model
-from slide.cli.textdata import VECTORIZER_FILE, text_parts
+from slide.cli.textdata import text_parts, with_text_steps
 
 
 def cmd_export(args):
@@ -26,18 +26,10 @@ def cmd_export(args):
                        EXIT_USAGE)
     steps, classifier = text_parts(model, run_dir)
     from slide import text as text_mod
-    # a classifier's file can carry its vectorizer; an ensemble's cannot (slide.text)
-    pipelined = steps is not None and hasattr(classifier, "network_")
-    written = classifier
-    if pipelined:
-        from sklearn.pipeline import Pipeline
-        written = Pipeline(steps + [("slideclassifier", classifier)])
+    pipelined = steps is not None
+    written = with_text_steps(steps, classifier) if pipelined else classifier
     text_mod.save(written, out, extra=getattr(classifier, "extra_", None),
                   optimizer_state=args.optimizer_state)
-    if steps is not None and not pipelined:
-        # evaluate and predict look for the vectorizer in the model file's directory
-        _err(f"note: an ensemble's file holds no vectorizer; for raw text, copy "
-             f"{os.path.join(run_dir, VECTORIZER_FILE)} beside {out}")
     state = ("with the optimizer's state: it can be trained on" if args.optimizer_state else
              "without the optimizer's state: it predicts as the source, and cannot be trained on")
     print(f"wrote {out}: {_mb(os.path.getsize(out))} (the source {source}: "

@@ -125,10 +125,16 @@ def read_text_for_model(path, steps, model, need_labels):
 def save_final(model, path, run, extra, **options):
     """The run's final model file: with the vectorizer for a text run. ``options``: the
     model's ``save``'s."""
-    if run is None or not hasattr(model, "network_"):    # XC, an ensemble, or a sharded model
-        model.save(path, extra=extra, **options)        # (a directory): vectorizer.slide beside
-        return
-    from sklearn.pipeline import Pipeline
     from slide import text as text_mod
-    text_mod.save(Pipeline(list(run.steps) + [("slideclassifier", model)]), path, extra=extra,
-                  **options)
+    if run is None or not text_mod.carries_text(model):
+        # XC, or a sharded model (a directory): vectorizer.slide beside
+        model.save(path, extra=extra, **options)
+        return
+    text_mod.save(with_text_steps(run.steps, model), path, extra=extra, **options)
+
+
+def with_text_steps(steps, model):
+    """The ``Pipeline`` of fitted text ``steps`` and ``model``, its step named as
+    ``make_pipeline`` would name it."""
+    from sklearn.pipeline import Pipeline
+    return Pipeline(list(steps) + [(type(model).__name__.lower(), model)])

@@ -216,10 +216,11 @@ def save(model, path, extra=None, attachment=None, optimizer_state=True):
         _write_arrays(f, meta, arrays)
 
 
-def save_ensemble(ensemble, path, extra=None, optimizer_state=True):
+def save_ensemble(ensemble, path, extra=None, attachment=None, optimizer_state=True):
     """Write a fitted ``SlideEnsemble`` to ``path`` atomically: one archive whose ``__meta__``
     holds the ensemble's parameters and each member's checkpoint metadata, and whose arrays
-    are the members' (member k's under ``m<k>/``; ``optimizer_state`` as ``save``'s)."""
+    are the members' (member k's under ``m<k>/``; ``attachment`` and ``optimizer_state`` as
+    ``save``'s)."""
     if extra is not None:
         try:
             json.dumps(extra)
@@ -242,6 +243,8 @@ def save_ensemble(ensemble, path, extra=None, optimizer_state=True):
         for prefix, part in (("fused/nbr_", rank.memory), ("fused/rr_", rank.reranker)):
             if part is not None:
                 _add_arrays(arrays, prefix, part)
+    if attachment is not None:
+        arrays.update(attachment[1])
     versions = [FORMAT_VERSION if fused is None else FUSED_ENSEMBLE_VERSION]
     versions += [m["version"] for m in members]
     meta = {"format": ENSEMBLE_FORMAT, "version": max(versions),
@@ -250,6 +253,8 @@ def save_ensemble(ensemble, path, extra=None, optimizer_state=True):
             "fused": fused,
             "arrays": {k: [list(v.shape), str(v.dtype)] for k, v in arrays.items()},
             "extra": extra}
+    if attachment is not None:
+        meta["text"] = attachment[0]
     with atomic_write(path, "wb") as f:
         _write_arrays(f, meta, arrays)
 

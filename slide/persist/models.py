@@ -33,8 +33,9 @@ def load(path):
             arrays = arrays.read_all()
         check_listed_arrays(path, meta, arrays)
         if meta["format"] == ENSEMBLE_FORMAT:
-            return _load_ensemble(path, meta, arrays)
-        model = load_model(path, meta, arrays, SlideClassifier)
+            model = _load_ensemble(path, meta, arrays)
+        else:
+            model = load_model(path, meta, arrays, SlideClassifier)
         if meta.get("text") is None:
             return model
         # a model that carries its vectorizer: the Pipeline (slide.text)
