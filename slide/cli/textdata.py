@@ -127,7 +127,7 @@ def save_final(model, path, run, extra, **options):
     model's ``save``'s."""
     from slide import text as text_mod
     if run is None or not text_mod.carries_text(model):
-        # XC, or a sharded model (a directory): vectorizer.slide beside
+        # no vectorizer (XC data), or a sharded model's directory: vectorizer.slide beside
         model.save(path, extra=extra, **options)
         return
     text_mod.save(with_text_steps(run.steps, model), path, extra=extra, **options)
