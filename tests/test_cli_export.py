@@ -1,6 +1,6 @@
 """``slide export`` (``slide.cli.export``): a run's model as one file to predict with, without
 the optimizer's state, with the vectorizer of a text run; refused where it would replace its
-source or cannot be one file."""
+source; a sharded model converted to one process's first."""
 import os
 
 import numpy as np
@@ -107,7 +107,13 @@ def test_a_sharded_model_is_converted_first(xc_run, tmp_path, capsys):
     sharded.save(sharded_run / "model.slide")                      # a directory of shards
     with pytest.raises(ValueError, match="to_single"):
         slide.save(sharded, tmp_path / "compact", optimizer_state=False)
-    code, _, err = run_cli(["export", "--model", str(sharded_run), "--out",
-                            str(tmp_path / "x.slide")], capsys)
-    assert code == 2 and "to_single" in err, err
-    assert not os.path.exists(tmp_path / "x.slide")
+    out = tmp_path / "x.slide"
+    code, stdout, err = run_cli(["export", "--model", str(sharded_run), "--out", str(out)],
+                                capsys)
+    assert code == 0, err
+    assert "converted from 2 shards" in stdout and "without the optimizer's state" in stdout
+    served = slide.load(out)
+    assert not hasattr(served, "n_shards") and not served.optimizer_.has_state
+    X, _ = read_xc(os.path.join(run, "data", "test.txt"))
+    np.testing.assert_array_equal(served.predict_topk(X, 5), sharded.predict_topk(X, 5))
+    sharded.close()
