@@ -114,7 +114,7 @@ def _unfinished(member, n_rows, fused):
     epochs = member.planned_batches(n_rows, member.n_labels_)[0]
     spent = member.time_budget is not None and member.train_seconds_ >= member.time_budget
     return (getattr(member, "stopped_", False) or (member.epoch_ < epochs and not spent)
-            or (not fused and member.neighbours > 0 and not member.rank_.fitted))
+            or (not fused and member.rank_.missing(member.neighbours)))
 
 
 class SlideEnsemble(ClassifierMixin, BaseEstimator):

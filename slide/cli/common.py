@@ -80,4 +80,5 @@ def _has_neighbour_memory(model):
 def _ranking_missing(model):
     """Whether ``model`` should have the neighbour vote that ``fit`` builds after the network
     (``neighbours`` > 0) and has not got it."""
-    return getattr(model, "neighbours", 0) > 0 and not _has_neighbour_memory(model)
+    rank, neighbours = getattr(model, "rank_", None), getattr(model, "neighbours", 0)
+    return neighbours > 0 if rank is None else rank.missing(neighbours)   # None: not built

@@ -68,6 +68,12 @@ class RankStack:
     def fitted(self):
         return self.memory is not None
 
+    def missing(self, neighbours):
+        """Whether a model whose ``fit`` ends by building these stages (its ``neighbours`` > 0)
+        lacks them: a fit stopped between its network's last batch and this stage resumes
+        into it (``slide train --resume``, an ensemble's members)."""
+        return neighbours > 0 and not self.fitted
+
     # -- prediction ----------------------------------------------------------------------------
     def topk_reranked(self, H, output, X, k, block=1024):
         """(ids [n, k] int64, the re-ranker's probabilities [n, k] float64), best first, of
